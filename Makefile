@@ -1,0 +1,24 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# CPU wheel where no NVIDIA driver is present; the default (CUDA) build otherwise.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/gmi-drl train ppo --env.task-id Hopper-v5 --preset demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -x --durations=10
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,1 @@
+"""gmi_drl.algos"""

@@ -1,0 +1,78 @@
+"""Where a pool's environments run: the `Backend` contract and the in-process backend.
+
+A backend owns the per-env state slots (`Slots`) and steps envs when actions are sent; the pool
+front end (`gmi_drl.envs.pool.EnvPool`) validates input and assembles batches from the slots.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+
+import numpy as np
+
+from gmi_drl.envs.stepper import Slots, Stepper
+
+
+class Backend(abc.ABC):
+    """Runs the sub-environments of one pool.
+
+    Attributes:
+        slots: per-env results, ``num_envs`` rows; a row is valid once its env id was returned by
+            `wait` (or `reset` returned), until that env is sent again.
+    """
+
+    slots: Slots
+
+    @abc.abstractmethod
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        """Start stepping ``ids (n,) int64`` with validated ``actions (n, *action_shape)``.
+
+        Does not block on the environments. ``actions`` may be reused by the caller on return.
+        """
+
+    @abc.abstractmethod
+    def wait(self) -> np.ndarray:
+        """Block until at least one sent env finishes; return finished ids in completion order.
+
+        Raises:
+            RuntimeError: a worker failed (message names the env ids and the original error).
+        """
+
+    @abc.abstractmethod
+    def reset(self, ids: np.ndarray) -> None:
+        """Reset ``ids`` (none in flight) and block until their slots hold the first observation."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop every worker and free every buffer. Idempotent."""
+
+
+class LocalBackend(Backend):
+    """Steps a `Stepper` synchronously in the caller's process, at `send` time.
+
+    For native batched environments (NumPy classic control, MuJoCo on its own thread pool), where
+    one vectorised call is cheaper than any hand-off to another process.
+    """
+
+    def __init__(self, stepper: Stepper) -> None:
+        self.stepper = stepper
+        self.slots = stepper.slots
+        self._done: collections.deque[np.ndarray] = collections.deque()
+
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        self.stepper.step(ids, actions)
+        self._done.append(ids)
+
+    def wait(self) -> np.ndarray:
+        if not self._done:
+            raise RuntimeError("wait() with nothing in flight")
+        return self._done.popleft()
+
+    def reset(self, ids: np.ndarray) -> None:
+        self.stepper.reset(ids)
+
+    def close(self) -> None:
+        if self.stepper is not None:
+            self.stepper.env.close()
+            self.stepper = None

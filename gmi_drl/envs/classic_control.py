@@ -1,0 +1,5 @@
+"""Native classic_control tasks (being written)."""
+
+
+def register_tasks(register) -> None:
+    """Register this module's tasks with `gmi_drl.envs.register`."""

@@ -1,0 +1,12 @@
+"""The native tasks gmi-drl ships, registered on first use of the registry."""
+
+from __future__ import annotations
+
+
+def register_all(register) -> None:
+    """Call ``register`` for every native task (classic control, MuJoCo, Atari)."""
+    from gmi_drl.envs import atari, classic_control, mujoco_locomotion
+
+    classic_control.register_tasks(register)
+    mujoco_locomotion.register_tasks(register)
+    atari.register_tasks(register)

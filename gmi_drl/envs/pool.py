@@ -1,0 +1,245 @@
+"""`EnvPool`: the batched, asynchronous environment API (EnvPool's `send`/`recv`).
+
+Source: papers/003_e9bf2f468e812145.txt (EnvPool): actions go out with the ids of the envs they
+are for (`send`), and `recv` returns the first ``env_batch_size`` envs to finish, so the caller
+overlaps inference with simulation. ``env_batch_size == num_envs`` is the synchronous case.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from gmi_drl.envs.backend import Backend
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+
+StepReturn = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class EnvPool:
+    """``num_envs`` sub-environments of one task behind one batched API.
+
+    Made by `gmi_drl.envs.make`. Outputs of `recv`, `step` and `reset` are views into buffers the
+    pool preallocates and reuses: they stay valid until the next `recv`/`step`/`reset` call on
+    this pool (copy them to keep them longer). With ``env_batch_size == num_envs`` the arrays are
+    the per-env state buffers themselves, in env id order (no copy at all).
+
+    Returned by `recv`/`step`: ``obs (env_batch_size, *obs_shape)`` in the observation space's
+    dtype, ``rewards (env_batch_size,) float64``, ``terminated``/``truncated (env_batch_size,)
+    bool`` and ``info`` with ``env_id (env_batch_size,) int64``, ``episode_return (..,) float64``
+    and ``episode_length (..,) int64`` (totals of the current episode including this step; the
+    finished episode's totals where ``terminated | truncated``), and in ``same_step`` mode
+    ``final_obs`` (rows valid where the episode ended).
+    """
+
+    def __init__(self, spec: EnvSpec, backend: Backend, num_envs: int, env_batch_size: int,
+                 autoreset: AutoresetMode) -> None:
+        self.spec = spec
+        self.observation_space: gym.spaces.Space = spec.observation_space
+        self.action_space: gym.spaces.Space = spec.action_space
+        self.num_envs = num_envs
+        self.env_batch_size = env_batch_size
+        self.autoreset = AutoresetMode(autoreset)
+        self._backend = backend
+        self._slots = backend.slots
+        self._all_ids = np.arange(num_envs, dtype=np.int64)
+        self._in_flight = np.zeros(num_envs, bool)
+        self._ready: collections.deque[np.ndarray] = collections.deque()
+        self._num_ready = 0
+        self._closed = False
+        self._init_action_checks()
+        s, b = self._slots, env_batch_size
+        self._out = {
+            "obs": np.zeros((b, *s.obs.shape[1:]), s.obs.dtype),
+            "reward": np.zeros(b, s.reward.dtype),
+            "terminated": np.zeros(b, bool),
+            "truncated": np.zeros(b, bool),
+            "episode_return": np.zeros(b, s.episode_return.dtype),
+            "episode_length": np.zeros(b, s.episode_length.dtype),
+            "final_obs": np.zeros((b, *s.obs.shape[1:]), s.obs.dtype),
+            "env_id": np.zeros(b, np.int64),
+        }
+
+    @property
+    def is_async(self) -> bool:
+        return self.env_batch_size < self.num_envs
+
+    # --- public API -----------------------------------------------------------------------------
+    def reset(self, env_id: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset ``env_id`` (default: all envs) and return ``(obs (n, *obs_shape), info)``.
+
+        Blocks until every given env has its first observation. ``info["env_id"]`` lists the ids
+        in the order of ``obs``.
+
+        Raises:
+            ValueError: an id is out of range, repeated, or has a step in flight.
+        """
+        self._check_open()
+        ids = self._check_ids(env_id)
+        if self._in_flight[ids].any():
+            raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} has a step in flight; "
+                             "recv() its result before resetting it")
+        self._backend.reset(ids)
+        s = self._slots
+        if ids is self._all_ids:
+            return s.obs, {"env_id": ids}
+        return s.obs[ids], {"env_id": ids}
+
+    def send(self, actions: np.ndarray, env_id: Any = None) -> None:
+        """Send ``actions (n, *action_shape)`` to the envs ``env_id (n,)`` (default: all envs).
+
+        Returns at once; results come from `recv`. Nothing is sent when validation fails.
+
+        Raises:
+            ValueError: wrong action shape, dtype or range; unknown, repeated or in-flight env ids.
+        """
+        self._check_open()
+        ids = self._check_ids(env_id)
+        if self._in_flight[ids].any():
+            raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a step in "
+                             "flight; recv() its result before sending it another action")
+        actions = self._check_actions(actions, len(ids))
+        self._in_flight[ids] = True
+        self._backend.send(ids, actions)
+
+    def recv(self) -> StepReturn:
+        """Return the first ``env_batch_size`` envs to finish: ``(obs, rewards, terminated,
+        truncated, info)``; see the class docstring for shapes. Blocks until that many finished.
+
+        Raises:
+            RuntimeError: fewer than ``env_batch_size`` envs are in flight (would wait forever),
+                or a worker failed (names the env ids and carries the original traceback).
+        """
+        self._check_open()
+        b = self.env_batch_size
+        if int(self._in_flight.sum()) < b:  # finished-but-not-returned envs still count as in flight
+            raise RuntimeError(
+                f"recv() needs {b} envs in flight or finished, but only "
+                f"{int(self._in_flight.sum())} are; send() actions for more envs first")
+        while self._num_ready < b:
+            done = self._backend.wait()
+            self._ready.append(done)
+            self._num_ready += len(done)
+        ids = self._take_ready(b)
+        self._in_flight[ids] = False
+        return self._gather(ids)
+
+    def step(self, actions: np.ndarray, env_id: Any = None) -> StepReturn:
+        """`send` then `recv`. In async mode the batch returned may hold other envs than sent."""
+        self.send(actions, env_id)
+        return self.recv()
+
+    def close(self) -> None:
+        """Stop every worker and free all shared memory. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> "EnvPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"EnvPool({self.spec.task_id!r}, num_envs={self.num_envs}, "
+                f"env_batch_size={self.env_batch_size}, autoreset={self.autoreset.value!r})")
+
+    # --- internals ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    def _take_ready(self, n: int) -> np.ndarray:
+        ready = self._ready
+        if len(ready[0]) == n:
+            self._num_ready -= n
+            return ready.popleft()
+        parts, need = [], n
+        while need:
+            head = ready[0]
+            if len(head) <= need:
+                parts.append(ready.popleft())
+                need -= len(head)
+            else:
+                parts.append(head[:need])
+                ready[0] = head[need:]
+                need = 0
+        self._num_ready -= n
+        return np.concatenate(parts)
+
+    def _gather(self, ids: np.ndarray) -> StepReturn:
+        s = self._slots
+        if len(ids) == self.num_envs:  # synchronous: the state buffers themselves, in id order
+            info = {"env_id": self._all_ids, "episode_return": s.episode_return,
+                    "episode_length": s.episode_length}
+            if self.autoreset is AutoresetMode.SAME_STEP:
+                info["final_obs"] = s.final_obs
+            return s.obs, s.reward, s.terminated, s.truncated, info
+        o = self._out
+        o["env_id"][:] = ids
+        np.take(s.obs, ids, axis=0, out=o["obs"])
+        np.take(s.reward, ids, out=o["reward"])
+        np.take(s.terminated, ids, out=o["terminated"])
+        np.take(s.truncated, ids, out=o["truncated"])
+        np.take(s.episode_return, ids, out=o["episode_return"])
+        np.take(s.episode_length, ids, out=o["episode_length"])
+        info = {"env_id": o["env_id"], "episode_return": o["episode_return"],
+                "episode_length": o["episode_length"]}
+        if self.autoreset is AutoresetMode.SAME_STEP:
+            np.take(s.final_obs, ids, axis=0, out=o["final_obs"])
+            info["final_obs"] = o["final_obs"]
+        return o["obs"], o["reward"], o["terminated"], o["truncated"], info
+
+    def _check_ids(self, env_id: Any) -> np.ndarray:
+        if env_id is None:
+            return self._all_ids
+        ids = np.asarray(env_id)
+        if ids.ndim == 0:
+            ids = ids.reshape(1)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(ids) == 0:
+            raise ValueError(f"env_id must be a non-empty 1-d array of ints, got {env_id!r}")
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise ValueError(f"env_id {ids.tolist()} out of range [0, {self.num_envs})")
+        ids = ids.astype(np.int64, copy=False)
+        if len(ids) > 1 and len(np.unique(ids)) != len(ids):
+            raise ValueError(f"env_id {ids.tolist()} repeats an id")
+        return ids
+
+    def _init_action_checks(self) -> None:
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            self._act_shape, self._act_kind = (), "iu"
+            self._act_low, self._act_high = int(space.start), int(space.start + space.n - 1)
+        elif isinstance(space, gym.spaces.Box):
+            self._act_shape, self._act_kind = space.shape, "f"
+            self._act_low, self._act_high = space.low, space.high
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            self._act_shape, self._act_kind = space.shape, "iu"
+            self._act_low, self._act_high = space.start, space.start + space.nvec - 1
+        else:
+            raise ValueError(f"unsupported action space {space}")
+
+    def _check_actions(self, actions: Any, n: int) -> np.ndarray:
+        a = np.asarray(actions)
+        if a.shape != (n, *self._act_shape):
+            raise ValueError(f"actions have shape {a.shape}, expected {(n, *self._act_shape)} "
+                             f"(one action of shape {self._act_shape} per env_id)")
+        if a.dtype.kind not in self._act_kind:
+            want = "an integer" if self._act_kind == "iu" else "a floating-point"
+            raise ValueError(f"actions have dtype {a.dtype}, expected {want} dtype for "
+                             f"{self.action_space}")
+        if not ((a >= self._act_low).all() and (a <= self._act_high).all()):
+            raise ValueError(f"actions outside the action space {self.action_space} "
+                             f"(min {a.min()}, max {a.max()}; NaN counts as outside); "
+                             "clip them to the space first")
+        return a

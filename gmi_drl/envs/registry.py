@@ -1,0 +1,176 @@
+"""Task registry and `make`: which implementation runs a task, and how a pool is built.
+
+Native tasks (vectorised NumPy classic control, MuJoCo on its own thread pool, Atari through
+ale-py's C++ vector env) run in the pool's process; every other Gymnasium id and every user
+callable runs through the generic path (worker processes over shared memory).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from gmi_drl.envs.backend import Backend, LocalBackend
+from gmi_drl.envs.batched import BatchedEnv, GymnasiumBatch
+from gmi_drl.envs.pool import EnvPool
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.stepper import Slots, Stepper
+from gmi_drl.envs.workers import ProcessBackend
+
+NativeFactory = Callable[..., BatchedEnv]
+# A native backend that brings its own autoreset (ale-py's vector env): returns (spec, Backend).
+BackendFactory = Callable[..., tuple[EnvSpec, Backend]]
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """How to build one task.
+
+    Exactly one of ``native``, ``backend`` and ``env_fn`` is set:
+        native: ``native(num_envs, num_threads, **kwargs) -> BatchedEnv`` run in-process.
+        backend: ``backend(num_envs, env_batch_size, num_threads, seed, autoreset, **kwargs)``
+            returning ``(EnvSpec, Backend)``, for engines with their own autoreset.
+        env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
+    max_episode_steps: time limit the pool applies to a native task (``None``: none, or the
+        env's own).
+    """
+
+    task_id: str
+    native: NativeFactory | None = None
+    backend: BackendFactory | None = None
+    env_fn: str | Callable[..., gym.Env] | None = None
+    max_episode_steps: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, TaskEntry] = {}
+
+
+def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
+             native: NativeFactory | None = None, backend: BackendFactory | None = None,
+             max_episode_steps: int | None = None, **kwargs: Any) -> None:
+    """Register ``task_id``; `make` then builds pools of it.
+
+    Args:
+        task_id: the name to make it by.
+        env_fn: a Gymnasium id, or a callable returning a ``gymnasium.Env`` (generic path).
+        native: a `BatchedEnv` factory (native path), instead of ``env_fn``.
+        backend: a factory of ``(EnvSpec, Backend)`` (engines with their own autoreset).
+        max_episode_steps: pool-applied time limit for native tasks.
+        **kwargs: default keyword arguments for the factory.
+
+    Raises:
+        ValueError: not exactly one of ``env_fn``, ``native``, ``backend`` given.
+    """
+    if sum(x is not None for x in (env_fn, native, backend)) != 1:
+        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, native, backend")
+    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, env_fn, max_episode_steps, kwargs)
+
+
+def list_tasks() -> list[str]:
+    """Task ids registered with gmi-drl (any other Gymnasium id also works, generically)."""
+    _register_builtin()
+    return sorted(_REGISTRY)
+
+
+def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
+         num_workers: int | None = None, seed: int = 0,
+         autoreset: str | AutoresetMode = "next_step", **task_kwargs: Any) -> EnvPool:
+    """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id``.
+
+    Args:
+        task_id: a registered task (`list_tasks`) or any Gymnasium id.
+        num_envs: sub-environments in the pool.
+        env_batch_size: envs returned per `EnvPool.recv`; ``None`` means ``num_envs``
+            (synchronous). Must be in ``[1, num_envs]``.
+        num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
+            cores this process may use, at most ``num_envs``.
+        seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``);
+            later resets continue that env's generator.
+        autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
+        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``).
+
+    Raises:
+        ValueError: unknown ``task_id`` or an invalid size, mode or keyword (all named at once).
+    """
+    _register_builtin()
+    errors = []
+    if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        errors.append(f"num_envs={num_envs!r} must be an int >= 1")
+        num_envs = 1
+    batch = num_envs if env_batch_size is None else env_batch_size
+    if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= num_envs:
+        errors.append(f"env_batch_size={env_batch_size!r} must be in [1, num_envs={num_envs}]")
+    cores = len(os.sched_getaffinity(0))
+    workers = min(num_envs, cores) if num_workers is None else num_workers
+    if not isinstance(workers, (int, np.integer)) or not 1 <= workers <= num_envs:
+        errors.append(f"num_workers={num_workers!r} must be in [1, num_envs={num_envs}]")
+    try:
+        mode = AutoresetMode(autoreset)
+    except ValueError:
+        errors.append(f"autoreset={autoreset!r} must be one of "
+                      f"{[m.value for m in AutoresetMode]}")
+    entry = _REGISTRY.get(task_id)
+    if entry is None:
+        if task_id in gym.registry:
+            entry = TaskEntry(task_id, env_fn=task_id)
+        else:
+            errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
+                          "nor a Gymnasium id")
+    if errors:
+        raise ValueError("invalid pool: " + "; ".join(errors))
+    kwargs = {**entry.kwargs, **task_kwargs}
+    seeds = seed + np.arange(num_envs, dtype=np.int64)
+    if entry.backend is not None:
+        spec, backend = entry.backend(num_envs=num_envs, env_batch_size=batch,
+                                      num_threads=workers, seed=seed, autoreset=mode, **kwargs)
+    elif entry.native is not None:
+        env = entry.native(num_envs=num_envs, num_threads=workers, **kwargs)
+        spec = EnvSpec(task_id, env.observation_space, env.action_space, entry.max_episode_steps)
+        slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
+        backend = LocalBackend(Stepper(env, slots, mode, entry.max_episode_steps, seeds))
+    else:
+        spec, backend = _generic(task_id, entry.env_fn, kwargs, num_envs, workers, mode, seeds)
+    return EnvPool(spec, backend, num_envs, batch, mode)
+
+
+def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
+    if isinstance(env_fn, str):
+        gym_id = env_fn
+
+        def make_one() -> gym.Env:
+            return gym.make(gym_id, **kwargs)
+    else:
+        def make_one() -> gym.Env:
+            return env_fn(**kwargs)
+
+    probe = make_one()
+    try:
+        obs_space, act_space = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    spec = EnvSpec(task_id, obs_space, act_space, None)
+
+    def make_shard(env_ids: list[int]) -> BatchedEnv:
+        return GymnasiumBatch([make_one] * len(env_ids))
+
+    backend = ProcessBackend(make_shard, num_envs, workers, obs_space, act_space, mode, None, seeds)
+    return spec, backend
+
+
+_BUILTIN_DONE = False
+
+
+def _register_builtin() -> None:
+    """Register the native tasks once, on first use (no import-time side effects)."""
+    global _BUILTIN_DONE
+    if _BUILTIN_DONE:
+        return
+    _BUILTIN_DONE = True
+    from gmi_drl.envs import native_tasks
+
+    native_tasks.register_all(register)
