@@ -15,6 +15,7 @@ import numpy as np
 
 from gmi_drl.envs.backend import Backend
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.stepper import EpisodeEndedError
 
 StepReturn = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -47,9 +48,11 @@ class EnvPool:
         self._slots = backend.slots
         self._all_ids = np.arange(num_envs, dtype=np.int64)
         self._in_flight = np.zeros(num_envs, bool)
+        self._ended = np.zeros(num_envs, bool)  # autoreset disabled: ended, awaiting reset()
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = 0
         self._closed = False
+        self._failure: BaseException | None = None  # a backend failure poisons the pool
         self._init_action_checks()
         s, b = self._slots, env_batch_size
         self._out = {
@@ -83,6 +86,7 @@ class EnvPool:
             raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} has a step in flight; "
                              "recv() its result before resetting it")
         self._backend.reset(ids)
+        self._ended[ids] = False
         s = self._slots
         if ids is self._all_ids:
             return s.obs, {"env_id": ids}
@@ -94,13 +98,18 @@ class EnvPool:
         Returns at once; results come from `recv`. Nothing is sent when validation fails.
 
         Raises:
-            ValueError: wrong action shape, dtype or range; unknown, repeated or in-flight env ids.
+            ValueError: wrong action shape, dtype or range; unknown, repeated or in-flight env ids;
+                with autoreset ``disabled``, an env whose episode ended (`EpisodeEndedError`).
         """
         self._check_open()
         ids = self._check_ids(env_id)
         if self._in_flight[ids].any():
             raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a step in "
                              "flight; recv() its result before sending it another action")
+        if self.autoreset is AutoresetMode.DISABLED and self._ended[ids].any():
+            raise EpisodeEndedError(
+                f"env_id {ids[self._ended[ids]].tolist()}: episode ended and autoreset is "
+                "disabled; call reset(env_id=...) for them before stepping")
         actions = self._check_actions(actions, len(ids))
         self._in_flight[ids] = True
         self._backend.send(ids, actions)
@@ -120,12 +129,19 @@ class EnvPool:
                 f"recv() needs {b} envs in flight or finished, but only "
                 f"{int(self._in_flight.sum())} are; send() actions for more envs first")
         while self._num_ready < b:
-            done = self._backend.wait()
+            try:
+                done = self._backend.wait()
+            except RuntimeError as e:
+                self._failure = e
+                raise
             self._ready.append(done)
             self._num_ready += len(done)
         ids = self._take_ready(b)
         self._in_flight[ids] = False
-        return self._gather(ids)
+        out = self._gather(ids)
+        if self.autoreset is AutoresetMode.DISABLED:
+            self._ended[out[4]["env_id"]] = out[2] | out[3]
+        return out
 
     def step(self, actions: np.ndarray, env_id: Any = None) -> StepReturn:
         """`send` then `recv`. In async mode the batch returned may hold other envs than sent."""
@@ -158,6 +174,8 @@ class EnvPool:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
+        if self._failure is not None:
+            raise self._failure
 
     def _take_ready(self, n: int) -> np.ndarray:
         ready = self._ready

@@ -57,11 +57,14 @@ def _layout(num_envs: int, num_workers: int, obs_space: gym.spaces.Space,
 
 
 def _views(buf, layout) -> dict[str, np.ndarray]:
+    # np.frombuffer holds a buffer export on the mapping, so the mapping cannot be unmapped
+    # while any view (e.g. an observation batch the user kept) is alive: no dangling memory.
+    base = np.frombuffer(buf, np.uint8)
     arrays, offset = {}, 0
     for name, shape, dtype in layout:
         offset = -(-offset // 64) * 64  # cache-line aligned, so workers never share a line
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        arrays[name] = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+        arrays[name] = base[offset:offset + n].view(dtype).reshape(shape)
         offset += n
     return arrays
 
@@ -117,7 +120,7 @@ def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes:
         ctrl[w, _SEQ] += 1
         done.release()
     env.close()
-    del a, ctrl, cmd_ids, actions
+    del stepper, a, ctrl, cmd_ids, actions
     shm.close()
 
 
@@ -234,8 +237,8 @@ class ProcessBackend(Backend):
             conn.close()
         self.slots = None
         self._arrays = self._actions = self._cmd_ids = self._ctrl = None
-        self._shm.close()
-        self._shm.unlink()
+        self._shm.unlink()  # the name goes now; the mapping when the last view is released
+        self._shm.close = lambda: None  # SharedMemory.__del__ would fail on live views
 
     # --- internals ------------------------------------------------------------------------------
     def _submit(self, w: int, cmd: int, ids: np.ndarray) -> None:

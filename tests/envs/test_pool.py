@@ -1,0 +1,240 @@
+"""The pool's contract over the generic (worker process) path: semantics, input checks, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import gmi_drl.envs as envs
+from gmi_drl.envs.stepper import EpisodeEndedError
+from gmi_drl.envs.workers import EnvWorkerError
+from tests.envs.conftest import CounterEnv
+
+envs.register("Counter-test", CounterEnv, episode_len=5)
+envs.register("CounterFail-test", CounterEnv, episode_len=100, fail_at=3)
+
+
+def _act(values) -> np.ndarray:
+    return np.asarray(values, np.float64)
+
+
+def test_generic_path_matches_gymnasium_step_for_step():
+    seed, n, steps = 7, 3, 1200
+    rng = np.random.default_rng(0)
+    refs = [gym.make("CartPole-v1") for _ in range(n)]
+    ref_obs = [r.reset(seed=seed + i)[0] for i, r in enumerate(refs)]
+    with envs.make("CartPole-v1", num_envs=n, num_workers=2, seed=seed,
+                   autoreset="same_step") as pool:
+        obs, _ = pool.reset()
+        np.testing.assert_array_equal(obs, np.stack(ref_obs))
+        for _ in range(steps):
+            a = rng.integers(0, 2, n)
+            obs, rew, term, trunc, info = pool.step(a)
+            for i, r in enumerate(refs):
+                o, rr, te, tr, _ = r.step(int(a[i]))
+                assert (rew[i], term[i], trunc[i]) == (rr, te, tr)
+                if te or tr:
+                    np.testing.assert_array_equal(info["final_obs"][i], o)
+                    o, _ = r.reset()
+                np.testing.assert_array_equal(obs[i], o)
+
+
+def test_seeds_are_seed_plus_env_id_and_deterministic():
+    with envs.make("Counter-test", num_envs=4, seed=10) as a, \
+            envs.make("Counter-test", num_envs=4, seed=10) as b, \
+            envs.make("Counter-test", num_envs=4, seed=11) as c:
+        oa, ob, oc = a.reset()[0][:, 2].copy(), b.reset()[0][:, 2].copy(), c.reset()[0][:, 2]
+    np.testing.assert_array_equal(oa, ob)
+    assert not np.array_equal(oa, oc)
+    for i in range(4):
+        ref = CounterEnv()
+        assert ref.reset(seed=10 + i)[0][2] == oa[i]
+    np.testing.assert_array_equal(oa[1:], oc[:-1])  # env i of seed 11 is env i+1 of seed 10
+
+
+def test_async_recv_returns_only_sent_envs_each_once():
+    with envs.make("Counter-test", num_envs=8, env_batch_size=2, num_workers=2,
+                   autoreset="disabled") as pool:
+        pool.reset()
+        sent = np.array([6, 1, 3, 4])
+        pool.send(_act([1.0, 2.0, 3.0, 4.0]), sent)
+        got = []
+        for _ in range(2):
+            obs, rew, _, _, info = pool.recv()
+            ids = info["env_id"].copy()
+            got.extend(ids.tolist())
+            for k, i in enumerate(ids):
+                expect = {6: 1.0, 1: 2.0, 3: 3.0, 4: 4.0}[int(i)]
+                assert rew[k] == expect and obs[k, 0] == 1 and obs[k, 1] == expect
+        assert sorted(got) == sorted(sent.tolist())
+        with pytest.raises(RuntimeError, match="in flight"):
+            pool.recv()  # nothing left in flight: must not block forever
+
+
+def test_many_async_rounds_step_every_env_exactly_once_per_action():
+    n, batch, episode_len = 8, 3, 5
+    rng = np.random.default_rng(1)
+    with envs.make("Counter-test", num_envs=n, env_batch_size=batch, num_workers=2,
+                   autoreset="next_step") as pool:
+        obs, _ = pool.reset()
+        last_t = obs[:, 0].copy()
+        sent = rng.uniform(-1, 1, n)
+        pool.send(_act(sent), np.arange(n))
+        returned = np.zeros(n, int)
+        for _ in range(200):
+            obs, rew, term, trunc, info = pool.recv()
+            ids = info["env_id"].copy()
+            for k, i in enumerate(ids):
+                if last_t[i] == episode_len:  # next_step: this step only reset the env
+                    assert obs[k, 0] == 0 and rew[k] == 0
+                else:  # stepped exactly once, with the action sent for it
+                    assert obs[k, 0] == last_t[i] + 1 and rew[k] == sent[i]
+                last_t[i] = obs[k, 0]
+            returned[ids] += 1
+            sent[ids] = rng.uniform(-1, 1, len(ids))
+            pool.send(_act(sent[ids]), ids)
+    assert returned.sum() == 200 * batch and (returned > 0).all()
+
+
+def test_autoreset_next_step():
+    with envs.make("Counter-test", num_envs=2, autoreset="next_step") as pool:
+        pool.reset()
+        for t in range(1, 6):
+            obs, rew, term, trunc, info = pool.step(_act([1.0, 2.0]))
+        assert term.all() and (obs[:, 0] == 5).all()  # the ending step shows the final obs
+        np.testing.assert_array_equal(info["episode_return"], [5.0, 10.0])
+        np.testing.assert_array_equal(info["episode_length"], [5, 5])
+        obs, rew, term, trunc, info = pool.step(_act([7.0, 7.0]))  # ignored: this step resets
+        assert (obs[:, 0] == 0).all() and (obs[:, 1] == 0).all()
+        assert (rew == 0).all() and not term.any() and not trunc.any()
+        assert (info["episode_length"] == 0).all()
+        obs, rew, *_ = pool.step(_act([3.0, 3.0]))
+        assert (obs[:, 0] == 1).all() and (rew == 3).all()
+
+
+def test_autoreset_same_step():
+    with envs.make("Counter-test", num_envs=2, autoreset="same_step") as pool:
+        pool.reset()
+        for _ in range(5):
+            obs, rew, term, trunc, info = pool.step(_act([1.0, 2.0]))
+        assert term.all() and (rew == [1.0, 2.0]).all()
+        assert (obs[:, 0] == 0).all()  # already the new episode
+        np.testing.assert_array_equal(info["final_obs"][:, 0], [5, 5])
+        np.testing.assert_array_equal(info["final_obs"][:, 1], [5.0, 10.0])
+        np.testing.assert_array_equal(info["episode_return"], [5.0, 10.0])
+        obs, rew, term, _, info = pool.step(_act([3.0, 3.0]))
+        assert (obs[:, 0] == 1).all() and not term.any()
+        np.testing.assert_array_equal(info["episode_return"], [3.0, 3.0])
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_autoreset_disabled_raises_before_sending_and_reset_recovers(num_workers):
+    with envs.make("Counter-test", num_envs=2, autoreset="disabled",
+                   num_workers=num_workers) as pool:
+        pool.reset()
+        for _ in range(5):
+            obs, rew, term, *_ = pool.step(_act([1.0, 1.0]))
+        assert term.all()
+        with pytest.raises(EpisodeEndedError, match="autoreset is disabled"):
+            pool.step(_act([1.0, 1.0]))
+        obs, info = pool.reset(env_id=[1])
+        assert obs.shape == (1, 4) and obs[0, 0] == 0 and info["env_id"].tolist() == [1]
+        with pytest.raises(EpisodeEndedError, match=r"env_id \[0\]"):
+            pool.step(_act([1.0, 1.0]))
+        pool.reset(env_id=[0])
+        obs, _, term, *_ = pool.step(_act([1.0, 1.0]))
+        np.testing.assert_array_equal(obs[:, 0], [1, 1])
+        assert not term.any()
+    assert issubclass(EpisodeEndedError, ValueError)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.zeros((3,)), "shape"),
+    (np.zeros((4, 1)), "shape"),
+    (np.zeros(4, np.int64), "dtype"),
+    (np.full(4, 11.0), "outside"),
+    (np.array([0.0, np.nan, 0.0, 0.0]), "outside"),
+])
+def test_bad_actions_raise_before_sending_and_pool_stays_usable(bad, match):
+    with envs.make("Counter-test", num_envs=4, num_workers=2) as pool:
+        pool.reset()
+        with pytest.raises(ValueError, match=match):
+            pool.step(bad)
+        obs, rew, *_ = pool.step(_act([1, 2, 3, 4]))
+        np.testing.assert_array_equal(obs[:, 0], [1, 1, 1, 1])  # nothing was sent before
+
+
+@pytest.mark.parametrize("env_id, match", [
+    ([4], "out of range"), ([-1], "out of range"), ([1, 1], "repeats"),
+    ([0.5], "ints"), ([], "ints"),
+])
+def test_bad_env_ids_raise(env_id, match):
+    with envs.make("Counter-test", num_envs=4, env_batch_size=1, num_workers=1) as pool:
+        pool.reset()
+        with pytest.raises(ValueError, match=match):
+            pool.send(_act(np.zeros(len(env_id))), env_id)
+        pool.send(_act([1.0]), [0])
+        with pytest.raises(ValueError, match="in flight"):
+            pool.send(_act([1.0]), [0])
+        assert pool.recv()[4]["env_id"].tolist() == [0]
+
+
+def test_env_exception_surfaces_with_env_id_and_traceback_quickly():
+    with envs.make("CounterFail-test", num_envs=4, num_workers=2) as pool:
+        pool.reset()
+        pool.step(_act(np.zeros(4)))
+        pool.step(_act(np.zeros(4)))
+        t0 = time.monotonic()
+        with pytest.raises(EnvWorkerError) as err:
+            pool.step(_act(np.zeros(4)))
+        assert time.monotonic() - t0 < 5.0
+        assert "env_id [" in str(err.value) and "CounterEnv was told to fail here" in str(err.value)
+        assert "Traceback" in str(err.value)
+        with pytest.raises(EnvWorkerError):  # the pool stays failed, it does not hang
+            pool.step(_act(np.zeros(4)))
+
+
+def test_killed_worker_is_reported_within_5s():
+    with envs.make("Counter-test", num_envs=4, num_workers=2) as pool:
+        obs, _ = pool.reset()
+        os.kill(int(obs[3, 3]), signal.SIGKILL)  # obs[:, 3] is the worker's pid
+        t0 = time.monotonic()
+        with pytest.raises(EnvWorkerError, match=r"env_id 2..3\) was killed by signal 9"):
+            pool.step(_act(np.zeros(4)))
+        assert time.monotonic() - t0 < 5.0
+
+
+def test_close_leaves_no_process_and_no_shared_memory():
+    before = set(os.listdir("/dev/shm"))
+    pool = envs.make("Counter-test", num_envs=4, num_workers=2)
+    obs, _ = pool.reset()
+    pids = set(obs[:, 3].astype(int).tolist())
+    assert len(pids) == 2 and os.getpid() not in pids
+    pool.step(_act(np.ones(4)))
+    pool.close()
+    pool.close()  # idempotent
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert set(os.listdir("/dev/shm")) <= before
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.step(_act(np.ones(4)))
+
+
+def test_make_reports_every_invalid_argument_at_once():
+    with pytest.raises(ValueError) as err:
+        envs.make("NoSuchTask-v0", num_envs=0, env_batch_size=5, autoreset="sometimes")
+    msg = str(err.value)
+    for part in ("num_envs=0", "env_batch_size=5", "autoreset='sometimes'", "NoSuchTask-v0"):
+        assert part in msg
+
+
+def test_registered_callable_and_list_tasks():
+    assert "Counter-test" in envs.list_tasks()
+    with pytest.raises(ValueError, match="exactly one"):
+        envs.register("Nothing-test")
