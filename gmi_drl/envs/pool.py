@@ -65,6 +65,9 @@ class EnvPool:
             "final_obs": np.zeros((b, *s.obs.shape[1:]), s.obs.dtype),
             "env_id": np.zeros(b, np.int64),
         }
+        # recv hands out a read-only view of env ids; sending it back skips re-validation
+        self._env_id_out = self._out["env_id"].view()
+        self._env_id_out.flags.writeable = False
 
     @property
     def is_async(self) -> bool:
@@ -102,7 +105,10 @@ class EnvPool:
                 with autoreset ``disabled``, an env whose episode ended (`EpisodeEndedError`).
         """
         self._check_open()
-        ids = self._check_ids(env_id)
+        if env_id is self._env_id_out:  # ids from our last recv: valid; copy (buffer is reused)
+            ids = self._out["env_id"].copy()
+        else:
+            ids = self._check_ids(env_id)
         if self._in_flight[ids].any():
             raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a step in "
                              "flight; recv() its result before sending it another action")
@@ -205,16 +211,16 @@ class EnvPool:
             return s.obs, s.reward, s.terminated, s.truncated, info
         o = self._out
         o["env_id"][:] = ids
-        np.take(s.obs, ids, axis=0, out=o["obs"])
-        np.take(s.reward, ids, out=o["reward"])
-        np.take(s.terminated, ids, out=o["terminated"])
-        np.take(s.truncated, ids, out=o["truncated"])
-        np.take(s.episode_return, ids, out=o["episode_return"])
-        np.take(s.episode_length, ids, out=o["episode_length"])
-        info = {"env_id": o["env_id"], "episode_return": o["episode_return"],
+        s.obs.take(ids, axis=0, out=o["obs"])
+        s.reward.take(ids, out=o["reward"])
+        s.terminated.take(ids, out=o["terminated"])
+        s.truncated.take(ids, out=o["truncated"])
+        s.episode_return.take(ids, out=o["episode_return"])
+        s.episode_length.take(ids, out=o["episode_length"])
+        info = {"env_id": self._env_id_out, "episode_return": o["episode_return"],
                 "episode_length": o["episode_length"]}
         if self.autoreset is AutoresetMode.SAME_STEP:
-            np.take(s.final_obs, ids, axis=0, out=o["final_obs"])
+            s.final_obs.take(ids, axis=0, out=o["final_obs"])
             info["final_obs"] = o["final_obs"]
         return o["obs"], o["reward"], o["terminated"], o["truncated"], info
 
@@ -228,8 +234,8 @@ class EnvPool:
             raise ValueError(f"env_id must be a non-empty 1-d array of ints, got {env_id!r}")
         if ids.min() < 0 or ids.max() >= self.num_envs:
             raise ValueError(f"env_id {ids.tolist()} out of range [0, {self.num_envs})")
-        ids = ids.astype(np.int64, copy=False)
-        if len(ids) > 1 and len(np.unique(ids)) != len(ids):
+        ids = ids.astype(np.int64)  # a private copy: the caller may reuse its array
+        if len(ids) > 1 and np.bincount(ids).max() > 1:
             raise ValueError(f"env_id {ids.tolist()} repeats an id")
         return ids
 

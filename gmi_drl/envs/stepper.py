@@ -68,6 +68,7 @@ class Stepper:
         self.max_episode_steps = max_episode_steps
         self._pending_seeds: list[int | None] = [int(s) for s in seeds]
         self.ended = np.zeros(env.num_envs, bool)
+        self._num_ended = 0  # envs awaiting a reset; lets the common step skip the check
         self._return = np.zeros(env.num_envs, np.float64)  # running totals of the current episode
         self._length = np.zeros(env.num_envs, np.int64)
 
@@ -86,6 +87,7 @@ class Stepper:
         self._return[ids] = 0.0
         self._length[ids] = 0
         self.ended[ids] = False
+        self._num_ended = int(self.ended.sum())
 
     def step(self, ids: np.ndarray, actions: np.ndarray) -> None:
         """Step ``ids`` with ``actions (n, *action_shape)`` under the autoreset mode.
@@ -93,8 +95,8 @@ class Stepper:
         Raises:
             EpisodeEndedError: autoreset is ``disabled`` and an env of ``ids`` has ended.
         """
-        ended = self.ended[ids]
-        if ended.any():
+        ended = self.ended[ids] if self._num_ended else None
+        if ended is not None and ended.any():
             if self.mode is AutoresetMode.DISABLED:
                 bad = ids[ended].tolist()
                 raise EpisodeEndedError(
@@ -130,3 +132,4 @@ class Stepper:
             s.obs[done_ids] = self.env.reset(done_ids, seeds)
         else:
             self.ended[done_ids] = True
+            self._num_ended = int(self.ended.sum())

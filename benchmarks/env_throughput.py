@@ -1,0 +1,156 @@
+"""Env engine throughput: gmi-drl vs EnvPool vs Gymnasium's AsyncVectorEnv, in one invocation.
+
+Every engine runs the same task, ``num_envs``, ``env_batch_size`` and thread/worker count with
+random actions (drawn before timing); each figure is the median of ``--repeats`` runs of
+``--seconds`` each. Ratios are gmi-drl / peer within this run (the only comparison that holds on a
+noisy machine).
+
+    python benchmarks/env_throughput.py                      # all tasks, both modes
+    python benchmarks/env_throughput.py --tasks Hopper-v5 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import gymnasium as gym
+import numpy as np
+
+import gmi_drl.envs as gmi_envs
+
+
+class RandomWalkEnv(gym.Env):
+    """A pure-Python env (no NumPy in `step`): a 1-d random walk on [-10, 10], 200-step limit."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.x, self.t = 0.0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0.0, 0
+        return np.array([self.x, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.x = min(10.0, max(-10.0, self.x + (int(action) - 1) * 0.5))
+        self.t += 1
+        done = abs(self.x) >= 10.0
+        return np.array([self.x, self.t / 200.0], np.float32), -abs(self.x) / 10.0, done, \
+            self.t >= 200, {}
+
+
+CUSTOM = "RandomWalk-custom"
+gmi_envs.register(CUSTOM, RandomWalkEnv)
+GYM_IDS = {"Pong-v5": None}  # Gymnasium's Atari needs a wrapper stack of its own: EnvPool only
+
+
+def random_actions(space: gym.spaces.Space, n: int, rounds: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(0, space.n, (rounds, n)).astype(np.int64)
+    return rng.uniform(space.low, space.high, (rounds, n, *space.shape)).astype(space.dtype)
+
+
+def run_gmi(task: str, num_envs: int, batch: int, threads: int, seconds: float) -> float:
+    with gmi_envs.make(task, num_envs=num_envs, env_batch_size=batch, num_workers=threads) as p:
+        acts = random_actions(p.action_space, batch, 256, 0)
+        p.reset()
+        if batch == num_envs:
+            return _timed(lambda k: p.step(acts[k & 255]), batch, seconds)
+        p.send(random_actions(p.action_space, num_envs, 1, 1)[0], np.arange(num_envs))
+
+        def one(k: int) -> None:
+            info = p.recv()[4]
+            p.send(acts[k & 255], info["env_id"])
+        return _timed(one, batch, seconds)
+
+
+def run_envpool(task: str, num_envs: int, batch: int, threads: int, seconds: float) -> float:
+    import envpool
+
+    p = envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=batch,
+                     num_threads=threads, seed=0)
+    acts = random_actions(p.action_space, batch, 256, 0)
+    if batch == num_envs:
+        p.reset()
+        rate = _timed(lambda k: p.step(acts[k & 255]), batch, seconds)
+    else:
+        p.async_reset()
+
+        def one(k: int) -> None:
+            info = p.recv()[4]
+            p.send(acts[k & 255], info["env_id"])
+        rate = _timed(one, batch, seconds)
+    p.close()
+    return rate
+
+
+def run_gym_async(task: str, num_envs: int, batch: int, threads: int, seconds: float) -> float:
+    if batch != num_envs or task in GYM_IDS:
+        return float("nan")  # AsyncVectorEnv has no partial batches; no Atari stack here
+    fn = RandomWalkEnv if task == CUSTOM else (lambda: gym.make(task))
+    # one process per env is AsyncVectorEnv's design; it cannot share a process among envs
+    v = gym.vector.AsyncVectorEnv([fn] * num_envs, shared_memory=True)
+    acts = random_actions(v.single_action_space, num_envs, 256, 0)
+    v.reset(seed=0)
+    rate = _timed(lambda k: v.step(acts[k & 255]), num_envs, seconds)
+    v.close()
+    return rate
+
+
+def _timed(one_step, batch: int, seconds: float) -> float:
+    for k in range(20):  # warm-up
+        one_step(k)
+    n, k, t0 = 0, 0, time.perf_counter()
+    while True:
+        for _ in range(50):
+            one_step(k)
+            k += 1
+        n += 50 * batch
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return n / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+",
+                    default=["Hopper-v5", "Pong-v5", "CartPole-v1", CUSTOM])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args()
+    modes = [("async", 16, 8), ("sync", 8, 8)]
+    rows = []
+    for task in args.tasks:
+        for mode, n, b in modes:
+            runs = {"gmi-drl": [], "envpool": [], "gym-async": []}
+            for _ in range(args.repeats):  # interleaved, so drift hits every engine alike
+                runs["gmi-drl"].append(run_gmi(task, n, b, args.threads, args.seconds))
+                if task != CUSTOM:
+                    runs["envpool"].append(run_envpool(task, n, b, args.threads, args.seconds))
+                runs["gym-async"].append(run_gym_async(task, n, b, args.threads, args.seconds))
+            med = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
+            rows.append((task, mode, n, b, med))
+            print(f"{task} {mode}: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()),
+                  flush=True)
+    print(f"\nsteps/s, median of {args.repeats} x {args.seconds:.0f} s, {args.threads} threads/"
+          "workers, random actions\n")
+    print("| task | mode | num_envs | env_batch_size | gmi-drl | EnvPool | gym AsyncVectorEnv |"
+          " vs EnvPool | vs gym |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for task, mode, n, b, m in rows:
+        def fmt(x: float) -> str:
+            return "n/a" if np.isnan(x) else f"{x:,.0f}"
+
+        def ratio(x: float) -> str:
+            return "n/a" if np.isnan(x) else f"{m['gmi-drl'] / x:.2f}x"
+        print(f"| {task} | {mode} | {n} | {b} | {fmt(m['gmi-drl'])} | {fmt(m['envpool'])} | "
+              f"{fmt(m['gym-async'])} | {ratio(m['envpool'])} | {ratio(m['gym-async'])} |")
+
+
+if __name__ == "__main__":
+    main()
