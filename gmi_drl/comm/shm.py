@@ -1,0 +1,117 @@
+"""Multi-process reduction (MPR, GMI-DRL §4.1 / Fig. 4a) through host shared memory.
+
+The ``world_size`` members of a group share one block: a ``(world_size, capacity)`` float32 row
+per member and a ``(capacity,)`` result. An allreduce is a reduce-scatter and an all-gather over
+that block: each member copies its gradients into its row; after a barrier, member ``r`` sums
+column chunk ``r`` over all rows (in row order 0..world_size-1) and divides by ``world_size``;
+after a second barrier, every member copies the whole result back into its tensors.
+
+Cost per call: 2 barriers; each member moves ``numel`` floats in, ``numel`` out and sums
+``numel * world_size / world_size`` floats, so the work per member stays flat as the group grows
+while the memory traffic of the block grows with ``world_size``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
+
+
+@dataclass(frozen=True)
+class ShmGroup:
+    """A picklable handle of one MPR group; pass it to every member process at start.
+
+    Made by `ShmGroup.create` in the parent process, which keeps ``owner`` and must call
+    `ShmGroup.destroy` after the members are done.
+    """
+
+    name: str
+    world_size: int
+    capacity: int
+    barrier: Any  # a multiprocessing Barrier(world_size) of the members' start context
+
+    @classmethod
+    def create(cls, world_size: int, capacity: int, ctx) -> tuple["ShmGroup", shared_memory.SharedMemory]:
+        """Allocate a group for ``world_size`` members and at most ``capacity`` float32 per call.
+
+        Raises:
+            ValueError: ``world_size < 1`` or ``capacity < 1``.
+        """
+        if world_size < 1 or capacity < 1:
+            raise ValueError(f"{world_size=} and {capacity=} must both be >= 1")
+        nbytes = (world_size + 1) * capacity * 4
+        shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        return cls(shm.name, world_size, capacity, ctx.Barrier(world_size)), shm
+
+    @staticmethod
+    def destroy(owner: shared_memory.SharedMemory) -> None:
+        """Unlink the block (the parent's duty once every member has closed)."""
+        owner.unlink()
+        owner.close()
+
+
+class SharedMemoryReducer(GradReducer):
+    """One member of an MPR group.
+
+    Args:
+        group: the handle from `ShmGroup.create`.
+        rank: this member's index in ``[0, group.world_size)``.
+        timeout_s: how long a barrier waits for the slowest member before the group is broken.
+
+    Raises:
+        ValueError: ``rank`` out of range.
+    """
+
+    def __init__(self, group: ShmGroup, rank: int, timeout_s: float = 60.0) -> None:
+        if not 0 <= rank < group.world_size:
+            raise ValueError(f"rank={rank} out of range [0, {group.world_size})")
+        self.rank, self.world_size, self.timeout_s = rank, group.world_size, timeout_s
+        self._group = group
+        self._shm = shared_memory.SharedMemory(name=group.name)
+        block = np.frombuffer(self._shm.buf, np.float32).reshape(group.world_size + 1,
+                                                                 group.capacity)
+        self._rows, self._result = block[:-1], block[-1]
+        self._my_row = torch.from_numpy(self._rows[rank])
+        self._result_t = torch.from_numpy(self._result)
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor]) -> None:
+        n = sum(t.numel() for t in tensors)
+        if n > self._group.capacity:
+            raise ValueError(f"allreduce_ of {n} floats exceeds the group capacity "
+                             f"{self._group.capacity}; create the group with a larger capacity")
+        flatten_into(tensors, self._my_row)
+        self._wait()
+        chunk = math.ceil(n / self.world_size)
+        lo, hi = min(self.rank * chunk, n), min((self.rank + 1) * chunk, n)
+        if hi > lo:
+            out = self._result[lo:hi]
+            np.sum(self._rows[:, lo:hi], axis=0, out=out)
+            np.divide(out, self.world_size, out=out)
+        self._wait()
+        unflatten_from(self._result_t, tensors)
+
+    def _wait(self) -> None:
+        try:
+            self._group.barrier.wait(self.timeout_s)
+        except threading.BrokenBarrierError as e:
+            raise RuntimeError(
+                f"MPR group broken at rank {self.rank}: a member did not reach the barrier within "
+                f"{self.timeout_s} s (it died, or runs a different sequence of allreduce_ calls)"
+            ) from e
+
+    def close(self) -> None:
+        if self._shm is not None:
+            self._my_row = self._result_t = self._rows = self._result = None
+            try:
+                self._shm.close()
+            except BufferError:  # a caller still holds a view; the mapping goes with it
+                self._shm.close = lambda: None
+            self._shm = None
