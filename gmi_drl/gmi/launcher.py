@@ -1,0 +1,212 @@
+"""The local launcher: one process per GMI, its backend environment set before CUDA starts.
+
+Each GMI process applies its `process_env` (variables, CPU affinity, thread count), builds its
+gradient reducer for the layout's strategy, beats a heartbeat, and runs ``target(ctx)``. The
+launcher watches them: a GMI that raises, dies or stops beating stops the whole run within
+``poll_s`` + ``grace_s`` seconds with the GMI id and the original traceback, and no process or
+shared-memory segment is left behind (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from gmi_drl.comm.strategy import Strategy
+from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
+from gmi_drl.gmi.devices import Machine
+from gmi_drl.gmi.layout import Layout
+
+log = logging.getLogger(__name__)
+
+
+class GMIError(RuntimeError):
+    """A GMI raised, died or hung; the run was stopped."""
+
+
+@dataclass
+class GMIContext:
+    """What a GMI's ``target`` receives.
+
+    Attributes:
+        gmi_id: this GMI; ``layout``: the whole run's layout; ``payload``: the caller's argument.
+        reducer: a `GradReducer` over all GMIs (built lazily by `make_reducer`).
+    """
+
+    gmi_id: int
+    layout: Layout
+    payload: Any
+    _groups: list
+    _init_method: str
+    _reducer: Any = None
+
+    def make_reducer(self):
+        """The `GradReducer` the layout's strategy calls for (built once; collective)."""
+        if self._reducer is None:
+            self._reducer = _build_reducer(self)
+        return self._reducer
+
+
+def _build_reducer(ctx: GMIContext):
+    from gmi_drl.comm.reducer import IdentityReducer
+
+    lay, g = ctx.layout, ctx.gmi_id
+    if lay.num_gmis == 1:
+        return IdentityReducer()
+    backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
+    if lay.strategy is Strategy.MPR:
+        from gmi_drl.comm.shm import SharedMemoryReducer
+        return SharedMemoryReducer(ctx._groups[0], g)
+    if lay.strategy is Strategy.MRR:
+        from gmi_drl.comm.ring import RingReducer
+        return RingReducer(g, lay.num_gmis, ctx._init_method, backend, mpl=lay.mpl)
+    from gmi_drl.comm.hierarchical import HierarchicalReducer
+    return HierarchicalReducer(g, lay.mpl, ctx._groups[lay.device_of(g)], ctx._init_method,
+                               backend)
+
+
+def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
+    os.environ.update(env)  # before anything imports CUDA
+    if affinity:
+        os.sched_setaffinity(0, affinity)
+    import torch
+
+    torch.set_num_threads(threads)
+
+    def beat():
+        while True:
+            beats[gmi_id] = time.time()
+            time.sleep(0.5)
+
+    threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
+    ctx = GMIContext(gmi_id, *ctx_args)
+    try:
+        module, name = target.split(":")
+        result = getattr(importlib.import_module(module), name)(ctx)
+        if ctx._reducer is not None:
+            ctx._reducer.close()
+        results.put(("ok", gmi_id, result))
+    except BaseException:
+        results.put(("error", gmi_id, traceback.format_exc()))
+
+
+def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
+           reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
+           poll_s: float = 0.2) -> list[Any]:
+    """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
+
+    Args:
+        target: ``"package.module:function"`` taking a `GMIContext`.
+        layout: from `gmi_drl.gmi.layout.plan`.
+        machine: discovered devices.
+        payload: a picklable argument every GMI receives.
+        reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
+        heartbeat_timeout_s: a GMI silent this long counts as hung.
+
+    Raises:
+        GMIError: a GMI raised (its traceback is in the message), died, or hung.
+    """
+    from gmi_drl.comm.shm import ShmGroup
+
+    mpctx = mp.get_context("spawn")
+    n = layout.num_gmis
+    groups, owners = [], []
+    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1:
+        made = [ShmGroup.create(len(gmis), reducer_capacity, mpctx) for gmis in layout.mpl]
+        groups, owners = [g for g, _ in made], [o for _, o in made]
+        del made
+    tmp = tempfile.mkdtemp(prefix="gmi-drl-")
+    mps = None
+    if layout.backend is BackendKind.CUDA_MPS:
+        mps = MPSDaemon(os.path.join(tmp, "mps"), [g.uuid for g in machine.gpus])
+        mps.start()
+    beats = mpctx.Array("d", [time.time()] * n, lock=False)
+    results = mpctx.Queue()
+    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous")
+    procs, error = [], None
+    try:
+        procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,
+                        os.path.join(tmp, "mps") if mps else None)
+        try:
+            return _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
+        except GMIError as e:
+            error = str(e)  # re-raised below, without frames that hold the queue and barriers
+    finally:
+        _stop(procs)
+        results.close()
+        # drop our references so the named semaphores of spawn (queue, barriers) are unlinked
+        # now rather than whenever a traceback holding this frame is collected
+        del results, beats, groups, ctx_args, procs
+        for owner in owners:
+            ShmGroup.destroy(owner)
+        if mps is not None:
+            mps.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise GMIError(error)
+
+
+def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir) -> list:
+    procs = []
+    for spec in layout.specs:
+        env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
+        p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
+                          args=(spec.gmi_id, env, aff, threads, target, ctx_args, beats, results))
+        p.start()
+        procs.append(p)
+    return procs
+
+
+def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:
+    n, done = len(procs), {}
+    while len(done) < n:
+        try:
+            status, gmi_id, value = results.get(timeout=poll_s)
+        except queue.Empty:
+            pass
+        else:
+            if status == "error":
+                raise GMIError(f"GMI {gmi_id} raised; the run was stopped:\n{value}")
+            done[gmi_id] = value
+            continue
+        now = time.time()
+        for g, p in enumerate(procs):
+            if g in done:
+                continue
+            if p.exitcode is not None:
+                try:  # its last words may still be in the queue
+                    status, gid, value = results.get(timeout=1.0)
+                    if status == "error":
+                        raise GMIError(f"GMI {gid} raised; the run was stopped:\n{value}")
+                    done[gid] = value
+                    continue
+                except queue.Empty:
+                    pass
+                code = p.exitcode
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                raise GMIError(f"GMI {g} {how} without a result; the run was stopped")
+            if now - beats[g] > heartbeat_timeout_s:
+                raise GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s (hung); "
+                               "the run was stopped")
+    return [done[g] for g in range(n)]
+
+
+def _stop(procs, grace_s: float = 3.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.time() + grace_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.time()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)

@@ -1,0 +1,96 @@
+"""GMI layouts and templates (GMI-DRL §5.1): which GMI runs which roles on which device.
+
+``mpl`` (the GMI-to-device mapping list) is the paper's notation: ``[[0, 1, 2], [3, 4, 5]]`` puts
+GMIs 0-2 on device 0 and 3-5 on device 1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gmi_drl.comm.strategy import Strategy, select_strategy
+from gmi_drl.gmi.backends import BackendKind, GMISpec, choose_backend
+from gmi_drl.gmi.devices import Machine
+
+
+class Template(str, enum.Enum):
+    """Task-aware mapping templates (GMI-DRL §5.1, Fig. 6)."""
+
+    SERVING = "serving"  # TCG: simulator + agent per GMI, no cross-GMI traffic per step
+    SYNC_TRAINING = "sync_training"  # TCG_EX, "holistic GMI": simulator + agent + trainer
+
+
+ROLES = {Template.SERVING: ("simulator", "agent"),
+         Template.SYNC_TRAINING: ("simulator", "agent", "trainer")}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A placed run: the GMIs, their devices, the backend and the reduction strategy, with why."""
+
+    mpl: tuple[tuple[int, ...], ...]
+    specs: tuple[GMISpec, ...]
+    template: Template
+    backend: BackendKind
+    backend_reason: str
+    strategy: Strategy
+
+    @property
+    def num_gmis(self) -> int:
+        return len(self.specs)
+
+    def device_of(self, gmi_id: int) -> int:
+        return next(d for d, gmis in enumerate(self.mpl) if gmi_id in gmis)
+
+    def describe(self) -> str:
+        """Markdown lines for `summary.md`: layout, backend and strategy, and the reasons."""
+        why = {Strategy.MPR: "all GMIs share one device (Algorithm 1, line 2)",
+               Strategy.HAR: "uneven GMIs per device, or more GMIs per device than devices "
+                             "(Algorithm 1, lines 9-14)",
+               Strategy.MRR: "even layout with GMIs per device <= devices (Algorithm 1, line 17)"}
+        return (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
+                f"- layout `mpl`: `{[list(g) for g in self.mpl]}`\n"
+                f"- backend: `{self.backend.value}`: {self.backend_reason}\n"
+                f"- gradient reduction: `{self.strategy.value}`: {why[self.strategy]}\n")
+
+
+def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRAINING,
+         num_devices: int | None = None, backend: str | None = None,
+         memory_limit_bytes: int | None = None) -> Layout:
+    """Place ``num_gmis`` GMIs evenly over the devices, packed per device.
+
+    Args:
+        num_gmis: GMIs in the run.
+        machine: discovered devices.
+        template: the mapping template.
+        num_devices: devices to use (default: all GPUs, or one CPU "device"); on CPU a larger
+            value emulates several devices (groups of processes), as the tests do.
+        backend: force a `BackendKind` value.
+        memory_limit_bytes: per-GMI MPS pinned-memory limit.
+
+    Raises:
+        ValueError: fewer GMIs than devices, or a bad backend override.
+    """
+    kind, reason = choose_backend(machine, template is Template.SYNC_TRAINING, backend)
+    devices = num_devices or max(1, len(machine.gpus))
+    if num_gmis < devices:
+        raise ValueError(f"num_gmis={num_gmis} < devices={devices}: every device needs a GMI")
+    mpl, start = [], 0
+    for d in range(devices):
+        count = num_gmis // devices + (d < num_gmis % devices)
+        mpl.append(tuple(range(start, start + count)))
+        start += count
+    specs = []
+    for d, gmis in enumerate(mpl):
+        for k, g in enumerate(gmis):
+            mig = None
+            if kind is BackendKind.MIG:
+                insts = machine.gpus[d].mig_instances
+                if k >= len(insts):
+                    raise ValueError(f"device {d} has {len(insts)} MIG instances for "
+                                     f"{len(gmis)} GMIs")
+                mig = insts[k].uuid
+            specs.append(GMISpec(g, d, kind, 1.0 / len(gmis), memory_limit_bytes,
+                                 ROLES[template], mig))
+    return Layout(tuple(mpl), tuple(specs), template, kind, reason, select_strategy(mpl))

@@ -1,0 +1,78 @@
+"""The local launcher: real GMI processes, reduction across them, crash and kill handling."""
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from gmi_drl.gmi.devices import discover
+from gmi_drl.gmi.launcher import GMIError, launch
+from gmi_drl.gmi.layout import plan
+
+pytestmark = pytest.mark.distributed
+
+
+def _children():
+    """Live child processes of this test process, except multiprocessing's resource tracker."""
+    me = os.getpid()
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline") as f:
+                    cmd = f.read()
+                if int(fields[1]) == me and fields[0] != "Z" and "resource_tracker" not in cmd:
+                    out.add(int(pid))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+@pytest.mark.parametrize("num_gmis, devices", [(3, 1), (2, 2), (3, 2)])
+def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
+    m = discover()
+    lay = plan(num_gmis, m, num_devices=devices)
+    out = launch("tests.gmi.gmi_targets:allreduce_rank", lay, m)
+    mean = sum(range(num_gmis)) / num_gmis
+    for values, cuda, affinity in out:
+        assert values == pytest.approx([mean] * 5, abs=1e-6)
+        assert cuda == "" and affinity  # cpu backend: no GPU visible, a core set
+    assert not _children()
+
+
+def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
+    m = discover()
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(GMIError, match=r"GMI 1 raised") as err:
+        launch("tests.gmi.gmi_targets:fail_on_one", plan(3, m), m, payload=1)
+    caught = time.time()
+    assert "ValueError: GMI 1 failed on purpose" in str(err.value)
+    failed_at = float(str(err.value).split("failed on purpose at ")[-1].split()[0])
+    assert caught - failed_at < 5.0  # failure to a stopped run, all processes reaped
+    assert not _children()
+    gc.collect()
+    assert set(os.listdir("/dev/shm")) <= before
+
+
+def test_a_killed_gmi_is_reported():
+    m = discover()
+
+    def kill_one():
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            kids = _children()
+            if len(kids) >= 2:
+                time.sleep(1.0)
+                os.kill(max(kids), signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=kill_one, daemon=True).start()
+    with pytest.raises(GMIError, match="killed by signal 9"):
+        launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
+    assert not _children()
