@@ -48,6 +48,8 @@ class EnvPool:
         self._slots = backend.slots
         self._all_ids = np.arange(num_envs, dtype=np.int64)
         self._in_flight = np.zeros(num_envs, bool)
+        self._num_in_flight = 0
+        self._recv_ids_sent = True  # no recv yet
         self._ended = np.zeros(num_envs, bool)  # autoreset disabled: ended, awaiting reset()
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = 0
@@ -105,19 +107,23 @@ class EnvPool:
                 with autoreset ``disabled``, an env whose episode ended (`EpisodeEndedError`).
         """
         self._check_open()
-        if env_id is self._env_id_out:  # ids from our last recv: valid; copy (buffer is reused)
+        if env_id is self._env_id_out and not self._recv_ids_sent:
+            # ids of our last recv: valid and not in flight; copy (the buffer is reused)
             ids = self._out["env_id"].copy()
+            self._recv_ids_sent = True
         else:
             ids = self._check_ids(env_id)
-        if self._in_flight[ids].any():
-            raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a step in "
-                             "flight; recv() its result before sending it another action")
+            if self._num_in_flight and np.count_nonzero(self._in_flight[ids]):
+                raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a "
+                                 "step in flight; recv() its result before sending it another "
+                                 "action")
         if self.autoreset is AutoresetMode.DISABLED and self._ended[ids].any():
             raise EpisodeEndedError(
                 f"env_id {ids[self._ended[ids]].tolist()}: episode ended and autoreset is "
                 "disabled; call reset(env_id=...) for them before stepping")
         actions = self._check_actions(actions, len(ids))
         self._in_flight[ids] = True
+        self._num_in_flight += len(ids)
         self._backend.send(ids, actions)
 
     def recv(self) -> StepReturn:
@@ -130,10 +136,10 @@ class EnvPool:
         """
         self._check_open()
         b = self.env_batch_size
-        if int(self._in_flight.sum()) < b:  # finished-but-not-returned envs still count as in flight
+        if self._num_in_flight < b:  # finished-but-not-returned envs still count as in flight
             raise RuntimeError(
                 f"recv() needs {b} envs in flight or finished, but only "
-                f"{int(self._in_flight.sum())} are; send() actions for more envs first")
+                f"{self._num_in_flight} are; send() actions for more envs first")
         while self._num_ready < b:
             try:
                 done = self._backend.wait()
@@ -144,6 +150,8 @@ class EnvPool:
             self._num_ready += len(done)
         ids = self._take_ready(b)
         self._in_flight[ids] = False
+        self._num_in_flight -= b
+        self._recv_ids_sent = False
         out = self._gather(ids)
         if self.autoreset is AutoresetMode.DISABLED:
             self._ended[out[4]["env_id"]] = out[2] | out[3]
@@ -241,6 +249,7 @@ class EnvPool:
 
     def _init_action_checks(self) -> None:
         space = self.action_space
+        self._discrete_from_0 = isinstance(space, gym.spaces.Discrete) and int(space.start) == 0
         if isinstance(space, gym.spaces.Discrete):
             self._act_shape, self._act_kind = (), "iu"
             self._act_low, self._act_high = int(space.start), int(space.start + space.n - 1)
@@ -262,7 +271,11 @@ class EnvPool:
             want = "an integer" if self._act_kind == "iu" else "a floating-point"
             raise ValueError(f"actions have dtype {a.dtype}, expected {want} dtype for "
                              f"{self.action_space}")
-        if not ((a >= self._act_low).all() and (a <= self._act_high).all()):
+        if self._discrete_from_0 and a.dtype == np.int64:
+            in_range = not np.count_nonzero(a.view(np.uint64) > self._act_high)  # negatives wrap
+        else:
+            in_range = bool(np.all((a >= self._act_low) & (a <= self._act_high)))  # NaN fails
+        if not in_range:
             raise ValueError(f"actions outside the action space {self.action_space} "
                              f"(min {a.min()}, max {a.max()}; NaN counts as outside); "
                              "clip them to the space first")

@@ -46,6 +46,9 @@ class Slots:
         )
 
 
+_ALL = slice(None)
+
+
 class EpisodeEndedError(ValueError):
     """An env whose episode ended was stepped with autoreset ``disabled``."""
 
@@ -67,6 +70,9 @@ class Stepper:
         self.env, self.slots, self.mode = env, slots, AutoresetMode(mode)
         self.max_episode_steps = max_episode_steps
         self._pending_seeds: list[int | None] = [int(s) for s in seeds]
+        self._unseeded = len(self._pending_seeds)
+        self._n = env.num_envs
+        self._arange_bytes = np.arange(env.num_envs, dtype=np.int64).tobytes()
         self.ended = np.zeros(env.num_envs, bool)
         self._num_ended = 0  # envs awaiting a reset; lets the common step skip the check
         self._return = np.zeros(env.num_envs, np.float64)  # running totals of the current episode
@@ -74,11 +80,8 @@ class Stepper:
 
     def reset(self, ids: np.ndarray) -> None:
         """Start new episodes in ``ids`` and write their first observations; reward 0."""
-        seeds = [self._pending_seeds[i] for i in ids]
-        for i in ids:
-            self._pending_seeds[i] = None
         s = self.slots
-        s.obs[ids] = self.env.reset(ids, seeds)
+        s.obs[ids] = self.env.reset(ids, self._seeds_for(ids))
         s.reward[ids] = 0.0
         s.terminated[ids] = False
         s.truncated[ids] = False
@@ -86,8 +89,9 @@ class Stepper:
         s.episode_length[ids] = 0
         self._return[ids] = 0.0
         self._length[ids] = 0
-        self.ended[ids] = False
-        self._num_ended = int(self.ended.sum())
+        if self._num_ended:
+            self.ended[ids] = False
+            self._num_ended = int(np.count_nonzero(self.ended))
 
     def step(self, ids: np.ndarray, actions: np.ndarray) -> None:
         """Step ``ids`` with ``actions (n, *action_shape)`` under the autoreset mode.
@@ -95,41 +99,53 @@ class Stepper:
         Raises:
             EpisodeEndedError: autoreset is ``disabled`` and an env of ``ids`` has ended.
         """
-        ended = self.ended[ids] if self._num_ended else None
-        if ended is not None and ended.any():
-            if self.mode is AutoresetMode.DISABLED:
-                bad = ids[ended].tolist()
-                raise EpisodeEndedError(
-                    f"env_id {bad}: episode ended and autoreset is disabled; "
-                    "call reset(env_id=...) for them before stepping")
-            self.reset(ids[ended])  # next_step: this step only resets
-            ids, actions = ids[~ended], actions[~ended]
-            if len(ids) == 0:
-                return
+        if self._num_ended:
+            ended = self.ended[ids]
+            if np.count_nonzero(ended):
+                if self.mode is AutoresetMode.DISABLED:
+                    raise EpisodeEndedError(
+                        f"env_id {ids[ended].tolist()}: episode ended and autoreset is disabled; "
+                        "call reset(env_id=...) for them before stepping")
+                self.reset(ids[ended])  # next_step: this step only resets
+                ids, actions = ids[~ended], actions[~ended]
+                if len(ids) == 0:
+                    return
+        # all envs in id order (the synchronous case): slices instead of fancy indexing
+        at = _ALL if len(ids) == self._n and ids.tobytes() == self._arange_bytes else ids
         s = self.slots
         obs, reward, terminated, truncated = self.env.step(ids, actions)
-        length = self._length[ids] + 1
-        ret = self._return[ids] + reward
+        length = self._length[at] + 1
+        ret = self._return[at] + reward
         if self.max_episode_steps is not None:
             truncated = truncated | (length >= self.max_episode_steps)
-        s.obs[ids] = obs
-        s.reward[ids] = reward
-        s.terminated[ids] = terminated
-        s.truncated[ids] = truncated
-        s.episode_return[ids] = ret
-        s.episode_length[ids] = length
-        self._return[ids] = ret
-        self._length[ids] = length
+        s.obs[at] = obs
+        s.reward[at] = reward
+        s.terminated[at] = terminated
+        s.truncated[at] = truncated
+        s.episode_return[at] = ret
+        s.episode_length[at] = length
+        self._return[at] = ret
+        self._length[at] = length
         done = terminated | truncated
-        if not done.any():
+        if not np.count_nonzero(done):
             return
         done_ids = ids[done]
         self._return[done_ids] = 0.0
         self._length[done_ids] = 0
         if self.mode is AutoresetMode.SAME_STEP:
             s.final_obs[done_ids] = s.obs[done_ids]
-            seeds = [self._pending_seeds[i] for i in done_ids]
-            s.obs[done_ids] = self.env.reset(done_ids, seeds)
+            s.obs[done_ids] = self.env.reset(done_ids, self._seeds_for(done_ids))
         else:
             self.ended[done_ids] = True
-            self._num_ended = int(self.ended.sum())
+            self._num_ended = int(np.count_nonzero(self.ended))
+
+    def _seeds_for(self, ids: np.ndarray) -> list[int | None]:
+        """First-reset seeds of ``ids`` (then forgotten); ``None`` for envs already seeded."""
+        if self._unseeded == 0:
+            return [None] * len(ids)
+        pending = self._pending_seeds
+        seeds = [pending[i] for i in ids]
+        for i in ids:
+            pending[i] = None
+        self._unseeded = sum(x is not None for x in pending)
+        return seeds

@@ -17,6 +17,7 @@ from tests.envs.conftest import CounterEnv
 
 envs.register("Counter-test", CounterEnv, episode_len=5)
 envs.register("CounterFail-test", CounterEnv, episode_len=100, fail_at=3)
+envs.register("CartPoleGeneric-test", "CartPole-v1")  # Gymnasium's own, in worker processes
 
 
 def _act(values) -> np.ndarray:
@@ -28,8 +29,9 @@ def test_generic_path_matches_gymnasium_step_for_step():
     rng = np.random.default_rng(0)
     refs = [gym.make("CartPole-v1") for _ in range(n)]
     ref_obs = [r.reset(seed=seed + i)[0] for i, r in enumerate(refs)]
-    with envs.make("CartPole-v1", num_envs=n, num_workers=2, seed=seed,
+    with envs.make("CartPoleGeneric-test", num_envs=n, num_workers=2, seed=seed,
                    autoreset="same_step") as pool:
+        assert len({int(p.pid) for p in pool._backend._procs}) == 2  # really the worker path
         obs, _ = pool.reset()
         np.testing.assert_array_equal(obs, np.stack(ref_obs))
         for _ in range(steps):
