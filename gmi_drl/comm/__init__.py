@@ -1,6 +1,8 @@
-"""Gradient reduction among trainers: the `GradReducer` interface, its strategies, Algorithm 1."""
+"""Gradient reduction among trainers: `reducer.GradReducer` and its strategies, Algorithm 1.
 
-from gmi_drl.comm.reducer import GradReducer, IdentityReducer
+Kept free of torch at import time (the switch daemon needs none of it).
+"""
+
 from gmi_drl.comm.strategy import Strategy, select_strategy
 
-__all__ = ["GradReducer", "IdentityReducer", "Strategy", "select_strategy"]
+__all__ = ["Strategy", "select_strategy"]

@@ -1,0 +1,13 @@
+"""iSwitch: in-network gradient aggregation by a userspace switch daemon (DESIGN §6).
+
+- `protocol`: every packet format (control: Action + Value; data: Seg header + float32).
+- `daemon`: `SwitchDaemon`, the switch (data plane, control plane, tree, fault injection).
+- `client`: `SwitchReducer`, a worker's `GradReducer`.
+- `netns`: an emulated rack of network namespaces (root only).
+- `cli`: ``python -m gmi_drl.comm.switch serve ...``.
+"""
+
+from gmi_drl.comm.switch.client import SwitchReducer
+from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon
+
+__all__ = ["SwitchConfig", "SwitchDaemon", "SwitchReducer"]

@@ -1,0 +1,5 @@
+import sys
+
+from gmi_drl.comm.switch.cli import main
+
+sys.exit(main())

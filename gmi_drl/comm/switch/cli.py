@@ -1,0 +1,77 @@
+"""``gmi-drl switch serve`` (and ``python -m gmi_drl.comm.switch serve``): run one switch.
+
+Prints ``listening on IP:PORT`` once bound, then one line of counters every
+``--stats-interval`` seconds, and the final counters as JSON on SIGTERM/SIGINT (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+
+from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon, parse_addr
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gmi-drl switch", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run an aggregation switch daemon")
+    d = SwitchConfig()
+    s.add_argument("--bind", required=True, type=parse_addr, help="ADDR:PORT to listen on")
+    s.add_argument("--parent", type=parse_addr, default=None,
+                   help="HOST:PORT of the upper-level switch (hierarchical aggregation)")
+    s.add_argument("--threshold", type=int, default=d.threshold,
+                   help="aggregation threshold H (0: the number of members)")
+    s.add_argument("--drop-rate", type=float, default=d.drop_rate,
+                   help="inject loss: drop each packet in and out with this probability")
+    s.add_argument("--dup-rate", type=float, default=d.dup_rate,
+                   help="inject duplicates: handle/send each packet twice with this probability")
+    s.add_argument("--delay-ms", type=float, default=d.delay_ms,
+                   help="inject delay on every packet sent, milliseconds")
+    s.add_argument("--mtu", type=int, default=d.mtu, help="path MTU, bytes (segment size)")
+    s.add_argument("--slots", type=int, default=d.slots, help="aggregation slots (power of 2)")
+    s.add_argument("--max-members", type=int, default=d.max_members)
+    s.add_argument("--member-timeout", type=float, default=d.member_timeout_s,
+                   help="drop a member silent this long, seconds")
+    s.add_argument("--help-after", type=float, default=d.help_after_s,
+                   help="ask missing members of a slot waiting this long, seconds")
+    s.add_argument("--switch-id", type=int, default=d.switch_id)
+    s.add_argument("--member-id", type=int, default=d.member_id,
+                   help="this switch's member id at its parent (orders the parent's sum)")
+    s.add_argument("--job-id", default=d.job_id, help="serve only this job (default: the first)")
+    s.add_argument("--token", default=d.token, help="shared secret every Join must carry")
+    s.add_argument("--seed", type=int, default=None, help="seed of the fault injection")
+    s.add_argument("--stats-interval", type=float, default=5.0,
+                   help="print counters every this many seconds (0: never)")
+    s.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; ``argv`` without the program name (``["serve", "--bind", ...]``)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
+                       drop_rate=args.drop_rate, dup_rate=args.dup_rate, delay_ms=args.delay_ms,
+                       mtu=args.mtu, slots=args.slots, max_members=args.max_members,
+                       member_timeout_s=args.member_timeout, help_after_s=args.help_after,
+                       switch_id=args.switch_id, member_id=args.member_id, job_id=args.job_id,
+                       token=args.token, seed=args.seed)
+
+    def report(c) -> None:
+        print(" ".join(f"{k}={v}" for k, v in c.as_dict().items()), flush=True)
+
+    daemon = SwitchDaemon(cfg, report, args.stats_interval)
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    print("listening on {}:{}".format(*daemon.address), flush=True)
+    try:
+        daemon.serve_forever()
+    finally:
+        print(json.dumps(daemon.stats(), sort_keys=True), flush=True)
+        daemon.close()
+    return 0

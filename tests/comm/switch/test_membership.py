@@ -1,0 +1,70 @@
+"""Control plane: silent members dropped with H lowered, restarts rejoined, strangers refused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gmi_drl.comm.switch import SwitchReducer
+from tests.comm.switch.harness import assert_exact, ctx, run_workers
+
+SHAPES = [(5000,)]
+
+
+@pytest.mark.distributed
+def test_silent_member_is_dropped_and_the_rest_continue(switches):
+    sw = switches("--member-timeout", "1.0", "--log-level", "WARNING")
+    # worker 2 does step 0, then dies without a Leave before step 1
+    got = run_workers(sw.addr, 3, 3, {"rto_s": 0.05, "heartbeat_s": 0.2}, shapes=SHAPES,
+                      per_rank={2: {"die_after": 1}}, expect=2)
+    assert sorted(got) == [0, 1]
+    assert_exact({r: (v[0][:1], 0) for r, v in got.items()}, [0, 1, 2], 3, 1, shapes=SHAPES)
+    # steps 1 and 2: the mean of the two survivors
+    for step in (1, 2):
+        from tests.comm.switch.harness import reference
+        import numpy as np
+        ref = reference([0, 1], step, 2, SHAPES)
+        for r in (0, 1):
+            assert np.array_equal(got[r][0][step][0], ref[0])
+    assert sw.stop() == 0
+    assert sw.final["members_dropped"] == 1
+    assert "silent for" in sw.stderr and "dropped; H is now 2" in sw.stderr
+
+
+@pytest.mark.distributed
+def test_restarted_switch_is_rejoined(switches):
+    sw = switches()
+    port = sw.addr.rsplit(":", 1)[1]
+    c = ctx()
+    ready, go = c.Event(), c.Event()
+    state = {}
+
+    def restart():
+        assert ready.wait(30)
+        time.sleep(0.3)  # let the other workers finish step 0 too
+        sw.kill()
+        go.set()  # workers start step 1 against a dead switch
+        time.sleep(0.5)
+        state["new"] = switches(bind=f"127.0.0.1:{port}")
+
+    got = run_workers(sw.addr, 3, 3, {"rto_s": 0.05}, shapes=SHAPES, events=(ready, go),
+                      on_started=restart)
+    assert_exact(got, [0, 1, 2], 3, 3, shapes=SHAPES)
+    st = state["new"].stats()
+    assert st["segments_completed"] == 2 * 14
+
+
+def test_foreign_job_and_bad_token_are_refused(switches):
+    sw = switches("--token", "s3cret", "--job-id", "jobA")
+    with pytest.raises(RuntimeError, match="FOREIGN_JOB"):
+        SwitchReducer(sw.addr, 0, 1, job_id="jobB", token="s3cret", join_timeout_s=5)
+    with pytest.raises(RuntimeError, match="BAD_TOKEN"):
+        SwitchReducer(sw.addr, 0, 1, job_id="jobA", token="nope", join_timeout_s=5)
+    red = SwitchReducer(sw.addr, 0, 1, job_id="jobA", token="s3cret", join_timeout_s=5)
+    import torch
+    t = torch.arange(10.0)
+    red.allreduce_([t])
+    assert torch.equal(t, torch.arange(10.0))
+    red.close()
+    assert sw.stats()["foreign_job_dropped"] == 2

@@ -1,0 +1,75 @@
+"""Packet formats (iSwitch §3.2): round trips, and the decoders reject every malformed input with
+`ProtocolError` and nothing else."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.protocol import Action
+
+
+@pytest.mark.parametrize("action, value", [
+    (Action.JOIN, P.JoinValue(3, P.MemberType.SWITCH, 12, 3, 1, "job-é", "tok")),
+    (Action.JOIN_ACK, P.JoinAckValue(0xDEADBEEF, 366, 128, 7, 3)),
+    (Action.JOIN_NACK, P.NackValue(P.NackReason.BAD_TOKEN, "bad token")),
+    (Action.LEAVE, None), (Action.RESET, None), (Action.HEARTBEAT, None),
+    (Action.NOT_MEMBER, None), (Action.STATS, None),
+    (Action.SETH, 5), (Action.ACK, int(Action.SETH)),
+    (Action.FBCAST, 2**32 - 1), (Action.HELP, 17),
+    (Action.READY, P.ReadyValue(True, 9)),
+    (Action.STATS_REPLY, {"packets_in": 3}),
+])
+def test_control_round_trip(action, value):
+    raw = P.encode_control(action, value)
+    assert raw[0] == action
+    assert P.decode_control(raw) == (action, value)
+    if len(raw) > 1 and action != Action.JOIN_NACK:
+        with pytest.raises(P.ProtocolError):
+            P.decode_control(raw[:-1] if action != Action.STATS_REPLY else raw[:2])
+
+
+def test_data_header_is_8_bytes_and_round_trips():
+    assert P.HEADER_BYTES == 8
+    pkt = P.data_header(2**32 + 5, 300, 7, 3, P.FLAG_RESULT) + struct.pack("<3f", 1, 2, 3)
+    assert P.decode_data(pkt, len(pkt), 366) == (5, 300 & 0xFF, 7, 3, P.FLAG_RESULT, 3)
+    for bad in (pkt[:8], pkt[:13], pkt + b"\0"):
+        with pytest.raises(P.ProtocolError):
+            P.decode_data(bad, len(bad), 366)
+    with pytest.raises(P.ProtocolError):  # more floats than a segment
+        P.decode_data(pkt, len(pkt), 2)
+
+
+def test_segment_size_follows_the_mtu():
+    assert P.seg_floats_for_mtu(1500) == (1500 - 20 - 8 - 8) // 4 == 366
+    assert P.seg_floats_for_mtu(9000) == 2241
+    assert P.seg_floats_for_mtu(65536) == (65507 - 8) // 4
+    with pytest.raises(ValueError):
+        P.seg_floats_for_mtu(39)
+
+
+def test_serial_order_wraps():
+    assert P.seq_newer(1, 0) and P.seq_newer(0, 2**32 - 1) and not P.seq_newer(5, 5)
+    assert not P.seq_newer(0, 1)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.binary(max_size=80))
+def test_decode_control_rejects_garbage_cleanly(raw):
+    try:
+        P.decode_control(raw)
+    except P.ProtocolError:
+        pass
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=64))
+def test_decode_data_rejects_garbage_cleanly(raw):
+    try:
+        seq, rnd, member, count, flags, k = P.decode_data(raw, len(raw), 8)
+    except P.ProtocolError:
+        return
+    assert 1 <= k <= 8 and len(raw) == 8 + 4 * k and count >= 1
