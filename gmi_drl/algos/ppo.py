@@ -1,0 +1,240 @@
+"""Proximal Policy Optimization with a clipped surrogate objective.
+
+Source: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (PPO paper), eq. 7 (the
+clipped surrogate L^CLIP) and eq. 9 (``L^CLIP - c1 L^VF + c2 S``); the implementation details
+(value clipping, per-minibatch advantage normalisation, global gradient clipping, linear learning
+rate annealing, Adam eps 1e-5) follow CleanRL's ``ppo.py`` / ``ppo_continuous_action.py``
+(Huang et al. 2022, "The 37 Implementation Details of PPO").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from gmi_drl.algos.flat import FlatAdam, FlatParams
+from gmi_drl.algos.ppo_fast import FastPPOGrad
+from gmi_drl.algos.reducer import GradReducer, IdentityReducer
+from gmi_drl.models.actor_critic import ActorCritic
+from gmi_drl.rollout.storage import Batch
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyper-parameters (defaults: CleanRL ``ppo.py``)."""
+
+    num_steps: int = 128
+    """steps per env per rollout (T); batch_size = env.num_envs * num_steps"""
+    learning_rate: float = 2.5e-4
+    """Adam step size (at the start, when annealed)"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 4
+    """minibatches per epoch; minibatch_size = batch_size // num_minibatches"""
+    update_epochs: int = 4
+    """passes over each batch"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch (mean 0, std 1)"""
+    clip_coef: float = 0.2
+    """surrogate clipping epsilon (PPO paper eq. 7), also the value clipping range"""
+    clip_vloss: bool = True
+    """clip the value loss around the old values"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient (c2)"""
+    vf_coef: float = 0.5
+    """value loss coefficient (c1)"""
+    max_grad_norm: float = 0.5
+    """global gradient norm bound"""
+    target_kl: float | None = None
+    """stop the epochs of an update once the approximate KL exceeds this (None: never)"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    fast_path: bool = True
+    """hand-derived loss gradient for tanh-MLP models (equal to autograd; False: autograd)"""
+    norm_obs: bool = False
+    """normalise observations with running statistics (CleanRL's NormalizeObservation)"""
+    norm_reward: bool = False
+    """scale rewards by the running std of the discounted return (CleanRL's NormalizeReward)"""
+    obs_clip: float = 10.0
+    """clip normalised observations to [-obs_clip, obs_clip]"""
+    reward_clip: float = 10.0
+    """clip normalised rewards to [-reward_clip, reward_clip]"""
+
+
+class PPOLoss(NamedTuple):
+    """Loss terms of one minibatch."""
+
+    loss: torch.Tensor
+    """0-d, ``policy_loss - ent_coef * entropy + vf_coef * value_loss`` (with grad)"""
+    policy_loss: torch.Tensor
+    """0-d"""
+    value_loss: torch.Tensor
+    """0-d"""
+    entropy: torch.Tensor
+    """0-d, mean policy entropy"""
+    logratio: torch.Tensor
+    """``(M,)``, ``log pi_new - log pi_old`` (feed to `approx_kl` / `clip_fraction`)"""
+
+
+def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """``(A - mean) / (std + 1e-8)`` over the last dim (unbiased std, as CleanRL)."""
+    return (advantages - advantages.mean(-1, keepdim=True)) / (advantages.std(-1, keepdim=True) + 1e-8)
+
+
+def ppo_loss(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+             new_value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,
+             entropy: torch.Tensor, clip_coef: float, clip_vloss: bool, vf_coef: float,
+             ent_coef: float, norm_adv: bool) -> PPOLoss:
+    """PPO's loss for one minibatch of ``M`` samples (every input ``(M,) float32``).
+
+    ``ratio = exp(new_logprob - old_logprob)``; policy loss ``mean(max(-A ratio,
+    -A clip(ratio, 1-eps, 1+eps)))`` (the negated L^CLIP of eq. 7); value loss
+    ``0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2))`` when ``clip_vloss``,
+    else ``0.5 mean((V - R)^2)``; ``A`` normalised within the minibatch when ``norm_adv``
+    (`PPO.update` normalises all minibatches of an epoch at once and passes ``False``).
+    """
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+    if norm_adv:
+        advantages = normalize_advantages(advantages)
+    pg_loss = torch.max(-advantages * ratio,
+                        -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        v_clipped = old_value + torch.clamp(new_value - old_value, -clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max((new_value - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+    entropy_mean = entropy.mean()
+    loss = pg_loss - ent_coef * entropy_mean + vf_coef * v_loss
+    return PPOLoss(loss, pg_loss, v_loss, entropy_mean, logratio)
+
+
+def approx_kl(logratio: torch.Tensor) -> torch.Tensor:
+    """``mean((ratio - 1) - log ratio)``: Schulman's low-variance estimator of KL(old || new)."""
+    return (torch.expm1(logratio) - logratio).mean()
+
+
+def clip_fraction(logratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
+    """Fraction of samples whose ratio left ``[1 - clip_coef, 1 + clip_coef]``."""
+    return (torch.expm1(logratio).abs() > clip_coef).float().mean()
+
+
+class PPO:
+    """The PPO learner: minibatch SGD epochs over one rollout per `update` call.
+
+    Args:
+        cfg: hyper-parameters.
+        model: actor-critic; its parameters are re-homed into one flat buffer (`FlatParams`).
+        batch_size: samples per `update` (``num_envs * num_steps``); must be a multiple of
+            ``cfg.num_minibatches``.
+        num_iterations: updates in the whole run (the learning rate reaches 0 after them).
+        reducer: where gradients are averaged across trainers before each step.
+        seed: seed of the minibatch-shuffling generator.
+
+    Raises:
+        ValueError: ``batch_size`` not a multiple of ``cfg.num_minibatches``.
+    """
+
+    def __init__(self, cfg: PPOConfig, model: ActorCritic, batch_size: int, num_iterations: int,
+                 reducer: GradReducer | None = None, seed: int = 0) -> None:
+        if batch_size % cfg.num_minibatches:
+            raise ValueError(f"batch_size={batch_size} must be a multiple of "
+                             f"num_minibatches={cfg.num_minibatches}")
+        self.cfg, self.model = cfg, model
+        self.batch_size, self.num_iterations = batch_size, num_iterations
+        self.minibatch_size = batch_size // cfg.num_minibatches
+        self.reducer = reducer or IdentityReducer()
+        self.flat = FlatParams(model)
+        self.optimizer = FlatAdam(self.flat, cfg.learning_rate, eps=cfg.adam_eps)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.fast = FastPPOGrad(model) if cfg.fast_path and FastPPOGrad.supports(model) else None
+        self.iteration = 0
+        self._shuffled: Batch | None = None
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Run ``update_epochs`` epochs of minibatch SGD on ``batch`` (``batch_size`` samples).
+
+        Each epoch permutes the batch once into preallocated tensors, so minibatches are
+        contiguous views. Returns means over the minibatches run of ``losses/policy_loss``,
+        ``value_loss``, ``entropy``, ``approx_kl`` and ``clipfrac`` (the last two from the
+        log-ratios of every sample), plus ``losses/learning_rate`` and
+        ``losses/explained_variance``. ``target_kl`` stops after the first epoch whose mean
+        approximate KL exceeds it (CleanRL checks the epoch's last minibatch instead).
+        """
+        cfg, model, flat, opt = self.cfg, self.model, self.flat, self.optimizer
+        if cfg.anneal_lr:
+            opt.lr = cfg.learning_rate * (1.0 - self.iteration / self.num_iterations)
+        if self._shuffled is None:
+            self._shuffled = Batch(*(torch.empty_like(x) for x in batch))
+            self._logratio = torch.zeros(cfg.update_epochs, self.batch_size)
+            self._losses = torch.zeros(cfg.update_epochs * cfg.num_minibatches, 3)
+        shuffled, mb, n_mb = self._shuffled, self.minibatch_size, cfg.num_minibatches
+        epochs = 0
+        for epoch in range(cfg.update_epochs):
+            if n_mb > 1:  # one minibatch = the whole batch: its order does not matter
+                perm = torch.randperm(self.batch_size, generator=self.generator)
+                for src, dst in zip(batch, shuffled):
+                    torch.index_select(src, 0, perm, out=dst)
+            else:
+                for src, dst in zip(batch, shuffled):
+                    dst.copy_(src)
+            if cfg.norm_adv:  # per minibatch, all minibatches of the epoch at once
+                adv = shuffled.advantages.view(n_mb, mb)
+                adv.copy_(normalize_advantages(adv))
+            for i, start in enumerate(range(0, self.batch_size, mb)):
+                obs, actions, logprobs, values, adv, returns = (x[start:start + mb] for x in shuffled)
+                if self.fast is not None:
+                    *terms, logratio = self.fast(obs, actions, logprobs, adv, values, returns,
+                                                 cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
+                                                 cfg.ent_coef)
+                else:
+                    new = model.evaluate(obs, actions)
+                    out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns,
+                                   new.entropy, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
+                                   cfg.ent_coef, norm_adv=False)
+                    flat.zero_grad()
+                    out.loss.backward()
+                    terms, logratio = out[1:4], out.logratio
+                self.reducer.allreduce_([flat.grad])
+                flat.clip_grad_norm_(cfg.max_grad_norm)
+                opt.step()
+                with torch.no_grad():
+                    self._logratio[epoch, start:start + mb] = logratio
+                    torch.stack(terms, out=self._losses[epoch * n_mb + i])
+            epochs += 1
+            if cfg.target_kl is not None and approx_kl(self._logratio[epoch]).item() > cfg.target_kl:
+                break
+        self.iteration += 1
+        logratio = self._logratio[:epochs]
+        means = self._losses[:epochs * n_mb].mean(0).tolist()
+        var_y = batch.returns.var()
+        explained = float("nan") if var_y == 0 else float(1 - (batch.returns - batch.values).var() / var_y)
+        return {"losses/policy_loss": means[0], "losses/value_loss": means[1],
+                "losses/entropy": means[2], "losses/approx_kl": float(approx_kl(logratio)),
+                "losses/clipfrac": float(clip_fraction(logratio, cfg.clip_coef)),
+                "losses/learning_rate": opt.lr, "losses/explained_variance": explained}
+
+    def state_dict(self) -> dict:
+        """Model weights, optimizer moments, the shuffling RNG and the update count."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state(), "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output.
+
+        Raises:
+            ValueError: the stored weights do not fit this model (shapes or names differ).
+        """
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.iteration = int(state["iteration"])

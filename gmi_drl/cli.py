@@ -1,0 +1,131 @@
+"""``gmi-drl``: the command line. The only module that prints.
+
+    gmi-drl train ppo --env.task-id Hopper-v5 --env.num-envs 16 --total-timesteps 1000000 --seed 1
+    gmi-drl train ppo --preset demo
+    gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
+    gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Annotated
+
+import tyro
+
+ALGOS = ("ppo",)
+USAGE = """usage: gmi-drl {train,eval} ...
+
+  gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
+  gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
+
+'gmi-drl train ppo --help' lists every training flag."""
+
+
+@dataclass
+class EvalArgs:
+    """Evaluate a checkpoint: mean and std of the episode return."""
+
+    path: Annotated[str, tyro.conf.Positional]
+    """run directory (uses checkpoints/latest.pt) or a checkpoint file"""
+    episodes: int = 10
+    """episodes to run"""
+    deterministic: bool = True
+    """act with the policy's mode (Gaussian mean / arg-max) instead of sampling"""
+    num_envs: int = 4
+    """envs stepped together"""
+    seed: int = 10_000
+    """env seed (env i gets seed + i)"""
+    video: bool = False
+    """also render one episode to eval.mp4 / eval.gif in the run directory, if the task renders"""
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``--flag VALUE`` or ``--flag=VALUE`` in ``args`` (last one wins)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _train(args: list[str]) -> int:
+    from gmi_drl.checkpoint import CheckpointError, resolve_checkpoint
+    from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, validate
+    from gmi_drl.telemetry.progress import Progress, format_progress
+    from gmi_drl.train import train
+
+    if not args or args[0] not in ALGOS:
+        print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGOS)}",
+              file=sys.stderr)
+        return 2
+    algo, rest = args[0], args[1:]
+    resume = _flag_value(rest, "--resume")
+    try:
+        if resume is not None:
+            ckpt = resolve_checkpoint(resume)
+            default = from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
+        else:
+            default = preset(_flag_value(rest, "--preset") or "auto",
+                             _flag_value(rest, "--env.task-id"))
+        default.algo = algo
+        cfg = tyro.cli(TrainConfig, args=rest, default=default,
+                       prog=f"gmi-drl train {algo}", description=TrainConfig.__doc__)
+        validate(cfg)
+    except (ConfigError, CheckpointError, OSError) as e:
+        print(f"gmi-drl train: {e}", file=sys.stderr)
+        return 2
+    last_print = [float("-inf")]
+
+    def show(p: Progress) -> None:  # at most one line per 2 s, and always the last one
+        if p.elapsed_s - last_print[0] >= 2.0 or p.global_step >= p.total_steps:
+            last_print[0] = p.elapsed_s
+            print(format_progress(p), flush=True)
+
+    result = train(cfg, on_progress=show)
+    curve = result.episode_returns[-20:]
+    final = f"{curve.mean():.1f}" if len(curve) else "n/a"
+    print(f"done: {result.global_step:,} steps in {result.wall_s:.1f} s, "
+          f"final return (last 20 episodes) {final}; run dir {result.run_dir}")
+    return 0
+
+
+def _eval(args: list[str]) -> int:
+    from gmi_drl.checkpoint import CheckpointError
+    from gmi_drl.evaluate import evaluate
+
+    a = tyro.cli(EvalArgs, args=args, prog="gmi-drl eval")
+    try:
+        report = evaluate(a.path, a.episodes, a.deterministic, a.seed, a.num_envs, a.video)
+    except (CheckpointError, ValueError) as e:
+        print(f"gmi-drl eval: {e}", file=sys.stderr)
+        return 2
+    r = report.returns
+    print(f"{a.path}: return {r.mean():.2f} +/- {r.std():.2f} over {len(r)} episodes "
+          f"(min {r.min():.2f}, max {r.max():.2f}, mean length {report.lengths.mean():.1f})")
+    if report.video_path is not None:
+        print(f"video: {report.video_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gmi-drl`` script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    commands = {"train": _train, "eval": _eval}
+    if argv[0] not in commands:
+        print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

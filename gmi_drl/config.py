@@ -1,0 +1,266 @@
+"""Typed run configuration (parsed by tyro), presets per task family, and one `validate`.
+
+Every field has a docstring (it becomes the ``--help`` text). Derived values (`batch_size`,
+`minibatch_size`, `num_iterations`) are properties, never fields patched after parsing.
+Presets reproduce CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` =
+``ppo_continuous_action.py``, ``atari`` = ``ppo_atari.py``; ``cartpole-zoo`` = RL-Zoo's
+``CartPole-v1`` PPO entry (the Stable-Baselines3 comparison); ``demo`` = a short Hopper run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import gymnasium as gym
+
+from gmi_drl.algos.ppo import PPOConfig
+from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
+
+
+@dataclass
+class EnvConfig:
+    """Which environments to run, and how many."""
+
+    task_id: str = "CartPole-v1"
+    """registered task or Gymnasium id, e.g. Hopper-v5 (EnvPool's term)"""
+    num_envs: int = 4
+    """sub-environments stepped together (B)"""
+    num_workers: int | None = None
+    """env worker processes/threads (None: the CPU cores this process may use, at most num_envs)"""
+
+
+@dataclass
+class ModelConfig:
+    """Network shapes; input and output sizes come from the task's spaces."""
+
+    encoder: Literal["mlp", "nature_cnn"] = "mlp"
+    """separate actor/critic MLPs (flat obs) or a shared Nature CNN (84x84 frames)"""
+    actor_hidden: str = "64:64"
+    """hidden sizes of the actor MLP, ':'-joined (paper Table 6 notation)"""
+    critic_hidden: str = "64:64"
+    """hidden sizes of the critic MLP, ':'-joined"""
+    activation: str = "tanh"
+    """MLP activation: tanh, relu or elu"""
+
+
+@dataclass
+class LogConfig:
+    """What a run writes, and how often."""
+
+    log_every: int = 1
+    """updates between metric rows and progress lines"""
+    checkpoint_every: int = 10
+    """updates between checkpoints (0: only at the end)"""
+    tensorboard: bool = True
+    """also write TensorBoard event files"""
+    timeline_detail_events: int = 20_000
+    """budget of nested (per-step) events in timeline.json; top-level phases are always kept"""
+
+
+@dataclass
+class TrainConfig:
+    """A training run: `gmi-drl train ppo [--flags]`."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    algo: Literal["ppo"] = "ppo"
+    """the algorithm"""
+    total_timesteps: int = 500_000
+    """env steps over all envs (global_step at the end; rounded down to whole updates)"""
+    seed: int = 1
+    """seed of torch (weights, actions, minibatches) and of the envs (env i gets seed + i)"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for small MLPs on a few cores)"""
+    serial: bool = False
+    """run every role in one process: generic Gymnasium tasks step in-process, not in workers"""
+    run_dir: str | None = None
+    """run directory (None: runs/<task>-<algo>-<YYYYmmdd-HHMMSS>)"""
+    preset: str = "auto"
+    """preset the defaults came from (auto: by task family); set on the command line only"""
+    resume: str | None = None
+    """run directory (or checkpoint file) to continue from; its config is the default"""
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update: ``env.num_envs * ppo.num_steps``."""
+        return self.env.num_envs * self.ppo.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // max(self.ppo.num_minibatches, 1)
+
+    @property
+    def num_iterations(self) -> int:
+        """Updates in the run: ``total_timesteps // batch_size``."""
+        return self.total_timesteps // max(self.batch_size, 1)
+
+
+class ConfigError(ValueError):
+    """One or more invalid fields; the message names every one of them."""
+
+
+def task_family(task_id: str) -> str:
+    """``"mujoco"``, ``"atari"`` or ``"classic"`` (anything else), from the Gymnasium entry point
+    of ``task_id`` or of ``ALE/<task_id>`` (gmi-drl's Atari ids drop the ``ALE/`` prefix)."""
+    spec = gym.registry.get(task_id)
+    if spec is None:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        spec = gym.registry.get(task_id) or gym.registry.get(f"ALE/{task_id}")
+    entry = str(spec.entry_point) if spec is not None else ""
+    if "mujoco" in entry:
+        return "mujoco"
+    if "ale_py" in entry:
+        return "atari"
+    return "classic"
+
+
+def _classic() -> TrainConfig:
+    return TrainConfig()
+
+
+def _mujoco() -> TrainConfig:
+    return TrainConfig(
+        env=EnvConfig(task_id="Hopper-v5", num_envs=1),
+        ppo=PPOConfig(num_steps=2048, learning_rate=3e-4, num_minibatches=32, update_epochs=10,
+                      ent_coef=0.0, norm_obs=True, norm_reward=True),
+        total_timesteps=1_000_000)
+
+
+def _atari() -> TrainConfig:
+    return TrainConfig(
+        env=EnvConfig(task_id="Breakout-v5", num_envs=8),
+        ppo=PPOConfig(num_steps=128, learning_rate=2.5e-4, num_minibatches=4, update_epochs=4,
+                      clip_coef=0.1, ent_coef=0.01),
+        model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
+        torch_threads=os.cpu_count() or 1)
+
+
+def _cartpole_zoo() -> TrainConfig:
+    return TrainConfig(
+        env=EnvConfig(task_id="CartPole-v1", num_envs=8),
+        ppo=PPOConfig(num_steps=32, learning_rate=1e-3, gamma=0.98, gae_lambda=0.8,
+                      num_minibatches=1, update_epochs=20, ent_coef=0.0, clip_vloss=False),
+        total_timesteps=100_000)
+
+
+def _demo() -> TrainConfig:
+    cfg = _mujoco()
+    cfg.env = EnvConfig(task_id="Hopper-v5", num_envs=8)
+    cfg.ppo.num_steps = 256
+    cfg.total_timesteps = 300_000
+    return cfg
+
+
+PRESETS = {"classic": _classic, "mujoco": _mujoco, "atari": _atari,
+           "cartpole-zoo": _cartpole_zoo, "demo": _demo}
+
+
+def preset(name: str, task_id: str | None = None) -> TrainConfig:
+    """A fresh `TrainConfig` of preset ``name`` (``"auto"``: the family of ``task_id``).
+
+    ``task_id``, when given, replaces the preset's task.
+
+    Raises:
+        ConfigError: unknown preset name.
+    """
+    if name == "auto":
+        name = task_family(task_id) if task_id else "classic"
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS]}")
+    cfg = PRESETS[name]()
+    cfg.preset = name
+    if task_id is not None:
+        cfg.env.task_id = task_id
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Check every field and cross-field rule at once, before anything starts.
+
+    Raises:
+        ConfigError: listing every invalid field, one per line.
+    """
+    from gmi_drl.envs import list_tasks
+
+    e, p, m, lg = cfg.env, cfg.ppo, cfg.model, cfg.log
+    errors = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            errors.append(msg)
+
+    need(e.task_id in list_tasks() or e.task_id in gym.registry,
+         f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id")
+    need(e.num_envs >= 1, f"env.num_envs={e.num_envs} must be >= 1")
+    need(e.num_workers is None or 1 <= e.num_workers <= e.num_envs,
+         f"env.num_workers={e.num_workers} must be in [1, env.num_envs={e.num_envs}] or None")
+    need(p.num_steps >= 1, f"ppo.num_steps={p.num_steps} must be >= 1")
+    need(p.num_minibatches >= 1, f"ppo.num_minibatches={p.num_minibatches} must be >= 1")
+    if p.num_minibatches >= 1 and cfg.batch_size >= 1:
+        need(cfg.batch_size % p.num_minibatches == 0,
+             f"batch_size={cfg.batch_size} (env.num_envs * ppo.num_steps) must be a multiple of "
+             f"ppo.num_minibatches={p.num_minibatches}")
+    need(cfg.total_timesteps >= cfg.batch_size,
+         f"total_timesteps={cfg.total_timesteps} must be >= batch_size={cfg.batch_size} "
+         "(at least one update)")
+    need(p.learning_rate > 0, f"ppo.learning_rate={p.learning_rate} must be > 0")
+    need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
+    need(0 <= p.gae_lambda <= 1, f"ppo.gae_lambda={p.gae_lambda} must be in [0, 1]")
+    need(p.update_epochs >= 1, f"ppo.update_epochs={p.update_epochs} must be >= 1")
+    need(p.clip_coef > 0, f"ppo.clip_coef={p.clip_coef} must be > 0")
+    need(p.ent_coef >= 0, f"ppo.ent_coef={p.ent_coef} must be >= 0")
+    need(p.vf_coef >= 0, f"ppo.vf_coef={p.vf_coef} must be >= 0")
+    need(p.max_grad_norm > 0, f"ppo.max_grad_norm={p.max_grad_norm} must be > 0")
+    need(p.target_kl is None or p.target_kl > 0, f"ppo.target_kl={p.target_kl} must be > 0 or None")
+    need(p.adam_eps > 0, f"ppo.adam_eps={p.adam_eps} must be > 0")
+    need(p.obs_clip > 0, f"ppo.obs_clip={p.obs_clip} must be > 0")
+    need(p.reward_clip > 0, f"ppo.reward_clip={p.reward_clip} must be > 0")
+    for name in ("actor_hidden", "critic_hidden"):
+        value = getattr(m, name)
+        try:
+            parse_layers(value)
+        except ValueError:
+            errors.append(f"model.{name}={value!r} must be positive ints joined by ':' (e.g. '64:64')")
+    need(m.activation in ACTIVATIONS,
+         f"model.activation={m.activation!r} must be one of {sorted(ACTIVATIONS)}")
+    need(lg.log_every >= 1, f"log.log_every={lg.log_every} must be >= 1")
+    need(lg.checkpoint_every >= 0, f"log.checkpoint_every={lg.checkpoint_every} must be >= 0")
+    need(lg.timeline_detail_events >= 0,
+         f"log.timeline_detail_events={lg.timeline_detail_events} must be >= 0")
+    need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
+    need(cfg.preset == "auto" or cfg.preset in PRESETS,
+         f"preset={cfg.preset!r} must be one of {['auto', *PRESETS]}")
+    if cfg.resume is not None:
+        need(os.path.exists(cfg.resume), f"resume={cfg.resume!r} does not exist")
+    elif cfg.run_dir is not None:
+        need(not os.path.exists(os.path.join(cfg.run_dir, "config.json")),
+             f"run_dir={cfg.run_dir!r} already holds a run; pass --resume {cfg.run_dir} to "
+             "continue it, or choose another --run-dir")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    """The config as plain JSON-able data (what config.json and checkpoints hold)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> TrainConfig:
+    """Inverse of `to_dict`.
+
+    Raises:
+        ConfigError: unknown or missing fields.
+    """
+    try:
+        return TrainConfig(env=EnvConfig(**data["env"]), ppo=PPOConfig(**data["ppo"]),
+                           model=ModelConfig(**data["model"]), log=LogConfig(**data["log"]),
+                           **{k: v for k, v in data.items() if k not in ("env", "ppo", "model", "log")})
+    except (TypeError, KeyError) as e:
+        raise ConfigError(f"stored config does not match this gmi-drl version: {e}") from None

@@ -1,0 +1,97 @@
+"""``summary.md`` and ``learning_curve.png`` of a finished run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from gmi_drl.telemetry.timer import SectionStats
+
+
+class RunSummary(NamedTuple):
+    """What a finished run reports."""
+
+    title: str
+    """e.g. ``"PPO on Hopper-v5 (seed 1)"``"""
+    global_step: int
+    wall_s: float
+    """seconds of this process's training loop"""
+    steps_this_process: int
+    """env steps taken by this process (less than global_step after a resume)"""
+    curve_steps: np.ndarray
+    """``(k,) int64`` global_step at which each episode finished"""
+    curve_returns: np.ndarray
+    """``(k,) float64`` episode returns"""
+    phases: dict[str, SectionStats]
+    """the timing tree"""
+
+
+def final_return(s: RunSummary, last: int = 20) -> float:
+    """Mean return of the last ``last`` episodes (nan when none finished)."""
+    r = s.curve_returns[-last:]
+    return float(r.mean()) if len(r) else float("nan")
+
+
+def first_crossing(steps: np.ndarray, returns: np.ndarray, wall: np.ndarray, target: float,
+                   window: int = 20) -> tuple[int, float] | None:
+    """``(global_step, wall_s)`` when the mean of the last ``window`` episodes first reached
+    ``target``, or ``None``."""
+    if len(returns) < window:
+        return None
+    mean = np.convolve(returns, np.ones(window) / window, mode="valid")
+    hit = np.flatnonzero(mean >= target)
+    if not len(hit):
+        return None
+    i = hit[0] + window - 1
+    return int(steps[i]), float(wall[i])
+
+
+def plot_learning_curve(s: RunSummary, path: str | Path) -> None:
+    """Episode returns against global_step, raw and as a 20-episode moving mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(s.curve_returns):
+        ax.plot(s.curve_steps, s.curve_returns, ".", ms=2, alpha=0.3, label="episode")
+        k = min(20, len(s.curve_returns))
+        smooth = np.convolve(s.curve_returns, np.ones(k) / k, mode="valid")
+        ax.plot(s.curve_steps[k - 1:], smooth, label=f"mean of {k}")
+        ax.legend()
+    ax.set_xlabel("global_step (env steps)")
+    ax.set_ylabel("env/episodic_return")
+    ax.set_title(s.title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_summary(s: RunSummary, run_dir: str | Path) -> Path:
+    """Write ``summary.md`` (returns, throughput, phase breakdown) and ``learning_curve.png``."""
+    run_dir = Path(run_dir)
+    plot_learning_curve(s, run_dir / "learning_curve.png")
+    sps = s.steps_this_process / s.wall_s if s.wall_s > 0 else float("nan")
+    lines = [
+        f"# {s.title}", "",
+        f"- global_step: {s.global_step:,}",
+        f"- episodes finished: {len(s.curve_returns):,}",
+        f"- final return (mean of last 20 episodes): {final_return(s):.2f}",
+        f"- wall time: {s.wall_s:.1f} s; throughput: {sps:,.0f} env steps/s (perf/sps)",
+        "", "## Phase breakdown", "",
+        "| phase | total s | % of wall | calls | mean ms |", "|---|---:|---:|---:|---:|",
+    ]
+    for path, st in s.phases.items():
+        depth = path.count("/")
+        name = "&nbsp;&nbsp;" * depth + path.rsplit("/", 1)[-1]
+        pct = 100.0 * st.total_s / s.wall_s if s.wall_s > 0 else float("nan")
+        lines.append(f"| {name} | {st.total_s:.2f} | {pct:.1f} | {st.calls:,} | "
+                     f"{1e3 * st.total_s / max(st.calls, 1):.3f} |")
+    lines += ["", "![learning curve](learning_curve.png)", ""]
+    out = run_dir / "summary.md"
+    out.write_text("\n".join(lines))
+    return out

@@ -1,0 +1,242 @@
+"""Training: wire a `TrainConfig` into pool, model, learner and sinks, then run the loop.
+
+The loop is the four verbs of DESIGN.md §2, collect -> advantages -> update -> log, in one
+process (the serial placement; multi-GMI placements reuse the same verbs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from gmi_drl.algos.ppo import PPO
+from gmi_drl.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from gmi_drl.config import TrainConfig, to_dict, validate
+from gmi_drl.envs import EnvPool
+from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
+from gmi_drl.rollout import Collector, ObsNormalizer, RewardNormalizer, RolloutBuffer
+from gmi_drl.telemetry.metrics import MetricsWriter
+from gmi_drl.telemetry.progress import Progress
+from gmi_drl.telemetry.summary import RunSummary, write_summary
+from gmi_drl.telemetry.timeline import Timeline
+from gmi_drl.telemetry.timer import TimingTree, set_tree, timer
+
+log = logging.getLogger(__name__)
+
+
+class TrainResult(NamedTuple):
+    """What `train` returns."""
+
+    run_dir: Path
+    global_step: int
+    wall_s: float
+    """seconds in the loop (setup excluded)"""
+    episode_steps: np.ndarray
+    """``(k,) int64`` global_step at the end of the update in which each episode finished"""
+    episode_returns: np.ndarray
+    """``(k,) float64``"""
+    episode_wall_s: np.ndarray
+    """``(k,) float64`` loop seconds at that point (0 = start of this process's loop)"""
+
+
+def make_pool(cfg: TrainConfig, seed: int):
+    """The run's `EnvPool` (``same_step`` autoreset). With ``cfg.serial`` a Gymnasium task without
+    a native implementation is stepped in this process instead of in worker processes."""
+    from gmi_drl import envs
+
+    e = cfg.env
+    if not cfg.serial or e.task_id in envs.list_tasks():
+        return envs.make(e.task_id, e.num_envs, num_workers=e.num_workers, seed=seed,
+                         autoreset="same_step")
+    import gymnasium as gym
+
+    from gmi_drl.envs.backend import LocalBackend
+    from gmi_drl.envs.batched import GymnasiumBatch
+    from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+    from gmi_drl.envs.stepper import Slots, Stepper
+
+    batch = GymnasiumBatch([lambda: gym.make(e.task_id)] * e.num_envs)
+    space = batch.observation_space
+    slots = Slots.allocate(e.num_envs, space.shape, space.dtype)
+    mode = AutoresetMode.SAME_STEP
+    stepper = Stepper(batch, slots, mode, None, seed + np.arange(e.num_envs, dtype=np.int64))
+    spec = EnvSpec(e.task_id, space, batch.action_space, None)
+    return envs.EnvPool(spec, LocalBackend(stepper), e.num_envs, e.num_envs, mode)
+
+
+@dataclass
+class _Run:
+    """Everything one training process holds (built by `_setup`)."""
+
+    run_dir: Path
+    pool: EnvPool
+    model: ActorCritic
+    learner: PPO
+    collector: Collector
+    buf: RolloutBuffer
+    writer: MetricsWriter
+    tree: TimingTree
+    episode_steps: list[int]
+    """global_step of each finished episode (whole run, resumes included)"""
+    episode_returns: list[float]
+    episode_wall_s: list[float]
+    """loop seconds of this process at each episode (0 for episodes before a resume)"""
+
+    def record(self, episodes, global_step: int, wall_s: float) -> None:
+        n = len(episodes.returns)
+        self.episode_steps += [global_step] * n
+        self.episode_returns += episodes.returns.tolist()
+        self.episode_wall_s += [wall_s] * n
+
+    def close(self) -> None:
+        self.pool.close()
+        self.writer.close()
+        self.tree.timeline.write(self.run_dir / "timeline.json")
+        set_tree(TimingTree())
+
+
+def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
+    """Train ``cfg.algo`` on ``cfg.env.task_id`` for ``cfg.num_iterations`` updates; blocks.
+
+    Writes the run directory (config.json, metrics.csv, TensorBoard events, checkpoints/,
+    timeline.json, summary.md, learning_curve.png). ``on_progress`` gets a `Progress` every
+    ``log.log_every`` updates (the CLI prints it).
+
+    Raises:
+        ConfigError: invalid config (every field named). CheckpointError: bad ``--resume`` file.
+    """
+    validate(cfg)
+    run = _setup(cfg)
+    p, T, B = cfg.ppo, cfg.ppo.num_steps, cfg.env.num_envs
+    first = run.learner.iteration
+    t0 = time.perf_counter()
+    try:
+        for iteration in range(first, cfg.num_iterations):
+            before = run.tree.snapshot_s()
+            with timer("rollout"):
+                episodes = run.collector.collect(run.buf)
+            with timer("advantages"):
+                run.buf.compute_advantages(p.gamma, p.gae_lambda)
+            with timer("update"):
+                losses = run.learner.update(run.buf.flatten())
+            global_step, last = (iteration + 1) * T * B, iteration + 1 == cfg.num_iterations
+            with timer("log"):
+                elapsed = time.perf_counter() - t0
+                run.record(episodes, global_step, elapsed)
+                if (iteration + 1) % cfg.log.log_every == 0 or last:
+                    sps = (iteration + 1 - first) * T * B / elapsed
+                    _log(cfg, run, global_step, episodes, losses, sps, elapsed, before, on_progress)
+            every = cfg.log.checkpoint_every
+            if (every and (iteration + 1) % every == 0) or last:
+                with timer("checkpoint"):
+                    _save(cfg, run, global_step)
+    finally:
+        wall = time.perf_counter() - t0
+        run.close()
+    steps, returns = np.array(run.episode_steps, np.int64), np.array(run.episode_returns)
+    summary = RunSummary(f"{cfg.algo.upper()} on {cfg.env.task_id} (seed {cfg.seed})",
+                         cfg.num_iterations * T * B, wall, (cfg.num_iterations - first) * T * B,
+                         steps, returns, run.tree.stats())
+    log.info("wrote %s", write_summary(summary, run.run_dir))
+    return TrainResult(run.run_dir, cfg.num_iterations * T * B, wall, steps, returns,
+                       np.array(run.episode_wall_s))
+
+
+def _log(cfg: TrainConfig, run: _Run, global_step: int, episodes, losses: dict, sps: float,
+         elapsed_s: float, before: dict[str, float],
+         on_progress: Callable[[Progress], None] | None) -> None:
+    metrics = dict(losses)
+    if len(episodes.returns):
+        metrics["env/episodic_return"] = float(episodes.returns.mean())
+        metrics["env/episodic_length"] = float(episodes.lengths.mean())
+    metrics["perf/sps"] = sps
+    for path, total in run.tree.snapshot_s().items():
+        metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
+    run.writer.log(global_step, metrics)
+    if on_progress is not None:
+        recent = np.mean(run.episode_returns[-20:]) if run.episode_returns else np.nan
+        total = cfg.num_iterations * cfg.batch_size
+        on_progress(Progress(global_step, total, sps, float(recent), elapsed_s))
+
+
+def _setup(cfg: TrainConfig) -> _Run:
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    state = load_checkpoint(cfg.resume) if cfg.resume else None
+    if state is not None:
+        run_dir = resolve_checkpoint(cfg.resume).parent.parent
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        default = Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}"
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default
+    cfg.run_dir, cfg.resume = str(run_dir), None
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    log.info("run directory: %s", run_dir)
+
+    start_step = int(state["global_step"]) if state else 0
+    pool = make_pool(cfg, seed=cfg.seed + start_step)
+    model = build_actor_critic(pool.observation_space, pool.action_space, cfg.model.encoder,
+                               cfg.model.actor_hidden, cfg.model.critic_hidden,
+                               cfg.model.activation)
+    learner = PPO(cfg.ppo, model, cfg.batch_size, cfg.num_iterations, seed=cfg.seed)
+    p = cfg.ppo
+    obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None
+    rew_norm = RewardNormalizer(cfg.env.num_envs, p.gamma, p.reward_clip) if p.norm_reward else None
+    action_rng = torch.Generator().manual_seed(cfg.seed + 1)
+    collector = Collector(pool, model, obs_norm, rew_norm, action_rng)
+    steps, returns = [], []
+    if state is not None:
+        _restore(state, learner, collector)
+        steps, returns = state["episode_steps"].tolist(), state["episode_returns"].tolist()
+        log.info("resumed from global_step %d", start_step)
+    buf = RolloutBuffer(p.num_steps, cfg.env.num_envs, pool.observation_space, pool.action_space)
+    tree = TimingTree(Timeline(cfg.log.timeline_detail_events))
+    set_tree(tree)
+    writer = MetricsWriter(run_dir, cfg.log.tensorboard, purge_step=start_step or None)
+    return _Run(run_dir, pool, model, learner, collector, buf, writer, tree, steps, returns,
+                [0.0] * len(steps))
+
+
+def _save(cfg: TrainConfig, run: _Run, global_step: int) -> None:
+    c = run.collector
+    save_checkpoint(run.run_dir / "checkpoints" / "latest.pt", {
+        "config": to_dict(cfg), "global_step": global_step,
+        "learner": run.learner.state_dict(),
+        "obs_norm": c.obs_norm.state_dict() if c.obs_norm else None,
+        "reward_norm": c.reward_norm.state_dict() if c.reward_norm else None,
+        "action_rng": c.generator.get_state(), "rng": torch.get_rng_state(),
+        "episode_steps": torch.tensor(run.episode_steps, dtype=torch.int64),
+        "episode_returns": torch.tensor(run.episode_returns, dtype=torch.float64),
+    })
+
+
+def _restore(state: dict, learner: PPO, collector: Collector) -> None:
+    """Load learner, normalisers and RNGs from a checkpoint.
+
+    Raises:
+        CheckpointError: the checkpoint does not fit this model or normaliser layout.
+    """
+    from gmi_drl.checkpoint import CheckpointError
+
+    try:
+        learner.load_state_dict(state["learner"])
+        for name in ("obs_norm", "reward_norm"):
+            norm = getattr(collector, name)
+            if (norm is None) != (state[name] is None):
+                raise ValueError(f"{name} is {'on' if norm else 'off'} in this config but "
+                                 f"{'off' if norm else 'on'} in the checkpoint")
+            if norm is not None:
+                norm.load_state_dict(state[name])
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint does not match this run: {e}") from None
+    collector.generator.set_state(state["action_rng"])
+    torch.set_rng_state(state["rng"])

@@ -1,0 +1,59 @@
+import pytest
+import torch
+from torch import nn
+
+from gmi_drl.algos.flat import FlatAdam, FlatParams
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))
+
+
+def _loss(net, step):
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+    return ((net(x) - y) ** 2).mean() * 50  # large enough that clipping kicks in
+
+
+def test_flat_adam_with_clipping_equals_torch_adam():
+    ref, net = _net(0), _net(0)
+    opt = torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False)
+    flat = FlatParams(net)
+    fopt = FlatAdam(flat, lr=3e-3, eps=1e-5)
+    for step in range(25):
+        opt.zero_grad()
+        _loss(ref, step).backward()
+        ref_norm = nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        flat.zero_grad()
+        _loss(net, step).backward()
+        norm = flat.clip_grad_norm_(0.5)
+        fopt.step()
+        assert norm == pytest.approx(float(ref_norm), rel=1e-5)
+    for p, q in zip(ref.parameters(), net.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_parameters_and_grads_are_views_of_the_flat_buffers():
+    net = _net(1)
+    flat = FlatParams(net)
+    _loss(net, 0).backward()
+    assert flat.grad.abs().sum() > 0
+    for p in net.parameters():
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    flat.data.zero_()
+    assert all((p == 0).all() for p in net.parameters())
+    net.load_state_dict(_net(2).state_dict())  # loading copies into the views
+    assert flat.data.abs().sum() > 0
+
+
+def test_optimizer_state_round_trip():
+    net = _net(3)
+    fopt = FlatAdam(FlatParams(net), lr=1e-3)
+    _loss(net, 0).backward()
+    fopt.step()
+    other = FlatAdam(FlatParams(_net(3)), lr=0.5)
+    other.load_state_dict(fopt.state_dict())
+    assert other.steps == 1 and other.lr == 1e-3
+    torch.testing.assert_close(other.exp_avg_sq, fopt.exp_avg_sq)

@@ -1,0 +1,37 @@
+import numpy as np
+import torch
+
+from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer, RunningMeanStd
+
+
+def test_running_mean_std_matches_numpy_over_batches():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (1, 7, 30, 2)]
+    rms = RunningMeanStd((4,), epsilon=1e-12)
+    for b in batches:
+        rms.update(b)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-9)
+    assert rms.count == len(data) + 1e-12
+
+
+def test_obs_normalizer_clips_and_round_trips():
+    norm = ObsNormalizer((2,), clip=1.5)
+    for _ in range(20):
+        norm(np.random.default_rng(1).normal(size=(8, 2)))
+    out = norm(np.array([[100.0, -100.0]]), update=False)
+    np.testing.assert_array_equal(out, [[1.5, -1.5]])
+    other = ObsNormalizer((2,))
+    other.load_state_dict(norm.state_dict())
+    np.testing.assert_array_equal(other.rms.mean, norm.rms.mean)
+    assert isinstance(norm.state_dict()["mean"], torch.Tensor)
+
+
+def test_reward_normalizer_tracks_discounted_return_and_resets_on_done():
+    norm = RewardNormalizer(num_envs=2, gamma=0.5)
+    norm(np.array([1.0, 2.0]), np.array([False, True]))
+    np.testing.assert_array_equal(norm.returns, [1.0, 0.0])  # env 1's episode ended
+    out = norm(np.array([1.0, 1.0]), np.array([False, False]))
+    np.testing.assert_array_equal(norm.returns, [1.5, 1.0])
+    np.testing.assert_allclose(out, np.array([1.0, 1.0]) / np.sqrt(norm.rms.var + 1e-8))

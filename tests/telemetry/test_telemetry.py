@@ -1,0 +1,63 @@
+import json
+import math
+import time
+
+import numpy as np
+
+from gmi_drl.telemetry import Timeline, TimingTree, get_tree, set_tree, timer
+from gmi_drl.telemetry.progress import Progress, format_duration, format_progress
+from gmi_drl.telemetry.summary import RunSummary, write_summary
+
+
+def test_nested_timers_build_a_tree_and_a_timeline(tmp_path):
+    tree = TimingTree(Timeline(max_detail_events=3))
+    previous = set_tree(tree)
+    try:
+        for _ in range(2):
+            with timer("rollout"):
+                for _ in range(2):
+                    with timer("env_step"):
+                        time.sleep(0.002)
+            with timer("update"):
+                pass
+    finally:
+        set_tree(previous)
+    stats = tree.stats()
+    assert list(stats) == ["rollout", "rollout/env_step", "update"]
+    assert stats["rollout/env_step"].calls == 4
+    assert stats["rollout"].total_s >= stats["rollout/env_step"].total_s >= 0.008
+    tree.timeline.write(tmp_path / "timeline.json")
+    doc = json.loads((tmp_path / "timeline.json").read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    # all 4 top-level events, 3 of the 4 detail events (budget), the 4th counted as dropped
+    assert sum(e["cat"] == "rollout/env_step" for e in xs) == 3
+    assert sum(e["cat"] in ("rollout", "update") for e in xs) == 4
+    assert doc["otherData"]["dropped_detail_events"] == 1
+    assert all(e["dur"] >= 0 and "ts" in e for e in xs)
+
+
+def test_default_tree_is_usable_without_setup():
+    with timer("x"):
+        pass
+    assert get_tree().calls["x"] >= 1
+
+
+def test_progress_line_and_durations():
+    line = format_progress(Progress(500, 1000, 100.0, 12.34, 5.0))
+    assert "500/1,000" in line and "100 sps" in line and "12.3" in line and "ETA 5s" in line
+    assert format_duration(3725) == "1h02m" and format_duration(math.inf) == "?"
+    assert "n/a" in format_progress(Progress(0, 10, 0.0, math.nan, 0.0))
+
+
+def test_summary_has_returns_and_phase_table(tmp_path):
+    tree = TimingTree()
+    set_tree(tree)
+    with timer("update"):
+        pass
+    s = RunSummary("PPO on X", 100, 2.0, 100, np.array([50, 100]), np.array([1.0, 3.0]),
+                   tree.stats())
+    text = write_summary(s, tmp_path).read_text()
+    assert "final return (mean of last 20 episodes): 2.00" in text
+    assert "| update |" in text and "50 env steps/s" in text
+    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    set_tree(TimingTree())

@@ -1,0 +1,69 @@
+import pytest
+import tyro
+
+from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, task_family, to_dict, validate
+
+
+def test_validate_names_every_invalid_field_at_once():
+    cfg = TrainConfig()
+    cfg.env.num_envs = 3
+    cfg.ppo.num_steps = 10          # batch_size 30, not a multiple of 4 minibatches
+    cfg.ppo.gamma = 1.5
+    cfg.ppo.learning_rate = 0.0
+    cfg.model.actor_hidden = "64:abc"
+    cfg.env.task_id = "NoSuchTask-v0"
+    cfg.total_timesteps = 10
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    msg = str(err.value)
+    for needle in ("batch_size=30 (env.num_envs * ppo.num_steps) must be a multiple of "
+                   "ppo.num_minibatches=4", "ppo.gamma=1.5", "ppo.learning_rate=0.0",
+                   "model.actor_hidden='64:abc'", "env.task_id='NoSuchTask-v0'",
+                   "total_timesteps=10 must be >= batch_size=30"):
+        assert needle in msg
+    assert msg.count("\n") == 6  # one line per problem
+
+
+def test_defaults_are_valid_and_derived_sizes_are_properties():
+    cfg = TrainConfig()
+    validate(cfg)
+    assert (cfg.batch_size, cfg.minibatch_size, cfg.num_iterations) == (512, 128, 976)
+
+
+def test_presets_follow_cleanrl():
+    m = preset("mujoco")
+    assert (m.env.num_envs, m.ppo.num_steps, m.ppo.learning_rate, m.ppo.num_minibatches,
+            m.ppo.update_epochs, m.ppo.ent_coef, m.ppo.norm_obs, m.ppo.norm_reward,
+            m.total_timesteps) == (1, 2048, 3e-4, 32, 10, 0.0, True, True, 1_000_000)
+    c = preset("classic")
+    assert (c.env.num_envs, c.ppo.num_steps, c.ppo.learning_rate, c.ppo.ent_coef,
+            c.ppo.num_minibatches, c.ppo.update_epochs) == (4, 128, 2.5e-4, 0.01, 4, 4)
+    a = preset("atari")
+    assert (a.env.num_envs, a.ppo.clip_coef, a.model.encoder) == (8, 0.1, "nature_cnn")
+    for name in ("classic", "mujoco", "atari", "demo", "cartpole-zoo"):
+        validate(preset(name))
+
+
+def test_auto_preset_by_task_family():
+    assert task_family("Hopper-v5") == "mujoco" and task_family("CartPole-v1") == "classic"
+    assert task_family("ALE/Pong-v5") == "atari" and task_family("Pong-v5") == "atari"
+    cfg = preset("auto", "HalfCheetah-v5")
+    assert cfg.preset == "mujoco" and cfg.env.task_id == "HalfCheetah-v5"
+    with pytest.raises(ConfigError, match="preset='nope'"):
+        preset("nope")
+
+
+def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
+    cfg = tyro.cli(TrainConfig, default=preset("mujoco"),
+                   args=["--env.num-envs", "16", "--ppo.learning-rate", "1e-3", "--seed", "7"])
+    assert (cfg.env.num_envs, cfg.ppo.learning_rate, cfg.seed, cfg.ppo.num_steps) == (16, 1e-3, 7, 2048)
+    assert from_dict(to_dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="does not match"):
+        from_dict({**to_dict(cfg), "bogus": 1})
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    cfg = TrainConfig(run_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="--resume"):
+        validate(cfg)
