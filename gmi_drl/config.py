@@ -61,6 +61,20 @@ class LogConfig:
 
 
 @dataclass
+class GMIConfig:
+    """GPU multiplexing instances (GMI-DRL §3-§5): holistic training processes and their layout."""
+
+    num_gmis: int = 1
+    """holistic GMIs (simulator + agent + trainer each) reducing gradients every minibatch;
+    1 trains in this process"""
+    num_devices: int | None = None
+    """devices the GMIs are spread over (None: every GPU, or one CPU device); on CPU a larger
+    value emulates devices as groups of processes"""
+    backend: Literal["auto", "cpu", "cuda_shared", "cuda_mps", "mig"] = "auto"
+    """GMI backend (auto: GMI-DRL §3's rule: MPS for training, CPU core sets without a GPU)"""
+
+
+@dataclass
 class TrainConfig:
     """A training run: `gmi-drl train ppo [--flags]`."""
 
@@ -68,6 +82,7 @@ class TrainConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    gmi: GMIConfig = field(default_factory=GMIConfig)
     algo: Literal["ppo"] = "ppo"
     """the algorithm"""
     total_timesteps: int = 500_000
@@ -86,12 +101,18 @@ class TrainConfig:
     """run directory (or checkpoint file) to continue from; its config is the default"""
 
     @property
-    def batch_size(self) -> int:
-        """Samples per update: ``env.num_envs * ppo.num_steps``."""
+    def gmi_batch_size(self) -> int:
+        """Samples one GMI's learner updates on: ``env.num_envs * ppo.num_steps``."""
         return self.env.num_envs * self.ppo.num_steps
 
     @property
+    def batch_size(self) -> int:
+        """Samples per update over all GMIs: ``gmi_batch_size * gmi.num_gmis``."""
+        return self.gmi_batch_size * self.gmi.num_gmis
+
+    @property
     def minibatch_size(self) -> int:
+        """Samples per gradient step over all GMIs (each GMI holds ``1 / num_gmis`` of them)."""
         return self.batch_size // max(self.ppo.num_minibatches, 1)
 
     @property
@@ -203,10 +224,17 @@ def validate(cfg: TrainConfig) -> None:
          f"env.num_workers={e.num_workers} must be in [1, env.num_envs={e.num_envs}] or None")
     need(p.num_steps >= 1, f"ppo.num_steps={p.num_steps} must be >= 1")
     need(p.num_minibatches >= 1, f"ppo.num_minibatches={p.num_minibatches} must be >= 1")
-    if p.num_minibatches >= 1 and cfg.batch_size >= 1:
-        need(cfg.batch_size % p.num_minibatches == 0,
-             f"batch_size={cfg.batch_size} (env.num_envs * ppo.num_steps) must be a multiple of "
+    if p.num_minibatches >= 1 and cfg.gmi_batch_size >= 1:
+        need(cfg.gmi_batch_size % p.num_minibatches == 0,
+             f"env.num_envs * ppo.num_steps={cfg.gmi_batch_size} must be a multiple of "
              f"ppo.num_minibatches={p.num_minibatches}")
+    g = cfg.gmi
+    need(g.num_gmis >= 1, f"gmi.num_gmis={g.num_gmis} must be >= 1")
+    need(g.num_devices is None or 1 <= g.num_devices <= max(g.num_gmis, 1),
+         f"gmi.num_devices={g.num_devices} must be in [1, gmi.num_gmis={g.num_gmis}] or None")
+    need(g.num_gmis == 1 or p.target_kl is None,
+         f"ppo.target_kl={p.target_kl} with gmi.num_gmis={g.num_gmis}: GMIs would stop their "
+         "epochs at different points and break the gradient collective; use target_kl None")
     need(cfg.total_timesteps >= cfg.batch_size,
          f"total_timesteps={cfg.total_timesteps} must be >= batch_size={cfg.batch_size} "
          "(at least one update)")
@@ -259,8 +287,8 @@ def from_dict(data: dict) -> TrainConfig:
         ConfigError: unknown or missing fields.
     """
     try:
-        return TrainConfig(env=EnvConfig(**data["env"]), ppo=PPOConfig(**data["ppo"]),
-                           model=ModelConfig(**data["model"]), log=LogConfig(**data["log"]),
-                           **{k: v for k, v in data.items() if k not in ("env", "ppo", "model", "log")})
+        nested = {"env": EnvConfig, "ppo": PPOConfig, "model": ModelConfig, "log": LogConfig,
+                  "gmi": GMIConfig}
+        return TrainConfig(**{k: nested[k](**v) if k in nested else v for k, v in data.items()})
     except (TypeError, KeyError) as e:
         raise ConfigError(f"stored config does not match this gmi-drl version: {e}") from None

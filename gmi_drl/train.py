@@ -7,6 +7,7 @@ process (the serial placement; multi-GMI placements reuse the same verbs).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import time
@@ -45,6 +46,8 @@ class TrainResult(NamedTuple):
     """``(k,) float64``"""
     episode_wall_s: np.ndarray
     """``(k,) float64`` loop seconds at that point (0 = start of this process's loop)"""
+    param_digests: tuple[str, ...] = ()
+    """sha256 of the final flat parameters, one per GMI (all equal in synchronous training)"""
 
 
 def make_pool(cfg: TrainConfig, seed: int):
@@ -89,6 +92,8 @@ class _Run:
     episode_returns: list[float]
     episode_wall_s: list[float]
     """loop seconds of this process at each episode (0 for episodes before a resume)"""
+    rank: int = 0
+    """this process's GMI id; only rank 0 writes metrics, checkpoints and the summary"""
 
     def record(self, episodes, global_step: int, wall_s: float) -> None:
         n = len(episodes.returns)
@@ -98,7 +103,8 @@ class _Run:
 
     def close(self) -> None:
         self.pool.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         self.tree.timeline.write(self.run_dir / "timeline.json")
         set_tree(TimingTree())
 
@@ -114,8 +120,67 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
         ConfigError: invalid config (every field named). CheckpointError: bad ``--resume`` file.
     """
     validate(cfg)
-    run = _setup(cfg)
-    p, T, B = cfg.ppo, cfg.ppo.num_steps, cfg.env.num_envs
+    if cfg.run_dir is None and cfg.resume is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        cfg.run_dir = str(Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}")
+    if cfg.gmi.num_gmis > 1:
+        return _train_gmis(cfg, on_progress is not None)
+    return _train_process(cfg, 0, None, on_progress)
+
+
+def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
+    """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
+    each, launched by `gmi_drl.gmi.launcher`; GMI 0 writes the run directory."""
+    from gmi_drl.gmi.devices import discover
+    from gmi_drl.gmi.launcher import launch
+    from gmi_drl.gmi.layout import plan
+
+    machine = discover()
+    g = cfg.gmi
+    layout = plan(g.num_gmis, machine, num_devices=g.num_devices,
+                  backend=None if g.backend == "auto" else g.backend)
+    log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
+             layout.strategy.value)
+    results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
+                     reducer_capacity=_num_params(cfg))
+    digests = tuple(r.param_digests[0] for r in results)
+    same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
+    with open(results[0].run_dir / "summary.md", "a") as f:
+        f.write(f"\n## GMI layout\n\n{layout.describe()}"
+                f"- final weights identical on all {len(digests)} GMIs: {same} "
+                f"(sha256 {digests[0][:16]}...)\n")
+    return results[0]._replace(param_digests=digests)
+
+
+def gmi_main(ctx) -> TrainResult:
+    """One GMI's share of a multi-GMI run (the launcher's target)."""
+    cfg, show_progress = ctx.payload
+    on_progress = _print_progress if show_progress and ctx.gmi_id == 0 else None
+    return _train_process(cfg, ctx.gmi_id, ctx.make_reducer(), on_progress)
+
+
+def _print_progress(p: Progress) -> None:
+    from gmi_drl.telemetry.progress import format_progress
+
+    print(format_progress(p), flush=True)
+
+
+def _num_params(cfg: TrainConfig) -> int:
+    from gmi_drl import envs
+
+    with envs.make(cfg.env.task_id, num_envs=1, num_workers=1) as pool:
+        model = build_actor_critic(pool.observation_space, pool.action_space, cfg.model.encoder,
+                                   cfg.model.actor_hidden, cfg.model.critic_hidden,
+                                   cfg.model.activation)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _train_process(cfg: TrainConfig, rank: int, reducer,
+                   on_progress: Callable[[Progress], None] | None) -> TrainResult:
+    """The loop of one process: the serial run (rank 0 of 1), or one GMI of many."""
+    run = _setup(cfg, rank, reducer)
+    p, T = cfg.ppo, cfg.ppo.num_steps
+    B = cfg.env.num_envs * cfg.gmi.num_gmis  # global_step counts the envs of every GMI
     first = run.learner.iteration
     t0 = time.perf_counter()
     try:
@@ -135,19 +200,23 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                     sps = (iteration + 1 - first) * T * B / elapsed
                     _log(cfg, run, global_step, episodes, losses, sps, elapsed, before, on_progress)
             every = cfg.log.checkpoint_every
-            if (every and (iteration + 1) % every == 0) or last:
+            if rank == 0 and ((every and (iteration + 1) % every == 0) or last):
                 with timer("checkpoint"):
                     _save(cfg, run, global_step)
     finally:
         wall = time.perf_counter() - t0
         run.close()
     steps, returns = np.array(run.episode_steps, np.int64), np.array(run.episode_returns)
+    digest = (hashlib.sha256(run.learner.flat.data.numpy().tobytes()).hexdigest(),)
+    if rank != 0:
+        return TrainResult(run.run_dir, cfg.num_iterations * T * B, wall, steps, returns,
+                           np.array(run.episode_wall_s), digest)
     summary = RunSummary(f"{cfg.algo.upper()} on {cfg.env.task_id} (seed {cfg.seed})",
                          cfg.num_iterations * T * B, wall, (cfg.num_iterations - first) * T * B,
                          steps, returns, run.tree.stats())
     log.info("wrote %s", write_summary(summary, run.run_dir))
     return TrainResult(run.run_dir, cfg.num_iterations * T * B, wall, steps, returns,
-                       np.array(run.episode_wall_s))
+                       np.array(run.episode_wall_s), digest)
 
 
 def _log(cfg: TrainConfig, run: _Run, global_step: int, episodes, losses: dict, sps: float,
@@ -160,14 +229,18 @@ def _log(cfg: TrainConfig, run: _Run, global_step: int, episodes, losses: dict, 
     metrics["perf/sps"] = sps
     for path, total in run.tree.snapshot_s().items():
         metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
-    run.writer.log(global_step, metrics)
+    if run.writer is not None:
+        run.writer.log(global_step, metrics)
     if on_progress is not None:
         recent = np.mean(run.episode_returns[-20:]) if run.episode_returns else np.nan
         total = cfg.num_iterations * cfg.batch_size
         on_progress(Progress(global_step, total, sps, float(recent), elapsed_s))
 
 
-def _setup(cfg: TrainConfig) -> _Run:
+def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
+    """Build one process's pool, model, learner and sinks. Every GMI seeds torch alike (identical
+    initial weights); GMI ``k``'s envs get seeds ``seed + k * num_envs + i`` and its own action
+    generator. GMIs other than 0 keep only their timeline, in ``<run_dir>/gmi-<k>/``."""
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     state = load_checkpoint(cfg.resume) if cfg.resume else None
@@ -178,20 +251,25 @@ def _setup(cfg: TrainConfig) -> _Run:
         default = Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}"
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default
     cfg.run_dir, cfg.resume = str(run_dir), None
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    log.info("run directory: %s", run_dir)
+    if rank == 0:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+        log.info("run directory: %s", run_dir)
+    else:
+        run_dir = run_dir / f"gmi-{rank}"
+        run_dir.mkdir(parents=True, exist_ok=True)
 
     start_step = int(state["global_step"]) if state else 0
-    pool = make_pool(cfg, seed=cfg.seed + start_step)
+    pool = make_pool(cfg, seed=cfg.seed + start_step + rank * cfg.env.num_envs)
     model = build_actor_critic(pool.observation_space, pool.action_space, cfg.model.encoder,
                                cfg.model.actor_hidden, cfg.model.critic_hidden,
                                cfg.model.activation)
-    learner = PPO(cfg.ppo, model, cfg.batch_size, cfg.num_iterations, seed=cfg.seed)
+    learner = PPO(cfg.ppo, model, cfg.gmi_batch_size, cfg.num_iterations, reducer=reducer,
+                  seed=cfg.seed)
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None
     rew_norm = RewardNormalizer(cfg.env.num_envs, p.gamma, p.reward_clip) if p.norm_reward else None
-    action_rng = torch.Generator().manual_seed(cfg.seed + 1)
+    action_rng = torch.Generator().manual_seed(cfg.seed + 1 + 7919 * rank)
     collector = Collector(pool, model, obs_norm, rew_norm, action_rng)
     steps, returns = [], []
     if state is not None:
@@ -201,9 +279,10 @@ def _setup(cfg: TrainConfig) -> _Run:
     buf = RolloutBuffer(p.num_steps, cfg.env.num_envs, pool.observation_space, pool.action_space)
     tree = TimingTree(Timeline(cfg.log.timeline_detail_events))
     set_tree(tree)
-    writer = MetricsWriter(run_dir, cfg.log.tensorboard, purge_step=start_step or None)
+    writer = (MetricsWriter(run_dir, cfg.log.tensorboard, purge_step=start_step or None)
+              if rank == 0 else None)
     return _Run(run_dir, pool, model, learner, collector, buf, writer, tree, steps, returns,
-                [0.0] * len(steps))
+                [0.0] * len(steps), rank)
 
 
 def _save(cfg: TrainConfig, run: _Run, global_step: int) -> None:

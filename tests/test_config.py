@@ -16,7 +16,7 @@ def test_validate_names_every_invalid_field_at_once():
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)
-    for needle in ("batch_size=30 (env.num_envs * ppo.num_steps) must be a multiple of "
+    for needle in ("env.num_envs * ppo.num_steps=30 must be a multiple of "
                    "ppo.num_minibatches=4", "ppo.gamma=1.5", "ppo.learning_rate=0.0",
                    "model.actor_hidden='64:abc'", "env.task_id='NoSuchTask-v0'",
                    "total_timesteps=10 must be >= batch_size=30"):

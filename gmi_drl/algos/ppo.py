@@ -16,7 +16,7 @@ import torch
 
 from gmi_drl.algos.flat import FlatAdam, FlatParams
 from gmi_drl.algos.ppo_fast import FastPPOGrad
-from gmi_drl.algos.reducer import GradReducer, IdentityReducer
+from gmi_drl.comm.reducer import GradReducer, IdentityReducer
 from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.rollout.storage import Batch
 

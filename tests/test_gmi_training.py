@@ -1,0 +1,39 @@
+"""Multi-GMI synchronous PPO (GMI-DRL §5.1 TCG_EX): every GMI ends with bit-identical weights."""
+
+import pytest
+
+from gmi_drl.config import ConfigError, preset, validate
+from gmi_drl.train import train
+
+
+def _cfg(tmp_path, num_gmis, num_devices=None):
+    cfg = preset("classic", "CartPole-v1")
+    cfg.env.num_envs, cfg.ppo.num_steps = 4, 32
+    cfg.gmi.num_gmis, cfg.gmi.num_devices = num_gmis, num_devices
+    cfg.total_timesteps = 4 * cfg.batch_size
+    cfg.log.tensorboard = False
+    cfg.run_dir = str(tmp_path / "run")
+    return cfg
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("num_gmis, num_devices, strategy", [(2, None, "mpr"), (3, 2, "har")])
+def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, num_devices,
+                                                         strategy):
+    cfg = _cfg(tmp_path, num_gmis, num_devices)
+    result = train(cfg)
+    assert len(result.param_digests) == num_gmis
+    assert len(set(result.param_digests)) == 1
+    assert result.global_step == 4 * 4 * 32 * num_gmis
+    summary = (result.run_dir / "summary.md").read_text()
+    assert f"gradient reduction: `{strategy}`" in summary and "identical on all" in summary
+    assert (result.run_dir / "checkpoints" / "latest.pt").exists()
+    assert (result.run_dir / "gmi-1" / "timeline.json").exists()
+    assert not (result.run_dir / "gmi-1" / "metrics.csv").exists()  # only rank 0 writes metrics
+
+
+def test_target_kl_is_refused_with_several_gmis(tmp_path):
+    cfg = _cfg(tmp_path, 2)
+    cfg.ppo.target_kl = 0.01
+    with pytest.raises(ConfigError, match="target_kl"):
+        validate(cfg)
