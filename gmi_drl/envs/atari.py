@@ -1,5 +1,698 @@
-"""Native atari tasks (being written)."""
+"""Atari 2600 tasks (``Pong-v5``, ``Breakout-v5``, ...) on ale-py's C++ vector environment.
+
+Source: ale-py 0.12 (``ale_py.ALEVectorInterface``, the C++ core that
+``ale_py.vector_env.AtariVectorEnv`` wraps: emulation, frame skip, max-pooling, grayscale,
+INTER_AREA resize, frame stack, no-op starts and FIRE reset run on C++ threads, outside the GIL);
+task ids, option names and defaults follow EnvPool (papers/003_e9bf2f468e812145.txt,
+``envpool/atari/atari_env.h``).
+
+Design. ale-py's ``send`` takes no env ids: it routes action ``k`` to the ``k``-th env of its own
+last ``recv`` batch and wants exactly ``batch_size`` actions, and an async ale-py env
+(``batch_size < num_envs``) can neither reset some envs nor return every env's first observation.
+A pool, though, may send any subset of its envs and resets return every env given. So the pool's
+envs are split into *groups* of consecutive ids, each group one synchronous ale-py vector env
+(``batch_size == num_envs``, results in env order) on its own C++ thread(s); a group steps once
+actions for all its envs were sent. The ``group_size`` option (default: automatic):
+
+- synchronous pools (``env_batch_size == num_envs``): one group of every env on the pool's
+  ``num_workers`` threads, one ale-py ``send``/``recv`` per step.
+- asynchronous pools, and ``episodic_life`` with autoreset ``same_step``/``disabled`` (they step
+  single envs after a life loss): ``group_size=1``, one ale-py env and one C++ thread per env
+  (``num_workers`` is ignored). Any subset may be sent; ``wait`` blocks on the env sent first,
+  so envs come back in the order they were sent (ale-py has no wait-for-any over several vector
+  envs). Each env step costs one ale-py ``send``/``recv`` (~30 us of Python and spin-waiting
+  per env step, 5-10% more CPU than one big group), but single env steps (~0.3 ms of emulation) run back to
+  back as EnvPool's queued envs do, while groups of several envs get time-sliced, finish
+  together and leave the cores idle while Python handles them (Pong, 16 envs, batches of 8, on
+  a loaded 2-core machine: ``group_size=8`` ran at 0.7-0.8x EnvPool's steps/s, ``group_size=1``
+  at 1.0-1.2x).
+- ``group_size=k > 1`` (dividing ``num_envs`` and ``env_batch_size``): groups of ``k`` envs, one
+  thread each (``num_workers`` threads when there is a single group); a ``recv`` returns whole
+  groups, the first sent. Sending the ids a ``recv`` returned (EnvPool's loop) always works; a
+  ``recv`` that would need a group whose actions were only partly sent raises `RuntimeError`
+  instead of waiting forever.
+
+Defaults (`DEFAULTS`; override any through ``make(task_id, ..., **kwargs)``): ``frame_skip=4``,
+``img_height=img_width=84``, ``gray_scale=True``, ``stack_num=4``, ``noop_max=30``,
+``episodic_life=True``, ``reward_clip=True``, ``use_fire_reset=True``,
+``repeat_action_probability=0.0``, ``max_episode_steps=27000`` (agent steps, = 108000 frames),
+``full_action_space=False``, ``maxpool=True``, plus ``group_size=None`` (see above).
+Observations are ``uint8 (stack_num, img_height, img_width)`` (``(stack_num, img_height,
+img_width, 3)`` when ``gray_scale=False``; EnvPool uses ``(3 * stack_num, H, W)`` there), actions
+``Discrete(len(minimal action set))`` (``int`` indices into it).
+
+Differences from EnvPool 1.2.5 (checked with ``envpool.make_spec("Pong-v5").config``):
+
+- EnvPool's own defaults are ``episodic_life=False``, ``reward_clip=False`` and ``seed=42``; the
+  defaults here are the DQN/PPO settings usually passed to EnvPool (``episodic_life=True``,
+  ``reward_clip=True``), and the seed is the pool's.
+- Reset no-ops: ale-py presses FIRE (where the game has it and ``use_fire_reset``) and then does
+  ``U{0..noop_max-1} - 1`` no-op frames; EnvPool does ``U{0..noop_max-1} + 1 - fire`` no-ops and
+  then FIRE. With ``noop_max=1`` both reset to exactly ``reset_game`` + FIRE, and the frames,
+  rewards and flags are then identical step for step (tested; game-over steps aside, below);
+  otherwise the no-op random streams differ, so same-seed trajectories of the two libraries
+  differ.
+- Life loss with ``episodic_life``: both report ``terminated`` and the reset that follows
+  continues the same game; EnvPool's reset runs 0-29 no-op frames and one FIRE frame unseen, here
+  it is one agent step of FIRE (NOOP where the game has no FIRE or ``use_fire_reset=False``).
+  (ale-py's own ``episodic_life`` restarts the whole game on every life loss, as Gymnasium's
+  ``AtariPreprocessing(terminal_on_life_loss=True)``; it is not used.)
+- An explicit ``reset`` starts a new game, except with autoreset ``disabled`` after a life loss,
+  where it continues the game as above (EnvPool continues the game in both cases).
+- The frame stack after a new game holds ``stack_num`` copies of its first frame, as in EnvPool
+  and Gymnasium's ``FrameStackObservation`` (ale-py itself pads with zero frames).
+- The step on which a game is over (not a life loss) can differ in its newest frame: when the
+  game ends inside the frame skip, ale-py max-pools the previous step's two frames, EnvPool the
+  frames it captured before the end.
+- Not supported: EnvPool's ``zero_discount_on_life_loss`` and ``use_inter_area_resize=False``
+  (resizing is always INTER_AREA, EnvPool's default).
+
+Episode statistics. ``episode_return`` is the *unclipped* game score and ``episode_length`` the
+agent steps of the current **game** (all lives, life-loss reset steps included), whatever
+``episodic_life`` and ``reward_clip`` say: the numbers Atari learning curves in the literature
+report. With ``episodic_life`` a life loss reports ``terminated`` while the game goes on, so such
+a row holds the game's running score; `AtariBackend.end_of_game` marks the rows whose game
+itself ended (game over or the time limit), `AtariBackend.lives` the lives left.
+
+Seeding. Env ``i`` of a pool made with ``seed=s`` is first reset with seed ``s + i`` (ale-py
+reloads the ROM with ALE ``random_seed = s + i`` and seeds the env's no-op generator with it);
+later new games continue that generator. A trajectory therefore depends only on ``s + i`` and the
+actions sent to env ``i``, not on ``num_envs``, ``env_batch_size``, grouping or timing (tested).
+``s + i`` must lie in ``[0, 2**31 - 1]``.
+
+Cost. Building a pool loads the ROM once per env (~0.1 s each, serial), and the first reset
+reloads it with the env's seed (another ~0.1 s per env).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from gmi_drl.envs.backend import Backend
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.stepper import EpisodeEndedError, Slots
+
+# task id -> ale-py ROM id (EnvPool's naming: CamelCase of the ROM id, "-v5").
+GAMES: dict[str, str] = {
+    "Pong-v5": "pong",
+    "Breakout-v5": "breakout",
+    "Qbert-v5": "qbert",
+    "SpaceInvaders-v5": "space_invaders",
+    "BeamRider-v5": "beam_rider",
+    "Seaquest-v5": "seaquest",
+    "Enduro-v5": "enduro",
+    "MsPacman-v5": "ms_pacman",
+}
+
+DEFAULTS: dict[str, Any] = {
+    "frame_skip": 4,
+    "img_height": 84,
+    "img_width": 84,
+    "gray_scale": True,
+    "stack_num": 4,
+    "noop_max": 30,
+    "episodic_life": True,
+    "reward_clip": True,
+    "use_fire_reset": True,
+    "repeat_action_probability": 0.0,
+    "max_episode_steps": 27000,
+    "full_action_space": False,
+    "maxpool": True,
+    "group_size": None,
+}
+
+# ale-py / Gymnasium spellings, named in the error for an unknown option.
+_ALIASES = {
+    "frameskip": "frame_skip", "grayscale": "gray_scale", "reward_clipping": "reward_clip",
+    "max_num_frames_per_episode": "max_episode_steps (in agent steps, not frames)",
+    "terminal_on_life_loss": "episodic_life", "screen_size": "img_height/img_width",
+    "sticky_actions": "repeat_action_probability",
+}
+
+_STEP, _RESTART, _FINISH = 0, 1, 2  # what an env's request in flight is (see AtariBackend)
 
 
 def register_tasks(register) -> None:
-    """Register this module's tasks with `gmi_drl.envs.register`."""
+    """Register the `GAMES` task ids with `gmi_drl.envs.register` (nothing is built or imported).
+
+    Any other ROM ale-py ships registers the same way, e.g.
+    ``register("Alien-v5", backend=functools.partial(make_backend, "Alien-v5"), game="alien")``.
+    """
+    for task_id, game in GAMES.items():
+        register(task_id, backend=functools.partial(make_backend, task_id), game=game)
+
+
+def make_backend(task_id: str, *, num_envs: int, env_batch_size: int, num_threads: int,
+                 seed: int, autoreset: AutoresetMode, game: str,
+                 **options: Any) -> tuple[EnvSpec, "AtariBackend"]:
+    """The registry's factory: ``(EnvSpec, AtariBackend)`` for ``num_envs`` envs of ROM ``game``.
+
+    Args:
+        task_id: the name put in the spec (``max_episode_steps=None``: the emulator applies the
+            time limit).
+        num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
+        num_threads: C++ emulator threads of a pool that is one group.
+        game: ale-py ROM id, e.g. ``"pong"`` (snake case).
+        **options: overrides of `DEFAULTS` (EnvPool's option names).
+
+    Raises:
+        ValueError: see `AtariBackend`.
+    """
+    backend = AtariBackend(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
+                           num_threads=num_threads, **options)
+    spec = EnvSpec(task_id, backend.observation_space, backend.action_space, None)
+    return spec, backend
+
+
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+    errors = []
+    for key in options:
+        if key not in DEFAULTS:
+            hint = f" (use {_ALIASES[key]})" if key in _ALIASES else ""
+            errors.append(f"unknown Atari option {key!r}{hint}")
+    opts = {**DEFAULTS, **{k: v for k, v in options.items() if k in DEFAULTS}}
+    for key in ("frame_skip", "img_height", "img_width", "stack_num", "max_episode_steps"):
+        v = opts[key]
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            errors.append(f"{key}={v!r} must be an int >= 1")
+    v = opts["noop_max"]
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+        errors.append(f"noop_max={v!r} must be an int >= 0")
+    v = opts["repeat_action_probability"]
+    if not isinstance(v, (int, float, np.number)) or not 0.0 <= float(v) <= 1.0:
+        errors.append(f"repeat_action_probability={v!r} must be in [0, 1]")
+    v = opts["group_size"]
+    if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
+        errors.append(f"group_size={v!r} must be None (automatic) or an int >= 1")
+    if errors:
+        raise ValueError("invalid Atari options: " + "; ".join(errors) +
+                         f". Accepted: {sorted(DEFAULTS)}")
+    return opts
+
+
+class _Group:
+    """Envs ``base .. base + size - 1`` in one synchronous ale-py vector env."""
+
+    __slots__ = ("ale", "base", "size", "ids", "id_list", "actions", "ones", "pending",
+                 "started", "restarting", "eog")
+
+    def __init__(self, ale, base: int, size: int) -> None:
+        self.ale, self.base, self.size = ale, base, size
+        self.ids = np.arange(base, base + size, dtype=np.int64)
+        self.id_list = self.ids.tolist()
+        self.actions = [0] * size  # the next step's action per env, filled by send
+        self.ones = [1.0] * size   # paddle strengths
+        self.pending = 0           # actions filled so far
+        self.started = False       # reset at least once (ale-py's first reset must cover all)
+        self.restarting = False    # the step in flight resets some of its envs
+        self.eog = False           # some row of the group may have end_of_game set
+
+
+class AtariBackend(Backend):
+    """``num_envs`` Atari games on ale-py C++ emulator threads; see the module docstring.
+
+    Args:
+        game: ale-py ROM id (``"pong"``).
+        num_envs: sub-environments.
+        seed: env ``i`` is first reset with seed ``seed + i``.
+        autoreset: the `AutoresetMode`.
+        env_batch_size: the pool's (``None``: ``num_envs``).
+        num_threads: emulator threads when the pool is one group (else one per group).
+        **options: overrides of `DEFAULTS`.
+
+    Attributes:
+        slots: per-env results (`Slots`): obs ``uint8``, reward ``float64`` (clipped to
+            ``{-1, 0, 1}`` when ``reward_clip``), episode totals per *game* (module docstring).
+        lives: ``(num_envs,) int32``, lives left in the game each env's row shows (0 in games
+            without lives).
+        end_of_game: ``(num_envs,) bool``, the row's step ended the game itself (game over or
+            time limit), not only a life; inferred from ``lives``.
+        group_size: envs per ale-py vector env (1: one per env).
+        observation_space, action_space: single-env Gymnasium spaces.
+
+    Raises:
+        ValueError: unknown option (ale-py spellings are named with their equivalent), an option
+            out of range, an unknown ROM, ``seed + num_envs - 1`` outside ``[0, 2**31 - 1]``, or
+            a ``group_size`` that cannot work (the message says why).
+    """
+
+    def __init__(self, game: str, num_envs: int, seed: int, autoreset: AutoresetMode, *,
+                 env_batch_size: int | None = None, num_threads: int = 1,
+                 **options: Any) -> None:
+        import ale_py
+        from ale_py import roms
+
+        opts = _check_options(options)
+        self.mode = mode = AutoresetMode(autoreset)
+        self.num_envs = num_envs
+        batch = num_envs if env_batch_size is None else env_batch_size
+        self._episodic_life = bool(opts["episodic_life"])
+        errors = []
+        rom = roms.get_rom_path(game) if game in roms.get_all_rom_ids() else None
+        if rom is None:
+            errors.append(f"game={game!r} is not an ale-py ROM id (snake case, e.g. 'ms_pacman')")
+        if not 0 <= seed <= 2**31 - num_envs:
+            errors.append(f"seed={seed} gives env seeds outside [0, 2**31 - 1] for "
+                          f"num_envs={num_envs}")
+        k = opts["group_size"]
+        singles = self._episodic_life and mode is not AutoresetMode.NEXT_STEP
+        if k is None:  # automatic: see the module docstring
+            k = num_envs if batch == num_envs and not singles else 1
+        elif k > 1 and (num_envs % k or batch % k or singles):
+            why = ("it must divide num_envs and env_batch_size" if not singles else
+                   f"autoreset={mode.value!r} with episodic_life steps single envs after a "
+                   "life loss")
+            errors.append(f"group_size={k} impossible for num_envs={num_envs}, "
+                          f"env_batch_size={batch}: {why}")
+        if errors:
+            raise ValueError("invalid Atari pool: " + "; ".join(errors))
+        k = int(k)
+        self.group_size = k
+        n_groups = num_envs // k
+        # One group: the pool's threads; several: one each (a group's thread then runs its envs
+        # back to back, and groups finish one after another as EnvPool's envs do).
+        threads = max(1, min(k, num_threads)) if n_groups == 1 else 1
+        # Native SameStep only where no life loss needs a FIRE/NOOP step of a single env.
+        ale_mode = "SameStep" if (mode is AutoresetMode.SAME_STEP and k > 1) else "NextStep"
+        self._frame_skip = int(opts["frame_skip"])
+        self._clip = bool(opts["reward_clip"])
+        self._stack = int(opts["stack_num"])
+        self._groups: list[_Group] = []
+        try:
+            for g in range(n_groups):
+                ale = ale_py.ALEVectorInterface(
+                    rom, k, frame_skip=int(opts["frame_skip"]), stack_num=int(opts["stack_num"]),
+                    img_height=int(opts["img_height"]), img_width=int(opts["img_width"]),
+                    grayscale=bool(opts["gray_scale"]), maxpool=bool(opts["maxpool"]),
+                    noop_max=int(opts["noop_max"]), use_fire_reset=bool(opts["use_fire_reset"]),
+                    # life loss: terminated, the game goes on (ale-py's episodic_life restarts it)
+                    episodic_life=False, life_loss_info=self._episodic_life,
+                    reward_clipping=False,  # clipped here, so episode_return is the game score
+                    max_episode_steps=int(opts["max_episode_steps"]) * self._frame_skip,
+                    repeat_action_probability=float(opts["repeat_action_probability"]),
+                    full_action_space=bool(opts["full_action_space"]),
+                    batch_size=k, num_threads=threads, autoreset_mode=ale_mode)
+                self._groups.append(_Group(ale, g * k, k))
+        except BaseException:
+            self._groups.clear()
+            raise
+        action_set = list(self._groups[0].ale.get_action_set())
+        fire = ale_py.Action.FIRE
+        self._restart_action = (action_set.index(fire) if opts["use_fire_reset"]
+                                and fire in action_set else action_set.index(ale_py.Action.NOOP))
+        shape = (int(opts["stack_num"]), int(opts["img_height"]), int(opts["img_width"]))
+        if not opts["gray_scale"]:
+            shape += (3,)
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(len(action_set))
+        self.slots = Slots.allocate(num_envs, shape, np.uint8)
+        self.lives = np.zeros(num_envs, np.int32)
+        self.end_of_game = np.zeros(num_envs, bool)
+        # Per-env state. Lists where single items are read per step, arrays where a group of
+        # several envs is updated at once.
+        self._first_seed: list[int | None] = [seed + i for i in range(num_envs)]
+        self._num_unreset = num_envs          # envs whose first reset is still to come
+        self._fresh = [False] * num_envs      # reset by a sibling's first reset, untouched since
+        self._num_fresh = 0
+        self._kind = np.zeros(num_envs, np.int8)        # _STEP / _RESTART / _FINISH in flight
+        self._ended = np.zeros(num_envs, bool)          # latest result terminated or truncated
+        self._real_end = np.zeros(num_envs, bool)       # ... and the game itself is over
+        self._frame = np.zeros(num_envs, np.int64)      # ALE episode frame of the latest result
+        self._game_return = np.zeros(num_envs, np.float64)  # unclipped score of the game
+        self._game_length = np.zeros(num_envs, np.int64)    # agent steps of the game
+        # Leading frames of ale-py's stack that are still its zero padding after a new game
+        # (they are shown as copies of the game's first frame, as EnvPool does).
+        self._young = np.zeros(num_envs, np.int64)
+        self._in_flight: collections.deque[_Group] = collections.deque()
+
+    # --- Backend API ------------------------------------------------------------------------
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        """Record one action per env; a group starts stepping on its C++ thread(s) as soon as
+        all its envs have one. Returns without waiting on the emulators.
+
+        An env whose episode ended gets its reset instead (its action is ignored): a new game,
+        or after a life loss one FIRE/NOOP step of the same game.
+
+        Raises:
+            RuntimeError: an env was never reset (nothing is sent).
+            EpisodeEndedError: autoreset ``disabled`` and an env's episode ended (nothing sent).
+        """
+        id_list = ids.tolist()
+        if self._num_unreset and any(self._first_seed[i] is not None for i in id_list):
+            bad = [i for i in id_list if self._first_seed[i] is not None]
+            raise RuntimeError(f"env_id {bad}: reset() them before sending actions")
+        k = self.group_size
+        if k > 1 and len(id_list) == k:  # EnvPool's loop: the ids of one group, in order
+            g = self._groups[id_list[0] // k]
+            if not g.pending and id_list == g.id_list:
+                self._send_group(g, actions)
+                return
+        ended = self._ended[ids]
+        any_ended = ended.any()
+        if any_ended and self.mode is AutoresetMode.DISABLED:
+            raise EpisodeEndedError(f"env_id {ids[ended].tolist()}: episode ended and autoreset "
+                                    "is disabled; call reset(env_id=...) for them before stepping")
+        if any_ended:
+            self._kind[ids] = np.where(ended, _RESTART, _STEP)
+            actions = np.where(ended, self._restart_action, actions)
+        else:
+            self._kind[ids] = _STEP
+        act_list = actions.tolist()
+        groups, push = self._groups, self._in_flight.append
+        if self.group_size == 1:
+            for i, a in zip(id_list, act_list):
+                g = groups[i]
+                g.actions[0] = a
+                g.ale.send(g.actions, g.ones)
+                push(g)
+            return
+        fresh = self._fresh
+        for i, a in zip(id_list, act_list):
+            g = groups[i // k]
+            if fresh[i]:
+                fresh[i] = False
+                self._num_fresh -= 1
+            g.actions[i - g.base] = a
+            g.pending += 1
+            if g.pending == k:
+                g.pending = 0
+                g.restarting = bool((self._kind[g.base:g.base + k] != _STEP).any())
+                g.ale.send(g.actions, g.ones)
+                push(g)
+
+    def _send_group(self, g: _Group, actions: np.ndarray) -> None:
+        """`send` for exactly the envs of group ``g``, in order (no action of it pending)."""
+        b, e = g.base, g.base + g.size
+        ended = self._ended[b:e]
+        if ended.any():
+            if self.mode is AutoresetMode.DISABLED:
+                raise EpisodeEndedError(
+                    f"env_id {g.ids[ended].tolist()}: episode ended and autoreset is disabled; "
+                    "call reset(env_id=...) for them before stepping")
+            self._kind[b:e] = np.where(ended, _RESTART, _STEP)
+            actions = np.where(ended, self._restart_action, actions)
+            g.restarting = True
+        elif g.restarting:
+            self._kind[b:e] = _STEP
+            g.restarting = False
+        if self._num_fresh:
+            for i in g.id_list:
+                if self._fresh[i]:
+                    self._fresh[i] = False
+                    self._num_fresh -= 1
+        g.ale.send(actions.tolist(), g.ones)
+        self._in_flight.append(g)
+
+    def wait(self) -> np.ndarray:
+        """Block until the group sent first finishes; return its env ids (``int64``, in order).
+
+        Raises:
+            RuntimeError: nothing in flight; or only groups with actions for some of their envs,
+                which cannot step; or ale-py failed (names the env ids).
+        """
+        in_flight = self._in_flight
+        while in_flight:
+            g = in_flight.popleft()
+            try:
+                result = g.ale.recv()
+            except Exception as e:
+                raise RuntimeError(f"Atari env_id {g.ids.tolist()} failed in ale-py: "
+                                   f"{e!r}") from e
+            if g.size == 1:
+                if self._on_env_result(g, *result):
+                    return g.ids
+            else:
+                self._on_group_result(g, *result)
+                return g.ids
+        partial = [g.ids.tolist() for g in self._groups if g.pending]
+        if partial:
+            raise RuntimeError(
+                f"Atari pool: no group can step: the groups {partial} got actions for only some "
+                f"of their envs (groups of {self.group_size} envs step together, as ale-py "
+                "routes actions by batch position). Send actions for every env a recv() "
+                "returned, or make the pool with group_size=1 to step envs one by one")
+        raise RuntimeError("wait() with nothing in flight")
+
+    def reset(self, ids: np.ndarray) -> None:
+        """Reset ``ids`` (none in flight) and write their first observations; blocks.
+
+        An env's first reset uses its seed; with autoreset ``disabled`` an env whose episode
+        ended with a life loss continues its game (one FIRE/NOOP step); any other env starts a
+        new game (its no-op generator continues).
+        """
+        if self.group_size == 1:
+            for i in ids.tolist():
+                self._reset_env(i)
+            return
+        k = self.group_size
+        by_group: dict[int, list[int]] = {}
+        for i in ids.tolist():
+            by_group.setdefault(i // k, []).append(i - (i // k) * k)
+        for gi, local in by_group.items():
+            self._reset_group(self._groups[gi], local)
+
+    def close(self) -> None:
+        """Stop every emulator thread (a step in flight finishes first) and drop every buffer.
+
+        Idempotent.
+        """
+        self._in_flight.clear()
+        while self._groups:
+            self._groups.pop().ale = None  # ale-py's destructor joins the group's threads
+
+    # --- resets -------------------------------------------------------------------------------
+    def _reset_env(self, i: int) -> None:
+        g = self._groups[i]
+        if self._first_seed[i] is not None:
+            obs, info = g.ale.reset([0], [self._first_seed[i]])
+            self._first_seed[i] = None
+            self._num_unreset -= 1
+        elif (self._ended[i] and not self._real_end[i]
+              and self.mode is AutoresetMode.DISABLED):
+            while self._ended[i]:  # the FIRE/NOOP step may itself end the episode (rare)
+                self._kind[i] = _RESTART
+                g.actions[0] = self._restart_action
+                g.ale.send(g.actions, g.ones)
+                self._on_env_result(g, *g.ale.recv())
+            return
+        else:
+            obs, info = g.ale.reset([0], [-1])
+        self.slots.obs[i] = obs[0]
+        self._reset_row(i, int(info["lives"][0]), int(info["episode_frame_number"][0]))
+
+    def _reset_group(self, g: _Group, local: list[int]) -> None:
+        s, b = self.slots, g.base
+        if not g.started:  # ale-py: the first reset covers every env of the group
+            seeds = [self._first_seed[b + j] for j in range(g.size)]
+            obs, info = g.ale.reset(list(range(g.size)), seeds)
+            g.started = True
+            s.obs[b:b + g.size] = obs
+            lives, frames = info["lives"].tolist(), info["episode_frame_number"].tolist()
+            for j in range(g.size):
+                self._first_seed[b + j] = None
+                self._fresh[b + j] = True
+                self._reset_row(b + j, lives[j], frames[j])
+            self._num_unreset -= g.size
+            self._num_fresh += g.size
+        todo = [j for j in local if not self._fresh[b + j]]
+        for j in local:
+            if self._fresh[b + j]:
+                self._fresh[b + j] = False
+                self._num_fresh -= 1
+        if todo:  # the others report their current state; their rows are left alone
+            obs, info = g.ale.reset(todo, [-1] * len(todo))
+            lives, frames = info["lives"].tolist(), info["episode_frame_number"].tolist()
+            for j in todo:
+                s.obs[b + j] = obs[j]
+                self._reset_row(b + j, lives[j], frames[j])
+
+    # --- per-env bookkeeping (the env's obs row is written before these run) ------------------
+    def _new_game(self, i: int, lives: int, frame: int) -> None:
+        """State of env ``i`` at the first observation of a new game; pads its frame stack."""
+        if self._stack > 1:
+            row = self.slots.obs[i]
+            row[:-1] = row[-1]
+            self._young[i] = self._stack - 1
+        self._game_return[i] = 0.0
+        self._game_length[i] = 0
+        self._frame[i] = frame
+        self.lives[i] = lives
+        self._ended[i] = self._real_end[i] = False
+
+    def _age(self, i: int, row: np.ndarray) -> None:
+        """One more ale-py step of env ``i``, whose stack ``row`` may still start with padding."""
+        y = int(self._young[i]) - 1
+        if y >= 0:
+            self._young[i] = y
+            if y:
+                row[:y] = row[y]
+
+    def _reset_row(self, i: int, lives: int, frame: int) -> None:
+        """Row ``i`` becomes the first step of a new game: reward 0, no flags, totals 0."""
+        s = self.slots
+        s.reward[i] = 0.0
+        s.terminated[i] = s.truncated[i] = False
+        s.episode_return[i] = 0.0
+        s.episode_length[i] = 0
+        self.end_of_game[i] = False
+        self._new_game(i, lives, frame)
+
+    def _ended_game(self, i: int, truncated: bool, lives: int) -> bool:
+        """Whether a terminated/truncated result of env ``i`` ended the game, not only a life
+        (``self.lives[i]``: the lives before it)."""
+        return bool(truncated or not self._episodic_life or lives == 0
+                    or lives >= self.lives[i])  # terminated without losing a life: game over
+
+    def _step_row(self, i: int, raw: int, t: bool, tr: bool, lives: int, frame: int) -> bool:
+        """Record an ordinary step of env ``i`` in its row; True if its episode ended."""
+        g_ret = self._game_return[i] + raw
+        g_len = self._game_length[i] + 1
+        self._game_return[i], self._game_length[i] = g_ret, g_len
+        self._frame[i] = frame
+        s = self.slots
+        s.reward[i] = ((raw > 0) - (raw < 0)) if self._clip else raw
+        s.terminated[i], s.truncated[i] = t, tr
+        s.episode_return[i], s.episode_length[i] = g_ret, g_len
+        if t or tr:
+            real = self._ended_game(i, tr, lives)
+            self._ended[i], self._real_end[i] = True, real
+            self.end_of_game[i] = real
+            self.lives[i] = lives
+            return True
+        self.end_of_game[i] = False
+        self.lives[i] = lives
+        return False
+
+    def _restart_row(self, i: int, raw: int, t: bool, tr: bool, lives: int, frame: int,
+                     report: bool) -> None:
+        """Record the reset of ended env ``i``: a new game (ale-py restarts a game that is over
+        before stepping; the frame counter tells), or one FIRE/NOOP step after a life loss.
+
+        ``report``: the row becomes the reset step (reward 0, totals of the game so far); else
+        (same_step) only the state changes, the row keeps the ending step's values.
+        """
+        if self._real_end[i] or frame != self._frame[i] + self._frame_skip:
+            if report:
+                self._reset_row(i, lives, frame)
+            else:
+                self._new_game(i, lives, frame)
+            return
+        self._game_return[i] += raw  # counts towards the game; not reported as reward
+        self._game_length[i] += 1
+        self._frame[i] = frame
+        ended = t or tr
+        real = ended and self._ended_game(i, tr, lives)
+        self.lives[i] = lives
+        self._ended[i], self._real_end[i] = ended, real
+        if report:
+            s = self.slots
+            s.reward[i] = 0.0
+            s.terminated[i], s.truncated[i] = t, tr
+            s.episode_return[i] = self._game_return[i]
+            s.episode_length[i] = self._game_length[i]
+            self.end_of_game[i] = real
+
+    def _on_env_result(self, g: _Group, obs, rew, term, trunc, info) -> bool:
+        """``group_size=1``: record env ``g.base``'s result; False when it was sent again
+        (same_step: the episode ended, its reset is under way, the id is returned after it)."""
+        i = g.base
+        kind = self._kind[i]
+        raw, t, tr = int(rew[0]), bool(term[0]), bool(trunc[0])
+        lives, frame = int(info["lives"][0]), int(info["episode_frame_number"][0])
+        if kind == _STEP:
+            if self._step_row(i, raw, t, tr, lives, frame) \
+                    and self.mode is AutoresetMode.SAME_STEP:
+                row = self.slots.final_obs[i]
+                row[...] = obs[0]
+                self._age(i, row)
+                self._resend_restart(g, i)
+                return False
+            row = self.slots.obs[i]
+            row[...] = obs[0]
+            self._age(i, row)
+            return True
+        row = self.slots.obs[i]
+        row[...] = obs[0]
+        self._age(i, row)  # a new game re-pads it below
+        self._restart_row(i, raw, t, tr, lives, frame, report=kind == _RESTART)
+        if kind == _FINISH and self._ended[i]:  # the FIRE/NOOP step ended it again (rare)
+            self._resend_restart(g, i)
+            return False
+        return True
+
+    def _resend_restart(self, g: _Group, i: int) -> None:
+        self._kind[i] = _FINISH
+        g.actions[0] = self._restart_action
+        g.ale.send(g.actions, g.ones)
+        self._in_flight.append(g)
+
+    def _on_group_result(self, g: _Group, obs, rew, term, trunc, info) -> None:
+        """``group_size > 1``: record a whole group's results (rows ``g.base ..``, in env order).
+
+        Ordinary steps that end nothing are recorded with whole-group array operations; the rows
+        of resets and of ended episodes then go through the per-env code.
+        """
+        s, b, e = self.slots, g.base, g.base + g.size
+        s.obs[b:e] = obs
+        young = self._young[b:e]
+        if young.any():  # rows of a new game re-pad below
+            for j in np.flatnonzero(young).tolist():
+                self._age(b + j, s.obs[b + j])
+        lives, frames = info["lives"], info["episode_frame_number"]
+        special = term | trunc
+        if g.restarting:
+            special |= self._kind[b:e] != _STEP
+        ret, length = self._game_return[b:e], self._game_length[b:e]
+        if not special.any():  # the common case: ordinary steps only
+            np.add(ret, rew, out=ret)
+            length += 1
+            if self._clip:
+                np.sign(rew, out=s.reward[b:e])
+            else:
+                s.reward[b:e] = rew
+            s.terminated[b:e] = False
+            s.truncated[b:e] = False
+            s.episode_return[b:e] = ret
+            s.episode_length[b:e] = length
+            self.lives[b:e] = lives
+            if g.eog:
+                self.end_of_game[b:e] = False
+                g.eog = False
+            return  # (_frame is only read after an ending step, which is recorded below)
+        g.eog = True
+        if not special.all():
+            frame, old_lives = self._frame[b:e], self.lives[b:e]
+            idx = np.flatnonzero(special)  # the per-env code below wants these rows' old state
+            saved = ret[idx], length[idx], frame[idx], old_lives[idx]
+            np.add(ret, rew, out=ret)
+            length += 1
+            frame[:] = frames
+            old_lives[:] = lives
+            if self._clip:
+                np.sign(rew, out=s.reward[b:e])
+            else:
+                s.reward[b:e] = rew
+            s.terminated[b:e] = term
+            s.truncated[b:e] = trunc
+            s.episode_return[b:e] = ret
+            s.episode_length[b:e] = length
+            self.end_of_game[b:e] = False
+            ret[idx], length[idx], frame[idx], old_lives[idx] = saved
+        idx = np.flatnonzero(special).tolist()
+        raws, terms, truncs = rew.tolist(), term.tolist(), trunc.tolist()
+        lives, frames = lives.tolist(), frames.tolist()
+        same_step = self.mode is AutoresetMode.SAME_STEP
+        for j in idx:
+            i = b + j
+            if self._kind[i] == _STEP:
+                if self._step_row(i, raws[j], terms[j], truncs[j], lives[j], frames[j]) \
+                        and same_step:  # ale-py reset it already; lives/frame are the new game's
+                    s.final_obs[i] = info["final_obs"][j]
+                    self._new_game(i, lives[j], frames[j])
+            else:
+                self._restart_row(i, raws[j], terms[j], truncs[j], lives[j], frames[j], True)
