@@ -92,7 +92,7 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
         while any(len(r) < q for r, q in zip(returns, quota)):
             action = _act(model, obs_norm, obs, pool.action_space, deterministic)
             obs, _, term, trunc, info = pool.step(action)
-            for i in np.flatnonzero(term | trunc):
+            for i in np.flatnonzero(info["episode_end"]):
                 if len(returns[i]) < quota[i]:
                     returns[i].append(float(info["episode_return"][i]))
                     lengths[i].append(int(info["episode_length"][i]))

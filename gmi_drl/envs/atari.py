@@ -313,6 +313,8 @@ class AtariBackend(Backend):
         self.slots = Slots.allocate(num_envs, shape, np.uint8)
         self.lives = np.zeros(num_envs, np.int32)
         self.end_of_game = np.zeros(num_envs, bool)
+        self.episode_end = self.end_of_game  # the pool's info["episode_end"]: whole games
+        self.extra_info = {"lives": self.lives}
         # Per-env state. Lists where single items are read per step, arrays where a group of
         # several envs is updated at once.
         self._first_seed: list[int | None] = [seed + i for i in range(num_envs)]

@@ -23,6 +23,11 @@ class Backend(abc.ABC):
     """
 
     slots: Slots
+    episode_end: np.ndarray | None = None
+    """``(num_envs,) bool`` where the episode counted by ``episode_return`` ended, for engines
+    where that differs from ``terminated | truncated`` (Atari's episodic life); ``None``: same."""
+    extra_info: dict[str, np.ndarray] = {}
+    """more per-env ``(num_envs, ...)`` arrays the pool returns in ``info`` (e.g. ``lives``)"""
 
     @abc.abstractmethod
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:

@@ -32,8 +32,11 @@ class EnvPool:
     dtype, ``rewards (env_batch_size,) float64``, ``terminated``/``truncated (env_batch_size,)
     bool`` and ``info`` with ``env_id (env_batch_size,) int64``, ``episode_return (..,) float64``
     and ``episode_length (..,) int64`` (totals of the current episode including this step; the
-    finished episode's totals where ``terminated | truncated``), and in ``same_step`` mode
-    ``final_obs`` (rows valid where the episode ended).
+    finished episode's totals where ``episode_end``), ``episode_end (..,) bool`` (the episode
+    those totals count ended: ``terminated | truncated``, except for Atari with episodic life,
+    where a lost life terminates the learner's episode but only game over ends the game's), in
+    ``same_step`` mode ``final_obs`` (rows valid where the episode ended), and any per-env extras
+    of the engine (Atari: ``lives``).
     """
 
     def __init__(self, spec: EnvSpec, backend: Backend, num_envs: int, env_batch_size: int,
@@ -66,7 +69,10 @@ class EnvPool:
             "episode_length": np.zeros(b, s.episode_length.dtype),
             "final_obs": np.zeros((b, *s.obs.shape[1:]), s.obs.dtype),
             "env_id": np.zeros(b, np.int64),
+            "episode_end": np.zeros(b, bool),
         }
+        self._extra = dict(backend.extra_info)
+        self._extra_out = {k: np.zeros((b, *v.shape[1:]), v.dtype) for k, v in self._extra.items()}
         # recv hands out a read-only view of env ids; sending it back skips re-validation
         self._env_id_out = self._out["env_id"].view()
         self._env_id_out.flags.writeable = False
@@ -212,8 +218,11 @@ class EnvPool:
     def _gather(self, ids: np.ndarray) -> StepReturn:
         s = self._slots
         if len(ids) == self.num_envs:  # synchronous: the state buffers themselves, in id order
+            end = self._backend.episode_end
+            if end is None:
+                end = np.logical_or(s.terminated, s.truncated, out=self._out["episode_end"])
             info = {"env_id": self._all_ids, "episode_return": s.episode_return,
-                    "episode_length": s.episode_length}
+                    "episode_length": s.episode_length, "episode_end": end, **self._extra}
             if self.autoreset is AutoresetMode.SAME_STEP:
                 info["final_obs"] = s.final_obs
             return s.obs, s.reward, s.terminated, s.truncated, info
@@ -225,8 +234,15 @@ class EnvPool:
         s.truncated.take(ids, out=o["truncated"])
         s.episode_return.take(ids, out=o["episode_return"])
         s.episode_length.take(ids, out=o["episode_length"])
+        end = self._backend.episode_end
+        if end is None:
+            np.logical_or(o["terminated"], o["truncated"], out=o["episode_end"])
+        else:
+            end.take(ids, out=o["episode_end"])
         info = {"env_id": self._env_id_out, "episode_return": o["episode_return"],
-                "episode_length": o["episode_length"]}
+                "episode_length": o["episode_length"], "episode_end": o["episode_end"]}
+        for k, v in self._extra.items():
+            info[k] = v.take(ids, axis=0, out=self._extra_out[k])
         if self.autoreset is AutoresetMode.SAME_STEP:
             s.final_obs.take(ids, axis=0, out=o["final_obs"])
             info["final_obs"] = o["final_obs"]

@@ -101,8 +101,9 @@ class Collector:
             buf.truncated[t] = torch.from_numpy(truncated)
             buf.final_values[t] = 0.0
             if done.any():
-                ep_returns.append(info["episode_return"][done].copy())
-                ep_lengths.append(info["episode_length"][done].copy())
+                end = info["episode_end"]  # Atari with episodic life: whole games only
+                ep_returns.append(info["episode_return"][end].copy())
+                ep_lengths.append(info["episode_length"][end].copy())
                 cut = np.flatnonzero(truncated & ~terminated)
                 if len(cut):
                     final = self._obs_tensor(info["final_obs"][cut], update=False)

@@ -416,3 +416,21 @@ def test_close_joins_every_emulator_thread_even_with_steps_in_flight(group_size)
     assert _threads() == before
     with pytest.raises(RuntimeError):
         pool.send(np.zeros(2, np.int64))
+
+
+def test_info_episode_end_marks_game_over_not_life_loss():
+
+    rng = np.random.default_rng(0)
+    saw_life_loss = False
+    with envs.make("Breakout-v5", num_envs=2, seed=3) as pool:
+        pool.reset()
+        for _ in range(3000):
+            _, _, term, trunc, info = pool.step(rng.integers(0, 4, 2))
+            assert info["lives"].shape == (2,)
+            life_loss = term & (info["lives"] > 0)
+            assert not (info["episode_end"] & life_loss).any()
+            saw_life_loss |= bool(life_loss.any())
+            if info["episode_end"].any():
+                assert (info["lives"][info["episode_end"]] == 0).all() or trunc.any()
+                break
+    assert saw_life_loss and info["episode_end"].any()

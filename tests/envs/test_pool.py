@@ -240,3 +240,14 @@ def test_registered_callable_and_list_tasks():
     assert "Counter-test" in envs.list_tasks()
     with pytest.raises(ValueError, match="exactly one"):
         envs.register("Nothing-test")
+
+
+def test_info_episode_end_is_terminated_or_truncated_for_ordinary_tasks():
+    with envs.make("Counter-test", num_envs=4, env_batch_size=2, num_workers=1) as pool:
+        pool.reset()
+        pool.send(_act(np.ones(4)), np.arange(4))
+        for step in range(12):
+            obs, rew, term, trunc, info = pool.recv()
+            np.testing.assert_array_equal(info["episode_end"], term | trunc)
+            pool.send(_act(np.ones(2)), info["env_id"])
+        assert (info["episode_end"] == term).all()
