@@ -51,28 +51,13 @@ class TrainResult(NamedTuple):
 
 
 def make_pool(cfg: TrainConfig, seed: int):
-    """The run's `EnvPool` (``same_step`` autoreset). With ``cfg.serial`` a Gymnasium task without
-    a native implementation is stepped in this process instead of in worker processes."""
+    """The run's `EnvPool` (``same_step`` autoreset). With ``cfg.serial`` a generic (Gymnasium)
+    task steps in this process instead of in worker processes."""
     from gmi_drl import envs
 
     e = cfg.env
-    if not cfg.serial or e.task_id in envs.list_tasks():
-        return envs.make(e.task_id, e.num_envs, num_workers=e.num_workers, seed=seed,
-                         autoreset="same_step")
-    import gymnasium as gym
-
-    from gmi_drl.envs.backend import LocalBackend
-    from gmi_drl.envs.batched import GymnasiumBatch
-    from gmi_drl.envs.spec import AutoresetMode, EnvSpec
-    from gmi_drl.envs.stepper import Slots, Stepper
-
-    batch = GymnasiumBatch([lambda: gym.make(e.task_id)] * e.num_envs)
-    space = batch.observation_space
-    slots = Slots.allocate(e.num_envs, space.shape, space.dtype)
-    mode = AutoresetMode.SAME_STEP
-    stepper = Stepper(batch, slots, mode, None, seed + np.arange(e.num_envs, dtype=np.int64))
-    spec = EnvSpec(e.task_id, space, batch.action_space, None)
-    return envs.EnvPool(spec, LocalBackend(stepper), e.num_envs, e.num_envs, mode)
+    return envs.make(e.task_id, e.num_envs, num_workers=0 if cfg.serial else e.num_workers,
+                     seed=seed, autoreset="same_step")
 
 
 @dataclass

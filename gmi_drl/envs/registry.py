@@ -88,7 +88,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         env_batch_size: envs returned per `EnvPool.recv`; ``None`` means ``num_envs``
             (synchronous). Must be in ``[1, num_envs]``.
         num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
-            cores this process may use, at most ``num_envs``.
+            cores this process may use, at most ``num_envs``; ``0`` steps the generic path in
+            this process (serial mode: no worker processes).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``);
             later resets continue that env's generator.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
@@ -107,8 +108,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         errors.append(f"env_batch_size={env_batch_size!r} must be in [1, num_envs={num_envs}]")
     cores = len(os.sched_getaffinity(0))
     workers = min(num_envs, cores) if num_workers is None else num_workers
-    if not isinstance(workers, (int, np.integer)) or not 1 <= workers <= num_envs:
-        errors.append(f"num_workers={num_workers!r} must be in [1, num_envs={num_envs}]")
+    if not isinstance(workers, (int, np.integer)) or not 0 <= workers <= num_envs:
+        errors.append(f"num_workers={num_workers!r} must be in [0, num_envs={num_envs}]")
     try:
         mode = AutoresetMode(autoreset)
     except ValueError:
@@ -127,9 +128,10 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     seeds = seed + np.arange(num_envs, dtype=np.int64)
     if entry.backend is not None:
         spec, backend = entry.backend(num_envs=num_envs, env_batch_size=batch,
-                                      num_threads=workers, seed=seed, autoreset=mode, **kwargs)
+                                      num_threads=max(workers, 1), seed=seed, autoreset=mode,
+                                      **kwargs)
     elif entry.native is not None:
-        env = entry.native(num_envs=num_envs, num_threads=workers, **kwargs)
+        env = entry.native(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)
         spec = EnvSpec(task_id, env.observation_space, env.action_space, entry.max_episode_steps)
         slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
         backend = LocalBackend(Stepper(env, slots, mode, entry.max_episode_steps, seeds))
@@ -158,6 +160,10 @@ def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
     def make_shard(env_ids: list[int]) -> BatchedEnv:
         return GymnasiumBatch([make_one] * len(env_ids))
 
+    if workers == 0:  # serial: the same envs and stepper, in this process
+        slots = Slots.allocate(num_envs, obs_space.shape, obs_space.dtype)
+        return spec, LocalBackend(Stepper(make_shard(list(range(num_envs))), slots, mode, None,
+                                          seeds))
     backend = ProcessBackend(make_shard, num_envs, workers, obs_space, act_space, mode, None, seeds)
     return spec, backend
 

@@ -251,3 +251,15 @@ def test_info_episode_end_is_terminated_or_truncated_for_ordinary_tasks():
             np.testing.assert_array_equal(info["episode_end"], term | trunc)
             pool.send(_act(np.ones(2)), info["env_id"])
         assert (info["episode_end"] == term).all()
+
+
+def test_num_workers_0_is_serial_and_steps_like_the_worker_path():
+    with envs.make("Counter-test", num_envs=3, num_workers=0, seed=4) as serial, \
+            envs.make("Counter-test", num_envs=3, num_workers=2, seed=4) as workers:
+        a, b = serial.reset()[0].copy(), workers.reset()[0]
+        assert (a[:, 3] == os.getpid()).all() and not (b[:, 3] == os.getpid()).any()
+        np.testing.assert_array_equal(a[:, :3], b[:, :3])
+        for _ in range(7):
+            a = serial.step(_act([1.0, 2.0, 3.0]))[0].copy()
+            b = workers.step(_act([1.0, 2.0, 3.0]))[0]
+        np.testing.assert_array_equal(a[:, :3], b[:, :3])

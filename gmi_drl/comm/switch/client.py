@@ -249,7 +249,7 @@ class SwitchReducer(GradReducer):
             "done": np.zeros(nseg, bool), "sent_at": np.zeros(nseg), "tries": np.zeros(nseg, int),
             "first_sent": np.zeros(nseg), "hi_done": -1, "last_result": 0.0,
         }
-        done, sent_at, tries = cur["done"], cur["sent_at"], cur["tries"]
+        done, sent_at = cur["done"], cur["sent_at"]
         low = 0
         last_progress = time.monotonic()
         try:

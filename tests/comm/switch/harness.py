@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
