@@ -4,6 +4,8 @@
     gmi-drl train ppo --preset demo
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
+    gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
+    gmi-drl bench env|train|reduce|switch|gmi|learning [benchmark flags]
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from typing import Annotated
 import tyro
 
 ALGOS = ("ppo",)
-USAGE = """usage: gmi-drl {train,eval} ...
+USAGE = """usage: gmi-drl {train,eval,switch,bench} ...
 
   gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
+  gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
+  gmi-drl bench {env,train,reduce,switch,gmi,learning} [flags]   (scripts in benchmarks/)
 
 'gmi-drl train ppo --help' lists every training flag."""
 
@@ -113,6 +117,33 @@ def _eval(args: list[str]) -> int:
     return 0
 
 
+def _switch(args: list[str]) -> int:
+    from gmi_drl.comm.switch.cli import main as switch_main
+
+    return switch_main(args)
+
+
+BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "reduce": "reduce",
+              "switch": "switch", "gmi": "gmi_scaling", "learning": "learning"}
+
+
+def _bench(args: list[str]) -> int:
+    import runpy
+    from pathlib import Path
+
+    if not args or args[0] not in BENCHMARKS:
+        print(f"gmi-drl bench: first argument must be one of {list(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{BENCHMARKS[args[0]]}.py"
+    if not script.exists():
+        print(f"gmi-drl bench: {script} not found; benchmarks run from a source checkout "
+              "(pip install -e .)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args[1:]]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gmi-drl`` script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -120,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    commands = {"train": _train, "eval": _eval}
+    commands = {"train": _train, "eval": _eval, "switch": _switch, "bench": _bench}
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2

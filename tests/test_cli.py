@@ -51,3 +51,13 @@ def test_resume_through_the_cli(tmp_path, capsys):
     assert "done: 1,024 steps" in capsys.readouterr().out
     assert load_checkpoint(run)["global_step"] == 1024
     assert json.loads(Path(run / "config.json").read_text())["total_timesteps"] == 1024
+
+
+def test_bench_and_switch_subcommands_dispatch(capsys):
+    from gmi_drl.cli import main
+
+    assert main(["bench", "nope"]) == 2
+    assert "must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["switch", "serve", "--help"])
+    assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out
