@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gmi_drl.checkpoint import load_checkpoint
 from gmi_drl.cli import main
 
