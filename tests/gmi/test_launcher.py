@@ -35,6 +35,7 @@ def _children():
 
 @pytest.mark.parametrize("num_gmis, devices", [(3, 1), (2, 2), (3, 2)])
 def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
+    before = _children()  # helpers earlier tests may have left (e.g. a forkserver)
     m = discover()
     lay = plan(num_gmis, m, num_devices=devices)
     out = launch("tests.gmi.gmi_targets:allreduce_rank", lay, m)
@@ -42,11 +43,12 @@ def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
     for values, cuda, affinity in out:
         assert values == pytest.approx([mean] * 5, abs=1e-6)
         assert cuda == "" and affinity  # cpu backend: no GPU visible, a core set
-    assert not _children()
+    assert not _children() - before
 
 
 def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
     m = discover()
+    kids_before = _children()
     before = set(os.listdir("/dev/shm"))
     with pytest.raises(GMIError, match=r"GMI 1 raised") as err:
         launch("tests.gmi.gmi_targets:fail_on_one", plan(3, m), m, payload=1)
@@ -54,18 +56,19 @@ def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
     assert "ValueError: GMI 1 failed on purpose" in str(err.value)
     failed_at = float(str(err.value).split("failed on purpose at ")[-1].split()[0])
     assert caught - failed_at < 5.0  # failure to a stopped run, all processes reaped
-    assert not _children()
+    assert not _children() - kids_before
     gc.collect()
     assert set(os.listdir("/dev/shm")) <= before
 
 
 def test_a_killed_gmi_is_reported():
     m = discover()
+    before = _children()
 
     def kill_one():
         deadline = time.time() + 20
         while time.time() < deadline:
-            kids = _children()
+            kids = _children() - before
             if len(kids) >= 2:
                 time.sleep(1.0)
                 os.kill(max(kids), signal.SIGKILL)
@@ -75,4 +78,4 @@ def test_a_killed_gmi_is_reported():
     threading.Thread(target=kill_one, daemon=True).start()
     with pytest.raises(GMIError, match="killed by signal 9"):
         launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
-    assert not _children()
+    assert not _children() - before
