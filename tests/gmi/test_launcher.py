@@ -79,3 +79,11 @@ def test_a_killed_gmi_is_reported():
     with pytest.raises(GMIError, match="killed by signal 9"):
         launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
     assert not _children() - before
+
+
+def test_listing1_api_groups_allreduce_send_recv():
+    m = discover()
+    out = launch("tests.gmi.gmi_targets:listing1_roles", plan(3, m), m)
+    assert out[0]["mean"] == out[1]["mean"] == [1.5, 1.5, 1.5]
+    assert out[0]["got"] == {"from": 2, "data": [1, 2, 3]}
+    assert "mean" not in out[2] and "not in group (0, 1)" in out[2]["refused"]
