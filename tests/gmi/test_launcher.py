@@ -87,3 +87,43 @@ def test_listing1_api_groups_allreduce_send_recv():
     assert out[0]["mean"] == out[1]["mean"] == [1.5, 1.5, 1.5]
     assert out[0]["got"] == {"from": 2, "data": [1, 2, 3]}
     assert "mean" not in out[2] and "not in group (0, 1)" in out[2]["refused"]
+
+
+CTRL_C_SCRIPT = """
+import sys
+from gmi_drl.gmi.devices import discover
+from gmi_drl.gmi.launcher import launch
+from gmi_drl.gmi.layout import plan
+m = discover()
+print("launching", flush=True)
+launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
+"""
+
+
+def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
+    import subprocess
+    import sys
+
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.stdout.readline().strip() == "launching"
+    deadline = time.time() + 30
+    while time.time() < deadline:  # wait until both GMIs run
+        out = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+        if len(out.stdout.split()) >= 3:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = proc.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err
+    deadline = time.time() + 5  # multiprocessing's resource tracker exits right after its parent
+    while time.time() < deadline:
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+        if not left.stdout.strip() and set(os.listdir("/dev/shm")) <= shm_before:
+            break
+        time.sleep(0.2)
+    assert left.stdout.strip() == "", f"processes left: {left.stdout}"
+    assert set(os.listdir("/dev/shm")) <= shm_before
