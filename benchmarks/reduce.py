@@ -88,7 +88,7 @@ def measure(kind, world, n, iters):
                                                      list(range(world // 2, world))]
     groups, owners = [], []
     for gmis in mpl:
-        g, o = ShmGroup.create(len(gmis), n, ctx)
+        g, o = ShmGroup.create(len(gmis), n)
         groups.append(g)
         owners.append(o)
     with tempfile.TemporaryDirectory() as d:

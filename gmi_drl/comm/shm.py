@@ -6,6 +6,11 @@ that block: each member copies its gradients into its row; after a barrier, memb
 column chunk ``r`` over all rows (in row order 0..world_size-1) and divides by ``world_size``;
 after a second barrier, every member copies the whole result back into its tensors.
 
+The barrier is a spin-then-sleep barrier on per-member epoch counters in the same block (each
+member writes only its own cache line; x86's store order makes the rows visible before the
+counter): waking costs microseconds instead of the ~150 us of a semaphore-based
+``multiprocessing.Barrier`` round, and the handle is a plain name, picklable anywhere.
+
 Cost per call: 2 barriers; each member moves ``numel`` floats in, ``numel`` out and sums
 ``numel * world_size / world_size`` floats, so the work per member stays flat as the group grows
 while the memory traffic of the block grows with ``world_size``.
@@ -14,15 +19,18 @@ while the memory traffic of the block grows with ``world_size``.
 from __future__ import annotations
 
 import math
-import threading
+import os
+import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
+
+_HEADER_BYTES = 64  # one cache line per member's barrier epoch
 
 
 @dataclass(frozen=True)
@@ -36,10 +44,9 @@ class ShmGroup:
     name: str
     world_size: int
     capacity: int
-    barrier: Any  # a multiprocessing Barrier(world_size) of the members' start context
 
     @classmethod
-    def create(cls, world_size: int, capacity: int, ctx) -> tuple["ShmGroup", shared_memory.SharedMemory]:
+    def create(cls, world_size: int, capacity: int) -> tuple["ShmGroup", shared_memory.SharedMemory]:
         """Allocate a group for ``world_size`` members and at most ``capacity`` float32 per call.
 
         Raises:
@@ -47,9 +54,10 @@ class ShmGroup:
         """
         if world_size < 1 or capacity < 1:
             raise ValueError(f"{world_size=} and {capacity=} must both be >= 1")
-        nbytes = (world_size + 1) * capacity * 4
+        nbytes = _HEADER_BYTES * world_size + (world_size + 1) * capacity * 4
         shm = shared_memory.SharedMemory(create=True, size=nbytes)
-        return cls(shm.name, world_size, capacity, ctx.Barrier(world_size)), shm
+        shm.buf[:_HEADER_BYTES * world_size] = bytes(_HEADER_BYTES * world_size)
+        return cls(shm.name, world_size, capacity), shm
 
     @staticmethod
     def destroy(owner: shared_memory.SharedMemory) -> None:
@@ -76,8 +84,13 @@ class SharedMemoryReducer(GradReducer):
         self.rank, self.world_size, self.timeout_s = rank, group.world_size, timeout_s
         self._group = group
         self._shm = shared_memory.SharedMemory(name=group.name)
-        block = np.frombuffer(self._shm.buf, np.float32).reshape(group.world_size + 1,
-                                                                 group.capacity)
+        head = _HEADER_BYTES * group.world_size
+        # one int64 epoch per member, each on its own cache line
+        self._epochs = np.frombuffer(self._shm.buf, np.int64, count=head // 8)[::_HEADER_BYTES // 8]
+        self._epoch = int(self._epochs[rank])
+        block = np.frombuffer(self._shm.buf, np.float32, offset=head,
+                              count=(group.world_size + 1) * group.capacity).reshape(
+            group.world_size + 1, group.capacity)
         self._rows, self._result = block[:-1], block[-1]
         self._my_row = torch.from_numpy(self._rows[rank])
         self._result_t = torch.from_numpy(self._result)
@@ -99,17 +112,28 @@ class SharedMemoryReducer(GradReducer):
         unflatten_from(self._result_t, tensors)
 
     def _wait(self) -> None:
-        try:
-            self._group.barrier.wait(self.timeout_s)
-        except threading.BrokenBarrierError as e:
-            raise RuntimeError(
-                f"MPR group broken at rank {self.rank}: a member did not reach the barrier within "
-                f"{self.timeout_s} s (it died, or runs a different sequence of allreduce_ calls)"
-            ) from e
+        """Barrier: publish this member's next epoch, wait until every member reached it."""
+        self._epoch += 1
+        epochs, target = self._epochs, self._epoch
+        epochs[self.rank] = target
+        spins, deadline = 0, None
+        while epochs.min() < target:
+            spins += 1
+            if spins < 200:
+                os.sched_yield()  # another member may need this core to arrive
+                continue
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
+            elif time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"MPR group broken at rank {self.rank}: a member did not reach the barrier "
+                    f"within {self.timeout_s} s (it died, or runs a different sequence of "
+                    "allreduce_ calls)")
+            time.sleep(min(1e-3, 1e-5 * (spins - 199)))
 
     def close(self) -> None:
         if self._shm is not None:
-            self._my_row = self._result_t = self._rows = self._result = None
+            self._my_row = self._result_t = self._rows = self._result = self._epochs = None
             try:
                 self._shm.close()
             except BufferError:  # a caller still holds a view; the mapping goes with it

@@ -122,7 +122,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     n = layout.num_gmis
     groups, owners = [], []
     if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1:
-        made = [ShmGroup.create(len(gmis), reducer_capacity, mpctx) for gmis in layout.mpl]
+        made = [ShmGroup.create(len(gmis), reducer_capacity) for gmis in layout.mpl]
         groups, owners = [g for g, _ in made], [o for _, o in made]
         del made
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")

@@ -49,7 +49,7 @@ def _run(kind, mpl, tmp_path):
     ctx = mp.get_context("spawn")
     owners, groups = [], []
     for gmis in (mpl if kind == "har" else [list(range(world))]):
-        g, o = ShmGroup.create(len(gmis), 4096, ctx)
+        g, o = ShmGroup.create(len(gmis), 4096)
         groups.append(g)
         owners.append(o)
     init = f"file://{tmp_path}/rdzv-{kind}"

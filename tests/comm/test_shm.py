@@ -33,7 +33,7 @@ def _member(group, rank, steps, out_q):
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
 def test_mpr_equals_sum_over_world_size(world_size):
     ctx = mp.get_context("fork")
-    group, owner = ShmGroup.create(world_size, 1024, ctx)
+    group, owner = ShmGroup.create(world_size, 1024)
     q = ctx.Queue()
     steps = 3
     procs = [ctx.Process(target=_member, args=(group, r, steps, q)) for r in range(world_size)]
@@ -58,7 +58,7 @@ def test_mpr_equals_sum_over_world_size(world_size):
 
 def test_capacity_and_rank_errors():
     ctx = mp.get_context("fork")
-    group, owner = ShmGroup.create(1, 4, ctx)
+    group, owner = ShmGroup.create(1, 4)
     with pytest.raises(ValueError, match="rank=1"):
         SharedMemoryReducer(group, 1)
     red = SharedMemoryReducer(group, 0)
@@ -73,7 +73,7 @@ def test_capacity_and_rank_errors():
 
 def test_dead_member_breaks_the_group_with_a_clear_error():
     ctx = mp.get_context("fork")
-    group, owner = ShmGroup.create(2, 8, ctx)
+    group, owner = ShmGroup.create(2, 8)
     red = SharedMemoryReducer(group, 0, timeout_s=0.5)  # member 1 never arrives
     with pytest.raises(RuntimeError, match="MPR group broken at rank 0"):
         red.allreduce_([torch.ones(3)])
