@@ -47,7 +47,8 @@ class TrainResult(NamedTuple):
     episode_wall_s: np.ndarray
     """``(k,) float64`` loop seconds at that point (0 = start of this process's loop)"""
     param_digests: tuple[str, ...] = ()
-    """sha256 of the final flat parameters, one per GMI (all equal in synchronous training)"""
+    """per GMI, a sha256 chained over the flat parameters after every update of this process
+    (equal on all GMIs iff their weights were identical after each update)"""
 
 
 def make_pool(cfg: TrainConfig, seed: int):
@@ -132,7 +133,7 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
         f.write(f"\n## GMI layout\n\n{layout.describe()}"
-                f"- final weights identical on all {len(digests)} GMIs: {same} "
+                f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
     return results[0]._replace(param_digests=digests)
 
@@ -167,6 +168,7 @@ def _train_process(cfg: TrainConfig, rank: int, reducer,
     p, T = cfg.ppo, cfg.ppo.num_steps
     B = cfg.env.num_envs * cfg.gmi.num_gmis  # global_step counts the envs of every GMI
     first = run.learner.iteration
+    weights_chain = hashlib.sha256()  # over the weights after each update (GMIs compare it)
     t0 = time.perf_counter()
     try:
         for iteration in range(first, cfg.num_iterations):
@@ -177,6 +179,7 @@ def _train_process(cfg: TrainConfig, rank: int, reducer,
                 run.buf.compute_advantages(p.gamma, p.gae_lambda)
             with timer("update"):
                 losses = run.learner.update(run.buf.flatten())
+                weights_chain.update(run.learner.flat.data.numpy().tobytes())
             global_step, last = (iteration + 1) * T * B, iteration + 1 == cfg.num_iterations
             with timer("log"):
                 elapsed = time.perf_counter() - t0
@@ -192,7 +195,7 @@ def _train_process(cfg: TrainConfig, rank: int, reducer,
         wall = time.perf_counter() - t0
         run.close()
     steps, returns = np.array(run.episode_steps, np.int64), np.array(run.episode_returns)
-    digest = (hashlib.sha256(run.learner.flat.data.numpy().tobytes()).hexdigest(),)
+    digest = (weights_chain.hexdigest(),)
     if rank != 0:
         return TrainResult(run.run_dir, cfg.num_iterations * T * B, wall, steps, returns,
                            np.array(run.episode_wall_s), digest)

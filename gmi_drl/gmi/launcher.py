@@ -93,6 +93,8 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
     try:
         module, name = target.split(":")
         result = getattr(importlib.import_module(module), name)(ctx)
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
         if ctx._reducer is not None:
             ctx._reducer.close()
         results.put(("ok", gmi_id, result))
