@@ -142,27 +142,22 @@ def main(args: Args) -> None:
     torch.set_num_threads(1)
     out = Path(tempfile.mkdtemp(prefix="gmi-bench-"))
     print(f"{'benchmark':<34} | {'gmi-drl':>10} | {'SB3':>10} | {'unit':<8} | ratio")
-    if "hopper" in args.parts:
+    parts = {"hopper": ("Hopper-v5 PPO train throughput", _gmi_hopper, _sb3_hopper,
+                        args.hopper_updates, "steps/s", "gmi/SB3 (target >= 4)"),
+             "cartpole": ("CartPole-v1 time to 475", _gmi_cartpole, _sb3_cartpole,
+                          args.cartpole_budget, "s", "gmi/SB3 (target <= 0.5)")}
+    for part in args.parts:
+        title, gmi_fn, sb3_fn, budget, unit, ratio = parts[part]
         gmi, sb3, sb3_default = [], [], []
         for seed in range(1, args.repeats + 1):
-            gmi.append(_gmi_hopper(seed, args.hopper_updates, out))
-            sb3.append(_sb3_hopper(seed, args.hopper_updates))
+            gmi.append(gmi_fn(seed, budget, out))
+            sb3.append(sb3_fn(seed, budget))
             if args.sb3_default_threads:
-                sb3_default.append(_threads(default_threads, _sb3_hopper, seed, args.hopper_updates))
-        _row("Hopper-v5 PPO train throughput", gmi, sb3, "steps/s", "gmi/SB3 (target >= 4)")
+                sb3_default.append(_threads(default_threads, sb3_fn, seed, budget))
+        _row(title, gmi, sb3, unit, ratio)
         if sb3_default:
-            _row(f"  vs SB3 with {default_threads} torch threads", gmi, sb3_default, "steps/s",
+            _row(f"  vs SB3 with {default_threads} torch threads", gmi, sb3_default, unit,
                  "gmi/SB3")
-    if "cartpole" in args.parts:
-        gmi, sb3, sb3_default = [], [], []
-        for seed in range(1, args.repeats + 1):
-            gmi.append(_gmi_cartpole(seed, args.cartpole_budget, out))
-            sb3.append(_sb3_cartpole(seed, args.cartpole_budget))
-            if args.sb3_default_threads:
-                sb3_default.append(_threads(default_threads, _sb3_cartpole, seed, args.cartpole_budget))
-        _row("CartPole-v1 time to 475", gmi, sb3, "s", "gmi/SB3 (target <= 0.5)")
-        if sb3_default:
-            _row(f"  vs SB3 with {default_threads} torch threads", gmi, sb3_default, "s", "gmi/SB3")
     print(f"(run dirs under {out})")
 
 
