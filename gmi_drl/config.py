@@ -72,6 +72,11 @@ class GMIConfig:
     value emulates devices as groups of processes"""
     backend: Literal["auto", "cpu", "cuda_shared", "cuda_mps", "mig"] = "auto"
     """GMI backend (auto: GMI-DRL §3's rule: MPS for training, CPU core sets without a GPU)"""
+    reducer: Literal["auto", "switch"] = "auto"
+    """gradient reduction: auto (Algorithm 1: mpr / mrr / har) or switch (iSwitch aggregation
+    switch at gmi.switch_addr, started with `gmi-drl switch serve`)"""
+    switch_addr: str | None = None
+    """HOST:PORT of the aggregation switch (gmi.reducer switch)"""
 
 
 @dataclass
@@ -232,6 +237,8 @@ def validate(cfg: TrainConfig) -> None:
     need(g.num_gmis >= 1, f"gmi.num_gmis={g.num_gmis} must be >= 1")
     need(g.num_devices is None or 1 <= g.num_devices <= max(g.num_gmis, 1),
          f"gmi.num_devices={g.num_devices} must be in [1, gmi.num_gmis={g.num_gmis}] or None")
+    need(g.reducer != "switch" or (g.switch_addr is not None and ":" in g.switch_addr),
+         f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT when gmi.reducer is switch")
     need(g.num_gmis == 1 or p.target_kl is None,
          f"ppo.target_kl={p.target_kl} with gmi.num_gmis={g.num_gmis}: GMIs would stop their "
          "epochs at different points and break the gradient collective; use target_kl None")

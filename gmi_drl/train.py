@@ -127,12 +127,14 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
                   backend=None if g.backend == "auto" else g.backend)
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.strategy.value)
+    switch = g.switch_addr if g.reducer == "switch" else None
     results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
-                     reducer_capacity=_num_params(cfg))
+                     reducer_capacity=_num_params(cfg), switch_addr=switch)
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
-        f.write(f"\n## GMI layout\n\n{layout.describe()}"
+        reduction = f"- gradients reduced through the aggregation switch at {switch}\n" if switch else ""
+        f.write(f"\n## GMI layout\n\n{layout.describe()}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
     return results[0]._replace(param_digests=digests)

@@ -48,6 +48,7 @@ class GMIContext:
     payload: Any
     _groups: list
     _init_method: str
+    _switch_addr: str | None = None
     _reducer: Any = None
 
     def make_reducer(self):
@@ -61,6 +62,10 @@ def _build_reducer(ctx: GMIContext):
     from gmi_drl.comm.reducer import IdentityReducer
 
     lay, g = ctx.layout, ctx.gmi_id
+    if ctx._switch_addr is not None:  # iSwitch: aggregation in the network
+        from gmi_drl.comm.switch.client import SwitchReducer
+        return SwitchReducer(ctx._switch_addr, worker_id=g, num_workers=lay.num_gmis,
+                             job_id=f"gmi-drl-{os.getppid()}")
     if lay.num_gmis == 1:
         return IdentityReducer()
     backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
@@ -104,7 +109,7 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
 
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
-           poll_s: float = 0.2) -> list[Any]:
+           poll_s: float = 0.2, switch_addr: str | None = None) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -114,6 +119,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         payload: a picklable argument every GMI receives.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         heartbeat_timeout_s: a GMI silent this long counts as hung.
+        switch_addr: reduce through the iSwitch aggregation switch at ``HOST:PORT`` instead of
+            the strategy Algorithm 1 picks.
 
     Raises:
         GMIError: a GMI raised (its traceback is in the message), died, or hung.
@@ -123,7 +130,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     mpctx = mp.get_context("spawn")
     n = layout.num_gmis
     groups, owners = [], []
-    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1:
+    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1 and switch_addr is None:
         made = [ShmGroup.create(len(gmis), reducer_capacity) for gmis in layout.mpl]
         groups, owners = [g for g, _ in made], [o for _, o in made]
         del made
@@ -134,7 +141,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         mps.start()
     beats = mpctx.Array("d", [time.time()] * n, lock=False)
     results = mpctx.Queue()
-    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous")
+    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", switch_addr)
     procs, error = [], None
     try:
         procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,
