@@ -94,6 +94,9 @@ class TrainConfig:
     """env steps over all envs (global_step at the end; rounded down to whole updates)"""
     seed: int = 1
     """seed of torch (weights, actions, minibatches) and of the envs (env i gets seed + i)"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where the learner's update runs; rollouts and inference stay on the CPU next to the envs
+    (cuda: the GMI's GPU, as its backend made it visible)"""
     torch_threads: int = 1
     """torch intra-op threads (1 is fastest for small MLPs on a few cores)"""
     serial: bool = False
@@ -270,6 +273,12 @@ def validate(cfg: TrainConfig) -> None:
     need(lg.timeline_detail_events >= 0,
          f"log.timeline_detail_events={lg.timeline_detail_events} must be >= 0")
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
+    if cfg.device == "cuda":
+        import torch
+
+        need(torch.cuda.is_available(),
+             "device='cuda' but torch sees no CUDA device (CPU build of torch, or no driver); "
+             "use --device cpu")
     need(cfg.preset == "auto" or cfg.preset in PRESETS,
          f"preset={cfg.preset!r} must be one of {['auto', *PRESETS]}")
     if cfg.resume is not None:

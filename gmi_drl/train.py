@@ -6,6 +6,7 @@ process (the serial placement; multi-GMI placements reuse the same verbs).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import json
@@ -80,6 +81,8 @@ class _Run:
     """loop seconds of this process at each episode (0 for episodes before a resume)"""
     rank: int = 0
     """this process's GMI id; only rank 0 writes metrics, checkpoints and the summary"""
+    sync_weights: Callable[[], None] | None = None
+    """copies a GPU learner's weights into the acting CPU model (None: one model on the CPU)"""
 
     def record(self, episodes, global_step: int, wall_s: float) -> None:
         n = len(episodes.returns)
@@ -181,7 +184,9 @@ def _train_process(cfg: TrainConfig, rank: int, reducer,
                 run.buf.compute_advantages(p.gamma, p.gae_lambda)
             with timer("update"):
                 losses = run.learner.update(run.buf.flatten())
-                weights_chain.update(run.learner.flat.data.numpy().tobytes())
+                if run.sync_weights is not None:
+                    run.sync_weights()
+                weights_chain.update(run.learner.flat.data.cpu().numpy().tobytes())
             global_step, last = (iteration + 1) * T * B, iteration + 1 == cfg.num_iterations
             with timer("log"):
                 elapsed = time.perf_counter() - t0
@@ -254,8 +259,11 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     model = build_actor_critic(pool.observation_space, pool.action_space, cfg.model.encoder,
                                cfg.model.actor_hidden, cfg.model.critic_hidden,
                                cfg.model.activation)
-    learner = PPO(cfg.ppo, model, cfg.gmi_batch_size, cfg.num_iterations, reducer=reducer,
-                  seed=cfg.seed)
+    # with a GPU learner, the collector acts with a CPU copy that follows every update
+    learner_model = model if cfg.device == "cpu" else copy.deepcopy(model).to(cfg.device)
+    learner = PPO(cfg.ppo, learner_model, cfg.gmi_batch_size, cfg.num_iterations,
+                  reducer=reducer, seed=cfg.seed)
+    sync = None if learner_model is model else _weight_sync(model, learner)
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None
     rew_norm = RewardNormalizer(cfg.env.num_envs, p.gamma, p.reward_clip) if p.norm_reward else None
@@ -264,6 +272,8 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     steps, returns = [], []
     if state is not None:
         _restore(state, learner, collector)
+        if sync is not None:
+            sync()
         steps, returns = state["episode_steps"].tolist(), state["episode_returns"].tolist()
         log.info("resumed from global_step %d", start_step)
     buf = RolloutBuffer(p.num_steps, cfg.env.num_envs, pool.observation_space, pool.action_space)
@@ -272,7 +282,18 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     writer = (MetricsWriter(run_dir, cfg.log.tensorboard, purge_step=start_step or None)
               if rank == 0 else None)
     return _Run(run_dir, pool, model, learner, collector, buf, writer, tree, steps, returns,
-                [0.0] * len(steps), rank)
+                [0.0] * len(steps), rank, sync)
+
+
+def _weight_sync(model: ActorCritic, learner: PPO) -> Callable[[], None]:
+    """Copy the learner's (GPU) flat weights into the acting (CPU) model: one transfer."""
+    from gmi_drl.algos.flat import FlatParams
+
+    acting = FlatParams(model)
+
+    def sync() -> None:
+        acting.data.copy_(learner.flat.data)
+    return sync
 
 
 def _save(cfg: TrainConfig, run: _Run, global_step: int) -> None:

@@ -67,3 +67,15 @@ def test_existing_run_dir_needs_resume(tmp_path):
     cfg = TrainConfig(run_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="--resume"):
         validate(cfg)
+
+
+def test_cuda_device_without_cuda_is_refused():
+    import torch
+
+    cfg = preset("classic", "CartPole-v1")
+    cfg.device = "cuda"
+    if torch.cuda.is_available():
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match="device='cuda'"):
+            validate(cfg)

@@ -168,17 +168,20 @@ class PPO:
         approximate KL exceeds it (CleanRL checks the epoch's last minibatch instead).
         """
         cfg, model, flat, opt = self.cfg, self.model, self.flat, self.optimizer
+        device = flat.data.device
+        if batch.obs.device != device:  # rollouts live on the CPU, the learner maybe on a GPU
+            batch = Batch(*(x.to(device) for x in batch))
         if cfg.anneal_lr:
             opt.lr = cfg.learning_rate * (1.0 - self.iteration / self.num_iterations)
         if self._shuffled is None:
             self._shuffled = Batch(*(torch.empty_like(x) for x in batch))
-            self._logratio = torch.zeros(cfg.update_epochs, self.batch_size)
-            self._losses = torch.zeros(cfg.update_epochs * cfg.num_minibatches, 3)
+            self._logratio = torch.zeros(cfg.update_epochs, self.batch_size, device=device)
+            self._losses = torch.zeros(cfg.update_epochs * cfg.num_minibatches, 3, device=device)
         shuffled, mb, n_mb = self._shuffled, self.minibatch_size, cfg.num_minibatches
         epochs = 0
         for epoch in range(cfg.update_epochs):
             if n_mb > 1:  # one minibatch = the whole batch: its order does not matter
-                perm = torch.randperm(self.batch_size, generator=self.generator)
+                perm = torch.randperm(self.batch_size, generator=self.generator).to(device)
                 for src, dst in zip(batch, shuffled):
                     torch.index_select(src, 0, perm, out=dst)
             else:
