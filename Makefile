@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # CPU wheel where no NVIDIA driver is present; the default (CUDA) build otherwise.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
 
+DEMO_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
 demo: $(VENV)/.installed
-	$(VENV)/bin/gmi-drl train ppo --env.task-id Hopper-v5 --preset demo
+	$(VENV)/bin/gmi-drl train ppo --env.task-id Hopper-v5 --preset demo --run-dir $(DEMO_DIR)
+	@echo; cat $(DEMO_DIR)/summary.md
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -x --durations=10
