@@ -514,6 +514,22 @@ class AtariBackend(Backend):
                 self._reset_row(b + j, lives[j], frames[j])
 
     # --- per-env bookkeeping (the env's obs row is written before these run) ------------------
+    def _write_steps(self, b: int, e: int, ret: np.ndarray, length: np.ndarray, rew: np.ndarray,
+                     term, trunc) -> None:
+        """Rows ``[b, e)`` took one ordinary step: add ``rew`` to the game totals ``ret`` and
+        ``length`` (views, in place) and write reward (clipped if asked), flags and totals."""
+        s = self.slots
+        np.add(ret, rew, out=ret)
+        length += 1
+        if self._clip:
+            np.sign(rew, out=s.reward[b:e])
+        else:
+            s.reward[b:e] = rew
+        s.terminated[b:e] = term
+        s.truncated[b:e] = trunc
+        s.episode_return[b:e] = ret
+        s.episode_length[b:e] = length
+
     def _new_game(self, i: int, lives: int, frame: int) -> None:
         """State of env ``i`` at the first observation of a new game; pads its frame stack."""
         if self._stack > 1:
@@ -651,16 +667,7 @@ class AtariBackend(Backend):
             special |= self._kind[b:e] != _STEP
         ret, length = self._game_return[b:e], self._game_length[b:e]
         if not special.any():  # the common case: ordinary steps only
-            np.add(ret, rew, out=ret)
-            length += 1
-            if self._clip:
-                np.sign(rew, out=s.reward[b:e])
-            else:
-                s.reward[b:e] = rew
-            s.terminated[b:e] = False
-            s.truncated[b:e] = False
-            s.episode_return[b:e] = ret
-            s.episode_length[b:e] = length
+            self._write_steps(b, e, ret, length, rew, False, False)
             self.lives[b:e] = lives
             if g.eog:
                 self.end_of_game[b:e] = False
@@ -671,18 +678,9 @@ class AtariBackend(Backend):
             frame, old_lives = self._frame[b:e], self.lives[b:e]
             idx = np.flatnonzero(special)  # the per-env code below wants these rows' old state
             saved = ret[idx], length[idx], frame[idx], old_lives[idx]
-            np.add(ret, rew, out=ret)
-            length += 1
             frame[:] = frames
             old_lives[:] = lives
-            if self._clip:
-                np.sign(rew, out=s.reward[b:e])
-            else:
-                s.reward[b:e] = rew
-            s.terminated[b:e] = term
-            s.truncated[b:e] = trunc
-            s.episode_return[b:e] = ret
-            s.episode_length[b:e] = length
+            self._write_steps(b, e, ret, length, rew, term, trunc)
             self.end_of_game[b:e] = False
             ret[idx], length[idx], frame[idx], old_lives[idx] = saved
         idx = np.flatnonzero(special).tolist()

@@ -559,12 +559,7 @@ class MountainCar(ClassicControlBatch):
         position += velocity
         np.maximum(position, k["p_min"], out=position)  # np.clip(position, -1.2, 0.6)
         np.minimum(position, k["p_max"], out=position)
-        # if position == min_position and velocity < 0: velocity = 0
-        stopped = np.equal(position, k["p_min"])
-        stopped &= np.less(velocity, k["zero"])
-        np.copyto(velocity, k["zero"], where=stopped)
-        np.greater_equal(position, k["goal_p"], out=terminated)
-        terminated &= np.greater_equal(velocity, k["goal_v"])
+        _left_wall_and_goal(position, velocity, terminated, k)
         obs.T[...] = state
 
 
@@ -651,12 +646,7 @@ class MountainCarContinuous(ClassicControlBatch):
         position += velocity
         np.minimum(position, k["p_max"], out=position)
         np.maximum(position, k["p_min"], out=position)
-        # if position == min_position and velocity < 0: velocity = 0
-        stopped = np.equal(position, k["p_min"])
-        stopped &= np.less(velocity, k["zero"])
-        np.copyto(velocity, k["zero"], where=stopped)
-        np.greater_equal(position, k["goal_p"], out=terminated)
-        terminated &= np.greater_equal(velocity, k["goal_v"])
+        _left_wall_and_goal(position, velocity, terminated, k)
         # the source stores np.array([position, velocity], dtype=float32)
         state[0] = position.astype(_F32)
         state[1] = velocity.astype(_F32)
@@ -696,3 +686,14 @@ def register_tasks(register) -> None:
     for task_id, (_, max_episode_steps) in TASKS.items():
         register(task_id, native=functools.partial(make_batch, task_id),
                  max_episode_steps=max_episode_steps)
+
+
+def _left_wall_and_goal(position: np.ndarray, velocity: np.ndarray, terminated: np.ndarray,
+                        k: dict) -> None:
+    """Both MountainCars: stop at the left wall (``position == min_position and velocity < 0``
+    gives ``velocity = 0``) and terminate at the goal (position and velocity thresholds)."""
+    stopped = np.equal(position, k["p_min"])
+    stopped &= np.less(velocity, k["zero"])
+    np.copyto(velocity, k["zero"], where=stopped)
+    np.greater_equal(position, k["goal_p"], out=terminated)
+    terminated &= np.greater_equal(velocity, k["goal_v"])
