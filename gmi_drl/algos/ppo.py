@@ -167,7 +167,7 @@ class PPO:
         ``losses/explained_variance``. ``target_kl`` stops after the first epoch whose mean
         approximate KL exceeds it (CleanRL checks the epoch's last minibatch instead).
         """
-        cfg, model, flat, opt = self.cfg, self.model, self.flat, self.optimizer
+        cfg, flat, opt = self.cfg, self.flat, self.optimizer
         device = flat.data.device
         if batch.obs.device != device:  # rollouts live on the CPU, the learner maybe on a GPU
             batch = Batch(*(x.to(device) for x in batch))
@@ -177,6 +177,9 @@ class PPO:
             self._shuffled = Batch(*(torch.empty_like(x) for x in batch))
             self._logratio = torch.zeros(cfg.update_epochs, self.batch_size, device=device)
             self._losses = torch.zeros(cfg.update_epochs * cfg.num_minibatches, 3, device=device)
+            if self.fast is not None:  # NumPy views of the same memory (CPU only)
+                self._np = (Batch(*(x.numpy() for x in self._shuffled)),
+                            self._logratio.numpy(), self._losses.numpy())
         shuffled, mb, n_mb = self._shuffled, self.minibatch_size, cfg.num_minibatches
         epochs = 0
         for epoch in range(cfg.update_epochs):
@@ -191,25 +194,13 @@ class PPO:
                 adv = shuffled.advantages.view(n_mb, mb)
                 adv.copy_(normalize_advantages(adv))
             for i, start in enumerate(range(0, self.batch_size, mb)):
-                obs, actions, logprobs, values, adv, returns = (x[start:start + mb] for x in shuffled)
                 if self.fast is not None:
-                    *terms, logratio = self.fast(obs, actions, logprobs, adv, values, returns,
-                                                 cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
-                                                 cfg.ent_coef)
+                    self._fast_grad(epoch * n_mb + i, epoch, start)
                 else:
-                    new = model.evaluate(obs, actions)
-                    out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns,
-                                   new.entropy, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
-                                   cfg.ent_coef, norm_adv=False)
-                    flat.zero_grad()
-                    out.loss.backward()
-                    terms, logratio = out[1:4], out.logratio
+                    self._autograd_grad(epoch * n_mb + i, epoch, start)
                 self.reducer.allreduce_([flat.grad])
                 flat.clip_grad_norm_(cfg.max_grad_norm)
                 opt.step()
-                with torch.no_grad():
-                    self._logratio[epoch, start:start + mb] = logratio
-                    torch.stack(terms, out=self._losses[epoch * n_mb + i])
             epochs += 1
             if cfg.target_kl is not None and approx_kl(self._logratio[epoch]).item() > cfg.target_kl:
                 break
@@ -222,6 +213,29 @@ class PPO:
                 "losses/entropy": means[2], "losses/approx_kl": float(approx_kl(logratio)),
                 "losses/clipfrac": float(clip_fraction(logratio, cfg.clip_coef)),
                 "losses/learning_rate": opt.lr, "losses/explained_variance": explained}
+
+    def _fast_grad(self, row: int, epoch: int, start: int) -> None:
+        """Minibatch ``row``'s gradient through `FastPPOGrad` on NumPy views."""
+        cfg, stop = self.cfg, start + self.minibatch_size
+        shuffled, logratios, losses = self._np
+        obs, actions, logprobs, values, adv, returns = (x[start:stop] for x in shuffled)
+        *terms, logratio = self.fast(obs, actions, logprobs, adv, values, returns, cfg.clip_coef,
+                                     cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+        logratios[epoch, start:stop] = logratio
+        losses[row] = terms
+
+    def _autograd_grad(self, row: int, epoch: int, start: int) -> None:
+        """Minibatch ``row``'s gradient through `ppo_loss` and autograd (any model, any device)."""
+        cfg, stop = self.cfg, start + self.minibatch_size
+        obs, actions, logprobs, values, adv, returns = (x[start:stop] for x in self._shuffled)
+        new = self.model.evaluate(obs, actions)
+        out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns, new.entropy,
+                       cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef, norm_adv=False)
+        self.flat.zero_grad()
+        out.loss.backward()
+        with torch.no_grad():
+            self._logratio[epoch, start:stop] = out.logratio
+            torch.stack(out[1:4], out=self._losses[row])
 
     def state_dict(self) -> dict:
         """Model weights, optimizer moments, the shuffling RNG and the update count."""

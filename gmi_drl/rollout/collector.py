@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from gmi_drl.models.actor_critic import ActorCritic
+from gmi_drl.models.fast_mlp import NumpyActing
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.rollout.storage import RolloutBuffer
 from gmi_drl.telemetry.timer import timer
@@ -55,19 +56,30 @@ class Collector:
         if self._clip:
             self._low, self._high = space.low, space.high
             self._act_dtype = space.dtype
-        self.next_obs: torch.Tensor | None = None
+        self.next_obs: np.ndarray | None = None
+        self._numpy = NumpyActing(model) if NumpyActing.supports(model) else None
 
     def reset(self) -> None:
         """Reset every env of the pool and take its first observations."""
         obs, _ = self.pool.reset()
-        self.next_obs = self._obs_tensor(obs)
+        self.next_obs = self._normalized(obs)
 
-    def _obs_tensor(self, obs: np.ndarray, update: bool = True) -> torch.Tensor:
+    def _normalized(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        """A new array: the normalised float32 observations, or a copy of uint8 images."""
         if self.obs_norm is not None:
-            obs = self.obs_norm(obs, update)
-        if obs.dtype == np.uint8:
-            return torch.from_numpy(obs.copy())
-        return torch.from_numpy(obs.astype(np.float32))
+            return self.obs_norm(obs, update).astype(np.float32)
+        return obs.copy() if obs.dtype == np.uint8 else obs.astype(np.float32)
+
+    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._numpy is not None:
+            return self._numpy.act(obs, self.generator)
+        action, logprob, value = self.model.act(torch.from_numpy(obs), self.generator)
+        return action.numpy(), logprob.numpy(), value.numpy()
+
+    def _value(self, obs: np.ndarray) -> np.ndarray:
+        if self._numpy is not None:
+            return self._numpy.value(obs)
+        return self.model.value(torch.from_numpy(obs)).numpy()
 
     @torch.inference_mode()
     def collect(self, buf: RolloutBuffer) -> Episodes:
@@ -77,37 +89,38 @@ class Collector:
         """
         if self.next_obs is None:
             self.reset()
-        pool, model, gen = self.pool, self.model, self.generator
+        if self._numpy is not None and self._numpy.stale():  # parameters were re-homed
+            self._numpy = NumpyActing(self.model)
+        pool, rows = self.pool, buf.numpy()
         ep_returns, ep_lengths = [], []
         for t in range(buf.num_steps):
-            obs = self.next_obs
-            buf.obs[t] = obs
+            obs = rows.obs[t]
+            obs[...] = self.next_obs
             with timer("policy"):
-                action, logprob, value = model.act(obs, gen)
-            buf.actions[t] = action
-            buf.logprobs[t] = logprob
-            buf.values[t] = value
-            env_action = action.numpy()
+                action, rows.logprobs[t], rows.values[t] = self._act(obs)
+            rows.actions[t] = action
+            env_action = action
             if self._clip:
-                env_action = np.clip(env_action, self._low, self._high).astype(self._act_dtype)
+                env_action = np.minimum(np.maximum(action, self._low), self._high)  # clip
+                env_action = env_action.astype(self._act_dtype, copy=False)
             with timer("env_step"):
                 obs_np, reward, terminated, truncated, info = pool.step(env_action)
             done = terminated | truncated
-            self.next_obs = self._obs_tensor(obs_np)
+            self.next_obs = self._normalized(obs_np)
             if self.reward_norm is not None:
                 reward = self.reward_norm(reward, done)
-            buf.rewards[t] = torch.from_numpy(reward)
-            buf.terminated[t] = torch.from_numpy(terminated)
-            buf.truncated[t] = torch.from_numpy(truncated)
-            buf.final_values[t] = 0.0
+            rows.rewards[t] = reward
+            rows.terminated[t] = terminated
+            rows.truncated[t] = truncated
+            rows.final_values[t] = 0.0
             if done.any():
                 end = info["episode_end"]  # Atari with episodic life: whole games only
                 ep_returns.append(info["episode_return"][end].copy())
                 ep_lengths.append(info["episode_length"][end].copy())
                 cut = np.flatnonzero(truncated & ~terminated)
                 if len(cut):
-                    final = self._obs_tensor(info["final_obs"][cut], update=False)
-                    buf.final_values[t, torch.from_numpy(cut)] = model.value(final)
-        buf.last_values.copy_(model.value(self.next_obs))
+                    final = self._normalized(info["final_obs"][cut], update=False)
+                    rows.final_values[t, cut] = self._value(final)
+        rows.last_values[...] = self._value(self.next_obs)
         return Episodes(np.concatenate(ep_returns) if ep_returns else np.zeros(0),
                         np.concatenate(ep_lengths) if ep_lengths else np.zeros(0, np.int64))

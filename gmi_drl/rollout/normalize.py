@@ -28,7 +28,11 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         """Fold in a batch ``x (n, *shape)``."""
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        # = x.mean(0), x.var(0), op for op, without their per-call Python wrappers (hot path)
+        n = x.shape[0]
+        batch_mean = np.add.reduce(x, 0) / n
+        dev = x - batch_mean
+        batch_var = np.add.reduce(np.multiply(dev, dev, out=dev), 0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * (n / total)
@@ -65,7 +69,7 @@ class ObsNormalizer:
         if update:
             self.rms.update(obs)
         out = (obs - self.rms.mean) / np.sqrt(self.rms.var + self.eps)
-        return np.clip(out, -self.clip, self.clip, out=out)
+        return np.minimum(np.maximum(out, -self.clip, out=out), self.clip, out=out)  # clip
 
     def state_dict(self) -> dict:
         return self.rms.state_dict()
@@ -95,7 +99,7 @@ class RewardNormalizer:
         self.rms.update(self.returns)
         self.returns[done] = 0.0
         out = rewards / np.sqrt(self.rms.var + self.eps)
-        return np.clip(out, -self.clip, self.clip, out=out)
+        return np.minimum(np.maximum(out, -self.clip, out=out), self.clip, out=out)  # clip
 
     def state_dict(self) -> dict:
         return {"rms": self.rms.state_dict(), "returns": torch.from_numpy(self.returns.copy())}

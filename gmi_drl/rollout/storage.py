@@ -26,6 +26,20 @@ class Batch(NamedTuple):
     """``(N,) float32``, advantages + values (the value target)"""
 
 
+class BufferArrays(NamedTuple):
+    """NumPy views of the `RolloutBuffer` tensors that a collector writes (same shapes)."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_values: np.ndarray
+    last_values: np.ndarray
+
+
 class RolloutBuffer:
     """``num_steps`` (T) steps of ``num_envs`` (B) envs, allocated once and reused.
 
@@ -59,6 +73,13 @@ class RolloutBuffer:
         self.advantages = torch.zeros((T, B))
         self.returns = torch.zeros((T, B))
         self.num_steps, self.num_envs = T, B
+        self._numpy: BufferArrays | None = None
+
+    def numpy(self) -> BufferArrays:
+        """NumPy views of the collected tensors (the same memory; built once, then cached)."""
+        if self._numpy is None:
+            self._numpy = BufferArrays(*(getattr(self, f).numpy() for f in BufferArrays._fields))
+        return self._numpy
 
     def compute_advantages(self, gamma: float, gae_lambda: float) -> None:
         """Fill `advantages` and `returns` (in place) with GAE from the stored rollout."""
