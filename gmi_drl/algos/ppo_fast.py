@@ -115,7 +115,7 @@ class FastPPOGrad:
         if self.gaussian:
             g_out = dl * z
             g_out *= inv_std
-            np.sum(dl * (zz - 1.0), 0, keepdims=True, out=self.logstd_grad)
+            _sum(dl * (zz - 1.0), 0, keepdims=True, out=self.logstd_grad)
             self.logstd_grad -= ent_coef
         else:
             g_out = p * -dl
