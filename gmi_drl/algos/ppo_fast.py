@@ -23,6 +23,7 @@ from torch import nn
 from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.models.heads import CategoricalHead, DiagGaussianHead
 from gmi_drl.models.mlp import MLP, Tanh, tanh_
+from gmi_drl.telemetry.timer import timer
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -88,50 +89,51 @@ class FastPPOGrad:
 
         Inputs as `ppo_loss` (``obs (M, D)``, actions ``(M, A)`` or ``(M,)``, the rest ``(M,)``;
         advantages already normalised). Returns ``(policy_loss, value_loss, entropy)`` (0-d) and
-        ``logratio (M,)``.
+        ``logratio (M,)``. Timer sections ``forward`` (loss terms) and ``backward`` (gradients),
+        as the autograd path's.
         """
         m = obs.shape[0]
-        ha, hc = _forward(self.actor, obs), _forward(self.critic, obs)
-        out, value = ha[-1], hc[-1].squeeze(1)
-        if isinstance(self.head, DiagGaussianHead):
-            logstd = self.head.logstd
-            inv_std = torch.exp(-logstd)
-            z = (actions - out) * inv_std
-            zz = z * z
-            logp = zz.sum(1).mul_(-0.5).sub_(logstd.sum() + out.shape[1] * _HALF_LOG_2PI)
-            entropy = logstd.sum() + out.shape[1] * (0.5 + _HALF_LOG_2PI)
-        else:
-            logp_all = torch.log_softmax(out, 1)
-            p = logp_all.exp()
-            logp = logp_all.gather(1, actions.unsqueeze(1)).squeeze(1)
-            ent_each = -(p * logp_all).sum(1)
-            entropy = ent_each.mean()
-        logratio = logp - old_logprob
-        ratio = logratio.exp()
-        s1 = -advantages * ratio
-        s2 = -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)
-        pg_loss = torch.max(s1, s2).mean()
-        dlogp = (s1 * (s1 >= s2)).div_(m)  # d pg / d logp
-        u = value - returns
-        if clip_vloss:
-            v_clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef) - returns
-            uu, cc = u * u, v_clipped * v_clipped
-            v_loss = 0.5 * torch.max(uu, cc).mean()
-            g_value = u * (uu >= cc)
-        else:
-            v_loss = 0.5 * (u * u).mean()
-            g_value = u
-        g_value = g_value.mul_(vf_coef / m).unsqueeze(1)
-        if isinstance(self.head, DiagGaussianHead):
-            dl = dlogp.unsqueeze(1)
-            g_out = dl * z * inv_std
-            torch.sum(dl * (zz - 1.0), 0, keepdim=True, out=self.head.logstd.grad)
-            self.head.logstd.grad.sub_(ent_coef)
-        else:
-            g_out = p * -dlogp.unsqueeze(1)
-            g_out.scatter_add_(1, actions.unsqueeze(1), dlogp.unsqueeze(1))
-            if ent_coef:
-                g_out.addcmul_(p, logp_all + ent_each.unsqueeze(1), value=ent_coef / m)
-        _backward(self.actor, ha, g_out)
-        _backward(self.critic, hc, g_value)
+        with timer("forward"):
+            ha, hc = _forward(self.actor, obs), _forward(self.critic, obs)
+            out, value = ha[-1], hc[-1].squeeze(1)
+            if isinstance(self.head, DiagGaussianHead):
+                logstd = self.head.logstd
+                inv_std = torch.exp(-logstd)
+                z = (actions - out) * inv_std
+                zz = z * z
+                logp = zz.sum(1).mul_(-0.5).sub_(logstd.sum() + out.shape[1] * _HALF_LOG_2PI)
+                entropy = logstd.sum() + out.shape[1] * (0.5 + _HALF_LOG_2PI)
+            else:
+                logp_all = torch.log_softmax(out, 1)
+                p = logp_all.exp()
+                logp = logp_all.gather(1, actions.unsqueeze(1)).squeeze(1)
+                ent_each = -(p * logp_all).sum(1)
+                entropy = ent_each.mean()
+            logratio = logp - old_logprob
+            ratio = logratio.exp()
+            s1 = -advantages * ratio
+            s2 = -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)
+            pg_loss = torch.max(s1, s2).mean()
+            u = value - returns
+            if clip_vloss:
+                v_clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef) - returns
+                uu, cc = u * u, v_clipped * v_clipped
+                v_loss = 0.5 * torch.max(uu, cc).mean()
+            else:
+                v_loss = 0.5 * (u * u).mean()
+        with timer("backward"):
+            dlogp = (s1 * (s1 >= s2)).div_(m)  # d pg / d logp
+            g_value = (u * (uu >= cc) if clip_vloss else u).mul_(vf_coef / m).unsqueeze(1)
+            if isinstance(self.head, DiagGaussianHead):
+                dl = dlogp.unsqueeze(1)
+                g_out = dl * z * inv_std
+                torch.sum(dl * (zz - 1.0), 0, keepdim=True, out=self.head.logstd.grad)
+                self.head.logstd.grad.sub_(ent_coef)
+            else:
+                g_out = p * -dlogp.unsqueeze(1)
+                g_out.scatter_add_(1, actions.unsqueeze(1), dlogp.unsqueeze(1))
+                if ent_coef:
+                    g_out.addcmul_(p, logp_all + ent_each.unsqueeze(1), value=ent_coef / m)
+            _backward(self.actor, ha, g_out)
+            _backward(self.critic, hc, g_value)
         return pg_loss, v_loss, entropy, logratio

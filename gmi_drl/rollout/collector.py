@@ -82,7 +82,7 @@ class Collector:
         for t in range(buf.num_steps):
             obs = self.next_obs
             buf.obs[t] = obs
-            with timer("policy"):
+            with timer("inference"):
                 action, logprob, value = model.act(obs, gen)
             buf.actions[t] = action
             buf.logprobs[t] = logprob
