@@ -6,6 +6,7 @@ import json
 import pytest
 
 from gmi_drl.cli import main
+from gmi_drl.config import preset
 from gmi_drl.telemetry.report import (GPU_PID, iteration_breakdown, load_timelines,
                                       merge_timelines, write_report)
 
@@ -89,3 +90,32 @@ def test_report_files_and_clear_errors(tmp_path, capsys):
     (run / "timeline.json").write_text("{not json")
     assert main(["profile", "report", str(run)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_a_profiled_two_gmi_run_reports_every_phase_of_every_gmi(tmp_path):
+    cfg = preset("classic", "CartPole-v1")
+    cfg.env.num_envs, cfg.ppo.num_steps, cfg.total_timesteps = 2, 32, 2 * 2 * 32 * 3
+    cfg.gmi.num_gmis, cfg.run_dir, cfg.log.tensorboard = 2, str(tmp_path / "run"), False
+    cfg.profile.tool, cfg.profile.ranks, cfg.profile.steps = "torch", [1], [1]
+    from gmi_drl.train import train
+
+    train(cfg)
+    run = tmp_path / "run"
+    doc = json.loads((run / "profile" / "trace.json").read_text())
+    cats = {(e["pid"], e.get("cat")) for e in doc["traceEvents"] if e["ph"] == "X"}
+    for gmi in (0, 1):
+        for phase in ("rollout", "rollout/env_step", "rollout/inference", "advantages",
+                      "update", "update/forward", "update/backward", "update/allreduce",
+                      "update/optimizer", "log", "iteration"):
+            assert (gmi, phase) in cats, (gmi, phase)
+    rows = iteration_breakdown(load_timelines(run))
+    assert sorted((r.gmi_id, r.iteration) for r in rows) == [(g, k) for g in (0, 1)
+                                                             for k in range(3)]
+    assert all(r.aggregation_s > 0 and r.computation_s > 0 for r in rows)
+    # only GMI 1 was profiled, at step 1; every top-level phase belongs to roles
+    assert sorted(p.name for p in (run / "profile").glob("gmi-*/*")) == [
+        "captures.json", "torch-step-1.json"]
+    assert (run / "profile" / "gmi-1" / "torch-step-1.json").exists()
+    tops = {r.rsplit("/")[0] for row in rows for r in row.phases_s}
+    assert tops <= {"rollout", "advantages", "update", "log", "checkpoint"}
+    assert "| gmi-1 | 3 |" in (run / "profile" / "report.md").read_text()
