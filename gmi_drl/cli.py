@@ -5,7 +5,7 @@
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
-    gmi-drl bench env|train|reduce|switch|gmi|learning [benchmark flags]
+    gmi-drl bench env|train|reduce|switch|gmi|learning|profile [benchmark flags]
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
 """
 
@@ -25,7 +25,7 @@ USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
   gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,reduce,switch,gmi,learning} [flags]   (scripts in benchmarks/)
+  gmi-drl bench {env,train,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
 'gmi-drl train ppo --help' lists every training flag."""
@@ -152,7 +152,8 @@ def _switch(args: list[str]) -> int:
 
 
 BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "reduce": "reduce",
-              "switch": "switch", "gmi": "gmi_scaling", "learning": "learning"}
+              "switch": "switch", "gmi": "gmi_scaling", "learning": "learning",
+              "profile": "profile_overhead"}
 
 
 def _bench(args: list[str]) -> int:
