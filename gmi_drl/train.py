@@ -176,8 +176,11 @@ def _nsys_prefixes(cfg: TrainConfig, run_dir: Path) -> dict[int, list[str]]:
         log.warning("profiling: %s: nsys capture ranges need CUDA; GMIs run without Nsight "
                     "Systems, only the built-in timeline.json is written", machine.no_gpu_reason)
         return {}
-    commands = {k: nsys_command(cfg.profile, k, run_dir) for k in range(cfg.gmi.num_gmis)}
-    return {k: c for k, c in commands.items() if c is not None}
+    prefixes = {k: c for k in range(cfg.gmi.num_gmis)
+                if (c := nsys_command(cfg.profile, k, run_dir)) is not None}
+    for k in prefixes:  # nsys does not create its output directory
+        (run_dir / "profile" / f"gmi-{k}").mkdir(parents=True, exist_ok=True)
+    return prefixes
 
 
 def _train_gmis(cfg: TrainConfig, show_progress: bool,

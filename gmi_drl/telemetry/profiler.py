@@ -320,8 +320,9 @@ def nsys_command(cfg: ProfilerConfig, gmi_id: int, run_dir: str | Path) -> list[
     ``[nsys, "profile", --trace=cuda,nvtx,osrt, --capture-range=cudaProfilerApi,
     --capture-range-end=repeat, --output=RUN_DIR/profile/gmi-<k>/gmi-<k>-%p]`` (every option in
     ``--name=value`` form; nsys expands ``%p`` to the pid and numbers one report per capture
-    range). ``None`` when the tool is not nsys or the GMI is not selected, and ``None`` with a
-    logged warning when ``nsys`` is not on PATH.
+    range; it does not create the directory: the caller does). ``None`` when the tool is not
+    nsys or the GMI is not selected, and ``None`` with a logged warning when ``nsys`` is not on
+    PATH.
     """
     if cfg.tool != "nsys" or not rank_selected(cfg, gmi_id):
         return None
