@@ -306,3 +306,21 @@ def test_a_profiled_run_under_real_nsys_writes_reports(tmp_path):
     train(cfg)
     reports = sorted((tmp_path / "run" / "profile" / "gmi-0").glob("*.nsys-rep"))
     assert len(reports) == 2, reports  # one per capture range (--capture-range-end=repeat)
+
+
+def test_training_runs_the_selected_gmis_under_nsys_only_where_nvml_sees_a_gpu(
+        fake_nsys, tmp_path, monkeypatch, caplog):
+    from gmi_drl import train as train_module
+    from gmi_drl.gmi import devices
+
+    cfg = TrainConfig()
+    cfg.gmi.num_gmis, cfg.profile.tool, cfg.profile.ranks = 3, "nsys", [0, 2]
+    monkeypatch.setattr(devices, "discover", lambda: devices.Machine((), (0,), "no GPU: test"))
+    with caplog.at_level(logging.WARNING):
+        assert train_module._nsys_prefixes(cfg, tmp_path) == {}
+    assert "no GPU: test: nsys capture ranges need CUDA" in caplog.text
+    gpu = devices.Gpu(0, "Fake GPU", "GPU-0")
+    monkeypatch.setattr(devices, "discover", lambda: devices.Machine((gpu,), (0,)))
+    prefixes = train_module._nsys_prefixes(cfg, tmp_path)
+    assert sorted(prefixes) == [0, 2] and prefixes[2] == nsys_command(cfg.profile, 2, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["gmi-0", "gmi-2"]
