@@ -92,6 +92,7 @@ def test_report_files_and_clear_errors(tmp_path, capsys):
     assert "is not valid JSON" in capsys.readouterr().err
 
 
+@pytest.mark.distributed
 def test_a_profiled_two_gmi_run_reports_every_phase_of_every_gmi(tmp_path):
     cfg = preset("classic", "CartPole-v1")
     cfg.env.num_envs, cfg.ppo.num_steps, cfg.total_timesteps = 2, 32, 2 * 2 * 32 * 3
