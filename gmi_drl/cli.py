@@ -5,7 +5,8 @@
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
-    gmi-drl bench env|train|reduce|switch|gmi|learning [benchmark flags]
+    gmi-drl bench env|train|reduce|switch|gmi|learning|profile [benchmark flags]
+    gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from typing import Annotated
 import tyro
 
 ALGOS = ("ppo",)
-USAGE = """usage: gmi-drl {train,eval,switch,bench} ...
+USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
 
   gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,reduce,switch,gmi,learning} [flags]   (scripts in benchmarks/)
+  gmi-drl bench {env,train,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
+  gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
 'gmi-drl train ppo --help' lists every training flag."""
 
@@ -45,6 +47,15 @@ class EvalArgs:
     """env seed (env i gets seed + i)"""
     video: bool = False
     """also render one episode to eval.mp4 / eval.gif in the run directory, if the task renders"""
+
+
+@dataclass
+class ReportArgs:
+    """Merge a run's per-GMI timelines into one Perfetto trace and write the phase breakdown and
+    GPU-utilisation plots into RUN_DIR/profile/."""
+
+    run_dir: Annotated[str, tyro.conf.Positional]
+    """the run directory"""
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -117,6 +128,23 @@ def _eval(args: list[str]) -> int:
     return 0
 
 
+def _profile(args: list[str]) -> int:
+    from gmi_drl.telemetry.report import write_report
+
+    if not args or args[0] != "report":
+        print("gmi-drl profile: first argument must be 'report' (gmi-drl profile report RUN_DIR)",
+              file=sys.stderr)
+        return 2
+    a = tyro.cli(ReportArgs, args=args[1:], prog="gmi-drl profile report")
+    try:
+        files = write_report(a.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"gmi-drl profile report: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {p}" for p in files if p is not None))
+    return 0
+
+
 def _switch(args: list[str]) -> int:
     from gmi_drl.comm.switch.cli import main as switch_main
 
@@ -124,7 +152,8 @@ def _switch(args: list[str]) -> int:
 
 
 BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "reduce": "reduce",
-              "switch": "switch", "gmi": "gmi_scaling", "learning": "learning"}
+              "switch": "switch", "gmi": "gmi_scaling", "learning": "learning",
+              "profile": "profile_overhead"}
 
 
 def _bench(args: list[str]) -> int:
@@ -151,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    commands = {"train": _train, "eval": _eval, "switch": _switch, "bench": _bench}
+    commands = {"train": _train, "eval": _eval, "switch": _switch, "bench": _bench,
+                "profile": _profile}
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import gymnasium as gym
 
 from gmi_drl.algos.ppo import PPOConfig
 from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
+from gmi_drl.telemetry.profiler import ROLES, ProfilerConfig
 
 
 @dataclass
@@ -58,6 +59,9 @@ class LogConfig:
     """also write TensorBoard event files"""
     timeline_detail_events: int = 20_000
     """budget of nested (per-step) events in timeline.json; top-level phases are always kept"""
+    gpu_util_interval_s: float = 1.0
+    """seconds between GPU-utilisation samples (NVML, into gpu_util.csv) where NVML sees a GPU;
+    0: off"""
 
 
 @dataclass
@@ -88,6 +92,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     log: LogConfig = field(default_factory=LogConfig)
     gmi: GMIConfig = field(default_factory=GMIConfig)
+    profile: ProfilerConfig = field(default_factory=ProfilerConfig)
     algo: Literal["ppo"] = "ppo"
     """the algorithm"""
     total_timesteps: int = 500_000
@@ -272,6 +277,9 @@ def validate(cfg: TrainConfig) -> None:
     need(lg.checkpoint_every >= 0, f"log.checkpoint_every={lg.checkpoint_every} must be >= 0")
     need(lg.timeline_detail_events >= 0,
          f"log.timeline_detail_events={lg.timeline_detail_events} must be >= 0")
+    need(lg.gpu_util_interval_s >= 0,
+         f"log.gpu_util_interval_s={lg.gpu_util_interval_s} must be >= 0 (0: off)")
+    _validate_profile(cfg, need)
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
     if cfg.device == "cuda":
         import torch
@@ -291,6 +299,27 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
+def _validate_profile(cfg: TrainConfig, need) -> None:
+    pr = cfg.profile
+    need(pr.tool in ("none", "nsys", "torch"),
+         f"profile.tool={pr.tool!r} must be one of ['none', 'nsys', 'torch']")
+    if pr.tool == "none":
+        return
+    n_iter, n_gmis = cfg.num_iterations, cfg.gmi.num_gmis
+    need(len(pr.steps) > 0, "profile.steps is empty: name the PPO iterations to capture, "
+         "e.g. --profile.steps 3 4")
+    bad = [s for s in pr.steps if not 0 <= s < n_iter]
+    need(not bad, f"profile.steps={pr.steps}: {bad} outside the run's iterations "
+         f"[0, num_iterations={n_iter})")
+    need(pr.all_ranks or len(pr.ranks) > 0,
+         "profile.ranks is empty: name GMI ids (e.g. --profile.ranks 0) or pass --profile.all-ranks")
+    bad = [r for r in pr.ranks if not 0 <= r < n_gmis]
+    need(pr.all_ranks or not bad,
+         f"profile.ranks={pr.ranks}: {bad} outside the GMI ids [0, gmi.num_gmis={n_gmis})")
+    need(len(pr.roles) > 0 and set(pr.roles) <= set(ROLES),
+         f"profile.roles={pr.roles} must be a non-empty subset of {list(ROLES)}")
+
+
 def to_dict(cfg: TrainConfig) -> dict:
     """The config as plain JSON-able data (what config.json and checkpoints hold)."""
     return dataclasses.asdict(cfg)
@@ -304,7 +333,7 @@ def from_dict(data: dict) -> TrainConfig:
     """
     try:
         nested = {"env": EnvConfig, "ppo": PPOConfig, "model": ModelConfig, "log": LogConfig,
-                  "gmi": GMIConfig}
+                  "gmi": GMIConfig, "profile": ProfilerConfig}
         return TrainConfig(**{k: nested[k](**v) if k in nested else v for k, v in data.items()})
     except (TypeError, KeyError) as e:
         raise ConfigError(f"stored config does not match this gmi-drl version: {e}") from None

@@ -6,11 +6,14 @@ process (the serial placement; multi-GMI placements reuse the same verbs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import hashlib
 import json
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +28,14 @@ from gmi_drl.config import TrainConfig, to_dict, validate
 from gmi_drl.envs import EnvPool
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.rollout import Collector, ObsNormalizer, RewardNormalizer, RolloutBuffer
+from gmi_drl.telemetry.gpu_util import start_gpu_sampler
 from gmi_drl.telemetry.metrics import MetricsWriter
+from gmi_drl.telemetry.profiler import (NSYS_OPTIONS, Profiler, list_reports, make_profiler,
+                                        nsys_command)
 from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.summary import RunSummary, write_summary
 from gmi_drl.telemetry.timeline import Timeline
-from gmi_drl.telemetry.timer import TimingTree, set_tree, timer
+from gmi_drl.telemetry.timer import TimingTree, set_tree
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ class _Run:
     buf: RolloutBuffer
     writer: MetricsWriter
     tree: TimingTree
+    profiler: Profiler
     episode_steps: list[int]
     """global_step of each finished episode (whole run, resumes included)"""
     episode_returns: list[float]
@@ -94,6 +101,7 @@ class _Run:
         self.pool.close()
         if self.writer is not None:
             self.writer.close()
+        self.profiler.close()
         self.tree.timeline.write(self.run_dir / "timeline.json")
         set_tree(TimingTree())
 
@@ -102,8 +110,10 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     """Train ``cfg.algo`` on ``cfg.env.task_id`` for ``cfg.num_iterations`` updates; blocks.
 
     Writes the run directory (config.json, metrics.csv, TensorBoard events, checkpoints/,
-    timeline.json, summary.md, learning_curve.png). ``on_progress`` gets a `Progress` every
-    ``log.log_every`` updates (the CLI prints it).
+    timeline.json, summary.md, learning_curve.png; gpu_util.csv where NVML sees a GPU; with
+    ``profile.tool`` set, profile/ with the tool's reports and the merged report of
+    `gmi_drl.telemetry.report`). ``on_progress`` gets a `Progress` every ``log.log_every``
+    updates (the CLI prints it).
 
     Raises:
         ConfigError: invalid config (every field named). CheckpointError: bad ``--resume`` file.
@@ -112,27 +122,88 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     if cfg.run_dir is None and cfg.resume is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.run_dir = str(Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}")
-    if cfg.gmi.num_gmis > 1:
-        return _train_gmis(cfg, on_progress is not None)
-    return _train_process(cfg, 0, None, on_progress)
+    run_dir = (resolve_checkpoint(cfg.resume).parent.parent if cfg.resume is not None
+               else Path(cfg.run_dir))
+    with _controller(cfg, run_dir):
+        prefixes = {} if cfg.serial else _nsys_prefixes(cfg, run_dir)
+        if cfg.gmi.num_gmis > 1 or prefixes:
+            return _train_gmis(cfg, on_progress is not None, prefixes)
+        return _train_process(cfg, 0, None, on_progress)
 
 
-def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
+@contextlib.contextmanager
+def _controller(cfg: TrainConfig, run_dir: Path):
+    """The controller's telemetry around a run: samples GPU utilisation, and, when profiling,
+    says where it runs (papers/004: a controller's reports are found by host and pid) and, at
+    the end, writes the merged report and lists where every report landed."""
+    profiling, host = cfg.profile.tool != "none", socket.gethostname()
+    if profiling:
+        log.info("profiling with %s: controller on host %s, pid %d; reports under %s",
+                 cfg.profile.tool, host, os.getpid(), run_dir.resolve())
+        if cfg.profile.tool == "nsys" and cfg.serial:
+            log.info("serial run: to capture it, start it under Nsight Systems yourself: nsys "
+                     "profile %s gmi-drl train ...",
+                     " ".join(f"--{k}={v}" for k, v in NSYS_OPTIONS.items()))
+    interval = cfg.log.gpu_util_interval_s
+    sampler = start_gpu_sampler(run_dir / "gpu_util.csv", interval) if interval > 0 else None
+    try:
+        yield
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if profiling:
+        from gmi_drl.telemetry.report import write_report
+
+        try:
+            write_report(run_dir)
+        except (OSError, ValueError) as e:  # the run itself succeeded: say so, do not fail it
+            log.warning("profiling: the merged report was not written: %s", e)
+        log.info("profiling reports (host %s):\n  %s\nrebuild the merged report with: gmi-drl "
+                 "profile report %s", host, "\n  ".join(str(p) for p in list_reports(run_dir)),
+                 run_dir)
+
+
+def _nsys_prefixes(cfg: TrainConfig, run_dir: Path) -> dict[int, list[str]]:
+    """``{gmi_id: nsys command}`` for the GMIs that run under Nsight Systems: with
+    ``profile.tool nsys``, the selected GMIs, where ``nsys`` is on PATH and NVML sees a GPU
+    (its capture ranges need CUDA); otherwise none, with a warning saying why."""
+    if cfg.profile.tool != "nsys":
+        return {}
+    from gmi_drl.gmi.devices import discover
+
+    machine = discover()
+    if not machine.gpus:
+        log.warning("profiling: %s: nsys capture ranges need CUDA; GMIs run without Nsight "
+                    "Systems, only the built-in timeline.json is written", machine.no_gpu_reason)
+        return {}
+    prefixes = {k: c for k in range(cfg.gmi.num_gmis)
+                if (c := nsys_command(cfg.profile, k, run_dir)) is not None}
+    for k in prefixes:  # nsys does not create its output directory
+        (run_dir / "profile" / f"gmi-{k}").mkdir(parents=True, exist_ok=True)
+    return prefixes
+
+
+def _train_gmis(cfg: TrainConfig, show_progress: bool,
+                prefixes: dict[int, list[str]]) -> TrainResult:
     """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
-    each, launched by `gmi_drl.gmi.launcher`; GMI 0 writes the run directory."""
+    each, launched by `gmi_drl.gmi.launcher` (GMI ``k`` under ``prefixes[k]`` where given);
+    GMI 0 writes the run directory."""
     from gmi_drl.gmi.devices import discover
     from gmi_drl.gmi.launcher import launch
     from gmi_drl.gmi.layout import plan
 
     machine = discover()
     g = cfg.gmi
-    layout = plan(g.num_gmis, machine, num_devices=g.num_devices,
-                  backend=None if g.backend == "auto" else g.backend)
+    backend = None if g.backend == "auto" else g.backend
+    if backend is None and g.num_gmis == 1 and machine.gpus:
+        backend = "cuda_shared"  # one GMI (launched to run under nsys) shares no GPU: no MPS
+    layout = plan(g.num_gmis, machine, num_devices=g.num_devices, backend=backend)
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.strategy.value)
     switch = g.switch_addr if g.reducer == "switch" else None
     results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
-                     reducer_capacity=_num_params(cfg), switch_addr=switch)
+                     reducer_capacity=_num_params(cfg), switch_addr=switch, prefixes=prefixes,
+                     exit_timeout_s=600.0 if prefixes else 5.0)  # nsys writes reports at exit
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
@@ -168,36 +239,42 @@ def _num_params(cfg: TrainConfig) -> int:
 
 def _train_process(cfg: TrainConfig, rank: int, reducer,
                    on_progress: Callable[[Progress], None] | None) -> TrainResult:
-    """The loop of one process: the serial run (rank 0 of 1), or one GMI of many."""
+    """The loop of one process: the serial run (rank 0 of 1), or one GMI of many.
+
+    Each top-level phase is ``prof.phase(name)``, the timer section ``name`` (and, when this
+    GMI's profiler selects it, a capture range); ``prof.step`` and ``tree.iteration`` bracket
+    each iteration (capture ranges end with the step, outside the timeline's record of it)."""
     run = _setup(cfg, rank, reducer)
     p, T = cfg.ppo, cfg.ppo.num_steps
     B = cfg.env.num_envs * cfg.gmi.num_gmis  # global_step counts the envs of every GMI
-    first = run.learner.iteration
+    first, prof = run.learner.iteration, run.profiler
     weights_chain = hashlib.sha256()  # over the weights after each update (GMIs compare it)
     t0 = time.perf_counter()
     try:
         for iteration in range(first, cfg.num_iterations):
             before = run.tree.snapshot_s()
-            with timer("rollout"):
-                episodes = run.collector.collect(run.buf)
-            with timer("advantages"):
-                run.buf.compute_advantages(p.gamma, p.gae_lambda)
-            with timer("update"):
-                losses = run.learner.update(run.buf.flatten())
-                if run.sync_weights is not None:
-                    run.sync_weights()
-                weights_chain.update(run.learner.flat.data.cpu().numpy().tobytes())
-            global_step, last = (iteration + 1) * T * B, iteration + 1 == cfg.num_iterations
-            with timer("log"):
-                elapsed = time.perf_counter() - t0
-                run.record(episodes, global_step, elapsed)
-                if (iteration + 1) % cfg.log.log_every == 0 or last:
-                    sps = (iteration + 1 - first) * T * B / elapsed
-                    _log(cfg, run, global_step, episodes, losses, sps, elapsed, before, on_progress)
-            every = cfg.log.checkpoint_every
-            if rank == 0 and ((every and (iteration + 1) % every == 0) or last):
-                with timer("checkpoint"):
-                    _save(cfg, run, global_step)
+            with prof.step(iteration), run.tree.iteration(iteration):
+                with prof.phase("rollout"):
+                    episodes = run.collector.collect(run.buf)
+                with prof.phase("advantages"):
+                    run.buf.compute_advantages(p.gamma, p.gae_lambda)
+                with prof.phase("update"):
+                    losses = run.learner.update(run.buf.flatten())
+                    if run.sync_weights is not None:
+                        run.sync_weights()
+                    weights_chain.update(run.learner.flat.data.cpu().numpy().tobytes())
+                global_step, last = (iteration + 1) * T * B, iteration + 1 == cfg.num_iterations
+                with prof.phase("log"):
+                    elapsed = time.perf_counter() - t0
+                    run.record(episodes, global_step, elapsed)
+                    if (iteration + 1) % cfg.log.log_every == 0 or last:
+                        sps = (iteration + 1 - first) * T * B / elapsed
+                        _log(cfg, run, global_step, episodes, losses, sps, elapsed, before,
+                             on_progress)
+                every = cfg.log.checkpoint_every
+                if rank == 0 and ((every and (iteration + 1) % every == 0) or last):
+                    with prof.phase("checkpoint"):
+                        _save(cfg, run, global_step)
     finally:
         wall = time.perf_counter() - t0
         run.close()
@@ -235,7 +312,8 @@ def _log(cfg: TrainConfig, run: _Run, global_step: int, episodes, losses: dict, 
 def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     """Build one process's pool, model, learner and sinks. Every GMI seeds torch alike (identical
     initial weights); GMI ``k``'s envs get seeds ``seed + k * num_envs + i`` and its own action
-    generator. GMIs other than 0 keep only their timeline, in ``<run_dir>/gmi-<k>/``."""
+    generator. GMIs other than 0 keep only their timeline, in ``<run_dir>/gmi-<k>/``; profiler
+    outputs go to ``<run_dir>/profile/gmi-<k>/``."""
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     state = load_checkpoint(cfg.resume) if cfg.resume else None
@@ -246,6 +324,7 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
         default = Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}"
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default
     cfg.run_dir, cfg.resume = str(run_dir), None
+    profile_dir = run_dir / "profile" / f"gmi-{rank}"
     if rank == 0:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
@@ -277,12 +356,13 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
         steps, returns = state["episode_steps"].tolist(), state["episode_returns"].tolist()
         log.info("resumed from global_step %d", start_step)
     buf = RolloutBuffer(p.num_steps, cfg.env.num_envs, pool.observation_space, pool.action_space)
-    tree = TimingTree(Timeline(cfg.log.timeline_detail_events))
+    tree = TimingTree(Timeline(cfg.log.timeline_detail_events, process_name=f"gmi-{rank}"))
     set_tree(tree)
+    profiler = make_profiler(cfg.profile, rank, profile_dir, tree)
     writer = (MetricsWriter(run_dir, cfg.log.tensorboard, purge_step=start_step or None)
               if rank == 0 else None)
-    return _Run(run_dir, pool, model, learner, collector, buf, writer, tree, steps, returns,
-                [0.0] * len(steps), rank, sync)
+    return _Run(run_dir, pool, model, learner, collector, buf, writer, tree, profiler, steps,
+                returns, [0.0] * len(steps), rank, sync)
 
 
 def _weight_sync(model: ActorCritic, learner: PPO) -> Callable[[], None]:

@@ -19,6 +19,7 @@ from gmi_drl.algos.ppo_fast import FastPPOGrad
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
 from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.rollout.storage import Batch
+from gmi_drl.telemetry.timer import timer
 
 
 @dataclass
@@ -161,7 +162,10 @@ class PPO:
         """Run ``update_epochs`` epochs of minibatch SGD on ``batch`` (``batch_size`` samples).
 
         Each epoch permutes the batch once into preallocated tensors, so minibatches are
-        contiguous views. Returns means over the minibatches run of ``losses/policy_loss``,
+        contiguous views. Every minibatch is four timer sections: ``forward`` (loss),
+        ``backward`` (gradients), ``allreduce`` (the reducer; a collective) and ``optimizer``
+        (clipping and the Adam step); on a GPU they time the CPU side (kernels run async).
+        Returns means over the minibatches run of ``losses/policy_loss``,
         ``value_loss``, ``entropy``, ``approx_kl`` and ``clipfrac`` (the last two from the
         log-ratios of every sample), plus ``losses/learning_rate`` and
         ``losses/explained_variance``. ``target_kl`` stops after the first epoch whose mean
@@ -198,9 +202,11 @@ class PPO:
                     self._fast_grad(epoch * n_mb + i, epoch, start)
                 else:
                     self._autograd_grad(epoch * n_mb + i, epoch, start)
-                self.reducer.allreduce_([flat.grad])
-                flat.clip_grad_norm_(cfg.max_grad_norm)
-                opt.step()
+                with timer("allreduce"):
+                    self.reducer.allreduce_([flat.grad])
+                with timer("optimizer"):
+                    flat.clip_grad_norm_(cfg.max_grad_norm)
+                    opt.step()
             epochs += 1
             if cfg.target_kl is not None and approx_kl(self._logratio[epoch]).item() > cfg.target_kl:
                 break
@@ -228,11 +234,14 @@ class PPO:
         """Minibatch ``row``'s gradient through `ppo_loss` and autograd (any model, any device)."""
         cfg, stop = self.cfg, start + self.minibatch_size
         obs, actions, logprobs, values, adv, returns = (x[start:stop] for x in self._shuffled)
-        new = self.model.evaluate(obs, actions)
-        out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns, new.entropy,
-                       cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef, norm_adv=False)
-        self.flat.zero_grad()
-        out.loss.backward()
+        with timer("forward"):
+            new = self.model.evaluate(obs, actions)
+            out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns, new.entropy,
+                           cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef,
+                           norm_adv=False)
+        with timer("backward"):
+            self.flat.zero_grad()
+            out.loss.backward()
         with torch.no_grad():
             self._logratio[epoch, start:stop] = out.logratio
             torch.stack(out[1:4], out=self._losses[row])

@@ -23,6 +23,7 @@ import numpy as np
 from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.models.fast_mlp import NumpyTanhMLP, numpy_supported
 from gmi_drl.models.heads import DiagGaussianHead
+from gmi_drl.telemetry.timer import timer
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _sum = np.add.reduce  # the ufunc itself: ndarray.sum/mean add ~3 us of Python per call
@@ -69,59 +70,61 @@ class FastPPOGrad:
             old_logprob, advantages (already normalised), old_value, returns: ``(M,) float32``.
 
         Returns:
-            ``(policy_loss, value_loss, entropy, logratio (M,) float32)``.
+            ``(policy_loss, value_loss, entropy, logratio (M,) float32)``. Timer sections
+            ``forward`` (loss terms) and ``backward`` (gradients), as the autograd path's.
         """
-        m = obs.shape[0]
-        ha, hc = self.actor.forward(obs), self.critic.forward(obs)
-        out, value = ha[-1], hc[-1][:, 0]
-        if self.gaussian:
-            logstd = self.logstd
-            inv_std = np.exp(-logstd)
-            z = actions - out
-            z *= inv_std
-            zz = z * z
-            logp = _sum(zz, 1)
-            logp *= -0.5
-            logp -= logstd.sum() + out.shape[1] * _HALF_LOG_2PI
-            entropy = float(logstd.sum()) + out.shape[1] * (0.5 + _HALF_LOG_2PI)
-        else:
-            shifted = out - out.max(1, keepdims=True)
-            logp_all = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-            p = np.exp(logp_all)
-            rows = np.arange(m)
-            logp = logp_all[rows, actions]
-            ent_each = -(p * logp_all).sum(1)
-            entropy = float(_sum(ent_each)) / m
-        logratio = logp - old_logprob
-        ratio = np.exp(logratio)
-        s1 = -advantages * ratio
-        s2 = -advantages * _clip(ratio, 1 - clip_coef, 1 + clip_coef)
-        pg_loss = float(_sum(np.maximum(s1, s2))) / m
-        dlogp = s1 * (s1 >= s2)
-        dlogp /= m  # d pg / d logp
-        u = value - returns
-        if clip_vloss:
-            v_clipped = _clip(value - old_value, -clip_coef, clip_coef)
-            v_clipped += old_value
-            v_clipped -= returns
-            uu, cc = u * u, v_clipped * v_clipped
-            v_loss = 0.5 * float(_sum(np.maximum(uu, cc))) / m
-            g_value = u * (uu >= cc)
-        else:
-            v_loss = 0.5 * float(_sum(u * u)) / m
-            g_value = u
-        g_value *= vf_coef / m
-        dl = dlogp[:, None]
-        if self.gaussian:
-            g_out = dl * z
-            g_out *= inv_std
-            _sum(dl * (zz - 1.0), 0, keepdims=True, out=self.logstd_grad)
-            self.logstd_grad -= ent_coef
-        else:
-            g_out = p * -dl
-            g_out[rows, actions] += dlogp
-            if ent_coef:
-                g_out += (ent_coef / m) * p * (logp_all + ent_each[:, None])
-        self.actor.backward(ha, g_out)
-        self.critic.backward(hc, g_value[:, None])
+        with timer("forward"):
+            m = obs.shape[0]
+            ha, hc = self.actor.forward(obs), self.critic.forward(obs)
+            out, value = ha[-1], hc[-1][:, 0]
+            if self.gaussian:
+                logstd = self.logstd
+                inv_std = np.exp(-logstd)
+                z = actions - out
+                z *= inv_std
+                zz = z * z
+                logp = _sum(zz, 1)
+                logp *= -0.5
+                logp -= logstd.sum() + out.shape[1] * _HALF_LOG_2PI
+                entropy = float(logstd.sum()) + out.shape[1] * (0.5 + _HALF_LOG_2PI)
+            else:
+                shifted = out - out.max(1, keepdims=True)
+                logp_all = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+                p = np.exp(logp_all)
+                rows = np.arange(m)
+                logp = logp_all[rows, actions]
+                ent_each = -(p * logp_all).sum(1)
+                entropy = float(_sum(ent_each)) / m
+            logratio = logp - old_logprob
+            ratio = np.exp(logratio)
+            s1 = -advantages * ratio
+            s2 = -advantages * _clip(ratio, 1 - clip_coef, 1 + clip_coef)
+            pg_loss = float(_sum(np.maximum(s1, s2))) / m
+            u = value - returns
+            if clip_vloss:
+                v_clipped = _clip(value - old_value, -clip_coef, clip_coef)
+                v_clipped += old_value
+                v_clipped -= returns
+                uu, cc = u * u, v_clipped * v_clipped
+                v_loss = 0.5 * float(_sum(np.maximum(uu, cc))) / m
+            else:
+                v_loss = 0.5 * float(_sum(u * u)) / m
+        with timer("backward"):
+            dlogp = s1 * (s1 >= s2)
+            dlogp /= m  # d pg / d logp
+            g_value = u * (uu >= cc) if clip_vloss else u
+            g_value *= vf_coef / m
+            dl = dlogp[:, None]
+            if self.gaussian:
+                g_out = dl * z
+                g_out *= inv_std
+                _sum(dl * (zz - 1.0), 0, keepdims=True, out=self.logstd_grad)
+                self.logstd_grad -= ent_coef
+            else:
+                g_out = p * -dl
+                g_out[rows, actions] += dlogp
+                if ent_coef:
+                    g_out += (ent_coef / m) * p * (logp_all + ent_each[:, None])
+            self.actor.backward(ha, g_out)
+            self.critic.backward(hc, g_value[:, None])
         return pg_loss, v_loss, entropy, logratio

@@ -5,16 +5,23 @@ gradient reducer for the layout's strategy, beats a heartbeat, and runs ``target
 launcher watches them: a GMI that raises, dies or stops beating stops the whole run within
 ``poll_s`` + ``grace_s`` seconds with the GMI id and the original traceback, and no process or
 shared-memory segment is left behind (also on Ctrl-C).
+
+A GMI's Python can run under a command prefix (``nsys profile ...``: `launch`'s ``prefixes``):
+multiprocessing's spawn then starts a two-line shell script that ``exec``s the prefix with the
+interpreter and spawn's own arguments, so the process keeps the pipe spawn hands it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing as mp
 import os
 import queue
+import shlex
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -109,7 +116,9 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
 
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
-           poll_s: float = 0.2, switch_addr: str | None = None) -> list[Any]:
+           poll_s: float = 0.2, switch_addr: str | None = None,
+           prefixes: dict[int, list[str]] | None = None,
+           exit_timeout_s: float = 5.0) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -121,6 +130,10 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         heartbeat_timeout_s: a GMI silent this long counts as hung.
         switch_addr: reduce through the iSwitch aggregation switch at ``HOST:PORT`` instead of
             the strategy Algorithm 1 picks.
+        prefixes: per GMI id, a command its Python interpreter runs under (e.g. the
+            `gmi_drl.telemetry.profiler.nsys_command`); other GMIs run Python directly.
+        exit_timeout_s: after every GMI returned, how long each may take to exit by itself
+            before it is terminated (a profiler running it writes its report then).
 
     Raises:
         GMIError: a GMI raised (its traceback is in the message), died, or hung.
@@ -145,9 +158,13 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     procs, error = [], None
     try:
         procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,
-                        os.path.join(tmp, "mps") if mps else None)
+                        os.path.join(tmp, "mps") if mps else None, prefixes or {}, tmp)
         try:
-            return _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
+            out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
+            deadline = time.time() + exit_timeout_s
+            for p in procs:
+                p.join(timeout=max(0.0, deadline - time.time()))
+            return out
         except GMIError as e:
             error = str(e)  # re-raised below, without frames that hold the queue and barriers
     finally:
@@ -164,15 +181,44 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     raise GMIError(error)
 
 
-def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir) -> list:
+def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir, prefixes,
+           tmp) -> list:
     procs = []
     for spec in layout.specs:
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
         p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
                           args=(spec.gmi_id, env, aff, threads, target, ctx_args, beats, results))
-        p.start()
+        prefix = prefixes.get(spec.gmi_id)
+        if prefix is None:
+            p.start()
+        else:
+            with _interpreter(mpctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
+                p.start()
         procs.append(p)
     return procs
+
+
+def _prefixed_python(prefix: list[str], tmp: str, gmi_id: int) -> str:
+    """Write an executable script that runs this interpreter under ``prefix``; return its path."""
+    path = os.path.join(tmp, f"gmi-{gmi_id}-python")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nexec {shlex.join([*prefix, sys.executable])} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+@contextlib.contextmanager
+def _interpreter(mpctx, executable: str):
+    """Spawn children with ``executable`` inside the block (the setting is process-wide)."""
+    from multiprocessing import resource_tracker, spawn
+
+    resource_tracker.ensure_running()  # with the real interpreter, never under the prefix
+    previous = spawn.get_executable()
+    mpctx.set_executable(executable)
+    try:
+        yield
+    finally:
+        mpctx.set_executable(previous)
 
 
 def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:

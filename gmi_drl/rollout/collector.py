@@ -96,7 +96,7 @@ class Collector:
         for t in range(buf.num_steps):
             obs = rows.obs[t]
             obs[...] = self.next_obs
-            with timer("policy"):
+            with timer("inference"):
                 action, rows.logprobs[t], rows.values[t] = self._act(obs)
             rows.actions[t] = action
             env_action = action

@@ -43,3 +43,10 @@ def listing1_roles(ctx):
         out["refused"] = str(e)
     mgr.close()
     return out
+
+
+def reduce_and_report_wrapper(ctx):
+    red = ctx.make_reducer()
+    t = torch.full((3,), float(ctx.gmi_id))
+    red.allreduce_([t])
+    return os.environ.get("FAKE_NSYS"), t.tolist()

@@ -3,6 +3,7 @@ import math
 import time
 
 import numpy as np
+import pytest
 
 from gmi_drl.telemetry import Timeline, TimingTree, get_tree, set_tree, timer
 from gmi_drl.telemetry.progress import Progress, format_duration, format_progress
@@ -34,6 +35,35 @@ def test_nested_timers_build_a_tree_and_a_timeline(tmp_path):
     assert sum(e["cat"] in ("rollout", "update") for e in xs) == 4
     assert doc["otherData"]["dropped_detail_events"] == 1
     assert all(e["dur"] >= 0 and "ts" in e for e in xs)
+
+
+def test_iterations_are_recorded_with_their_seconds_per_phase(tmp_path):
+    tree = TimingTree(Timeline(max_detail_events=0, process_name="gmi-3"))
+    previous = set_tree(tree)
+    try:
+        for k in (5, 6):
+            with tree.iteration(k):
+                with timer("rollout"):
+                    with timer("env_step"):
+                        time.sleep(0.002)
+                with timer("update"):
+                    pass
+        with pytest.raises(RuntimeError), tree.iteration(7):
+            raise RuntimeError("a failed iteration is not recorded")
+    finally:
+        set_tree(previous)
+    tree.timeline.write(tmp_path / "timeline.json")
+    doc = json.loads((tmp_path / "timeline.json").read_text())
+    its = [e for e in doc["traceEvents"] if e.get("cat") == "iteration"]
+    assert [e["args"]["iteration"] for e in its] == [5, 6]
+    for e in its:
+        phases = e["args"]["phases_s"]
+        assert set(phases) == {"rollout", "rollout/env_step", "update"}  # despite 0 detail budget
+        assert e["dur"] / 1e6 >= phases["rollout"] >= phases["rollout/env_step"] >= 0.002
+    assert its[0]["ts"] + its[0]["dur"] <= its[1]["ts"]
+    other = doc["otherData"]
+    assert other["process_name"] == "gmi-3" and other["host"] and other["pid"] > 0
+    assert other["clock"]["unix_us"] > 1.6e15 and other["clock"]["perf_counter_us"] > 0
 
 
 def test_default_tree_is_usable_without_setup():

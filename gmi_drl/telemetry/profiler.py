@@ -1,0 +1,365 @@
+"""Profiling: which steps, GMIs and roles are captured, and the tools that capture them.
+
+Source: ``papers/004_7b98cf246efb1cd7.txt`` (Nsight Systems on Ray, as built into verl): a
+profiler abstraction with a no-op implementation; capture ranges (``cudaProfilerStart/Stop``)
+chosen by training step, by rank and by task, optionally one per task ("discrete"); NVTX ranges
+fused with the timing function; one ``runtime_env={"nsight": ...}`` per Ray actor instance; the
+controller says where it runs. DESIGN.md §7.
+
+Terms. A *step* is a PPO iteration (update) index, 0-based and counted over the whole run (a
+resumed run continues the count). A *rank* is a GMI id. A *phase* is a top-level timer section of
+the training loop; `PHASE_ROLES` says which roles' work it is:
+
+- ``rollout``: simulator and agent. A holistic GMI (GMI-DRL §5.1, TCG_EX) alternates env steps
+  (simulator, ``rollout/env_step``) and policy inference (agent, ``rollout/inference``) at every
+  env step, so both roles select the one phase; their NVTX ranges tell them apart inside it.
+- ``advantages``, ``update``, ``log``, ``checkpoint``: trainer. GAE, the SGD epochs (``forward``,
+  ``backward``, ``allreduce``, ``optimizer`` per minibatch) and the trainer's bookkeeping.
+
+A capture range covers consecutive selected phases of a selected step (one report per step), or,
+with ``discrete``, a single selected phase (one report per phase).
+
+Tools: ``none`` (`NoOpProfiler`); ``nsys``: an NVTX range per timer section for the whole run of
+a profiled GMI, and ``cudaProfilerStart/Stop`` around its capture ranges, which Nsight Systems
+records when the process runs under ``nsys profile --capture-range=cudaProfilerApi`` (built by
+`nsys_command` for local GMIs and by `nsight_runtime_env` for Ray actors); ``torch``: a
+``torch.profiler`` session per capture range, exported as a Chrome trace, with every timer
+section a ``record_function`` range while it records. Without ``nsys`` or CUDA a warning says so
+and only the built-in ``timeline.json`` is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ContextManager, Iterator, Literal, Protocol
+
+from gmi_drl.telemetry.timer import TimingTree, timer
+
+log = logging.getLogger(__name__)
+
+Role = Literal["simulator", "agent", "trainer"]
+ROLES: tuple[Role, ...] = ("simulator", "agent", "trainer")
+PHASE_ROLES: dict[str, tuple[Role, ...]] = {
+    "rollout": ("simulator", "agent"), "advantages": ("trainer",), "update": ("trainer",),
+    "log": ("trainer",), "checkpoint": ("trainer",)}
+"""roles whose work each top-level phase of the training loop is (see the module docstring)"""
+
+NSYS_OPTIONS = {"trace": "cuda,nvtx,osrt", "capture-range": "cudaProfilerApi",
+                "capture-range-end": "repeat"}
+"""``nsys profile`` options of every profiled GMI: CUDA API and kernels, NVTX ranges and OS
+runtime calls, recorded only between ``cudaProfilerStart`` and ``cudaProfilerStop``; ``repeat``:
+each capture range becomes its own numbered report"""
+
+
+@dataclass
+class ProfilerConfig:
+    """Profiling (DESIGN.md §7): which tool captures which steps, GMIs (ranks) and roles."""
+
+    tool: Literal["none", "nsys", "torch"] = "none"
+    """none; nsys: Nsight Systems capture ranges and NVTX ranges (GMIs run under nsys where it is
+    on PATH and NVML sees a GPU); torch: torch.profiler Chrome traces in RUN_DIR/profile/gmi-<k>/"""
+    steps: list[int] = field(default_factory=lambda: [1])
+    """PPO iterations (0-based update indices of the whole run) to capture; default: the second,
+    after warm-up"""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """GMI ids to profile (ignored with all_ranks)"""
+    all_ranks: bool = False
+    """profile every GMI"""
+    roles: list[Role] = field(default_factory=lambda: list(ROLES))
+    """roles whose phases are captured: simulator and agent select rollout; trainer selects
+    advantages, update, log and checkpoint"""
+    discrete: bool = False
+    """one capture range (one report) per phase instead of one per step"""
+    nvtx: bool = True
+    """with nsys: an NVTX range per timer section, for the whole run of a profiled GMI"""
+
+
+def rank_selected(cfg: ProfilerConfig, rank: int) -> bool:
+    """Whether GMI ``rank`` is profiled at all (``tool`` is not none and the rank is chosen)."""
+    return cfg.tool != "none" and (cfg.all_ranks or rank in cfg.ranks)
+
+
+def should_capture(cfg: ProfilerConfig, step: int, rank: int, role: str) -> bool:
+    """Whether ``role``'s work in step ``step`` of GMI ``rank`` falls in a capture range.
+
+    Raises:
+        ValueError: ``role`` is not one of `ROLES`.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} must be one of {list(ROLES)}")
+    return rank_selected(cfg, rank) and step in cfg.steps and role in cfg.roles
+
+
+def phase_roles(phase: str) -> tuple[Role, ...]:
+    """The roles of top-level phase ``phase`` (`PHASE_ROLES`).
+
+    Raises:
+        ValueError: an unknown phase (a new top-level section needs its roles in `PHASE_ROLES`).
+    """
+    try:
+        return PHASE_ROLES[phase]
+    except KeyError:
+        raise ValueError(f"phase {phase!r} has no roles; add it to PHASE_ROLES "
+                         f"(known: {list(PHASE_ROLES)})") from None
+
+
+class Profiler(Protocol):
+    """What the training loop calls: ``with prof.step(k):`` around iteration ``k`` and
+    ``with prof.phase(name):`` around each top-level phase (a `timer` section of that name)."""
+
+    def step(self, iteration: int) -> ContextManager[None]: ...
+
+    def phase(self, name: str) -> ContextManager: ...
+
+    def close(self) -> None: ...
+
+
+class NoOpProfiler:
+    """Profiling off (or not for this GMI): `phase` is exactly ``timer(name)``, `step` a shared
+    null context; nothing else happens."""
+
+    _null = contextlib.nullcontext()
+
+    def step(self, iteration: int) -> ContextManager[None]:
+        return self._null
+
+    def phase(self, name: str) -> ContextManager:
+        return timer(name)
+
+    def close(self) -> None:
+        pass
+
+
+class Capture(Protocol):
+    """A tool's capture range: `start` opens one (labelled), `stop` closes it."""
+
+    def start(self, label: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class CudaCapture:
+    """``cudaProfilerStart/Stop`` (``torch.cuda.profiler``), which ``nsys profile
+    --capture-range=cudaProfilerApi`` records between (without nsys attached they cost a driver
+    call). The device is synchronised at both ends so a range holds exactly its GPU work, and an
+    NVTX range named after the capture's label (``step-3``) spans it."""
+
+    def start(self, label: str) -> None:
+        import nvtx
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        nvtx.push_range(label)
+
+    def stop(self) -> None:
+        import nvtx
+        import torch
+
+        torch.cuda.synchronize()
+        nvtx.pop_range()
+        torch.cuda.profiler.stop()
+
+
+class TorchCapture:
+    """A ``torch.profiler`` session per capture range (CPU ops, and CUDA kernels where CUDA is
+    available), exported to ``<out_dir>/torch-<label>.json`` (Chrome trace; open in
+    https://ui.perfetto.dev). While it records, every timer section is a ``record_function`` range
+    (~4 us each), so the trace shows the phases.
+
+    Args:
+        out_dir: where the traces go (created). tree: the process's timing tree.
+    """
+
+    def __init__(self, out_dir: Path, tree: TimingTree) -> None:
+        self.out_dir, self.tree = Path(out_dir), tree
+        self.files: list[Path] = []
+        self._session = None
+
+    def start(self, label: str) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._session = profile(activities=activities)
+        self._label, self._ranges = label, self.tree.ranges
+        self._session.__enter__()
+        self.tree.set_ranges("torch")
+
+    def stop(self) -> None:
+        self.tree.set_ranges(self._ranges)
+        self._session.__exit__(None, None, None)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"torch-{self._label}.json"
+        self._session.export_chrome_trace(str(path))
+        self.files.append(path)
+        self._session = None
+
+
+class CaptureProfiler:
+    """Opens and closes capture ranges of ``capture`` around the selected steps and phases of
+    GMI ``rank`` (selection: `should_capture`; grouping: the module docstring). Writes
+    ``<out_dir>/captures.json`` on `close`: one entry per range, in order (``index`` from 1, the
+    numbering of nsys's reports), with its label, step, phases, Unix start time and duration.
+
+    Args:
+        cfg: what to capture. rank: this GMI's id. capture: the tool. out_dir: this GMI's
+            profile directory (``RUN_DIR/profile/gmi-<k>``).
+    """
+
+    def __init__(self, cfg: ProfilerConfig, rank: int, capture: Capture, out_dir: Path) -> None:
+        self.cfg, self.rank, self.capture, self.out_dir = cfg, rank, capture, Path(out_dir)
+        self.captures: list[dict] = []
+        self._step: int | None = None
+        self._open: dict | None = None
+        self._ranges_this_step = 0
+        self._steps_seen: list[int] = []
+
+    @contextlib.contextmanager
+    def step(self, iteration: int) -> Iterator[None]:
+        self._step, self._ranges_this_step = iteration, 0
+        self._steps_seen.append(iteration)
+        try:
+            yield
+        finally:
+            self._stop()
+            self._step = None
+
+    def phase(self, name: str) -> ContextManager:
+        step = self._step
+        if step is None or not any(should_capture(self.cfg, step, self.rank, r)
+                                   for r in phase_roles(name)):
+            self._stop()  # an unselected phase ends the range
+            return timer(name)
+        return self._captured(name, step)
+
+    @contextlib.contextmanager
+    def _captured(self, name: str, step: int) -> Iterator[None]:
+        if self._open is None:
+            first = not self.cfg.discrete and self._ranges_this_step == 0
+            self._start(f"step-{step}" if first else f"step-{step}-{name}", step)
+        self._open["phases"].append(name)
+        try:
+            with timer(name):
+                yield
+        finally:
+            if self.cfg.discrete:
+                self._stop()
+
+    def _start(self, label: str, step: int) -> None:
+        self._ranges_this_step += 1
+        self._open = {"index": len(self.captures) + 1, "label": label, "step": step,
+                      "phases": [], "start_unix_s": time.time(), "t0": time.perf_counter()}
+        self.capture.start(label)
+
+    def _stop(self) -> None:
+        if self._open is None:
+            return
+        entry, self._open = self._open, None
+        self.capture.stop()
+        entry["dur_s"] = round(time.perf_counter() - entry.pop("t0"), 6)
+        self.captures.append(entry)
+
+    def close(self) -> None:
+        """Close an open range (a run that raised mid-step) and write ``captures.json``; warn
+        when no selected step ran in this process."""
+        self._stop()
+        if self.captures:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "captures.json").write_text(json.dumps(self.captures, indent=1) + "\n")
+        elif self._steps_seen:
+            log.warning("profiling: GMI %d captured nothing: profile.steps %s are not among the "
+                        "iterations %d..%d this process ran", self.rank, self.cfg.steps,
+                        self._steps_seen[0], self._steps_seen[-1])
+
+
+def make_profiler(cfg: ProfilerConfig, rank: int, out_dir: Path, tree: TimingTree) -> Profiler:
+    """The profiler of GMI ``rank``; switches ``tree``'s NVTX ranges on for a profiled nsys GMI.
+
+    A `NoOpProfiler` when the tool is none or the rank not selected, and, with a warning, for
+    nsys without a CUDA device in this process (capture ranges need CUDA; NVTX ranges stay on,
+    so a CPU-only ``nsys profile`` still shows the phases). Without the ``nvtx`` package a
+    warning replaces the NVTX ranges.
+    """
+    if not rank_selected(cfg, rank):
+        return NoOpProfiler()
+    if cfg.tool == "torch":
+        return CaptureProfiler(cfg, rank, TorchCapture(out_dir, tree), out_dir)
+    if cfg.nvtx:
+        try:
+            tree.set_ranges("nvtx")
+        except RuntimeError as e:
+            log.warning("profiling: GMI %d: %s; no NVTX ranges", rank, e)
+    import torch
+
+    if not torch.cuda.is_available():
+        log.warning("profiling: GMI %d: profile.tool nsys needs a CUDA device for its capture "
+                    "ranges and torch sees none; no capture (NVTX ranges %s), the built-in "
+                    "timeline.json as always", rank, "on" if cfg.nvtx else "off")
+        return NoOpProfiler()
+    return CaptureProfiler(cfg, rank, CudaCapture(), out_dir)
+
+
+def find_nsys() -> str | None:
+    """Absolute path of ``nsys`` on PATH, or ``None``."""
+    return shutil.which("nsys")
+
+
+def nsys_command(cfg: ProfilerConfig, gmi_id: int, run_dir: str | Path) -> list[str] | None:
+    """The command prefix that runs local GMI ``gmi_id``'s Python under Nsight Systems.
+
+    ``[nsys, "profile", --trace=cuda,nvtx,osrt, --capture-range=cudaProfilerApi,
+    --capture-range-end=repeat, --output=RUN_DIR/profile/gmi-<k>/gmi-<k>-%p]`` (every option in
+    ``--name=value`` form; nsys expands ``%p`` to the pid and numbers one report per capture
+    range; it does not create the directory: the caller does). ``None`` when the tool is not
+    nsys or the GMI is not selected, and ``None`` with a logged warning when ``nsys`` is not on
+    PATH.
+    """
+    if cfg.tool != "nsys" or not rank_selected(cfg, gmi_id):
+        return None
+    nsys = find_nsys()
+    if nsys is None:
+        log.warning("profiling: nsys is not on PATH: GMI %d runs without Nsight Systems; only the "
+                    "built-in timeline.json is written", gmi_id)
+        return None
+    out = Path(run_dir).resolve() / "profile" / f"gmi-{gmi_id}" / f"gmi-{gmi_id}-%p"
+    return [nsys, "profile", *(f"--{k}={v}" for k, v in NSYS_OPTIONS.items()), f"--output={out}"]
+
+
+def nsight_runtime_env(cfg: ProfilerConfig, gmi_id: int, run_dir: str | Path) -> dict | None:
+    """The Ray ``runtime_env`` that runs the actor of GMI ``gmi_id`` under Nsight Systems.
+
+    ``{"nsight": {"trace": ..., "capture-range": "cudaProfilerApi", "capture-range-end":
+    "repeat", "o": "<run name>-gmi-<k>-%p"}}``, for ``Actor.options(runtime_env=...)`` per actor
+    instance (papers/004). Ray turns each key into ``--key=value`` and writes the reports under
+    ``/tmp/ray/session_*/logs/nsight/`` on the actor's node (``o`` is the name there). ``None``
+    when the tool is not nsys or the GMI is not selected, and ``None`` with a logged warning
+    when ``nsys`` is not on this host's PATH.
+    """
+    if cfg.tool != "nsys" or not rank_selected(cfg, gmi_id):
+        return None
+    if find_nsys() is None:
+        log.warning("profiling: nsys is not on PATH: the Ray actor of GMI %d runs without "
+                    "Nsight Systems; only the built-in timeline.json is written", gmi_id)
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(run_dir).resolve().name)
+    return {"nsight": {**NSYS_OPTIONS, "o": f"{name}-gmi-{gmi_id}-%p"}}
+
+
+def list_reports(run_dir: str | Path) -> list[Path]:
+    """Every profiling output under ``run_dir``: timelines, ``gpu_util.csv``, and everything in
+    ``profile/`` (nsys reports, torch traces, ``captures.json``, the merged report)."""
+    run_dir = Path(run_dir)
+    found = [run_dir / "timeline.json", *sorted(run_dir.glob("gmi-*/timeline.json")),
+             run_dir / "gpu_util.csv"]
+    found += sorted(p for p in (run_dir / "profile").rglob("*") if p.is_file())
+    return [p for p in found if p.exists()]
