@@ -141,8 +141,12 @@ class SharedMemoryReducer(GradReducer):
                     "allreduce_ calls)")
             time.sleep(min(1e-3, 1e-5 * (spins - 199)))
 
+    def __del__(self) -> None:
+        # a GMI that raised drops its reducer unclosed; release the views before the mapping
+        self.close()
+
     def close(self) -> None:
-        if self._shm is not None:
+        if getattr(self, "_shm", None) is not None:
             self._my_row = self._result_t = self._rows = self._result = self._epochs = None
             try:
                 self._shm.close()
