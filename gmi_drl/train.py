@@ -267,11 +267,13 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None
     rew_norm = RewardNormalizer(cfg.env.num_envs, p.gamma, p.reward_clip) if p.norm_reward else None
-    action_rng = torch.Generator().manual_seed(cfg.seed + 1 + 7919 * rank)
+    # a resumed GMI other than 0 continues with a generator of its own (the checkpoint holds
+    # GMI 0's): GMIs never draw the same action noise
+    action_rng = torch.Generator().manual_seed(cfg.seed + 1 + 7919 * rank + start_step)
     collector = Collector(pool, model, obs_norm, rew_norm, action_rng)
     steps, returns = [], []
     if state is not None:
-        _restore(state, learner, collector)
+        _restore(state, learner, collector, rank)
         if sync is not None:
             sync()
         steps, returns = state["episode_steps"].tolist(), state["episode_returns"].tolist()
@@ -309,8 +311,9 @@ def _save(cfg: TrainConfig, run: _Run, global_step: int) -> None:
     })
 
 
-def _restore(state: dict, learner: PPO, collector: Collector) -> None:
-    """Load learner, normalisers and RNGs from a checkpoint.
+def _restore(state: dict, learner: PPO, collector: Collector, rank: int = 0) -> None:
+    """Load learner, normalisers and RNGs from a checkpoint (the action generator on GMI 0 only:
+    it is GMI 0's).
 
     Raises:
         CheckpointError: the checkpoint does not fit this model or normaliser layout.
@@ -328,5 +331,6 @@ def _restore(state: dict, learner: PPO, collector: Collector) -> None:
                 norm.load_state_dict(state[name])
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint does not match this run: {e}") from None
-    collector.generator.set_state(state["action_rng"])
+    if rank == 0:
+        collector.generator.set_state(state["action_rng"])
     torch.set_rng_state(state["rng"])
