@@ -112,16 +112,16 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     if cfg.run_dir is None and cfg.resume is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.run_dir = str(Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo}-{stamp}")
-    if cfg.gmi.num_gmis > 1:
+    if cfg.gmi.num_gmis > 1 or cfg.launcher == "ray":
         return _train_gmis(cfg, on_progress is not None)
     return _train_process(cfg, 0, None, on_progress)
 
 
 def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
     """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
-    each, launched by `gmi_drl.gmi.launcher`; GMI 0 writes the run directory."""
+    each, launched by `gmi_drl.gmi.launcher` (or one Ray actor each, by
+    `gmi_drl.cluster.ray_launcher`); GMI 0 writes the run directory."""
     from gmi_drl.gmi.devices import discover
-    from gmi_drl.gmi.launcher import launch
     from gmi_drl.gmi.layout import plan
 
     machine = discover()
@@ -131,16 +131,45 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.strategy.value)
     switch = g.switch_addr if g.reducer == "switch" else None
-    results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
-                     reducer_capacity=_num_params(cfg), switch_addr=switch)
+    payload = (cfg, show_progress)
+    if cfg.launcher == "ray":
+        from gmi_drl.cluster.membership import describe
+        from gmi_drl.cluster.ray_launcher import launch as launch_ray
+
+        r = cfg.ray
+        run = launch_ray("gmi_drl.train:gmi_main", layout, payload, address=r.address,
+                         max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
+                         placement_timeout_s=r.placement_timeout_s,
+                         reducer_capacity=_num_params(cfg), switch_addr=switch,
+                         on_restart=lambda error: (_restart_config(cfg), show_progress))
+        results = run.results
+        placement = layout.describe(with_reduction=False) + describe(run.layout, run.nodes,
+                                                                     run.restarts)
+    else:
+        from gmi_drl.gmi.launcher import launch
+
+        results = launch("gmi_drl.train:gmi_main", layout, machine, payload=payload,
+                         reducer_capacity=_num_params(cfg), switch_addr=switch)
+        placement = layout.describe()
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
         reduction = f"- gradients reduced through the aggregation switch at {switch}\n" if switch else ""
-        f.write(f"\n## GMI layout\n\n{layout.describe()}{reduction}"
+        f.write(f"\n## GMI layout\n\n{placement}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
     return results[0]._replace(param_digests=digests)
+
+
+def _restart_config(cfg: TrainConfig) -> TrainConfig:
+    """The config that restarts a failed multi-GMI run: resumed from its latest checkpoint, or
+    from the start when none was written yet."""
+    run_dir = resolve_checkpoint(cfg.resume).parent.parent if cfg.resume else Path(cfg.run_dir)
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    again = copy.deepcopy(cfg)
+    again.run_dir, again.resume = str(run_dir), (str(ckpt) if ckpt.exists() else None)
+    log.warning("restarting every GMI from %s", ckpt if ckpt.exists() else "the start")
+    return again
 
 
 def gmi_main(ctx) -> TrainResult:
