@@ -3,6 +3,7 @@
     gmi-drl train ppo --env.task-id Hopper-v5 --env.num-envs 16 --total-timesteps 1000000 --seed 1
     gmi-drl train ppo --preset demo
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
+    gmi-drl train ppo --gmi.num-gmis 4 --launcher ray [--ray.address auto|HOST:PORT]
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
     gmi-drl bench env|train|reduce|switch|gmi|learning|profile [benchmark flags]
@@ -23,6 +24,7 @@ ALGOS = ("ppo",)
 USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
 
   gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
+  gmi-drl train ppo --gmi.num-gmis N --launcher ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,train,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)

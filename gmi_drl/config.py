@@ -10,9 +10,10 @@ Presets reproduce CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 import gymnasium as gym
 
@@ -84,6 +85,22 @@ class GMIConfig:
 
 
 @dataclass
+class RayConfig:
+    """The Ray cluster a `--launcher ray` run uses (one Ray actor per GMI)."""
+
+    address: str | None = None
+    """cluster to join: auto (the one `ray start --head` runs on this machine) or HOST:PORT of its
+    head node; None starts a local Ray instance for the run"""
+    max_restarts: int = 0
+    """times every GMI is restarted from the last checkpoint after a GMI actor died or raised
+    (0: the run stops with the error)"""
+    num_cpus_per_gmi: float = 1.0
+    """logical CPUs each GMI's placement bundle reserves"""
+    placement_timeout_s: float = 120.0
+    """seconds Ray may take to place and start the GMIs before the run is refused"""
+
+
+@dataclass
 class TrainConfig:
     """A training run: `gmi-drl train ppo [--flags]`."""
 
@@ -93,6 +110,10 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     gmi: GMIConfig = field(default_factory=GMIConfig)
     profile: ProfilerConfig = field(default_factory=ProfilerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    launcher: Literal["local", "ray"] = "local"
+    """where the GMIs run: local (one process each on this machine) or ray (one Ray actor each,
+    on the cluster of ray.address)"""
     algo: Literal["ppo"] = "ppo"
     """the algorithm"""
     total_timesteps: int = 500_000
@@ -250,6 +271,7 @@ def validate(cfg: TrainConfig) -> None:
     need(g.num_gmis == 1 or p.target_kl is None,
          f"ppo.target_kl={p.target_kl} with gmi.num_gmis={g.num_gmis}: GMIs would stop their "
          "epochs at different points and break the gradient collective; use target_kl None")
+    _validate_ray(cfg, need)
     need(cfg.total_timesteps >= cfg.batch_size,
          f"total_timesteps={cfg.total_timesteps} must be >= batch_size={cfg.batch_size} "
          "(at least one update)")
@@ -320,6 +342,28 @@ def _validate_profile(cfg: TrainConfig, need) -> None:
          f"profile.roles={pr.roles} must be a non-empty subset of {list(ROLES)}")
 
 
+def _validate_ray(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
+    r = cfg.ray
+    if cfg.launcher == "local":
+        changed = [f"ray.{f.name}" for f in dataclasses.fields(RayConfig)
+                   if getattr(r, f.name) != f.default]
+        need(not changed, f"{', '.join(changed)} set but launcher='local'; add --launcher ray")
+        return
+    need(importlib.util.find_spec("ray") is not None,
+         "launcher='ray' needs the ray package: pip install 'gmi-drl[ray]'")
+    need(r.address is None or r.address == "auto" or _is_host_port(r.address),
+         f"ray.address={r.address!r} must be auto or HOST:PORT (the head node's address)")
+    need(r.max_restarts >= 0, f"ray.max_restarts={r.max_restarts} must be >= 0")
+    need(r.num_cpus_per_gmi > 0, f"ray.num_cpus_per_gmi={r.num_cpus_per_gmi} must be > 0")
+    need(r.placement_timeout_s > 0,
+         f"ray.placement_timeout_s={r.placement_timeout_s} must be > 0")
+
+
+def _is_host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 def to_dict(cfg: TrainConfig) -> dict:
     """The config as plain JSON-able data (what config.json and checkpoints hold)."""
     return dataclasses.asdict(cfg)
@@ -333,7 +377,7 @@ def from_dict(data: dict) -> TrainConfig:
     """
     try:
         nested = {"env": EnvConfig, "ppo": PPOConfig, "model": ModelConfig, "log": LogConfig,
-                  "gmi": GMIConfig, "profile": ProfilerConfig}
+                  "gmi": GMIConfig, "profile": ProfilerConfig, "ray": RayConfig}
         return TrainConfig(**{k: nested[k](**v) if k in nested else v for k, v in data.items()})
     except (TypeError, KeyError) as e:
         raise ConfigError(f"stored config does not match this gmi-drl version: {e}") from None

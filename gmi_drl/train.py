@@ -31,7 +31,7 @@ from gmi_drl.rollout import Collector, ObsNormalizer, RewardNormalizer, RolloutB
 from gmi_drl.telemetry.gpu_util import start_gpu_sampler
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.profiler import (NSYS_OPTIONS, Profiler, list_reports, make_profiler,
-                                        nsys_command)
+                                        nsight_runtime_env, nsys_command)
 from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.summary import RunSummary, write_summary
 from gmi_drl.telemetry.timeline import Timeline
@@ -126,7 +126,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                else Path(cfg.run_dir))
     with _controller(cfg, run_dir):
         prefixes = {} if cfg.serial else _nsys_prefixes(cfg, run_dir)
-        if cfg.gmi.num_gmis > 1 or prefixes:
+        if cfg.gmi.num_gmis > 1 or prefixes or cfg.launcher == "ray":
             return _train_gmis(cfg, on_progress is not None, prefixes)
         return _train_process(cfg, 0, None, on_progress)
 
@@ -183,13 +183,22 @@ def _nsys_prefixes(cfg: TrainConfig, run_dir: Path) -> dict[int, list[str]]:
     return prefixes
 
 
+def _nsight_runtime_envs(cfg: TrainConfig, layout) -> list[dict | None] | None:
+    """Per GMI, the Ray ``runtime_env`` part that runs its actor under Nsight Systems (papers/004:
+    ``{"nsight": ...}`` per actor instance), or ``None`` when no GMI is profiled with nsys."""
+    if cfg.profile.tool != "nsys":
+        return None
+    envs = [nsight_runtime_env(cfg.profile, k, cfg.run_dir) for k in range(layout.num_gmis)]
+    return envs if any(e is not None for e in envs) else None
+
+
 def _train_gmis(cfg: TrainConfig, show_progress: bool,
                 prefixes: dict[int, list[str]]) -> TrainResult:
     """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
-    each, launched by `gmi_drl.gmi.launcher` (GMI ``k`` under ``prefixes[k]`` where given);
-    GMI 0 writes the run directory."""
+    each, launched by `gmi_drl.gmi.launcher` (GMI ``k`` under ``prefixes[k]`` where given) or
+    one Ray actor each by `gmi_drl.cluster.ray_launcher` (GMI ``k`` with its Nsight
+    ``runtime_env`` where profiled); GMI 0 writes the run directory."""
     from gmi_drl.gmi.devices import discover
-    from gmi_drl.gmi.launcher import launch
     from gmi_drl.gmi.layout import plan
 
     machine = discover()
@@ -201,17 +210,48 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool,
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.strategy.value)
     switch = g.switch_addr if g.reducer == "switch" else None
-    results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
-                     reducer_capacity=_num_params(cfg), switch_addr=switch, prefixes=prefixes,
-                     exit_timeout_s=600.0 if prefixes else 5.0)  # nsys writes reports at exit
+    payload = (cfg, show_progress)
+    if cfg.launcher == "ray":
+        from gmi_drl.cluster.membership import describe
+        from gmi_drl.cluster.ray_launcher import launch as launch_ray
+
+        r = cfg.ray
+        run = launch_ray("gmi_drl.train:gmi_main", layout, payload, address=r.address,
+                         max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
+                         placement_timeout_s=r.placement_timeout_s,
+                         reducer_capacity=_num_params(cfg), switch_addr=switch,
+                         runtime_envs=_nsight_runtime_envs(cfg, layout),
+                         on_restart=lambda error: (_restart_config(cfg), show_progress))
+        results = run.results
+        placement = layout.describe(with_reduction=False) + describe(run.layout, run.nodes,
+                                                                     run.restarts)
+    else:
+        from gmi_drl.gmi.launcher import launch
+
+        results = launch("gmi_drl.train:gmi_main", layout, machine, payload=payload,
+                         reducer_capacity=_num_params(cfg), switch_addr=switch,
+                         prefixes=prefixes,
+                         exit_timeout_s=600.0 if prefixes else 5.0)  # nsys writes reports at exit
+        placement = layout.describe()
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
         reduction = f"- gradients reduced through the aggregation switch at {switch}\n" if switch else ""
-        f.write(f"\n## GMI layout\n\n{layout.describe()}{reduction}"
+        f.write(f"\n## GMI layout\n\n{placement}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
     return results[0]._replace(param_digests=digests)
+
+
+def _restart_config(cfg: TrainConfig) -> TrainConfig:
+    """The config that restarts a failed multi-GMI run: resumed from its latest checkpoint, or
+    from the start when none was written yet."""
+    run_dir = resolve_checkpoint(cfg.resume).parent.parent if cfg.resume else Path(cfg.run_dir)
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    again = copy.deepcopy(cfg)
+    again.run_dir, again.resume = str(run_dir), (str(ckpt) if ckpt.exists() else None)
+    log.warning("restarting every GMI from %s", ckpt if ckpt.exists() else "the start")
+    return again
 
 
 def gmi_main(ctx) -> TrainResult:
@@ -346,11 +386,13 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None
     rew_norm = RewardNormalizer(cfg.env.num_envs, p.gamma, p.reward_clip) if p.norm_reward else None
-    action_rng = torch.Generator().manual_seed(cfg.seed + 1 + 7919 * rank)
+    # a resumed GMI other than 0 continues with a generator of its own (the checkpoint holds
+    # GMI 0's): GMIs never draw the same action noise
+    action_rng = torch.Generator().manual_seed(cfg.seed + 1 + 7919 * rank + start_step)
     collector = Collector(pool, model, obs_norm, rew_norm, action_rng)
     steps, returns = [], []
     if state is not None:
-        _restore(state, learner, collector)
+        _restore(state, learner, collector, rank)
         if sync is not None:
             sync()
         steps, returns = state["episode_steps"].tolist(), state["episode_returns"].tolist()
@@ -389,8 +431,9 @@ def _save(cfg: TrainConfig, run: _Run, global_step: int) -> None:
     })
 
 
-def _restore(state: dict, learner: PPO, collector: Collector) -> None:
-    """Load learner, normalisers and RNGs from a checkpoint.
+def _restore(state: dict, learner: PPO, collector: Collector, rank: int = 0) -> None:
+    """Load learner, normalisers and RNGs from a checkpoint (the action generator on GMI 0 only:
+    it is GMI 0's).
 
     Raises:
         CheckpointError: the checkpoint does not fit this model or normaliser layout.
@@ -408,5 +451,6 @@ def _restore(state: dict, learner: PPO, collector: Collector) -> None:
                 norm.load_state_dict(state[name])
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint does not match this run: {e}") from None
-    collector.generator.set_state(state["action_rng"])
+    if rank == 0:
+        collector.generator.set_state(state["action_rng"])
     torch.set_rng_state(state["rng"])

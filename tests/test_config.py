@@ -79,3 +79,31 @@ def test_cuda_device_without_cuda_is_refused():
     else:
         with pytest.raises(ConfigError, match="device='cuda'"):
             validate(cfg)
+
+
+def test_ray_flags_parse_and_are_validated_together():
+    cfg = tyro.cli(TrainConfig, default=preset("classic"),
+                   args=["--launcher", "ray", "--ray.address", "10.0.0.1:6379",
+                         "--ray.max-restarts", "2", "--ray.num-cpus-per-gmi", "0.5"])
+    assert (cfg.launcher, cfg.ray.address, cfg.ray.max_restarts, cfg.ray.num_cpus_per_gmi) == (
+        "ray", "10.0.0.1:6379", 2, 0.5)
+    validate(cfg)
+    assert from_dict(to_dict(cfg)) == cfg
+    cfg.ray.address = "auto"
+    validate(cfg)
+    cfg.ray.address, cfg.ray.max_restarts = "headnode", -1
+    cfg.ray.num_cpus_per_gmi, cfg.ray.placement_timeout_s = 0, 0
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    msg = str(err.value)
+    for needle in ("ray.address='headnode' must be auto or HOST:PORT", "ray.max_restarts=-1",
+                   "ray.num_cpus_per_gmi=0", "ray.placement_timeout_s=0"):
+        assert needle in msg
+
+
+def test_ray_settings_without_the_ray_launcher_are_refused():
+    cfg = preset("classic")
+    cfg.ray.address, cfg.ray.max_restarts = "auto", 1
+    with pytest.raises(ConfigError, match=r"ray.address, ray.max_restarts set but "
+                                          r"launcher='local'; add --launcher ray"):
+        validate(cfg)

@@ -39,14 +39,20 @@ class ShmGroup:
 
     Made by `ShmGroup.create` in the parent process, which keeps ``owner`` and must call
     `ShmGroup.destroy` after the members are done.
+
+    ``untracked_members``: members attach without registering the block with their own
+    multiprocessing resource tracker. Set it when members are not children of the creator (Ray
+    actors): a tracker of their own would unlink the block as soon as one member exits.
     """
 
     name: str
     world_size: int
     capacity: int
+    untracked_members: bool = False
 
     @classmethod
-    def create(cls, world_size: int, capacity: int) -> tuple["ShmGroup", shared_memory.SharedMemory]:
+    def create(cls, world_size: int, capacity: int,
+               untracked_members: bool = False) -> tuple["ShmGroup", shared_memory.SharedMemory]:
         """Allocate a group for ``world_size`` members and at most ``capacity`` float32 per call.
 
         Raises:
@@ -57,7 +63,7 @@ class ShmGroup:
         nbytes = _HEADER_BYTES * world_size + (world_size + 1) * capacity * 4
         shm = shared_memory.SharedMemory(create=True, size=nbytes)
         shm.buf[:_HEADER_BYTES * world_size] = bytes(_HEADER_BYTES * world_size)
-        return cls(shm.name, world_size, capacity), shm
+        return cls(shm.name, world_size, capacity, untracked_members), shm
 
     @staticmethod
     def destroy(owner: shared_memory.SharedMemory) -> None:
@@ -84,6 +90,10 @@ class SharedMemoryReducer(GradReducer):
         self.rank, self.world_size, self.timeout_s = rank, group.world_size, timeout_s
         self._group = group
         self._shm = shared_memory.SharedMemory(name=group.name)
+        if group.untracked_members:  # the creator's tracker alone may unlink the block
+            from multiprocessing import resource_tracker
+
+            resource_tracker.unregister(self._shm._name, "shared_memory")  # noqa: SLF001
         head = _HEADER_BYTES * group.world_size
         # one int64 epoch per member, each on its own cache line
         self._epochs = np.frombuffer(self._shm.buf, np.int64, count=head // 8)[::_HEADER_BYTES // 8]
@@ -131,8 +141,12 @@ class SharedMemoryReducer(GradReducer):
                     "allreduce_ calls)")
             time.sleep(min(1e-3, 1e-5 * (spins - 199)))
 
+    def __del__(self) -> None:
+        # a GMI that raised drops its reducer unclosed; release the views before the mapping
+        self.close()
+
     def close(self) -> None:
-        if self._shm is not None:
+        if getattr(self, "_shm", None) is not None:
             self._my_row = self._result_t = self._rows = self._result = self._epochs = None
             try:
                 self._shm.close()

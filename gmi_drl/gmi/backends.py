@@ -110,14 +110,7 @@ def process_env(spec: GMISpec, machine: Machine, gmis_on_device: int,
     threads = max(1, len(cores) // max(1, gmis_on_device * len(machine.gpus)))
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid, "OMP_NUM_THREADS": str(threads)}
     if spec.backend is BackendKind.CUDA_MPS:
-        if mps_dir is None:
-            raise ValueError(f"GMI {spec.gmi_id}: cuda_mps needs the MPS daemon's directory")
-        env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(mps_dir, "pipe")
-        env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(mps_dir, "log")
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(spec.compute_share * 100)))
-        if spec.memory_limit_bytes is not None:
-            # the process sees one device (index 0); the limit is given in MB
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={spec.memory_limit_bytes // 2**20}M"
+        env.update(mps_env(spec, mps_dir))
     elif spec.backend is BackendKind.MIG:
         uuids = {m.uuid for m in gpu.mig_instances}
         if spec.mig_uuid not in uuids:
@@ -126,6 +119,24 @@ def process_env(spec: GMISpec, machine: Machine, gmis_on_device: int,
                              "creates MIG instances: make them with nvidia-smi mig first")
         env["CUDA_VISIBLE_DEVICES"] = spec.mig_uuid
     return env, None, threads
+
+
+def mps_env(spec: GMISpec, mps_dir: str | None) -> dict[str, str]:
+    """The MPS client variables of one ``cuda_mps`` GMI: the daemon's pipe and log directories,
+    its active-thread percentage (``compute_share`` in percent) and pinned device-memory limit
+    (MB, for device 0: the one device a GMI process sees).
+
+    Raises:
+        ValueError: ``mps_dir`` is ``None``.
+    """
+    if mps_dir is None:
+        raise ValueError(f"GMI {spec.gmi_id}: cuda_mps needs the MPS daemon's directory")
+    env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(mps_dir, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(mps_dir, "log"),
+           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(spec.compute_share * 100)))}
+    if spec.memory_limit_bytes is not None:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={spec.memory_limit_bytes // 2**20}M"
+    return env
 
 
 class MPSDaemon:
@@ -164,9 +175,36 @@ class MPSDaemon:
             raise RuntimeError(f"MPS daemon failed to start: {r.stderr.strip() or r.stdout}")
         self.running = True
 
+    def terminate_clients(self, pids: set[int]) -> list[int]:
+        """End the outstanding GPU work of the MPS clients ``pids`` through the control
+        (``terminate_client <server> <client>`` on every server that lists them), so that the
+        processes can then be killed without leaving work in flight on the shared GPU.
+
+        Returns:
+            the pids that were clients and got the command (others are ignored).
+        """
+        done = []
+        if not self.running:
+            return done
+        for server in _pids(self._control("get_server_list")):
+            clients = set(_pids(self._control(f"get_client_list {server}")))
+            for pid in sorted(clients & set(pids)):
+                self._control(f"terminate_client {server} {pid}")
+                done.append(pid)
+        return done
+
+    def _control(self, command: str) -> str:
+        r = subprocess.run([self.BINARY], input=command + "\n", env=self.env,
+                           capture_output=True, text=True, timeout=30)
+        return r.stdout
+
     def stop(self) -> None:
         """Ask the daemon to quit (clients must have synchronised and exited first)."""
         if self.running:
-            subprocess.run([self.BINARY], input="quit\n", env=self.env, capture_output=True,
-                           text=True, timeout=30)
+            self._control("quit")
             self.running = False
+
+
+def _pids(text: str) -> list[int]:
+    """The process ids an MPS control answer lists (one per line; other lines ignored)."""
+    return [int(word) for word in text.split() if word.isdigit()]

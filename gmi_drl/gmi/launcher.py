@@ -56,6 +56,8 @@ class GMIContext:
     _groups: list
     _init_method: str
     _switch_addr: str | None = None
+    _job_id: str = "gmi-drl"
+    """the run's name at the aggregation switch (the same on every GMI of the run)"""
     _reducer: Any = None
 
     def make_reducer(self):
@@ -72,7 +74,7 @@ def _build_reducer(ctx: GMIContext):
     if ctx._switch_addr is not None:  # iSwitch: aggregation in the network
         from gmi_drl.comm.switch.client import SwitchReducer
         return SwitchReducer(ctx._switch_addr, worker_id=g, num_workers=lay.num_gmis,
-                             job_id=f"gmi-drl-{os.getppid()}")
+                             job_id=ctx._job_id)
     if lay.num_gmis == 1:
         return IdentityReducer()
     backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
@@ -101,17 +103,25 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
             time.sleep(0.5)
 
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
-    ctx = GMIContext(gmi_id, *ctx_args)
     try:
-        module, name = target.split(":")
-        result = getattr(importlib.import_module(module), name)(ctx)
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
-        if ctx._reducer is not None:
-            ctx._reducer.close()
-        results.put(("ok", gmi_id, result))
+        results.put(("ok", gmi_id, run_target(target, GMIContext(gmi_id, *ctx_args))))
     except BaseException:
         results.put(("error", gmi_id, traceback.format_exc()))
+
+
+def run_target(target: str, ctx: GMIContext) -> Any:
+    """Inside a GMI process: import ``target`` (``"package.module:function"``), call it with
+    ``ctx``, let CUDA finish, leave the reduction group; return what the target returned.
+    Both launchers (local processes, Ray actors) run a GMI through this one function."""
+    import torch
+
+    module, name = target.split(":")
+    result = getattr(importlib.import_module(module), name)(ctx)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
+    if ctx._reducer is not None:
+        ctx._reducer.close()
+    return result
 
 
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
@@ -154,7 +164,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         mps.start()
     beats = mpctx.Array("d", [time.time()] * n, lock=False)
     results = mpctx.Queue()
-    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", switch_addr)
+    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", switch_addr,
+                f"gmi-drl-{os.getpid()}")
     procs, error = [], None
     try:
         procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,

@@ -43,16 +43,19 @@ class Layout:
     def device_of(self, gmi_id: int) -> int:
         return next(d for d, gmis in enumerate(self.mpl) if gmi_id in gmis)
 
-    def describe(self) -> str:
-        """Markdown lines for `summary.md`: layout, backend and strategy, and the reasons."""
+    def describe(self, with_reduction: bool = True) -> str:
+        """Markdown lines for `summary.md`: layout, backend and strategy, and the reasons
+        (``with_reduction=False``: without the strategy, for launchers that choose it later)."""
         why = {Strategy.MPR: "all GMIs share one device (Algorithm 1, line 2)",
                Strategy.HAR: "uneven GMIs per device, or more GMIs per device than devices "
                              "(Algorithm 1, lines 9-14)",
                Strategy.MRR: "even layout with GMIs per device <= devices (Algorithm 1, line 17)"}
-        return (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
+        text = (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
                 f"- layout `mpl`: `{[list(g) for g in self.mpl]}`\n"
-                f"- backend: `{self.backend.value}`: {self.backend_reason}\n"
-                f"- gradient reduction: `{self.strategy.value}`: {why[self.strategy]}\n")
+                f"- backend: `{self.backend.value}`: {self.backend_reason}\n")
+        if with_reduction:
+            text += f"- gradient reduction: `{self.strategy.value}`: {why[self.strategy]}\n"
+        return text
 
 
 def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRAINING,

@@ -15,12 +15,16 @@ class MetricsWriter:
 
     Args:
         run_dir: the run directory. tensorboard: also write event files into it.
-        purge_step: TensorBoard ``purge_step`` for a resumed run (drops events after it).
+        purge_step: the ``global_step`` a resumed run continues from: CSV rows after it are
+            dropped, as TensorBoard's ``purge_step`` drops events (the updates a crashed run made
+            after its last checkpoint are made again).
     """
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True,
                  purge_step: int | None = None) -> None:
         path = Path(run_dir) / "metrics.csv"
+        if purge_step is not None and path.exists():
+            _drop_rows_after(path, purge_step)
         new = not path.exists()
         self._file = open(path, "a", newline="")
         self._csv = csv.writer(self._file)
@@ -50,3 +54,11 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _drop_rows_after(path: Path, global_step: int) -> None:
+    """Keep the header and the rows of ``path`` up to ``global_step``."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows[:1] + [r for r in rows[1:] if int(r[0]) <= global_step])

@@ -79,3 +79,37 @@ def test_dead_member_breaks_the_group_with_a_clear_error():
         red.allreduce_([torch.ones(3)])
     red.close()
     ShmGroup.destroy(owner)
+
+
+ATTACH_AND_EXIT = """
+import pickle, sys
+from gmi_drl.comm.shm import SharedMemoryReducer
+for group in pickle.loads(bytes.fromhex(sys.argv[1])):
+    SharedMemoryReducer(group, 0).close()
+"""
+
+
+@pytest.mark.distributed
+def test_untracked_members_leave_the_block_to_its_creator():
+    """A member that is no child of the creator (as a Ray actor) has its own resource tracker,
+    which unlinks every block the member attached when it exits, unless the group says the
+    members are untracked."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    tracked, tracked_owner = ShmGroup.create(1, 8)
+    untracked, untracked_owner = ShmGroup.create(1, 8, untracked_members=True)
+    try:
+        subprocess.run([sys.executable, "-c", ATTACH_AND_EXIT,
+                        pickle.dumps([tracked, untracked]).hex()],
+                       check=True, capture_output=True, timeout=60)
+        assert not os.path.exists(f"/dev/shm/{tracked.name}")  # the member's tracker took it
+        assert os.path.exists(f"/dev/shm/{untracked.name}")
+    finally:
+        tracked_owner.close()
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(tracked_owner._name, "shared_memory")  # already unlinked
+        ShmGroup.destroy(untracked_owner)

@@ -1,5 +1,7 @@
 """Backend choice (GMI-DRL §3) and the process environment each backend builds."""
 
+import os
+
 import pytest
 
 from gmi_drl.gmi.backends import BackendKind, GMISpec, MPSDaemon, choose_backend, process_env
@@ -72,3 +74,31 @@ def test_mps_daemon_starts_and_stops(tmp_path):
     assert (tmp_path / "pipe" / "control").exists()
     d.stop()
     assert not d.running
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# stands in for nvidia-cuda-mps-control: logs every command, one server (111), clients 5 and 6
+[ "$1" = "-d" ] && { echo "-d" >> "$MPS_LOG"; exit 0; }
+read cmd
+echo "$cmd" >> "$MPS_LOG"
+case "$cmd" in
+  get_server_list) echo 111 ;;
+  "get_client_list 111") printf '5\\n6\\n' ;;
+esac
+"""
+
+
+def test_mps_clients_are_terminated_through_the_control_before_quit(tmp_path, monkeypatch):
+    binary = tmp_path / "bin" / MPSDaemon.BINARY
+    binary.parent.mkdir()
+    binary.write_text(FAKE_MPS_CONTROL)
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("MPS_LOG", str(tmp_path / "log.txt"))
+    d = MPSDaemon(str(tmp_path / "mps"), ["GPU-a"])
+    assert d.terminate_clients({6}) == []  # not started: nothing to ask
+    d.start()
+    assert d.terminate_clients({6, 7}) == [6]  # 7 is no client of the daemon
+    d.stop()
+    assert (tmp_path / "log.txt").read_text().splitlines() == [
+        "-d", "get_server_list", "get_client_list 111", "terminate_client 111 6", "quit"]

@@ -91,3 +91,20 @@ def test_summary_has_returns_and_phase_table(tmp_path):
     assert "| update |" in text and "50 env steps/s" in text
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     set_tree(TimingTree())
+
+
+def test_a_resumed_writer_drops_the_rows_after_its_checkpoint(tmp_path):
+    import csv
+
+    from gmi_drl.telemetry.metrics import MetricsWriter
+
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    for step in (100, 200, 300):
+        w.log(step, {"loss": step / 100})
+    w.close()
+    w = MetricsWriter(tmp_path, tensorboard=False, purge_step=200)  # crashed after 300, saved at 200
+    w.log(300, {"loss": 9.0})
+    w.close()
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [(r["global_step"], r["value"]) for r in rows] == [("100", "1"), ("200", "2"),
+                                                                ("300", "9")]

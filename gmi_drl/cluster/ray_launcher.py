@@ -1,0 +1,329 @@
+"""The Ray launcher: the GMIs of a layout as Ray actors, on one machine or many.
+
+One attempt of a run:
+
+1. a placement group with one bundle per GMI (`placement.bundles`: CPUs, a fractional GPU for
+   CUDA backends), packed onto as few nodes as fit them; waiting is bounded;
+2. one `NodeAgent` on each node the placement group used, and beside them one `GMIActor` per
+   bundle, its ``runtime_env`` carrying the GMI backend's variables (set by Ray before CUDA
+   initialises) and any extra per-GMI ``runtime_env`` (e.g. a profiler's);
+3. node membership from Ray: each actor reports its node; GMIs are grouped by node
+   (`membership.reduction_layout`: MPR on one node, HAR across nodes);
+4. each agent makes its node's shared-memory block (and starts its MPS daemon for ``cuda_mps``);
+   the gloo rendezvous of the node leaders is ``tcp://<GMI 0's node IP>:<a port GMI 0 picked>``;
+5. every actor runs the target (`gmi_drl.gmi.launcher.run_target`, as local GMI processes do);
+6. teardown, always (success, failure, Ctrl-C): MPS clients' GPU work is ended through the MPS
+   control, actors are killed and awaited, agents unlink the blocks and quit MPS, the placement
+   group is removed.
+
+Failure policy. The first GMI that dies or raises stops the attempt; the error (`GMIError`) names
+the GMI, its node id and IP, and the cause (the traceback when the target raised). With
+``max_restarts > 0`` the whole group is started again, ``on_restart`` supplying the new payload
+(training resumes from the last checkpoint). The whole group, not the one GMI: reduction groups
+are collectives of fixed membership (gloo process group, shared-memory barrier epochs), so a lone
+replacement could not join the survivors mid-collective, and its weights would stand at another
+update than theirs. Restarting all GMIs from one (atomic, rank-0) checkpoint puts every GMI at the
+same update with identical weights in a fresh group, which synchronous training needs; the cost is
+the updates since that checkpoint. Ray's own actor restarts are off for the same reason.
+
+A hang inside a collective ends by the reducers' own timeouts (60 s), which raise in the GMIs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
+
+import gmi_drl
+from gmi_drl.cluster.gmi_actor import GMIActor
+from gmi_drl.cluster.membership import NodeInfo, reduction_layout
+from gmi_drl.cluster.node_agent import NodeAgent
+from gmi_drl.cluster.placement import STRATEGY, actor_env, actor_resources, bundles, runtime_env
+from gmi_drl.comm.strategy import Strategy
+from gmi_drl.gmi.backends import BackendKind
+from gmi_drl.gmi.launcher import GMIError
+from gmi_drl.gmi.layout import Layout
+
+log = logging.getLogger(__name__)
+
+TEARDOWN_TIMEOUT_S = 30.0
+"""bound of each teardown step (MPS control, actor deaths, agent clean-up)"""
+
+
+class PlacementError(GMIError):
+    """Ray could not place or start the GMIs in time (too few resources in the cluster)."""
+
+
+class RayRun(NamedTuple):
+    """What `launch` returns."""
+
+    results: list
+    """what each GMI's target returned, by gmi_id"""
+    layout: Layout
+    """the reduction layout of the last attempt (`mpl` per Ray node, MPR or HAR)"""
+    nodes: tuple[NodeInfo, ...]
+    """each GMI's node in the last attempt, by gmi_id"""
+    restarts: int
+    """times the GMI group was restarted after a failure"""
+
+
+def launch(target: str, layout: Layout, payload: Any = None, *, address: str | None = None,
+           max_restarts: int = 0, num_cpus_per_gmi: float = 1.0,
+           placement_timeout_s: float = 120.0, reducer_capacity: int = 1 << 20,
+           switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
+           on_restart: Callable[[GMIError], Any] | None = None) -> RayRun:
+    """Run ``target(ctx)`` in one Ray actor per GMI of ``layout``; blocks until all returned.
+
+    Args:
+        target: ``"package.module:function"`` taking a `GMIContext`, importable on every node.
+        layout: from `gmi_drl.gmi.layout.plan` (backend, GMIs per device).
+        payload: a picklable argument every GMI receives.
+        address: ``"auto"`` or ``HOST:PORT`` of a running cluster; ``None`` starts a local Ray
+            instance for this call (with at least one logical CPU per GMI bundle). A process
+            already connected to Ray keeps its connection.
+        max_restarts: times the whole GMI group is started again after a GMI failed.
+        num_cpus_per_gmi: logical CPUs each GMI's bundle reserves.
+        placement_timeout_s: how long Ray may take to place and start the GMIs, seconds.
+        reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
+        switch_addr: reduce through the iSwitch aggregation switch at ``HOST:PORT``.
+        runtime_envs: per GMI, a Ray ``runtime_env`` merged into the actor's (e.g. a profiler's
+            ``{"nsight": ...}``); its ``env_vars`` must not set the backend's variables.
+        on_restart: called with the failure before each restart; returns the payload of the next
+            attempt (``None``: keep the payload).
+
+    Raises:
+        GMIError: a GMI died or raised (its id, node and cause in the message) and no restart was
+            left. PlacementError: the cluster cannot hold the bundles within the timeout.
+        ValueError: bad ``runtime_envs`` or ``num_cpus_per_gmi``.
+    """
+    if runtime_envs is not None and len(runtime_envs) != layout.num_gmis:
+        raise ValueError(f"{len(runtime_envs)} runtime_envs for {layout.num_gmis} GMIs")
+    local_cpus = max(os.cpu_count() or 1, math.ceil(layout.num_gmis * num_cpus_per_gmi))
+    restarts = 0
+    with _connected(address, local_cpus):
+        while True:
+            try:
+                results, reduction, nodes = _attempt(
+                    target, layout, payload, num_cpus_per_gmi, placement_timeout_s,
+                    reducer_capacity, switch_addr, runtime_envs)
+                return RayRun(results, reduction, nodes, restarts)
+            except PlacementError:
+                raise
+            except GMIError as e:
+                if restarts >= max_restarts:
+                    if restarts:
+                        raise GMIError(f"{e}\n(after {restarts} restart(s))") from None
+                    raise
+                restarts += 1
+                log.warning("%s\nrestarting all %d GMIs (restart %d of %d)", e, layout.num_gmis,
+                            restarts, max_restarts)
+                if on_restart is not None:
+                    payload = on_restart(e)
+
+
+@contextlib.contextmanager
+def _connected(address: str | None, local_cpus: int):
+    if ray.is_initialized():
+        yield
+        return
+    if address is None:
+        ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
+    else:
+        ray.init(address=address)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, reducer_capacity,
+             switch_addr, runtime_envs):
+    name = f"gmi-drl-{uuid.uuid4().hex[:8]}"
+    mps_dir = (os.path.join(tempfile.gettempdir(), f"{name}-mps")
+               if layout.backend is BackendKind.CUDA_MPS else None)
+    pin = ray.util.get_node_ip_address() if layout.backend is BackendKind.MIG else None
+    wanted = bundles(layout, num_cpus_per_gmi, pin)
+    pg = placement_group(wanted, strategy=STRATEGY, name=name)
+    actors, agents, nodes = [], {}, None
+    try:
+        _wait_placed(pg, wanted, placement_timeout_s)
+        # the agents start beside the GMIs: the placement group already tells the nodes
+        bundle_nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+        agents = _start_agents(dict.fromkeys(bundle_nodes[g] for g in range(len(wanted))), name)
+        actors = _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs)
+        nodes = tuple(_collect([a.where.remote() for a in actors], None, placement_timeout_s))
+        reduction = reduction_layout(layout, nodes)
+        log.info("Ray placed %d GMIs on %d node(s): %s; reduction %s", layout.num_gmis,
+                 len(reduction.mpl), [list(g) for g in reduction.mpl], reduction.strategy.value)
+        shared = (reduction.strategy in (Strategy.MPR, Strategy.HAR) and layout.num_gmis > 1
+                  and switch_addr is None)
+        groups = _collect([agents[nodes[gmis[0]].node_id].setup.remote(
+            len(gmis) if shared else None, reducer_capacity, mps_dir) for gmis in reduction.mpl],
+            None, placement_timeout_s, what="node agent")
+        init_method = ""
+        if reduction.strategy is Strategy.HAR and switch_addr is None:
+            port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
+            init_method = f"tcp://{nodes[0].ip}:{port}"
+        ctx_args = (reduction, payload, groups, init_method, switch_addr, name)
+        results = _collect([a.run.remote(g, target, ctx_args) for g, a in enumerate(actors)],
+                           nodes)
+        return results, reduction, nodes
+    finally:
+        _teardown(actors, agents, nodes, pg, mps_dir is not None)
+
+
+def _wait_placed(pg, wanted, timeout_s: float) -> None:
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise PlacementError(
+            f"Ray could not place {len(wanted)} GMI bundles {wanted} within {timeout_s:.0f} s "
+            f"(cluster resources {ray.cluster_resources()}, available "
+            f"{ray.available_resources()}); lower ray.num_cpus_per_gmi or gmi.num_gmis, or add "
+            "nodes") from None
+
+
+def _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs) -> list:
+    code_dir = str(Path(gmi_drl.__file__).resolve().parent.parent)
+    remote = ray.remote(GMIActor)
+    actors = []
+    for spec, bundle in zip(layout.specs, wanted):
+        g = spec.gmi_id
+        env = runtime_env(actor_env(spec, num_cpus_per_gmi, mps_dir), code_dir,
+                          runtime_envs[g] if runtime_envs is not None else None)
+        where = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=g)
+        actors.append(remote.options(
+            **actor_resources(bundle), runtime_env=env, name=f"{name}-gmi-{g}", max_restarts=0,
+            scheduling_strategy=where).remote(max(1, int(num_cpus_per_gmi))))
+    return actors
+
+
+def _start_agents(node_ids, name) -> dict:
+    """One `NodeAgent` on each of ``node_ids`` (no CPU reserved), by node id."""
+    remote = ray.remote(NodeAgent)
+    return {node: remote.options(num_cpus=0, name=f"{name}-node-{k}", max_restarts=0,
+                                 scheduling_strategy=NodeAffinitySchedulingStrategy(
+                                     node, soft=False)).remote()
+            for k, node in enumerate(node_ids)}
+
+
+def _collect(refs, nodes, timeout_s: float | None = None, poll_s: float = 1.0,
+             grace_s: float = 2.0, what: str = "GMI") -> list:
+    """Results of ``refs`` (ref ``k`` belongs to GMI ``k``, or node agent ``k``) in order.
+
+    Raises:
+        GMIError: one raised or died; PlacementError: not all answered within ``timeout_s``.
+    """
+    pending = {ref: k for k, ref in enumerate(refs)}
+    results, failures = {}, []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while pending and not failures:
+        if deadline is not None and time.monotonic() > deadline:
+            raise PlacementError(f"{what}s {sorted(pending.values())} did not start within "
+                                 f"{timeout_s:.0f} s")
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll_s)
+        for ref in ready:
+            k = pending.pop(ref)
+            try:
+                results[k] = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                failures.append((k, e))
+    if failures:
+        # a death breaks the reduction group, so the others may fail next: let them report,
+        # then name the deaths (the causes) first
+        if pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=grace_s)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    failures.append((pending[ref], e))
+        raise GMIError(_failure_message(failures, nodes, what))
+    return [results[k] for k in range(len(refs))]
+
+
+def _failure_message(failures, nodes, what: str) -> str:
+    """The deaths first (the likely causes), then those that raised, with their tracebacks."""
+    died = [(k, e) for k, e in failures if isinstance(e, ray.exceptions.RayActorError)]
+    raised = [(k, e) for k, e in failures if not isinstance(e, ray.exceptions.RayActorError)]
+    parts = []
+    for k, e in died + raised:
+        where = (f" (Ray actor pid {nodes[k].pid} on {nodes[k]})" if nodes is not None
+                 else " (while starting)")
+        if isinstance(e, ray.exceptions.RayActorError):
+            parts.append((f"{what} {k}{where} died: {_death_cause(str(e))}", ""))
+        else:
+            parts.append((f"{what} {k}{where} raised", ":\n" + _ANSI.sub("", str(e))))
+    (head, detail), others = parts[0], parts[1:]
+    return (f"{head}; the run was stopped{detail}"
+            + "".join(f"\nalso: {h}{d}" for h, d in others))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _death_cause(message: str) -> str:
+    """Ray's reason for an actor's death, in one line (its exit type and detail)."""
+    m = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?:\.\s|\.?$)", message,
+                  re.S)
+    if m:
+        return f"{m[2].strip()} (exit type {m[1]})"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[0] if lines else "no reason given"
+
+
+def _teardown(actors, agents: dict, nodes, pg, mps: bool) -> None:
+    """Stop everything of one attempt; every step is bounded and runs even if another failed."""
+    if mps and nodes is not None:  # no MPS client may die with GPU work in flight
+        _quietly(lambda: ray.get([agent.terminate_mps_clients.remote(
+            [n.pid for n in nodes if n.node_id == node]) for node, agent in agents.items()],
+            timeout=TEARDOWN_TIMEOUT_S), "ending MPS clients' work")
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    _await_deaths(actors)
+    for agent in agents.values():
+        _quietly(lambda a=agent: ray.get(a.close.remote(), timeout=TEARDOWN_TIMEOUT_S),
+                 "node agent clean-up")
+        ray.kill(agent, no_restart=True)
+    _await_deaths(agents.values())
+    _quietly(lambda: remove_placement_group(pg), "removing the placement group")
+
+
+def _await_deaths(actors) -> None:
+    """Return once Ray reports every one of ``actors`` dead (a call to it fails), or warn after
+    `TEARDOWN_TIMEOUT_S`."""
+    deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
+    for actor in actors:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("teardown: an actor was not reported dead within %.0f s",
+                            TEARDOWN_TIMEOUT_S)
+                return
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=left)
+            except ray.exceptions.RayActorError:
+                break
+            except ray.exceptions.GetTimeoutError:
+                continue
+            time.sleep(0.05)  # still alive: the kill is on its way
+
+
+def _quietly(step: Callable[[], Any], what: str) -> None:
+    try:
+        step()
+    except Exception as e:  # noqa: BLE001 - teardown goes on; the first error is the one raised
+        log.warning("teardown: %s failed: %s", what, e)

@@ -1,0 +1,65 @@
+"""The Ray launcher on a real two-node local cluster: reduction, environment, failures."""
+
+import os
+import re
+
+import pytest
+
+import gmi_drl
+from gmi_drl.gmi.devices import Machine
+from gmi_drl.gmi.launcher import GMIError
+from gmi_drl.gmi.layout import plan
+from tests.cluster.conftest import assert_nothing_left
+
+pytest.importorskip("ray")
+from gmi_drl.cluster.ray_launcher import PlacementError, launch  # noqa: E402
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+CPU_ONLY = Machine((), tuple(sorted(os.sched_getaffinity(0))), "no GPU: test")
+
+
+def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
+    """Three GMIs of one CPU on two nodes of two: two share a node (shared memory), the third
+    is alone on the other (gloo between the node leaders). The one-node case (MPR) is covered
+    by the CLI test of test_ray_training.py."""
+    run = launch("tests.cluster.targets:reduce_and_report", plan(3, CPU_ONLY),
+                 address=ray_cluster.address, num_cpus_per_gmi=1, placement_timeout_s=60,
+                 runtime_envs=[{"env_vars": {"GMI_TAG": f"tag-{g}"}} for g in range(3)])
+    assert sorted(len(gmis) for gmis in run.layout.mpl) == [1, 2]
+    assert run.layout.strategy.value == "har" and run.restarts == 0
+    assert len({n.node_id for n in run.nodes}) == 2
+    for g, (values, env, module, used) in enumerate(run.results):
+        assert values == pytest.approx([1.0] * 5, abs=1e-6)  # mean of 0, 1, 2
+        # the backend's variables and the extra per-actor runtime_env reached the actor
+        assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "GMI_TAG": f"tag-{g}"}
+        assert module == gmi_drl.__file__  # the workers run this checkout's code
+        assert used == "har"
+    assert_nothing_left(ray_cluster)
+
+
+@pytest.mark.parametrize("how, message", [("exit", "died"), ("raise", "raised")])
+def test_a_failing_gmi_is_named_with_its_node_and_nothing_is_left(ray_cluster, tmp_path, how,
+                                                                 message):
+    shm_before = set(os.listdir("/dev/shm"))
+    with pytest.raises(GMIError) as err:
+        launch("tests.cluster.targets:fail_on_one", plan(2, CPU_ONLY), (how, str(tmp_path)),
+               address=ray_cluster.address, num_cpus_per_gmi=2, placement_timeout_s=60)
+    text = str(err.value)
+    pid = int((tmp_path / "gmi-1.pid").read_text())
+    m = re.match(rf"GMI 1 \(Ray actor pid {pid} on node ([0-9a-f]{{12}}) at ([\d.]+)\) "
+                 rf"{message}", text)
+    assert m, text
+    assert "the run was stopped" in text
+    if how == "raise":
+        assert "ValueError: GMI 1 failed on purpose" in text  # the GMI's own traceback
+    pids = [int(p.read_text()) for p in tmp_path.glob("gmi-*.pid")]
+    assert len(pids) == 2
+    assert_nothing_left(ray_cluster, pids, shm_before)
+
+
+def test_a_cluster_too_small_is_refused_in_time(ray_cluster):
+    with pytest.raises(PlacementError, match="could not place 2 GMI bundles"):
+        launch("tests.cluster.targets:reduce_and_report", plan(2, CPU_ONLY),
+               address=ray_cluster.address, num_cpus_per_gmi=3, placement_timeout_s=2)
+    assert_nothing_left(ray_cluster)
