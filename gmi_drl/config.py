@@ -124,7 +124,8 @@ class TrainConfig:
     """where the learner's update runs; rollouts and inference stay on the CPU next to the envs
     (cuda: the GMI's GPU, as its backend made it visible)"""
     torch_threads: int = 1
-    """torch intra-op threads (1 is fastest for small MLPs on a few cores)"""
+    """learner compute threads: torch intra-op and NumPy's BLAS (1 is fastest for small MLPs on a
+    few cores, where more threads only compete with the env engine's)"""
     serial: bool = False
     """run every role in one process: generic Gymnasium tasks step in-process, not in workers"""
     run_dir: str | None = None

@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from gmi_drl.algos.ppo import PPO
 from gmi_drl.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -355,6 +356,7 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     generator. GMIs other than 0 keep only their timeline, in ``<run_dir>/gmi-<k>/``; profiler
     outputs go to ``<run_dir>/profile/gmi-<k>/``."""
     torch.set_num_threads(cfg.torch_threads)
+    threadpool_limits(cfg.torch_threads, user_api="blas")  # the NumPy learner's matmuls
     torch.manual_seed(cfg.seed)
     state = load_checkpoint(cfg.resume) if cfg.resume else None
     if state is not None:
