@@ -14,6 +14,7 @@ the 20-episode mean crossed the target, final mean, wall time, run dir with its 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,14 +36,14 @@ class Args:
     """CartPole budget (env steps)"""
     hopper_steps: int = 1_000_000
     """Hopper budget (env steps)"""
-    out_dir: str = "runs/bench-learning"
-    """where the run directories (learning_curve.png per seed) go"""
+    out_dir: str | None = None
+    """where the runs go (default: a new ``runs/bench-learning-<time>/``; runs never overwrite)"""
 
 
 TARGETS = {"cartpole": ("CartPole-v1", 475.0, 3), "hopper": ("Hopper-v5", 1500.0, 2)}
 
 
-def _config(task: str, seed: int, args: Args) -> TrainConfig:
+def _config(task: str, seed: int, args: Args, out_dir: str) -> TrainConfig:
     if task == "cartpole":
         cfg = preset("cartpole-zoo")
         cfg.total_timesteps = args.cartpole_steps
@@ -51,13 +52,14 @@ def _config(task: str, seed: int, args: Args) -> TrainConfig:
         cfg.env.num_envs, cfg.ppo.num_steps = 8, 256
         cfg.total_timesteps = args.hopper_steps
     cfg.seed = seed
-    cfg.run_dir = str(Path(args.out_dir) / f"{task}-seed{seed}")
+    cfg.run_dir = str(Path(out_dir) / f"{task}-seed{seed}")
     cfg.log.tensorboard = False
     return cfg
 
 
 def main(args: Args) -> None:
     logging.basicConfig(level=logging.WARNING)
+    out_dir = args.out_dir or time.strftime("runs/bench-learning-%Y%m%d-%H%M%S")
     for task in args.tasks:
         task_id, target, need = TARGETS[task]
         print(f"\n{task_id}: target mean(last 20) >= {target:g}, needed on {need}/{len(args.seeds)} seeds")
@@ -65,7 +67,7 @@ def main(args: Args) -> None:
               f"{'wall s':>7} | {'sps':>6} | run dir")
         passed = 0
         for seed in args.seeds:
-            cfg = _config(task, seed, args)
+            cfg = _config(task, seed, args, out_dir)
             r = train(cfg)
             hit = first_crossing(r.episode_steps, r.episode_returns, r.episode_wall_s, target)
             passed += hit is not None
