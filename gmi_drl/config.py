@@ -77,6 +77,10 @@ class GMIConfig:
     switch at gmi.switch_addr, started with `gmi-drl switch serve`)"""
     switch_addr: str | None = None
     """HOST:PORT of the aggregation switch (gmi.reducer switch)"""
+    staleness: int = 0
+    """staleness bound S of asynchronous training through the switch (iSwitch §4.1): a
+    minibatch gradient may be computed on weights that miss the last S aggregated updates, so
+    aggregation overlaps computation; 0 is synchronous; needs gmi.reducer switch"""
 
 
 @dataclass
@@ -242,6 +246,14 @@ def validate(cfg: TrainConfig) -> None:
          f"gmi.num_devices={g.num_devices} must be in [1, gmi.num_gmis={g.num_gmis}] or None")
     need(g.reducer != "switch" or (g.switch_addr is not None and ":" in g.switch_addr),
          f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT when gmi.reducer is switch")
+    need(g.reducer == "auto" or g.num_gmis >= 2,
+         f"gmi.reducer={g.reducer!r} reduces between GMIs: needs gmi.num_gmis >= 2, "
+         f"not {g.num_gmis}")
+    need(g.staleness >= 0, f"gmi.staleness={g.staleness} must be >= 0")
+    need(g.staleness == 0 or g.reducer == "switch",
+         f"gmi.staleness={g.staleness} needs gmi.reducer switch, not {g.reducer!r} (asynchronous "
+         "training keeps aggregation rounds in flight at the switch; other reducers are "
+         "synchronous collectives)")
     need(g.num_gmis == 1 or p.target_kl is None,
          f"ppo.target_kl={p.target_kl} with gmi.num_gmis={g.num_gmis}: GMIs would stop their "
          "epochs at different points and break the gradient collective; use target_kl None")

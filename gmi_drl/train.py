@@ -91,6 +91,7 @@ class _Run:
         self.episode_wall_s += [wall_s] * n
 
     def close(self) -> None:
+        self.learner.close()
         self.pool.close()
         if self.writer is not None:
             self.writer.close()
@@ -118,7 +119,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
 
 
 def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
-    """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
+    """Training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
     each, launched by `gmi_drl.gmi.launcher`; GMI 0 writes the run directory."""
     from gmi_drl.gmi.devices import discover
     from gmi_drl.gmi.launcher import launch
@@ -136,7 +137,11 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
-        reduction = f"- gradients reduced through the aggregation switch at {switch}\n" if switch else ""
+        reduction = ""
+        if switch:
+            how = (f"asynchronously, staleness bound S = {g.staleness} (iSwitch §4.1)"
+                   if g.staleness else "synchronously")
+            reduction = f"- gradients reduced through the aggregation switch at {switch}, {how}\n"
         f.write(f"\n## GMI layout\n\n{layout.describe()}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
@@ -262,7 +267,7 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     # with a GPU learner, the collector acts with a CPU copy that follows every update
     learner_model = model if cfg.device == "cpu" else copy.deepcopy(model).to(cfg.device)
     learner = PPO(cfg.ppo, learner_model, cfg.gmi_batch_size, cfg.num_iterations,
-                  reducer=reducer, seed=cfg.seed)
+                  reducer=reducer, seed=cfg.seed, staleness_bound=cfg.gmi.staleness or None)
     sync = None if learner_model is model else _weight_sync(model, learner)
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None

@@ -92,8 +92,7 @@ class AsyncPipeline:
         self._stop = False       # the LWU thread returns once every pushed gradient is applied
         self._abandon = False    # ... returns now
         self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
+        self._wake_r = self._wake_w = None  # a socket pair that wakes the LWU thread
 
     # ---- the trainer's thread (LGC) ------------------------------------------------------------
 
@@ -134,7 +133,9 @@ class AsyncPipeline:
             self.pushed += 1
         self._computing = None
         if self._thread is None:
-            self._stop = False
+            self._stop = self._abandon = False
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
             self._thread = threading.Thread(target=self._lwu, daemon=True,
                                             name=f"switch-lwu-{self.reducer.rank}")
             self._thread.start()
@@ -152,10 +153,7 @@ class AsyncPipeline:
             while self.version < self.pushed and self._error is None:
                 self._cond.wait()
             self._stop = True
-        if self._thread is not None:
-            self._wake_w.send(b"\0")
-            self._thread.join()
-            self._thread = None
+        self._join()
         self._raise()
         if self._copied != self.version:
             copy()
@@ -167,16 +165,22 @@ class AsyncPipeline:
         return max(self.staleness_counts, default=0)
 
     def close(self) -> None:
-        """Stop the LWU thread (pushed gradients still in flight are abandoned) and free the
-        wake-up sockets. Idempotent; the reducer stays open (its owner closes it)."""
+        """Stop the LWU thread now, abandoning gradients still in flight (after an error; a
+        drained pipeline has no thread). Idempotent; the reducer stays open (its owner closes
+        it)."""
         with self._cond:
             self._abandon = True
-        if self._thread is not None:
-            self._wake_w.send(b"\0")
-            self._thread.join()
-            self._thread = None
+        self._join()
+
+    def _join(self) -> None:
+        if self._thread is None:
+            return
+        self._wake_w.send(b"\0")
+        self._thread.join()
+        self._thread = None
         self._wake_r.close()
         self._wake_w.close()
+        self._wake_r = self._wake_w = None
 
     def _raise(self) -> None:
         if self._error is not None:

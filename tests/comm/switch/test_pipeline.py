@@ -138,3 +138,60 @@ def test_push_without_fetch_and_negative_bound(switches):
         pipe.close()
     finally:
         red.close()
+
+
+def _ppo(addr: str, rank: int, n: int, staleness, q) -> None:
+    """Two PPO updates on a fixed random batch per worker; the weights' digest after each."""
+    import gymnasium as gym
+
+    from gmi_drl.algos.ppo import PPO, PPOConfig
+    from gmi_drl.comm.switch import SwitchReducer
+    from gmi_drl.models import build_actor_critic
+    from gmi_drl.rollout.storage import Batch
+
+    torch.set_num_threads(1)
+    try:
+        red = SwitchReducer(addr, rank, n, rto_s=0.05)
+        torch.manual_seed(0)  # identical initial weights on every worker
+        model = build_actor_critic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+        learner = PPO(PPOConfig(num_minibatches=4, update_epochs=2), model, 64, 10, reducer=red,
+                      staleness_bound=staleness)
+        g = torch.Generator().manual_seed(rank)
+        batch = Batch(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g),
+                      -torch.rand(64, generator=g), torch.randn(64, generator=g),
+                      torch.randn(64, generator=g), torch.randn(64, generator=g))
+        digests, stats = [], []
+        for _ in range(2):
+            stats.append(learner.update(batch))
+            digests.append(hashlib.sha256(learner.flat.data.numpy().tobytes()).hexdigest())
+        learner.close()
+        red.close()
+        q.put((rank, (digests, stats)))
+    except Exception as e:
+        q.put((rank, repr(e)))
+
+
+@pytest.mark.distributed
+def test_ppo_async_zero_is_sync_and_async_keeps_weights_identical(switches):
+    sw = switches("--mtu", "1500")
+    got = {}
+    for s in (None, 0, 3):
+        c = ctx()
+        q = c.Queue()
+        procs = [c.Process(target=_ppo, args=(sw.addr, r, 2, s, q)) for r in range(2)]
+        for p in procs:
+            p.start()
+        try:
+            got[s] = dict(q.get(timeout=60) for _ in range(2))
+        finally:
+            for p in procs:
+                p.join(10)
+            q.close()
+            q.join_thread()
+        assert not any(isinstance(v, str) for v in got[s].values()), got[s]
+        assert got[s][0][0] == got[s][1][0], f"S={s}: the two workers' weights differ"
+    assert got[0][0][0] == got[None][0][0], "PPO with S=0 differs from the synchronous path"
+    assert got[3][0][0] != got[None][0][0]
+    assert "comm/staleness_max" not in got[None][0][1][0]
+    assert got[0][0][1][0]["comm/staleness_max"] == 0
+    assert 0 < got[3][0][1][1]["comm/staleness_max"] <= 3
