@@ -131,17 +131,23 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool) -> TrainResult:
                   backend=None if g.backend == "auto" else g.backend)
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.strategy.value)
-    switch = g.switch_addr if g.reducer == "switch" else None
     results = launch("gmi_drl.train:gmi_main", layout, machine, payload=(cfg, show_progress),
-                     reducer_capacity=_num_params(cfg), switch_addr=switch)
+                     reducer_capacity=_num_params(cfg), reduction=g.reducer,
+                     switch_addrs=g.switch_addrs if g.reducer == "switch" else (),
+                     netns=g.netns_list)
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
         reduction = ""
-        if switch:
+        if g.reducer == "switch":
             how = (f"asynchronously, staleness bound S = {g.staleness} (iSwitch §4.1)"
                    if g.staleness else "synchronously")
-            reduction = f"- gradients reduced through the aggregation switch at {switch}, {how}\n"
+            reduction = (f"- gradients reduced through the aggregation switch at "
+                         f"{g.switch_addr}, {how}\n")
+        elif g.reducer == "ring":
+            reduction = "- gradients reduced by one ring over all GMIs (gmi.reducer ring)\n"
+        if g.netns is not None:
+            reduction += f"- GMI k in network namespace k of {g.netns}\n"
         f.write(f"\n## GMI layout\n\n{layout.describe()}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")

@@ -96,6 +96,23 @@ def test_staleness_is_validated(tmp_path):
         validate(cfg)
 
 
+def test_reducer_addresses_and_namespaces_are_validated(tmp_path):
+    cfg = _cfg(tmp_path, 3)
+    cfg.gmi.reducer, cfg.gmi.switch_addr = "switch", "10.0.0.1:9,10.0.0.2:9"
+    cfg.gmi.netns = "a,b"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert "one HOST:PORT per GMI joined by ',' (3)" in str(err.value)
+    assert "must name one network namespace per GMI (3)" in str(err.value)
+    cfg.gmi.switch_addr, cfg.gmi.netns = "10.0.0.1:9", "no-such-ns-1,no-such-ns-2,no-such-ns-3"
+    assert cfg.gmi.switch_addrs == ("10.0.0.1:9",) * 3
+    with pytest.raises(ConfigError, match=r"no network namespace \['no-such-ns-1'"):
+        validate(cfg)
+    cfg.gmi.netns, cfg.gmi.reducer, cfg.gmi.num_gmis = None, "ring", 1
+    with pytest.raises(ConfigError, match="gmi.reducer='ring' reduces between GMIs"):
+        validate(cfg)
+
+
 def test_switch_reducer_needs_an_address(tmp_path):
     cfg = _cfg(tmp_path, 2)
     cfg.gmi.reducer = "switch"
