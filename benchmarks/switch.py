@@ -95,7 +95,8 @@ def worker_main(a) -> None:
             if i >= WARMUP:
                 times.append(time.perf_counter() - t0)
         out[label] = times
-    print(json.dumps({"rank": a.rank, "times": out}), flush=True)
+    retx = red.retransmits if a.method == "switch" else 0
+    print(json.dumps({"rank": a.rank, "times": out, "retransmits": retx}), flush=True)
     if a.method == "switch":
         red.close()
     elif a.method == "ring":
@@ -201,6 +202,8 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
             if p.returncode != 0:
                 raise RuntimeError(f"{method} worker failed ({p.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
+        if a.verbose and method == "switch":
+            print(f"  worker retransmits: {[r['retransmits'] for r in results]}", flush=True)
     finally:
         for h in helpers:
             h.terminate()

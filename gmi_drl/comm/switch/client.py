@@ -11,8 +11,14 @@ it is divided by ``count``, so a round's result is the mean. `allreduce_` is one
 and pumped to completion (the synchronous collective); `gmi_drl.comm.switch.pipeline` keeps
 several rounds in flight (asynchronous training, §4.1).
 
-Loss recovery lives here (§3.3): every segment has a retransmit timer (adaptive, doubled on each
-retry); a result lost on the way down is answered by the switch from its kept copy. The switch's
+Loss recovery lives here (§3.3). Results come back in stream order, so a segment without a
+result below one that has its result is a hole: it was lost and is resent after a short guard.
+Above the highest result, only the retransmit timeout (adaptive, doubled per try) says so, and
+only while results have stopped coming; then just the oldest such segment is resent, as a
+probe: if the path works, its result turns the segments below it into holes; if the group only
+waits for a slow member, one packet per timeout is all it costs (resending the whole window
+there flooded the links when a member lagged). A result lost on the way down is answered by the
+switch from its kept copy. The switch's
 Help requests (a segment it misses after a loss or its own restart) are answered from the
 inputs of the rounds in flight or of recent rounds, kept for that purpose. A restarted switch
 answers ``NOT_MEMBER``; the reducer then rejoins and resends what is pending. A heartbeat thread
@@ -23,7 +29,6 @@ calls `begin`/`pump`/`allreduce_`: one thread owns a reducer.
 from __future__ import annotations
 
 import logging
-import math
 import select
 import socket
 import threading
@@ -203,10 +208,11 @@ class SwitchReducer(GradReducer):
         elif action == Action.READY:
             was = self._ready
             self._ready, self._active_workers = value.ready, value.active_workers
-            if value.ready and not was and self._rounds:
-                self._next_check = 0.0
+            if value.ready and not was:  # (again) a complete group: resend what is pending
                 for r in self._rounds:
-                    r.sent_at[:] = -math.inf   # resend everything pending now
+                    for i in np.flatnonzero(~r.done[:r.sent]):
+                        r.sent_at[i] = now
+                        self._send_segment(r, int(i), P.FLAG_RETX)
         elif action == Action.NOT_MEMBER:
             if self._joined:
                 log.warning("worker %d: switch %s forgot us (restarted?): rejoining", self.rank,
@@ -298,30 +304,30 @@ class SwitchReducer(GradReducer):
             self._history.popleft()
 
     def _retransmit(self, now: float) -> None:
-        """Resend what is overdue. A segment below the highest one with a result is a hole: all
-        packets travel in order, so it was lost and is resent after a short guard; above it,
-        only the retransmit timeout (doubling per try) says so, and only while results have
-        stopped coming (results still arriving mean the pipeline moves, just queued)."""
-        quiet = now - self._last_result >= self._rto
+        """Resend the holes after a guard, and after a quiet retransmit timeout the oldest
+        segment above the highest result (see the module docstring); both back off per try."""
+        probe = now - self._last_result >= self._rto
         guard = max(0.005, 0.25 * (self._srtt or self._rto))
         for r in self._rounds:
             lo, hi = r.low, r.sent
             if hi <= lo:
                 continue
-            wait = np.full(hi - lo, self._rto)
-            holes = min(max(self._hi_done - r.base - lo, 0), hi - lo)
-            wait[:holes] = guard
-            if not quiet:
-                wait[holes:] = np.inf
-            tries = r.tries[lo:hi]
-            due = np.flatnonzero(~r.done[lo:hi]
-                                 & (r.sent_at[lo:hi] + wait * np.exp2(np.minimum(tries, 5)) <= now))
+            top = min(max(self._hi_done - r.base, lo), hi)  # [lo, top): holes or done
+            backoff = np.exp2(np.minimum(r.tries[lo:top], 5))
+            due = np.flatnonzero(~r.done[lo:top] & (r.sent_at[lo:top] + guard * backoff <= now))
             for j in due:
-                i = lo + int(j)
-                r.sent_at[i] = now
-                r.tries[i] += 1
-                self.retransmits += 1
-                self._send_segment(r, i, P.FLAG_RETX)
+                self._resend(r, lo + int(j), now)
+            first = max(self._hi_done - r.base + 1, lo)  # pending from here on
+            if probe and first < hi:
+                if r.sent_at[first] + self._rto * 2.0 ** min(r.tries[first], 5) <= now:
+                    self._resend(r, first, now)
+                probe = False
+
+    def _resend(self, r: _Round, i: int, now: float) -> None:
+        r.sent_at[i] = now
+        r.tries[i] += 1
+        self.retransmits += 1
+        self._send_segment(r, i, P.FLAG_RETX)
 
     # ---- rounds ----------------------------------------------------------------------------------
 
