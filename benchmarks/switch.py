@@ -14,7 +14,9 @@ and a parameter-server namespace on the same switch. With more than 4 workers th
   order, divides and sends the mean back to every worker.
 
 Per iteration the aggregation time is the slowest worker's ``allreduce`` call; the table shows its
-median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations.
+median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations, and the
+CPU time per iteration (ms, user + system) of every process in the rack (workers, switch daemons,
+parameter server): on a shared machine a figure steadier than wall time.
 
     sudo .venv/bin/python benchmarks/switch.py --workers 4
     sudo .venv/bin/python benchmarks/switch.py --workers 6 9 12 --per-tor 3
@@ -90,10 +92,14 @@ def worker_main(a) -> None:
         t = torch.randn(n, generator=torch.Generator().manual_seed(a.rank))
         times = []
         for i in range(WARMUP + _iters(label, a.iters_scale)):
+            if i == WARMUP and a.rank == 0:
+                print("begin", flush=True)  # the driver samples the rack's CPU time
             t0 = time.perf_counter()
             reduce(t)
             if i >= WARMUP:
                 times.append(time.perf_counter() - t0)
+        if a.rank == 0:
+            print("end", flush=True)
         out[label] = times
     retx = red.retransmits if a.method == "switch" else 0
     print(json.dumps({"rank": a.rank, "times": out, "retransmits": retx}), flush=True)
@@ -196,10 +202,16 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                                               "--world", str(world), "--addr", addr, "--ifname",
                                               rack.worker_dev[r], *common],
                                     stdout=subprocess.PIPE, text=True))
+        cpu, lines = [], []
+        for line in procs[0].stdout:  # rank 0 marks the timed iterations of each size
+            if line.strip() in ("begin", "end"):
+                cpu.append(rack.cpu_seconds())
+            else:
+                lines.append(line)
+        outs = ["".join(lines)] + [p.communicate(timeout=a.timeout)[0] for p in procs[1:]]
         results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=a.timeout)
-            if p.returncode != 0:
+        for p, out in zip(procs, outs):
+            if p.wait(a.timeout) != 0:
                 raise RuntimeError(f"{method} worker failed ({p.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
         if a.verbose and method == "switch":
@@ -218,9 +230,10 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                     print(f"  switch counters: {final[-1]}", flush=True)
                 h.stdout.close()
     table = {}
-    for label in labels:
+    for k, label in enumerate(labels):
         per_iter = np.max([r["times"][label] for r in results], axis=0) * 1000
-        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)))
+        cpu_ms = (cpu[2 * k + 1] - cpu[2 * k]) / len(per_iter) * 1000
+        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)), cpu_ms)
     return table
 
 
@@ -312,16 +325,18 @@ def driver(a) -> None:
     for world in a.workers:
         per_tor = None if world <= 4 else a.per_tor
         topo = "1 switch" if per_tor is None else f"{-(-world // per_tor)} ToR x {per_tor} + core"
-        print(f"\n{world} workers ({topo}), links {a.rate_mbit} Mbit/s tbf, MTU {a.mtu}")
+        print(f"\n{world} workers ({topo}), links {a.rate_mbit} Mbit/s tbf, MTU {a.mtu}, "
+              f"load average {os.getloadavg()[0]:.2f}")
         with Rack(world, per_tor, a.rate_mbit, a.mtu) as rack:
             res = {m: run_method(rack, m, world, labels, a) for m in a.methods}
-        head = f"{'size':>8} | " + " | ".join(f"{m:>8} med / p95 ms" for m in a.methods)
+        head = f"{'size':>8} | " + " | ".join(f"{m:>6} med / p95 / cpu ms" for m in a.methods)
         if "switch" in a.methods:
             head += " | sw/ps  | sw/ring"
         print(head)
         for label in labels:
             row = f"{label:>8} | " + " | ".join(
-                f"{res[m][label][0]:8.1f} / {res[m][label][1]:7.1f}" for m in a.methods)
+                f"{res[m][label][0]:7.1f} / {res[m][label][1]:6.1f} / {res[m][label][2]:6.0f}"
+                for m in a.methods)
             if "switch" in a.methods:
                 sw = res["switch"][label][0]
                 row += " | " + (f"{sw / res['ps'][label][0]:5.2f}x" if "ps" in res else "   - ")

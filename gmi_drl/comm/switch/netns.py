@@ -199,6 +199,23 @@ class Rack:
         """Start ``argv`` inside the namespace of ``role`` (``"w3"``, ``"sw"``, ``"t0"``...)."""
         return subprocess.Popen(["ip", "netns", "exec", self.ns[role], *argv], **kw)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system, all threads) used so far by the processes now in the
+        rack's namespaces. Kernel work done outside them (softirqs run by ``ksoftirqd``) is not
+        counted."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for name in self.ns.values():
+            r = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+            for pid in r.stdout.split():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+
     def down(self) -> None:
         """Kill whatever still runs in the rack's namespaces and delete them. Idempotent."""
         for name in list(self.ns.values()):

@@ -55,3 +55,20 @@ def test_pipelined_rounds_are_exact(switches, shapes, steps):
     stats = sw.stats()
     assert stats["segments_completed"] == segments(shapes) * steps
     assert stats["busy_dropped"] == 0  # the window held across rounds
+
+
+@pytest.mark.parametrize("mtu, window_bytes, window", [
+    (1500, 2 << 20, 128),      # capped at slots // 2
+    (65535, 2 << 20, 32),      # 2 MiB of 65,496-byte segments
+    (9000, 1, 1),              # at least one segment
+])
+def test_window_follows_window_bytes(mtu, window_bytes, window):
+    from gmi_drl.comm.switch import SwitchConfig, SwitchDaemon
+
+    d = SwitchDaemon(SwitchConfig(mtu=mtu, window_bytes=window_bytes))
+    try:
+        assert d.window == window
+    finally:
+        d.close()
+    with pytest.raises(ValueError, match="window_bytes"):
+        SwitchConfig(window_bytes=0)
