@@ -18,12 +18,12 @@ only while results have stopped coming; then just the oldest such segment is res
 probe: if the path works, its result turns the segments below it into holes; if the group only
 waits for a slow member, one packet per timeout is all it costs (resending the whole window
 there flooded the links when a member lagged). A result lost on the way down is answered by the
-switch from its kept copy. The switch's
-Help requests (a segment it misses after a loss or its own restart) are answered from the
-inputs of the rounds in flight or of recent rounds, kept for that purpose. A restarted switch
-answers ``NOT_MEMBER``; the reducer then rejoins and resends what is pending. A heartbeat thread
-keeps the membership alive while the trainer computes. Everything else runs on the thread that
-calls `begin`/`pump`/`allreduce_`: one thread owns a reducer.
+switch from its kept copy. The switch's Help requests (a segment it misses after a loss or its
+own restart) are answered from the inputs of the rounds in flight or of recent rounds, kept for
+that purpose. A restarted switch answers ``NOT_MEMBER``; the reducer then rejoins and resends
+what is pending. A heartbeat thread keeps the membership alive while the trainer computes.
+Everything else runs on the thread that calls `begin`/`pump`/`allreduce_`: one thread owns a
+reducer.
 """
 
 from __future__ import annotations
