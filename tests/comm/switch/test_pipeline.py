@@ -195,3 +195,25 @@ def test_ppo_async_zero_is_sync_and_async_keeps_weights_identical(switches):
     assert "comm/staleness_max" not in got[None][0][1][0]
     assert got[0][0][1][0]["comm/staleness_max"] == 0
     assert 0 < got[3][0][1][1]["comm/staleness_max"] <= 3
+
+
+@pytest.mark.distributed
+def test_a_broken_group_reaches_the_trainer(switches):
+    """The switch dies with a round in flight: the LWU thread's error surfaces in `drain`."""
+    from gmi_drl.comm.switch import SwitchReducer
+
+    sw = switches()
+    red = SwitchReducer(sw.addr, 0, 1, join_timeout_s=10, timeout_s=1.0, rto_s=0.05)
+    pipe = AsyncPipeline(red, 2, lambda mean: None)
+    try:
+        sw.kill()
+        pipe.fetch(lambda: None)
+        pipe.push(torch.ones(10))
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="switch pipeline of worker 0 failed") as err:
+            pipe.drain(lambda: None)
+        assert time.monotonic() - t0 < 10
+        assert "the group is broken" in str(err.value.__cause__)
+    finally:
+        pipe.close()
+        red.close()
