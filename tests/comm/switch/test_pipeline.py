@@ -70,10 +70,11 @@ def _train(addr: str, rank: int, n: int, staleness, q) -> None:
         q.put((rank, repr(e)))
 
 
-def _run(addr: str, n: int, staleness) -> dict:
+def _run(addr: str, n: int, staleness, target=_train) -> dict:
+    """``target(addr, rank, n, staleness, q)`` in ``n`` processes; ``{rank: what it put}``."""
     c = ctx()
     q = c.Queue()
-    procs = [c.Process(target=_train, args=(addr, r, n, staleness, q)) for r in range(n)]
+    procs = [c.Process(target=target, args=(addr, r, n, staleness, q)) for r in range(n)]
     for p in procs:
         p.start()
     try:
@@ -176,19 +177,7 @@ def test_ppo_async_zero_is_sync_and_async_keeps_weights_identical(switches):
     sw = switches("--mtu", "1500")
     got = {}
     for s in (None, 0, 3):
-        c = ctx()
-        q = c.Queue()
-        procs = [c.Process(target=_ppo, args=(sw.addr, r, 2, s, q)) for r in range(2)]
-        for p in procs:
-            p.start()
-        try:
-            got[s] = dict(q.get(timeout=60) for _ in range(2))
-        finally:
-            for p in procs:
-                p.join(10)
-            q.close()
-            q.join_thread()
-        assert not any(isinstance(v, str) for v in got[s].values()), got[s]
+        got[s] = _run(sw.addr, 2, s, _ppo)
         assert got[s][0][0] == got[s][1][0], f"S={s}: the two workers' weights differ"
     assert got[0][0][0] == got[None][0][0], "PPO with S=0 differs from the synchronous path"
     assert got[3][0][0] != got[None][0][0]
