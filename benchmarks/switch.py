@@ -1,4 +1,7 @@
-"""Per-iteration gradient aggregation time in an emulated rack: iSwitch vs ring vs PS.
+"""Gradient aggregation through the iSwitch switch: per-iteration time in an emulated rack against
+ring and PS (``--mode reduce``), and asynchronous training against synchronous (``--mode async``).
+
+``--mode reduce`` (the default):
 
 Builds the `gmi_drl.comm.switch.netns.Rack` (root only): worker namespaces, each with its own
 rate-limited veth link (tc tbf, 100 Mbit/s by default) to a switch namespace that forwards IP,
@@ -11,10 +14,22 @@ and a parameter-server namespace on the same switch. With more than 4 workers th
   order, divides and sends the mean back to every worker.
 
 Per iteration the aggregation time is the slowest worker's ``allreduce`` call; the table shows its
-median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations.
+median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations, and the
+CPU time per iteration (ms, user + system) of every process in the rack (workers, switch daemons,
+parameter server): on a shared machine a figure steadier than wall time.
 
     sudo .venv/bin/python benchmarks/switch.py --workers 4
     sudo .venv/bin/python benchmarks/switch.py --workers 6 9 12 --per-tor 3
+
+``--mode async`` (iSwitch §4.1, no root needed): ``--workers`` PPO learners on loopback, each
+updating on a fixed synthetic batch with the Hopper-v5 networks (64-64 tanh MLPs, 10,119 float32
+= 40 KB: the paper's PPO model), reduce every minibatch gradient through one switch daemon whose
+``--delay-ms`` adds aggregation latency. Per staleness bound (``sync`` = `SwitchReducer.allreduce_`
+then the step; ``S`` = `gmi_drl.comm.switch.pipeline`) it prints the median wall time of one
+update (the slowest worker's; 2,048 samples, 32 minibatches, 2 epochs = 64 aggregations) and the
+mean staleness, after one warm-up update.
+
+    .venv/bin/python benchmarks/switch.py --mode async --workers 4 --delays-ms 0 2 5
 """
 
 from __future__ import annotations
@@ -77,12 +92,17 @@ def worker_main(a) -> None:
         t = torch.randn(n, generator=torch.Generator().manual_seed(a.rank))
         times = []
         for i in range(WARMUP + _iters(label, a.iters_scale)):
+            if i == WARMUP and a.rank == 0:
+                print("begin", flush=True)  # the driver samples the rack's CPU time
             t0 = time.perf_counter()
             reduce(t)
             if i >= WARMUP:
                 times.append(time.perf_counter() - t0)
+        if a.rank == 0:
+            print("end", flush=True)
         out[label] = times
-    print(json.dumps({"rank": a.rank, "times": out}), flush=True)
+    retx = red.retransmits if a.method == "switch" else 0
+    print(json.dumps({"rank": a.rank, "times": out, "retransmits": retx}), flush=True)
     if a.method == "switch":
         red.close()
     elif a.method == "ring":
@@ -182,12 +202,20 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                                               "--world", str(world), "--addr", addr, "--ifname",
                                               rack.worker_dev[r], *common],
                                     stdout=subprocess.PIPE, text=True))
+        cpu, lines = [], []
+        for line in procs[0].stdout:  # rank 0 marks the timed iterations of each size
+            if line.strip() in ("begin", "end"):
+                cpu.append(rack.cpu_seconds())
+            else:
+                lines.append(line)
+        outs = ["".join(lines)] + [p.communicate(timeout=a.timeout)[0] for p in procs[1:]]
         results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=a.timeout)
-            if p.returncode != 0:
+        for p, out in zip(procs, outs):
+            if p.wait(a.timeout) != 0:
                 raise RuntimeError(f"{method} worker failed ({p.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
+        if a.verbose and method == "switch":
+            print(f"  worker retransmits: {[r['retransmits'] for r in results]}", flush=True)
     finally:
         for h in helpers:
             h.terminate()
@@ -202,10 +230,89 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                     print(f"  switch counters: {final[-1]}", flush=True)
                 h.stdout.close()
     table = {}
-    for label in labels:
+    for k, label in enumerate(labels):
         per_iter = np.max([r["times"][label] for r in results], axis=0) * 1000
-        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)))
+        cpu_ms = (cpu[2 * k + 1] - cpu[2 * k]) / len(per_iter) * 1000
+        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)), cpu_ms)
     return table
+
+
+# ---- asynchronous training (--mode async) ------------------------------------------------------
+
+ASYNC_BATCH, ASYNC_MINIBATCHES, ASYNC_EPOCHS = 2048, 32, 2
+
+
+def async_worker_main(a) -> None:
+    import gymnasium as gym
+    import torch
+
+    from gmi_drl.algos.ppo import PPO, PPOConfig
+    from gmi_drl.comm.switch import SwitchReducer
+    from gmi_drl.models import build_actor_critic
+    from gmi_drl.rollout.storage import Batch
+
+    torch.set_num_threads(1)
+    red = SwitchReducer(a.addr, a.rank, a.world, job_id="bench-async", timeout_s=120,
+                        join_timeout_s=120)
+    torch.manual_seed(0)
+    model = build_actor_critic(gym.spaces.Box(-np.inf, np.inf, (11,)),
+                               gym.spaces.Box(-1.0, 1.0, (3,)))  # Hopper-v5's spaces
+    cfg = PPOConfig(num_minibatches=ASYNC_MINIBATCHES, update_epochs=ASYNC_EPOCHS)
+    learner = PPO(cfg, model, ASYNC_BATCH, 1000, reducer=red,
+                  staleness_bound=None if a.staleness[0] < 0 else a.staleness[0])
+    g = torch.Generator().manual_seed(a.rank)
+    n = ASYNC_BATCH
+    batch = Batch(torch.randn(n, 11, generator=g), torch.randn(n, 3, generator=g).clamp(-1, 1),
+                  -torch.rand(n, generator=g) * 3, torch.randn(n, generator=g),
+                  torch.randn(n, generator=g), torch.randn(n, generator=g))
+    times, staleness = [], []
+    for i in range(1 + a.updates):
+        t0 = time.perf_counter()
+        stats = learner.update(batch)
+        if i:
+            times.append(time.perf_counter() - t0)
+            staleness.append(stats.get("comm/staleness_mean", 0.0))
+    learner.close()
+    red.close()
+    print(json.dumps({"rank": a.rank, "times": times, "staleness": staleness}), flush=True)
+
+
+def async_driver(a) -> None:
+    py = sys.executable
+    print(f"\n{a.workers[0]} PPO learners on loopback, Hopper-v5 networks (40 KB), "
+          f"{ASYNC_BATCH} samples x {ASYNC_EPOCHS} epochs / {ASYNC_MINIBATCHES} minibatches = "
+          f"{ASYNC_EPOCHS * ASYNC_MINIBATCHES} aggregations per update; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    names = ["sync" if s < 0 else f"S={s}" for s in a.staleness]
+    print(f"{'delay ms':>8} | " + " | ".join(f"{m:>16}" for m in names)
+          + " | ms per update (median), mean staleness")
+    for delay in a.delays_ms:
+        sw = subprocess.Popen([py, "-m", "gmi_drl.comm.switch", "serve", "--bind", "127.0.0.1:0",
+                               "--mtu", str(a.mtu), "--delay-ms", str(delay), "--stats-interval",
+                               "0", "--member-timeout", "120"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            addr = sw.stdout.readline().split()[-1]
+            cells = []
+            for s in a.staleness:
+                procs = [subprocess.Popen(
+                    [py, os.path.abspath(__file__), "_async_worker", "--rank", str(r), "--world",
+                     str(a.workers[0]), "--addr", addr, "--staleness", str(s), "--updates",
+                     str(a.updates)], stdout=subprocess.PIPE, text=True)
+                    for r in range(a.workers[0])]
+                results = []
+                for p in procs:
+                    out, _ = p.communicate(timeout=a.timeout)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"async worker failed ({p.returncode})")
+                    results.append(json.loads(out.strip().splitlines()[-1]))
+                per_update = np.max([r["times"] for r in results], axis=0) * 1000
+                stale = np.mean([r["staleness"] for r in results])
+                cells.append(f"{np.median(per_update):8.1f} ms {stale:4.2f}")
+            print(f"{delay:>8} | " + " | ".join(f"{c:>16}" for c in cells), flush=True)
+        finally:
+            sw.terminate()
+            sw.communicate(timeout=10)
 
 
 def driver(a) -> None:
@@ -218,16 +325,18 @@ def driver(a) -> None:
     for world in a.workers:
         per_tor = None if world <= 4 else a.per_tor
         topo = "1 switch" if per_tor is None else f"{-(-world // per_tor)} ToR x {per_tor} + core"
-        print(f"\n{world} workers ({topo}), links {a.rate_mbit} Mbit/s tbf, MTU {a.mtu}")
+        print(f"\n{world} workers ({topo}), links {a.rate_mbit} Mbit/s tbf, MTU {a.mtu}, "
+              f"load average {os.getloadavg()[0]:.2f}")
         with Rack(world, per_tor, a.rate_mbit, a.mtu) as rack:
             res = {m: run_method(rack, m, world, labels, a) for m in a.methods}
-        head = f"{'size':>8} | " + " | ".join(f"{m:>8} med / p95 ms" for m in a.methods)
+        head = f"{'size':>8} | " + " | ".join(f"{m:>6} med / p95 / cpu ms" for m in a.methods)
         if "switch" in a.methods:
             head += " | sw/ps  | sw/ring"
         print(head)
         for label in labels:
             row = f"{label:>8} | " + " | ".join(
-                f"{res[m][label][0]:8.1f} / {res[m][label][1]:7.1f}" for m in a.methods)
+                f"{res[m][label][0]:7.1f} / {res[m][label][1]:6.1f} / {res[m][label][2]:6.0f}"
+                for m in a.methods)
             if "switch" in a.methods:
                 sw = res["switch"][label][0]
                 row += " | " + (f"{sw / res['ps'][label][0]:5.2f}x" if "ps" in res else "   - ")
@@ -241,7 +350,9 @@ def driver(a) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("role", nargs="?", default="driver", choices=["driver", "_worker", "_ps"])
+    p.add_argument("role", nargs="?", default="driver",
+                   choices=["driver", "_worker", "_ps", "_async_worker"])
+    p.add_argument("--mode", choices=["reduce", "async"], default="reduce")
     p.add_argument("--workers", type=int, nargs="+", default=[4])
     p.add_argument("--per-tor", type=int, default=3)
     p.add_argument("--methods", nargs="+", default=["switch", "ring", "ps"])
@@ -252,13 +363,22 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--verbose", action="store_true", help="print the switches' counters")
     p.add_argument("--json", default=None, help="append results as JSON lines to this file")
+    p.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 2.0, 5.0],
+                   help="--mode async: the switch's added latency per packet sent, ms")
+    p.add_argument("--staleness", type=int, nargs="+", default=[-1, 1, 2, 4],
+                   help="--mode async: staleness bounds to compare (-1: synchronous); a worker "
+                        "takes one")
+    p.add_argument("--updates", type=int, default=5, help="--mode async: timed updates")
     p.add_argument("--method")
     p.add_argument("--rank", type=int)
     p.add_argument("--world", type=int)
     p.add_argument("--addr")
     p.add_argument("--ifname")
     a = p.parse_args(argv)
-    {"driver": driver, "_worker": worker_main, "_ps": ps_main}[a.role](a)
+    if a.role == "driver":
+        (async_driver if a.mode == "async" else driver)(a)
+    else:
+        {"_worker": worker_main, "_ps": ps_main, "_async_worker": async_worker_main}[a.role](a)
 
 
 if __name__ == "__main__":

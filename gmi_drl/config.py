@@ -77,11 +77,32 @@ class GMIConfig:
     value emulates devices as groups of processes"""
     backend: Literal["auto", "cpu", "cuda_shared", "cuda_mps", "mig"] = "auto"
     """GMI backend (auto: GMI-DRL §3's rule: MPS for training, CPU core sets without a GPU)"""
-    reducer: Literal["auto", "switch"] = "auto"
-    """gradient reduction: auto (Algorithm 1: mpr / mrr / har) or switch (iSwitch aggregation
-    switch at gmi.switch_addr, started with `gmi-drl switch serve`)"""
+    reducer: Literal["auto", "ring", "switch"] = "auto"
+    """gradient reduction: auto (Algorithm 1: mpr / mrr / har), ring (one gloo/NCCL ring over
+    all GMIs: the iSwitch paper's AllReduce baseline) or switch (iSwitch aggregation switch at
+    gmi.switch_addr, started with `gmi-drl switch serve`)"""
     switch_addr: str | None = None
-    """HOST:PORT of the aggregation switch (gmi.reducer switch)"""
+    """HOST:PORT of the aggregation switch (gmi.reducer switch), or one per GMI joined by ','
+    (each GMI's own switch port, as in a rack)"""
+    staleness: int = 0
+    """staleness bound S of asynchronous training through the switch (iSwitch §4.1): a
+    minibatch gradient may be computed on weights that miss the last S aggregated updates, so
+    aggregation overlaps computation; 0 is synchronous; needs gmi.reducer switch"""
+    netns: str | None = None
+    """network namespaces, one per GMI joined by ',' (root): GMI k opens its sockets in the
+    k-th, e.g. a worker host of an emulated rack (`gmi_drl.comm.switch.netns.Rack`); None: this
+    process's"""
+
+    @property
+    def switch_addrs(self) -> tuple[str, ...]:
+        """``switch_addr`` for each GMI (one address given: the same for all)."""
+        addrs = tuple(a.strip() for a in (self.switch_addr or "").split(",") if a.strip())
+        return addrs * self.num_gmis if len(addrs) == 1 else addrs
+
+    @property
+    def netns_list(self) -> tuple[str, ...] | None:
+        """``netns`` split per GMI, or None."""
+        return None if self.netns is None else tuple(n.strip() for n in self.netns.split(","))
 
 
 @dataclass
@@ -267,8 +288,27 @@ def validate(cfg: TrainConfig) -> None:
     need(g.num_gmis >= 1, f"gmi.num_gmis={g.num_gmis} must be >= 1")
     need(g.num_devices is None or 1 <= g.num_devices <= max(g.num_gmis, 1),
          f"gmi.num_devices={g.num_devices} must be in [1, gmi.num_gmis={g.num_gmis}] or None")
-    need(g.reducer != "switch" or (g.switch_addr is not None and ":" in g.switch_addr),
-         f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT when gmi.reducer is switch")
+    if g.reducer == "switch":
+        addrs = g.switch_addrs
+        need(len(addrs) == max(g.num_gmis, 1) and all(":" in a for a in addrs),
+             f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT, or one HOST:PORT per GMI "
+             f"joined by ',' ({g.num_gmis}), when gmi.reducer is switch")
+    if g.netns is not None:
+        names = g.netns_list
+        need(len(names) == g.num_gmis, f"gmi.netns={g.netns!r} must name one network namespace "
+             f"per GMI ({g.num_gmis}), joined by ','")
+        missing = [n for n in names if not os.path.exists(os.path.join("/var/run/netns", n))]
+        need(not missing, f"gmi.netns: no network namespace {missing} (make them with "
+             "`ip netns add`, or `gmi_drl.comm.switch.netns.Rack`)")
+        need(os.geteuid() == 0, "gmi.netns needs root (joining a network namespace)")
+    need(g.reducer == "auto" or g.num_gmis >= 2,
+         f"gmi.reducer={g.reducer!r} reduces between GMIs: needs gmi.num_gmis >= 2, "
+         f"not {g.num_gmis}")
+    need(g.staleness >= 0, f"gmi.staleness={g.staleness} must be >= 0")
+    need(g.staleness == 0 or g.reducer == "switch",
+         f"gmi.staleness={g.staleness} needs gmi.reducer switch, not {g.reducer!r} (asynchronous "
+         "training keeps aggregation rounds in flight at the switch; other reducers are "
+         "synchronous collectives)")
     need(g.num_gmis == 1 or p.target_kl is None,
          f"ppo.target_kl={p.target_kl} with gmi.num_gmis={g.num_gmis}: GMIs would stop their "
          "epochs at different points and break the gradient collective; use target_kl None")
@@ -352,6 +392,12 @@ def _validate_ray(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
         return
     need(importlib.util.find_spec("ray") is not None,
          "launcher='ray' needs the ray package: pip install 'gmi-drl[ray]'")
+    g = cfg.gmi
+    need(g.reducer != "ring", "gmi.reducer ring is for the local launcher; on Ray the reduction "
+         "follows the nodes (HAR across nodes, MPR within one): use gmi.reducer auto or switch")
+    need(g.netns is None, "gmi.netns is for the local launcher (namespaces of this machine)")
+    need(len(set(g.switch_addrs)) <= 1, f"gmi.switch_addr={g.switch_addr!r}: with launcher='ray' "
+         "give one switch address for all GMIs")
     need(r.address is None or r.address == "auto" or _is_host_port(r.address),
          f"ray.address={r.address!r} must be auto or HOST:PORT (the head node's address)")
     need(r.max_restarts >= 0, f"ray.max_restarts={r.max_restarts} must be >= 0")

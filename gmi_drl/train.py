@@ -99,6 +99,7 @@ class _Run:
         self.episode_wall_s += [wall_s] * n
 
     def close(self) -> None:
+        self.learner.close()
         self.pool.close()
         if self.writer is not None:
             self.writer.close()
@@ -195,7 +196,7 @@ def _nsight_runtime_envs(cfg: TrainConfig, layout) -> list[dict | None] | None:
 
 def _train_gmis(cfg: TrainConfig, show_progress: bool,
                 prefixes: dict[int, list[str]]) -> TrainResult:
-    """Sync training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
+    """Training over ``cfg.gmi.num_gmis`` holistic GMIs (GMI-DRL §5.1 TCG_EX): one process
     each, launched by `gmi_drl.gmi.launcher` (GMI ``k`` under ``prefixes[k]`` where given) or
     one Ray actor each by `gmi_drl.cluster.ray_launcher` (GMI ``k`` with its Nsight
     ``runtime_env`` where profiled); GMI 0 writes the run directory."""
@@ -230,14 +231,24 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool,
         from gmi_drl.gmi.launcher import launch
 
         results = launch("gmi_drl.train:gmi_main", layout, machine, payload=payload,
-                         reducer_capacity=_num_params(cfg), switch_addr=switch,
-                         prefixes=prefixes,
+                         reducer_capacity=_num_params(cfg), reduction=g.reducer,
+                         switch_addrs=g.switch_addrs if g.reducer == "switch" else (),
+                         netns=g.netns_list, prefixes=prefixes,
                          exit_timeout_s=600.0 if prefixes else 5.0)  # nsys writes reports at exit
         placement = layout.describe()
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:
-        reduction = f"- gradients reduced through the aggregation switch at {switch}\n" if switch else ""
+        reduction = ""
+        if g.reducer == "switch":
+            how = (f"asynchronously, staleness bound S = {g.staleness} (iSwitch §4.1)"
+                   if g.staleness else "synchronously")
+            reduction = (f"- gradients reduced through the aggregation switch at "
+                         f"{g.switch_addr}, {how}\n")
+        elif g.reducer == "ring":
+            reduction = "- gradients reduced by one ring over all GMIs (gmi.reducer ring)\n"
+        if g.netns is not None:
+            reduction += f"- GMI k in network namespace k of {g.netns}\n"
         f.write(f"\n## GMI layout\n\n{placement}{reduction}"
                 f"- weights identical on all {len(digests)} GMIs after every update: {same} "
                 f"(sha256 {digests[0][:16]}...)\n")
@@ -383,7 +394,7 @@ def _setup(cfg: TrainConfig, rank: int, reducer) -> _Run:
     # with a GPU learner, the collector acts with a CPU copy that follows every update
     learner_model = model if cfg.device == "cpu" else copy.deepcopy(model).to(cfg.device)
     learner = PPO(cfg.ppo, learner_model, cfg.gmi_batch_size, cfg.num_iterations,
-                  reducer=reducer, seed=cfg.seed)
+                  reducer=reducer, seed=cfg.seed, staleness_bound=cfg.gmi.staleness or None)
     sync = None if learner_model is model else _weight_sync(model, learner)
     p = cfg.ppo
     obs_norm = ObsNormalizer(pool.observation_space.shape, p.obs_clip) if p.norm_obs else None

@@ -9,9 +9,12 @@ rate annealing, Adam eps 1e-5) follow CleanRL's ``ppo.py`` / ``ppo_continuous_ac
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from gmi_drl.algos.flat import FlatAdam, FlatParams
@@ -137,13 +140,22 @@ class PPO:
         num_iterations: updates in the whole run (the learning rate reaches 0 after them).
         reducer: where gradients are averaged across trainers before each step.
         seed: seed of the minibatch-shuffling generator.
+        staleness_bound: ``None``: synchronous, each minibatch's gradient is reduced, then the
+            step is taken. An int ``S >= 0``: asynchronous through the switch (iSwitch §4.1,
+            `gmi_drl.comm.switch.pipeline`): a minibatch's gradient is computed on weights that
+            miss at most ``S`` of the steps before it; the steps are taken on a second copy of
+            the weights by the pipeline's LWU thread, and every `update` ends drained, so
+            rollouts and checkpoints see every step. ``S = 0`` gives the synchronous result bit
+            for bit. Asynchronous updates also return ``comm/staleness_mean`` and ``_max``.
 
     Raises:
-        ValueError: ``batch_size`` not a multiple of ``cfg.num_minibatches``.
+        ValueError: ``batch_size`` not a multiple of ``cfg.num_minibatches``; a staleness bound
+            below 0, or without a `SwitchReducer`.
     """
 
     def __init__(self, cfg: PPOConfig, model: ActorCritic, batch_size: int, num_iterations: int,
-                 reducer: GradReducer | None = None, seed: int = 0) -> None:
+                 reducer: GradReducer | None = None, seed: int = 0,
+                 staleness_bound: int | None = None) -> None:
         if batch_size % cfg.num_minibatches:
             raise ValueError(f"batch_size={batch_size} must be a multiple of "
                              f"num_minibatches={cfg.num_minibatches}")
@@ -152,7 +164,14 @@ class PPO:
         self.minibatch_size = batch_size // cfg.num_minibatches
         self.reducer = reducer or IdentityReducer()
         self.flat = FlatParams(model)
-        self.optimizer = FlatAdam(self.flat, cfg.learning_rate, eps=cfg.adam_eps)
+        self.pipeline = None
+        stepped = self.flat  # the weights the optimizer steps
+        if staleness_bound is not None:
+            from gmi_drl.comm.switch.pipeline import AsyncPipeline
+
+            stepped = self._weights = FlatParams(copy.deepcopy(model))
+            self.pipeline = AsyncPipeline(self.reducer, staleness_bound, self._apply_mean)
+        self.optimizer = FlatAdam(stepped, cfg.learning_rate, eps=cfg.adam_eps)
         self.generator = torch.Generator().manual_seed(seed)
         self.fast = FastPPOGrad(model) if cfg.fast_path and FastPPOGrad.supports(model) else None
         self.iteration = 0
@@ -185,6 +204,9 @@ class PPO:
                 self._np = (Batch(*(x.numpy() for x in self._shuffled)),
                             self._logratio.numpy(), self._losses.numpy())
         shuffled, mb, n_mb = self._shuffled, self.minibatch_size, cfg.num_minibatches
+        pipe = self.pipeline
+        if pipe is not None:
+            counts_before = Counter(pipe.staleness_counts)
         epochs = 0
         for epoch in range(cfg.update_epochs):
             if n_mb > 1:  # one minibatch = the whole batch: its order does not matter
@@ -198,10 +220,16 @@ class PPO:
                 adv = shuffled.advantages.view(n_mb, mb)
                 adv.copy_(normalize_advantages(adv))
             for i, start in enumerate(range(0, self.batch_size, mb)):
+                if pipe is not None:
+                    with timer("allreduce"):  # blocked by the staleness bound
+                        pipe.fetch(self._pull)
                 if self.fast is not None:
                     self._fast_grad(epoch * n_mb + i, epoch, start)
                 else:
                     self._autograd_grad(epoch * n_mb + i, epoch, start)
+                if pipe is not None:  # asynchronous: the pipeline's LWU thread steps
+                    pipe.push(flat.grad)
+                    continue
                 with timer("allreduce"):
                     self.reducer.allreduce_([flat.grad])
                 with timer("optimizer"):
@@ -210,6 +238,13 @@ class PPO:
             epochs += 1
             if cfg.target_kl is not None and approx_kl(self._logratio[epoch]).item() > cfg.target_kl:
                 break
+        comm = {}
+        if pipe is not None:
+            with timer("allreduce"):
+                pipe.drain(self._pull)
+            counts = pipe.staleness_counts - counts_before
+            comm = {"comm/staleness_mean": sum(k * v for k, v in counts.items()) / counts.total(),
+                    "comm/staleness_max": max(counts)}
         self.iteration += 1
         logratio = self._logratio[:epochs]
         means = self._losses[:epochs * n_mb].mean(0).tolist()
@@ -218,7 +253,25 @@ class PPO:
         return {"losses/policy_loss": means[0], "losses/value_loss": means[1],
                 "losses/entropy": means[2], "losses/approx_kl": float(approx_kl(logratio)),
                 "losses/clipfrac": float(clip_fraction(logratio, cfg.clip_coef)),
-                "losses/learning_rate": opt.lr, "losses/explained_variance": explained}
+                "losses/learning_rate": opt.lr, "losses/explained_variance": explained, **comm}
+
+    def _pull(self) -> None:
+        """Asynchronous mode: ``θ_local ← θ`` (the pipeline calls it under its lock)."""
+        self.flat.data.copy_(self._weights.data)
+
+    def _apply_mean(self, mean: np.ndarray) -> None:
+        """Asynchronous mode, the LWU thread: the synchronous path's step on ``θ`` with the
+        aggregated mean gradient ``(P,) float32``: clip the norm, one Adam step."""
+        w = self._weights
+        w.grad.copy_(torch.from_numpy(mean))
+        w.clip_grad_norm_(self.cfg.max_grad_norm)
+        self.optimizer.step()
+
+    def close(self) -> None:
+        """Stop the asynchronous pipeline's thread, if one still runs (after an error).
+        Idempotent."""
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     def _fast_grad(self, row: int, epoch: int, start: int) -> None:
         """Minibatch ``row``'s gradient through `FastPPOGrad` on NumPy views."""
@@ -262,5 +315,7 @@ class PPO:
         except RuntimeError as e:
             raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.pipeline is not None:
+            self._weights.data.copy_(self.flat.data)
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])

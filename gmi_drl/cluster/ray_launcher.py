@@ -177,7 +177,8 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         if reduction.strategy is Strategy.HAR and switch_addr is None:
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
-        ctx_args = (reduction, payload, groups, init_method, switch_addr, name)
+        how, addrs = ("switch", (switch_addr,) * layout.num_gmis) if switch_addr else ("auto", ())
+        ctx_args = (reduction, payload, groups, init_method, how, addrs, name)
         results = _collect([a.run.remote(g, target, ctx_args) for g, a in enumerate(actors)],
                            nodes)
         return results, reduction, nodes

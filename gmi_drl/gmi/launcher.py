@@ -1,7 +1,9 @@
 """The local launcher: one process per GMI, its backend environment set before CUDA starts.
 
-Each GMI process applies its `process_env` (variables, CPU affinity, thread count), builds its
-gradient reducer for the layout's strategy, beats a heartbeat, and runs ``target(ctx)``. The
+Each GMI process applies its `process_env` (variables, CPU affinity, thread count), joins its
+network namespace if it was given one (before it opens a socket or starts a thread), builds its
+gradient reducer (the layout's strategy, or one the caller names), beats a heartbeat, and runs
+``target(ctx)``. The
 launcher watches them: a GMI that raises, dies or stops beating stops the whole run within
 ``poll_s`` + ``grace_s`` seconds with the GMI id and the original traceback, and no process or
 shared-memory segment is left behind (also on Ctrl-C).
@@ -27,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from gmi_drl.comm.strategy import Strategy
 from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
@@ -55,13 +57,15 @@ class GMIContext:
     payload: Any
     _groups: list
     _init_method: str
-    _switch_addr: str | None = None
+    _reduction: str = "auto"
+    _switch_addrs: tuple[str, ...] = ()
     _job_id: str = "gmi-drl"
     """the run's name at the aggregation switch (the same on every GMI of the run)"""
     _reducer: Any = None
 
     def make_reducer(self):
-        """The `GradReducer` the layout's strategy calls for (built once; collective)."""
+        """The `GradReducer` of the run (built once; collective): the layout's strategy, one
+        gloo/NCCL ring, or the aggregation switch this GMI is cabled to."""
         if self._reducer is None:
             self._reducer = _build_reducer(self)
         return self._reducer
@@ -71,13 +75,16 @@ def _build_reducer(ctx: GMIContext):
     from gmi_drl.comm.reducer import IdentityReducer
 
     lay, g = ctx.layout, ctx.gmi_id
-    if ctx._switch_addr is not None:  # iSwitch: aggregation in the network
+    backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
+    if ctx._reduction == "switch":  # iSwitch: aggregation in the network
         from gmi_drl.comm.switch.client import SwitchReducer
-        return SwitchReducer(ctx._switch_addr, worker_id=g, num_workers=lay.num_gmis,
+        return SwitchReducer(ctx._switch_addrs[g], worker_id=g, num_workers=lay.num_gmis,
                              job_id=ctx._job_id)
+    if ctx._reduction == "ring":
+        from gmi_drl.comm.ring import RingReducer
+        return RingReducer(g, lay.num_gmis, ctx._init_method, backend)
     if lay.num_gmis == 1:
         return IdentityReducer()
-    backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
     if lay.strategy is Strategy.MPR:
         from gmi_drl.comm.shm import SharedMemoryReducer
         return SharedMemoryReducer(ctx._groups[0], g)
@@ -89,10 +96,12 @@ def _build_reducer(ctx: GMIContext):
                                backend)
 
 
-def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results):
+def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results, netns):
     os.environ.update(env)  # before anything imports CUDA
     if affinity:
         os.sched_setaffinity(0, affinity)
+    if netns is not None:  # before any socket or thread: both stay in the namespace
+        _enter_netns(netns)
     import torch
 
     torch.set_num_threads(threads)
@@ -124,9 +133,23 @@ def run_target(target: str, ctx: GMIContext) -> Any:
     return result
 
 
+def _enter_netns(name: str) -> None:
+    """Join network namespace ``name``; gloo binds to its one non-loopback interface unless
+    ``GLOO_SOCKET_IFNAME`` says otherwise."""
+    import socket
+
+    from gmi_drl.comm.switch.netns import enter_netns
+
+    enter_netns(name)
+    devs = [dev for _, dev in socket.if_nameindex() if dev != "lo"]
+    if len(devs) == 1:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", devs[0])
+
+
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
-           poll_s: float = 0.2, switch_addr: str | None = None,
+           poll_s: float = 0.2, reduction: str = "auto",
+           switch_addrs: Sequence[str] = (), netns: Sequence[str] | None = None,
            prefixes: dict[int, list[str]] | None = None,
            exit_timeout_s: float = 5.0) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
@@ -138,22 +161,33 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         payload: a picklable argument every GMI receives.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         heartbeat_timeout_s: a GMI silent this long counts as hung.
-        switch_addr: reduce through the iSwitch aggregation switch at ``HOST:PORT`` instead of
-            the strategy Algorithm 1 picks.
+        reduction: ``"auto"``: the layout's strategy (GMI-DRL Algorithm 1); ``"ring"``: one
+            ring over all GMIs (gloo on CPU, NCCL on GPUs); ``"switch"``: the iSwitch
+            aggregation switch.
+        switch_addrs: with ``"switch"``, the ``HOST:PORT`` of GMI k's switch at index k.
+        netns: network namespace of GMI k at index k (root; e.g. the worker hosts of an
+            emulated rack, `gmi_drl.comm.switch.netns.Rack`); ``None``: this process's.
         prefixes: per GMI id, a command its Python interpreter runs under (e.g. the
             `gmi_drl.telemetry.profiler.nsys_command`); other GMIs run Python directly.
         exit_timeout_s: after every GMI returned, how long each may take to exit by itself
             before it is terminated (a profiler running it writes its report then).
 
     Raises:
+        ValueError: ``reduction`` unknown, or ``switch_addrs`` / ``netns`` not one per GMI.
         GMIError: a GMI raised (its traceback is in the message), died, or hung.
     """
     from gmi_drl.comm.shm import ShmGroup
 
     mpctx = mp.get_context("spawn")
     n = layout.num_gmis
+    if reduction not in ("auto", "ring", "switch"):
+        raise ValueError(f"reduction={reduction!r} must be 'auto', 'ring' or 'switch'")
+    if reduction == "switch" and len(switch_addrs) != n:
+        raise ValueError(f"{len(switch_addrs)} switch addresses for {n} GMIs")
+    if netns is not None and len(netns) != n:
+        raise ValueError(f"{len(netns)} network namespaces for {n} GMIs")
     groups, owners = [], []
-    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1 and switch_addr is None:
+    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1 and reduction == "auto":
         made = [ShmGroup.create(len(gmis), reducer_capacity) for gmis in layout.mpl]
         groups, owners = [g for g, _ in made], [o for _, o in made]
         del made
@@ -164,12 +198,12 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         mps.start()
     beats = mpctx.Array("d", [time.time()] * n, lock=False)
     results = mpctx.Queue()
-    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", switch_addr,
-                f"gmi-drl-{os.getpid()}")
+    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", reduction,
+                tuple(switch_addrs), f"gmi-drl-{os.getpid()}")
     procs, error = [], None
     try:
         procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,
-                        os.path.join(tmp, "mps") if mps else None, prefixes or {}, tmp)
+                        os.path.join(tmp, "mps") if mps else None, netns, prefixes or {}, tmp)
         try:
             out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
             deadline = time.time() + exit_timeout_s
@@ -192,13 +226,15 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     raise GMIError(error)
 
 
-def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir, prefixes,
+def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir, netns, prefixes,
            tmp) -> list:
     procs = []
     for spec in layout.specs:
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
+        ns = None if netns is None else netns[spec.gmi_id]
         p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
-                          args=(spec.gmi_id, env, aff, threads, target, ctx_args, beats, results))
+                          args=(spec.gmi_id, env, aff, threads, target, ctx_args, beats, results,
+                                ns))
         prefix = prefixes.get(spec.gmi_id)
         if prefix is None:
             p.start()

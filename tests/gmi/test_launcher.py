@@ -127,3 +127,15 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
         time.sleep(0.2)
     assert left.stdout.strip() == "", f"processes left: {left.stdout}"
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_reduction_options_are_checked_before_any_process_starts():
+    m = discover()
+    lay = plan(2, m)
+    with pytest.raises(ValueError, match="reduction='bogus'"):
+        launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, reduction="bogus")
+    with pytest.raises(ValueError, match="1 switch addresses for 2 GMIs"):
+        launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, reduction="switch",
+               switch_addrs=["127.0.0.1:9"])
+    with pytest.raises(ValueError, match="3 network namespaces for 2 GMIs"):
+        launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, netns=["a", "b", "c"])

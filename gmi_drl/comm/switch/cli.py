@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject delay on every packet sent, milliseconds")
     s.add_argument("--mtu", type=int, default=d.mtu, help="path MTU, bytes (segment size)")
     s.add_argument("--slots", type=int, default=d.slots, help="aggregation slots (power of 2)")
+    s.add_argument("--window-bytes", type=int, default=d.window_bytes,
+                   help="bytes a member may have in flight (the window in segments follows)")
     s.add_argument("--max-members", type=int, default=d.max_members)
     s.add_argument("--member-timeout", type=float, default=d.member_timeout_s,
                    help="drop a member silent this long, seconds")
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
                        drop_rate=args.drop_rate, dup_rate=args.dup_rate, delay_ms=args.delay_ms,
-                       mtu=args.mtu, slots=args.slots, max_members=args.max_members,
+                       mtu=args.mtu, slots=args.slots, window_bytes=args.window_bytes,
+                       max_members=args.max_members,
                        member_timeout_s=args.member_timeout, help_after_s=args.help_after,
                        switch_id=args.switch_id, member_id=args.member_id, job_id=args.job_id,
                        token=args.token, seed=args.seed)

@@ -1,26 +1,40 @@
 """`SwitchReducer`: a worker of an iSwitch group (iSwitch §3.2-3.3, the worker's side).
 
-``allreduce_`` flattens the tensors into one float32 vector, cuts it into segments of
-``seg_floats`` elements (the switch's path-MTU size), numbers them with the next consecutive
-``seq`` values, and keeps at most ``window`` segments in flight beyond the oldest one still
-without a result. Each result packet holds the sum over ``count`` workers of one segment; it is
-divided by ``count`` into place, so the call returns the mean. Loss recovery lives here (§3.3):
-every segment has a retransmit timer (adaptive, doubled on each retry); a result lost on the
-way down is answered by the switch from its kept copy. The switch's Help requests (a segment it
-misses after a loss or its own restart) are answered from the current or the previous round's
-input, which is kept for that purpose. A restarted switch answers ``NOT_MEMBER``; the reducer
-then rejoins and resends what is pending. A heartbeat thread keeps the membership alive while
-the trainer computes.
+A reduction is a *round*: one float32 vector of ``n`` elements cut into segments of
+``seg_floats`` elements (the switch's path-MTU size), numbered with the next consecutive ``seq``
+values. Rounds are pipelined: `begin` queues a round and returns at once; `pump` moves every
+queued round forward (sends, receives, retransmits) and returns the rounds that completed, in
+the order they began. At most ``window`` segments (announced by the switch) are in flight
+beyond the oldest segment still without a result, counted over all rounds, since the segment
+stream is one sequence. Each result packet holds the sum over ``count`` workers of one segment;
+it is divided by ``count``, so a round's result is the mean. `allreduce_` is one round, begun
+and pumped to completion (the synchronous collective); `gmi_drl.comm.switch.pipeline` keeps
+several rounds in flight (asynchronous training, §4.1).
+
+Loss recovery lives here (§3.3). Results come back in stream order, so a segment without a
+result below one that has its result is a hole: it was lost and is resent after a short guard.
+Above the highest result, only the retransmit timeout (adaptive, doubled per try) says so, and
+only while results have stopped coming; then just the oldest such segment is resent, as a
+probe: if the path works, its result turns the segments below it into holes; if the group only
+waits for a slow member, one packet per timeout is all it costs (resending the whole window
+there flooded the links when a member lagged). A result lost on the way down is answered by the
+switch from its kept copy. The switch's Help requests (a segment it misses after a loss or its
+own restart) are answered from the inputs of the rounds in flight or of recent rounds, kept for
+that purpose. A restarted switch answers ``NOT_MEMBER``; the reducer then rejoins and resends
+what is pending. A heartbeat thread keeps the membership alive while the trainer computes.
+Everything else runs on the thread that calls `begin`/`pump`/`allreduce_`: one thread owns a
+reducer.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import select
 import socket
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +48,30 @@ from gmi_drl.comm.switch.protocol import Action, MemberType
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
+class _Round:
+    """One vector's trip through the switch. Segment ``i`` has stream index ``base + i``."""
+
+    number: int
+    base: int
+    inp: np.ndarray
+    out: np.ndarray | None
+    nseg: int
+    done: np.ndarray
+    sent_at: np.ndarray
+    first_sent: np.ndarray
+    tries: np.ndarray
+    sent: int = 0
+    """segments ``[0, sent)`` were sent at least once"""
+    low: int = 0
+    """the first segment without a result"""
+    ndone: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.base + self.nseg
+
+
 class SwitchReducer(GradReducer):
     """One worker of a group whose gradients are summed by an aggregation switch.
 
@@ -44,7 +82,7 @@ class SwitchReducer(GradReducer):
         num_workers: workers in the whole job (all switches of the tree).
         job_id: the job's name; a switch serves one job at a time.
         token: shared secret, if the switch was started with one.
-        timeout_s: a call that makes no progress for this long raises (group broken).
+        timeout_s: rounds in flight that make no progress for this long raise (group broken).
         join_timeout_s: how long the constructor waits for the whole group to join.
         rto_s: initial retransmit timeout, seconds (then adapted to the measured round trip).
         heartbeat_s: heartbeat period, seconds (the switch drops members silent for longer than
@@ -77,13 +115,18 @@ class SwitchReducer(GradReducer):
         self._seg_floats = self._window = 0
         self._active_workers = num_workers
         self._next_join = 0.0
-        self._seq = 0
-        self._round = 0
+        self._next_index = 0            # stream index of the next segment a round will get
+        self._rounds: deque[_Round] = deque()   # begun, not all results yet (in begin order)
+        self._history: deque[_Round] = deque()  # complete; inputs kept for the switch's Help
+        self._complete: list[np.ndarray] = []  # results not yet returned by pump
+        self._begun = 0
+        self._frontier = 0              # stream index after the last segment sent
+        self._hi_done = -1              # highest stream index with a result
+        self._last_result = 0.0
+        self._last_progress = 0.0
+        self._next_check = 0.0
         self._srtt: float | None = None
         self._rto = rto_s
-        self._in = self._prev_in = self._out = np.zeros(0, "<f4")
-        self._prev = (0, 0, 0)          # base seq, segments, elements of the previous round
-        self._cur = None                # per-round state while allreduce_ runs
         self.retransmits = 0
         self._closed = False
         self._hb_stop = threading.Event()
@@ -124,12 +167,13 @@ class SwitchReducer(GradReducer):
 
     # ---- receive -------------------------------------------------------------------------------
 
-    def _poll(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for packets, handle every one queued. True if any came."""
+    def _poll(self, timeout: float, wake=None) -> bool:
+        """Wait up to ``timeout`` s for packets (or for ``wake`` to become readable), handle
+        every one queued. True if any came."""
         sock = self._sock
         if timeout > 0:
-            r, _, _ = select.select([sock], [], [], timeout)
-            if not r:
+            r, _, _ = select.select([sock] if wake is None else [sock, wake], [], [], timeout)
+            if sock not in r:
                 return False
         got = False
         while True:
@@ -153,9 +197,9 @@ class SwitchReducer(GradReducer):
     def _on_control(self, action: Action, value) -> None:
         now = time.monotonic()
         if action == Action.JOIN_ACK:
-            if self._joined and value.seg_floats != self._seg_floats and self._cur is not None:
+            if self._joined and value.seg_floats != self._seg_floats and self._rounds:
                 raise RuntimeError(f"the switch came back with segment size {value.seg_floats}"
-                                   f" != {self._seg_floats} in the middle of a round")
+                                   f" != {self._seg_floats} with rounds in flight")
             self._joined = True
             self._seg_floats, self._window = value.seg_floats, value.window
         elif action == Action.JOIN_NACK:
@@ -164,9 +208,11 @@ class SwitchReducer(GradReducer):
         elif action == Action.READY:
             was = self._ready
             self._ready, self._active_workers = value.ready, value.active_workers
-            if value.ready and not was and self._cur is not None:
-                self._cur["next_check"] = 0.0
-                self._cur["sent_at"][:] = -math.inf   # resend everything pending now
+            if value.ready and not was:  # (again) a complete group: resend what is pending
+                for r in self._rounds:
+                    for i in np.flatnonzero(~r.done[:r.sent]):
+                        r.sent_at[i] = now
+                        self._send_segment(r, int(i), P.FLAG_RETX)
         elif action == Action.NOT_MEMBER:
             if self._joined:
                 log.warning("worker %d: switch %s forgot us (restarted?): rejoining", self.rank,
@@ -176,141 +222,198 @@ class SwitchReducer(GradReducer):
         elif action == Action.HELP:
             self._on_help(value, now)
 
+    def _find(self, seq: int, rounds) -> tuple[_Round | None, int]:
+        """The round of ``rounds`` (consecutive in the stream) holding segment ``seq``."""
+        if not rounds:
+            return None, 0
+        first = rounds[0].base
+        index = first + (seq - first) % P.SEQ_MOD
+        for r in rounds:
+            if index < r.end:
+                return (r, index - r.base) if index >= r.base else (None, 0)
+        return None, 0
+
     def _on_help(self, seq: int, now: float) -> None:
-        cur = self._cur
-        if cur is not None:
-            i = (seq - cur["base"]) % P.SEQ_MOD
-            if i < cur["next"]:
-                if now - cur["sent_at"][i] > self._rto:
-                    cur["sent_at"][i] = now
-                    self._send_segment(self._in, cur["base"], i, cur["n"], self._round, P.FLAG_RETX)
-                return
-        base, nseg, n = self._prev
-        i = (seq - base) % P.SEQ_MOD
-        if i < nseg:
-            self._send_segment(self._prev_in, base, i, n, self._round - 1, P.FLAG_RETX)
+        r, i = self._find(seq, self._rounds)
+        if r is not None:
+            if i < r.sent and now - r.sent_at[i] > self._rto:
+                r.sent_at[i] = now
+                self._send_segment(r, i, P.FLAG_RETX)
+            return
+        r, i = self._find(seq, self._history)
+        if r is not None:
+            self._send_segment(r, i, P.FLAG_RETX)
 
     def _on_result(self, nbytes: int) -> None:
-        cur = self._cur
         seq, _rnd, _member, count, flags, k = P.decode_data(self._rx, nbytes, P.RX_BUFFER_BYTES)
-        if cur is None or not flags & P.FLAG_RESULT:
+        if not flags & P.FLAG_RESULT:
             return
-        i = (seq - cur["base"]) % P.SEQ_MOD
-        if i >= cur["nseg"] or cur["done"][i]:
+        r, i = self._find(seq, self._rounds)
+        if r is None or i >= r.sent or r.done[i]:
             return
         f = self._seg_floats
         lo = i * f
-        if k != min(f, cur["n"] - lo):
+        if k != min(f, r.out.size - lo):
             return
-        np.divide(self._rx_f32[:k], count, out=self._out[lo:lo + k])
-        cur["done"][i] = True
-        cur["ndone"] += 1
-        cur["hi_done"] = max(cur["hi_done"], i)
-        cur["last_result"] = time.monotonic()
-        first = cur["first_sent"][i]
-        if first > 0:
-            # measured from the first send, retransmitted or not: an over-estimate is safe, and
-            # Karn's rule (skip retransmitted samples) would starve the estimate under queueing
-            rtt = time.monotonic() - first
-            self._srtt = rtt if self._srtt is None else 0.875 * self._srtt + 0.125 * rtt
-            self._rto = min(2.0, max(0.02, 2.0 * self._srtt))
+        np.divide(self._rx_f32[:k], count, out=r.out[lo:lo + k])
+        now = time.monotonic()
+        r.done[i] = True
+        r.ndone += 1
+        self._hi_done = max(self._hi_done, r.base + i)
+        self._last_result = self._last_progress = now
+        # measured from the first send, retransmitted or not: an over-estimate is safe, and
+        # Karn's rule (skip retransmitted samples) would starve the estimate under queueing
+        rtt = now - r.first_sent[i]
+        self._srtt = rtt if self._srtt is None else 0.875 * self._srtt + 0.125 * rtt
+        self._rto = min(2.0, max(0.02, 2.0 * self._srtt))
+        while r.low < r.nseg and r.done[r.low]:
+            r.low += 1
+        while self._rounds and self._rounds[0].ndone == self._rounds[0].nseg:
+            done = self._rounds.popleft()
+            self._complete.append(done.out)
+            done.out = None  # the caller's now; the input stays for Help
+            self._history.append(done)
 
     # ---- send ----------------------------------------------------------------------------------
 
-    def _send_segment(self, vec: np.ndarray, base: int, i: int, n: int, round_: int,
-                      flags: int) -> None:
+    def _send_segment(self, r: _Round, i: int, flags: int) -> None:
         f = self._seg_floats
         lo = i * f
-        hdr = P.data_header(base + i, round_, self.rank, 1, flags)
-        P.send_data(self._sock, self._switch, hdr, vec[lo:min(n, lo + f)])
+        hdr = P.data_header(r.base + i, r.number, self.rank, 1, flags)
+        P.send_data(self._sock, self._switch, hdr, r.inp[lo:lo + f])
 
-    # ---- the collective ------------------------------------------------------------------------
+    def _send_new(self, now: float) -> None:
+        """First sends, in stream order, of what the window allows."""
+        if not self._rounds:
+            return
+        front = self._rounds[0]
+        limit = front.base + front.low + self._window
+        for r in self._rounds:
+            if r.base >= limit:
+                break
+            stop = min(r.nseg, limit - r.base)
+            for i in range(r.sent, stop):
+                r.sent_at[i] = r.first_sent[i] = now
+                self._send_segment(r, i, 0)
+            if stop > r.sent:
+                r.sent = stop
+                self._frontier = r.base + stop
+        # inputs another member may still ask for: none older than 2 windows behind the frontier
+        keep_from = self._frontier - 2 * self._window - 1
+        while self._history and self._history[0].end <= keep_from:
+            self._history.popleft()
 
-    def allreduce_(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace each float32 tensor by its mean over the group, in place. Blocking, collective.
+    def _retransmit(self, now: float) -> None:
+        """Resend the holes after a guard, and after a quiet retransmit timeout the oldest
+        segment above the highest result (see the module docstring); both back off per try."""
+        probe = now - self._last_result >= self._rto
+        guard = max(0.005, 0.25 * (self._srtt or self._rto))
+        for r in self._rounds:
+            lo, hi = r.low, r.sent
+            if hi <= lo:
+                continue
+            top = min(max(self._hi_done - r.base, lo), hi)  # [lo, top): holes or done
+            backoff = np.exp2(np.minimum(r.tries[lo:top], 5))
+            due = np.flatnonzero(~r.done[lo:top] & (r.sent_at[lo:top] + guard * backoff <= now))
+            for j in due:
+                self._resend(r, lo + int(j), now)
+            first = max(self._hi_done - r.base + 1, lo)  # pending from here on
+            if probe and first < hi:
+                if r.sent_at[first] + self._rto * 2.0 ** min(r.tries[first], 5) <= now:
+                    self._resend(r, first, now)
+                probe = False
+
+    def _resend(self, r: _Round, i: int, now: float) -> None:
+        r.sent_at[i] = now
+        r.tries[i] += 1
+        self.retransmits += 1
+        self._send_segment(r, i, P.FLAG_RETX)
+
+    # ---- rounds ----------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Rounds begun whose result `pump` has not returned yet."""
+        return len(self._rounds) + len(self._complete)
+
+    def begin(self, vec: np.ndarray) -> None:
+        """Queue a round that reduces ``vec`` (``(n,) float32``, ``n >= 1``) and send what the
+        window allows. Non-blocking; the reducer takes ``vec`` over (it is resent on loss):
+        do not modify it afterwards. Every member must begin the same sequence of sizes.
 
         Raises:
-            RuntimeError: no progress for ``timeout_s`` (a switch or the group is gone), or the
-                switch refused this worker.
+            ValueError: ``vec`` is not a non-empty 1-d float32 array.
+            RuntimeError: the reducer is closed.
         """
         if self._closed:
-            raise RuntimeError("allreduce_ on a closed SwitchReducer")
+            raise RuntimeError("begin on a closed SwitchReducer")
+        if vec.dtype != np.float32 or vec.ndim != 1 or vec.size == 0:
+            raise ValueError(f"a round reduces a non-empty 1-d float32 array, got {vec.dtype} "
+                             f"{vec.shape}")
+        nseg = -(-vec.size // self._seg_floats)
+        now = time.monotonic()
+        if not self._rounds:
+            self._last_progress = now
+        self._rounds.append(_Round(self._begun, self._next_index, np.ascontiguousarray(vec),
+                                   np.empty_like(vec), nseg, np.zeros(nseg, bool),
+                                   np.zeros(nseg), np.zeros(nseg), np.zeros(nseg, int)))
+        self._begun += 1
+        self._next_index += nseg
+        if self._ready:
+            self._send_new(now)
+
+    def pump(self, timeout_s: float, wake=None) -> list[np.ndarray]:
+        """Move every round forward: wait up to ``timeout_s`` for packets (less when a
+        retransmit check is due; at once if ``wake``, a socket or fd, becomes readable), handle
+        them, resend what is overdue, send what the window allows. Returns the results
+        (``(n,) float32`` means) of the rounds completed since the last call, in begin order.
+
+        Raises:
+            RuntimeError: rounds in flight got no result for ``timeout_s`` of the constructor
+                (a switch or the group is gone), or the switch refused this worker.
+        """
+        now = time.monotonic()
+        if self._ready:
+            self._send_new(now)
+        elif not self._joined:
+            self._send_join(now)
+        if not self._complete:
+            wait = timeout_s if not self._rounds else min(timeout_s, self._next_check - now)
+            self._poll(max(0.0, wait), wake)
+            now = time.monotonic()
+        if self._rounds and now - self._last_progress > self.timeout_s:
+            r = self._rounds[0]
+            raise RuntimeError(
+                f"worker {self.rank}: no result from switch {self._switch} for {self.timeout_s} s"
+                f" ({r.ndone}/{r.nseg} segments of round {r.number}); the group is broken")
+        if now >= self._next_check:
+            self._next_check = now + min(self._rto / 2, 0.02)
+            if self._ready:
+                self._retransmit(now)
+        if self._ready:
+            self._send_new(now)
+        out, self._complete = self._complete, []
+        return out
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each float32 tensor by its mean over the group, in place. Blocking, collective
+        (one round; call it with no other round in flight).
+
+        Raises:
+            RuntimeError: no progress for ``timeout_s`` (a switch or the group is gone), rounds
+                of `begin` still in flight, or the switch refused this worker.
+        """
+        if self.in_flight:
+            raise RuntimeError(f"allreduce_ with {self.in_flight} pipelined rounds in flight")
         n = sum(t.numel() for t in tensors)
         if n == 0:
             return
-        if self._in.size < n:
-            self._in, self._prev_in, self._out = (np.zeros(n, "<f4") for _ in range(3))
-        flatten_into(tensors, torch.from_numpy(self._in[:n]))
-        f, w = self._seg_floats, self._window
-        nseg = -(-n // f)
-        base = self._seq
-        cur = self._cur = {
-            "base": base, "nseg": nseg, "n": n, "next": 0, "ndone": 0, "next_check": 0.0,
-            "done": np.zeros(nseg, bool), "sent_at": np.zeros(nseg), "tries": np.zeros(nseg, int),
-            "first_sent": np.zeros(nseg), "hi_done": -1, "last_result": 0.0,
-        }
-        done, sent_at = cur["done"], cur["sent_at"]
-        low = 0
-        last_progress = time.monotonic()
-        try:
-            while cur["ndone"] < nseg:
-                now = time.monotonic()
-                if self._ready:
-                    lim = min(nseg, low + w)
-                    while cur["next"] < lim:
-                        i = cur["next"]
-                        sent_at[i] = cur["first_sent"][i] = now
-                        self._send_segment(self._in, base, i, n, self._round, 0)
-                        cur["next"] = i + 1
-                elif self._joined is False:
-                    self._send_join(now)
-                before = cur["ndone"]
-                self._poll(max(0.0, min(cur["next_check"] - now, 0.05)))
-                now = time.monotonic()
-                if cur["ndone"] != before:
-                    last_progress = now
-                    while low < nseg and done[low]:
-                        low += 1
-                elif now - last_progress > self.timeout_s:
-                    raise RuntimeError(
-                        f"worker {self.rank}: no result from switch {self._switch} for "
-                        f"{self.timeout_s} s ({cur['ndone']}/{nseg} segments of round "
-                        f"{self._round}); the group is broken")
-                if now >= cur["next_check"]:
-                    cur["next_check"] = now + min(self._rto / 2, 0.02)
-                    if self._ready:
-                        self._retransmit(cur, low, now)
-        finally:
-            self._cur = None
-        self._seq = (base + nseg) % P.SEQ_MOD
-        self._round += 1
-        self._prev = (base, nseg, n)
-        self._in, self._prev_in = self._prev_in, self._in
-        unflatten_from(torch.from_numpy(self._out[:n]), tensors)
-
-    def _retransmit(self, cur: dict, low: int, now: float) -> None:
-        """Resend what is overdue. A segment below the highest one with a result is a hole: all
-        packets travel in order, so it was lost and is resent after a short guard; above it,
-        only the retransmit timeout (doubling per try) says so, and only while results have
-        stopped coming (results still arriving mean the pipeline moves, just queued)."""
-        hi = cur["next"]
-        if hi <= low:
-            return
-        done, sent_at, tries = cur["done"][low:hi], cur["sent_at"][low:hi], cur["tries"][low:hi]
-        backoff = np.exp2(np.minimum(tries, 5))
-        wait = np.full(hi - low, self._rto)
-        holes = cur["hi_done"] - low
-        if holes > 0:
-            wait[:holes] = max(0.005, 0.25 * (self._srtt or self._rto))
-        if now - cur["last_result"] < self._rto:
-            wait[max(holes, 0):] = np.inf
-        due = np.flatnonzero(~done & (sent_at + wait * backoff <= now))
-        for j in due:
-            i = low + int(j)
-            sent_at[j] = now
-            tries[j] += 1
-            self.retransmits += 1
-            self._send_segment(self._in, cur["base"], i, cur["n"], self._round, P.FLAG_RETX)
+        vec = np.empty(n, "<f4")
+        flatten_into(tensors, torch.from_numpy(vec))
+        self.begin(vec)
+        while not (result := self.pump(0.05)):
+            pass
+        unflatten_from(torch.from_numpy(result[0]), tensors)
 
     def close(self) -> None:
         """Leave the group (Leave to the switch), stop the heartbeat, close the socket.

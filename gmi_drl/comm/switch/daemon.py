@@ -18,7 +18,7 @@ paper's accumulator does (a copy instead of an add), plus ``H - 1`` adds at comp
 is ``slots * max_members * seg_floats * 4`` bytes (touched lazily).
 
 Bounded memory and flow control: the slot pool has ``slots`` entries (a power of two) and each
-member may have at most ``window = slots // 2`` segments in flight beyond its oldest segment
+member may have at most ``window <= slots // 2`` segments in flight beyond its oldest segment
 without a result (announced in JoinAck). A member can only hold results that every member
 contributed to, so no member runs more than ``2 * window`` ahead of the slowest, and a slot is
 never reused while any member still needs its result.
@@ -86,7 +86,10 @@ class SwitchConfig:
     mtu: int = 1500
     """Path MTU in bytes; sets the segment size (`protocol.seg_floats_for_mtu`)."""
     slots: int = 256
-    """Aggregation slots (a power of two); the member window is half of it."""
+    """Aggregation slots (a power of two); the member window is at most half of it."""
+    window_bytes: int = 2 << 20
+    """Bytes a member may have in flight (the window in segments: this over the segment size,
+    at most ``slots // 2``, at least 1): more only queues at the link (a tbf queue overflows)."""
     max_members: int = 16
     """Rows per slot: the most members this switch accepts."""
     member_timeout_s: float = 10.0
@@ -117,6 +120,8 @@ class SwitchConfig:
             raise ValueError(f"{self.drop_rate=} must be in [0, 1), {self.dup_rate=} in [0, 1]")
         if self.delay_ms < 0 or self.member_timeout_s <= 0 or self.help_after_s <= 0:
             raise ValueError("delay_ms, member_timeout_s, help_after_s must be non-negative/positive")
+        if self.window_bytes < 1:
+            raise ValueError(f"{self.window_bytes=} must be >= 1")
         if not 1 <= self.max_members <= 255:
             raise ValueError(f"{self.max_members=} must be in [1, 255]")
         if not (0 <= self.switch_id <= 255 and 0 <= self.member_id <= 255):
@@ -200,7 +205,8 @@ class SwitchDaemon:
         self._sock.setblocking(False)
         self.epoch = int.from_bytes(os.urandom(4), "big")
         self.seg_floats = P.seg_floats_for_mtu(config.mtu)
-        self.window = config.slots // 2
+        self.window = max(1, min(config.slots // 2,
+                                 config.window_bytes // (self.seg_floats * P.FLOAT_BYTES)))
         self._mask = config.slots - 1
         f = self.seg_floats
         self._rows = np.zeros((config.slots, config.max_members, f), "<f4")

@@ -19,10 +19,15 @@ Everything is named with a per-rack prefix and removed by `Rack.down` (also on f
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+
+NETNS_DIR = "/var/run/netns"
+"""Where ``ip netns add`` pins named namespaces."""
+_CLONE_NEWNET = 0x40000000
 
 
 def netns_available() -> str | None:
@@ -38,6 +43,23 @@ def netns_available() -> str | None:
         return f"`ip netns add` fails: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into the network namespace ``name`` (made by ``ip netns add``):
+    what ``ip netns exec`` does for a new process, done in place with setns(2). Sockets opened,
+    threads started and processes forked afterwards live there: call it before any of those.
+
+    Raises:
+        OSError: no such namespace, or not permitted (root is needed).
+    """
+    fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _run(*argv: str) -> None:
@@ -176,6 +198,23 @@ class Rack:
     def popen(self, role: str, argv: list[str], **kw) -> subprocess.Popen:
         """Start ``argv`` inside the namespace of ``role`` (``"w3"``, ``"sw"``, ``"t0"``...)."""
         return subprocess.Popen(["ip", "netns", "exec", self.ns[role], *argv], **kw)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system, all threads) used so far by the processes now in the
+        rack's namespaces. Kernel work done outside them (softirqs run by ``ksoftirqd``) is not
+        counted."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for name in self.ns.values():
+            r = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+            for pid in r.stdout.split():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
 
     def down(self) -> None:
         """Kill whatever still runs in the rack's namespaces and delete them. Idempotent."""

@@ -131,17 +131,33 @@ def worker(addr: str, rank: int, n: int, steps: int, q, opts: dict, shapes=SHAPE
     """Join, run ``steps`` allreduce_ calls of `grads`, put ``(rank, results, retransmits)``.
 
     ``opts["die_after"]``: SIGKILL itself after that many steps (a member that goes silent).
+    ``opts["pipelined"]``: begin every step's round at once, then pump them all to completion.
     ``events``: ``(ready_evt, go_evt)``: after step 0, set ready and wait for go.
     """
+    from gmi_drl.comm.reducer import flatten_into
     from gmi_drl.comm.switch import SwitchReducer
 
     torch.set_num_threads(1)
     opts = dict(opts)
     die_after = opts.pop("die_after", None)
+    pipelined = opts.pop("pipelined", False)
     addr = opts.pop("addr", addr)
     try:
         red = SwitchReducer(addr, rank, n, **opts)
         out = []
+        if pipelined:
+            for step in range(steps):
+                ts = grads(rank, step, shapes)
+                vec = np.empty(sum(t.numel() for t in ts), np.float32)
+                flatten_into(ts, torch.from_numpy(vec))
+                red.begin(vec)
+            flat = []
+            while len(flat) < steps:
+                flat += red.pump(0.05)
+            for v in flat:
+                sizes = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+                out.append([a.reshape(s) for a, s in zip(np.split(v, sizes), shapes)])
+            steps = 0
         for step in range(steps):
             if die_after is not None and step == die_after:
                 os.kill(os.getpid(), 9)

@@ -57,3 +57,42 @@ def test_mean_through_the_rack_is_exact():
         assert stats["segments_completed"] == -(-50_000 // 366)
         assert sw.returncode == 0, err
     assert leftover_namespaces(prefix) == []
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("reducer", ["switch", "ring"])
+def test_gmis_train_inside_the_rack(tmp_path, reducer):
+    """The launcher's netns option: GMI k joins worker namespace k before opening sockets, then
+    reduces through the switch (each GMI at its own switch port) or a gloo ring across the
+    links; no address of the rack is reachable from outside it, so finishing proves it."""
+    from gmi_drl.config import preset
+    from gmi_drl.train import train
+
+    prefix = f"gmig{os.getpid() % 100000}"
+    py = sys.executable
+    with Rack(2, rate_mbit=100, mtu=1500, with_ps=False, prefix=prefix) as rack:
+        cfg = preset("classic", "CartPole-v1")
+        cfg.env.num_envs, cfg.ppo.num_steps = 4, 32
+        cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2 * 2 * 4 * 32
+        cfg.gmi.reducer, cfg.gmi.netns = reducer, f"{rack.ns['w0']},{rack.ns['w1']}"
+        cfg.gmi.switch_addr = ",".join(f"{gw}:9999" for gw in rack.worker_gateway)
+        cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "run")
+        sw = None
+        if reducer == "switch":
+            sw = rack.popen("sw", [py, "-m", "gmi_drl.comm.switch", "serve", "--bind",
+                                   "0.0.0.0:9999", "--mtu", "1500", "--stats-interval", "0",
+                                   "--log-level", "INFO"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert sw.stdout.readline().startswith("listening on")
+        try:
+            result = train(cfg)
+        finally:
+            if sw is not None:
+                sw.terminate()
+                final, err = sw.communicate(timeout=20)
+        assert len(result.param_digests) == 2 and len(set(result.param_digests)) == 1
+        if sw is not None:
+            assert json.loads(final.strip().splitlines()[-1])["segments_completed"] > 0
+            for ip in rack.worker_ip:
+                assert f"joined from {ip}:" in err
+    assert leftover_namespaces(prefix) == []
