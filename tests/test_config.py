@@ -101,6 +101,18 @@ def test_ray_flags_parse_and_are_validated_together():
         assert needle in msg
 
 
+def test_ray_refuses_the_local_launchers_reduction_options():
+    cfg = preset("classic")
+    cfg.launcher, cfg.gmi.num_gmis, cfg.gmi.reducer = "ray", 2, "ring"
+    cfg.gmi.netns, cfg.gmi.switch_addr = "ns0,ns1", "10.0.0.1:9000,10.0.0.2:9000"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    msg = str(err.value)
+    for needle in ("gmi.reducer ring is for the local launcher", "gmi.netns is for the local",
+                   "give one switch address for all GMIs"):
+        assert needle in msg
+
+
 def test_ray_settings_without_the_ray_launcher_are_refused():
     cfg = preset("classic")
     cfg.ray.address, cfg.ray.max_restarts = "auto", 1
