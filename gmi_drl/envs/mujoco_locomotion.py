@@ -592,9 +592,8 @@ def register_tasks(register) -> None:
 
     Args:
         register: `gmi_drl.envs.register`; called as ``register(task_id, native=cls,
-            max_episode_steps=limit, async_in_workers=True)``, the class being built as
-            ``cls(num_envs=N, num_threads=T, **kwargs)`` (async pools: one per worker process,
-            ``T=1``).
+            max_episode_steps=limit)``, the class being built as ``cls(num_envs=N,
+            num_threads=T, **kwargs)``.
     """
     for task_id, (cls, max_episode_steps) in TASKS.items():
-        register(task_id, native=cls, max_episode_steps=max_episode_steps, async_in_workers=True)
+        register(task_id, native=cls, max_episode_steps=max_episode_steps)

@@ -37,10 +37,6 @@ class TaskEntry:
         env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
     max_episode_steps: time limit the pool applies to a native task (``None``: none, or the
         env's own).
-    async_in_workers: asynchronous pools of this native task run in worker processes, each
-        stepping its own shard with one native thread (EnvPool's thread-owned envs, in process
-        form): for engines whose step holds the GIL only briefly, so that one worker's physics
-        overlaps the other's Python and the caller's (measured on Hopper: +24% steps/s async).
     """
 
     task_id: str
@@ -49,7 +45,6 @@ class TaskEntry:
     env_fn: str | Callable[..., gym.Env] | None = None
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
-    async_in_workers: bool = False
 
 
 _REGISTRY: dict[str, TaskEntry] = {}
@@ -57,8 +52,7 @@ _REGISTRY: dict[str, TaskEntry] = {}
 
 def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
              native: NativeFactory | None = None, backend: BackendFactory | None = None,
-             max_episode_steps: int | None = None, async_in_workers: bool = False,
-             **kwargs: Any) -> None:
+             max_episode_steps: int | None = None, **kwargs: Any) -> None:
     """Register ``task_id``; `make` then builds pools of it.
 
     Args:
@@ -67,8 +61,6 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
         native: a `BatchedEnv` factory (native path), instead of ``env_fn``.
         backend: a factory of ``(EnvSpec, Backend)`` (engines with their own autoreset).
         max_episode_steps: pool-applied time limit for native tasks.
-        async_in_workers: step asynchronous pools of a native task in worker processes, one
-            shard each (see `TaskEntry`).
         **kwargs: default keyword arguments for the factory.
 
     Raises:
@@ -76,8 +68,7 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
     """
     if sum(x is not None for x in (env_fn, native, backend)) != 1:
         raise ValueError(f"register({task_id!r}): give exactly one of env_fn, native, backend")
-    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, env_fn, max_episode_steps, kwargs,
-                                   async_in_workers)
+    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, env_fn, max_episode_steps, kwargs)
 
 
 def list_tasks() -> list[str]:
@@ -96,8 +87,7 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         num_envs: sub-environments in the pool.
         env_batch_size: envs returned per `EnvPool.recv`; ``None`` means ``num_envs``
             (synchronous). Must be in ``[1, num_envs]``.
-        num_workers: threads (native tasks) or processes (generic path, and asynchronous pools
-            of native tasks registered ``async_in_workers``, e.g. MuJoCo); ``None``: the CPU
+        num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
             cores this process may use, at most ``num_envs``; ``0`` steps the generic path in
             this process (serial mode: no worker processes).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``);
@@ -140,8 +130,6 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         spec, backend = entry.backend(num_envs=num_envs, env_batch_size=batch,
                                       num_threads=max(workers, 1), seed=seed, autoreset=mode,
                                       **kwargs)
-    elif entry.native is not None and entry.async_in_workers and batch < num_envs and workers > 1:
-        spec, backend = _native_shards(entry, kwargs, num_envs, workers, mode, seeds)
     elif entry.native is not None:
         env = entry.native(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)
         spec = EnvSpec(task_id, env.observation_space, env.action_space, entry.max_episode_steps)
@@ -150,23 +138,6 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     else:
         spec, backend = _generic(task_id, entry.env_fn, kwargs, num_envs, workers, mode, seeds)
     return EnvPool(spec, backend, num_envs, batch, mode)
-
-
-def _native_shards(entry: TaskEntry, kwargs, num_envs, workers, mode, seeds):
-    """A native task in ``workers`` processes, each owning a shard built with one thread."""
-    native = entry.native
-    probe = native(num_envs=1, num_threads=1, **kwargs)
-    try:
-        obs_space, act_space = probe.observation_space, probe.action_space
-    finally:
-        probe.close()
-    spec = EnvSpec(entry.task_id, obs_space, act_space, entry.max_episode_steps)
-
-    def make_shard(env_ids: list[int]) -> BatchedEnv:
-        return native(num_envs=len(env_ids), num_threads=1, **kwargs)
-
-    return spec, ProcessBackend(make_shard, num_envs, workers, obs_space, act_space, mode,
-                                entry.max_episode_steps, seeds)
 
 
 def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
