@@ -165,3 +165,46 @@ def test_bad_arguments_raise():
     env = ml.SwimmerBatch(2, 1)
     with pytest.raises(ValueError):
         env.reset(np.arange(2), [0])
+
+
+def _per_env_trajectories(pool, rounds: int) -> dict[int, list]:
+    """Drive ``pool`` with EnvPool's send/recv loop; env ``i``'s action at its ``k``-th step is
+    a fixed function of ``(i, k)``. Returns each env's (obs, reward, terminated, truncated)."""
+    space, n, b = pool.action_space, pool.num_envs, pool.env_batch_size
+    steps, out = np.zeros(n, np.int64), {i: [] for i in range(n)}
+
+    def actions_for(ids):
+        return np.stack([np.random.default_rng([i, steps[i]]).uniform(space.low, space.high)
+                         .astype(space.dtype) for i in ids])
+
+    pool.reset()
+    for start in range(0, n, b):
+        ids = np.arange(start, start + b)
+        pool.send(actions_for(ids), ids)
+    for _ in range(rounds):
+        obs, rew, term, trunc, info = pool.recv()
+        ids = info["env_id"].copy()
+        for j, i in enumerate(ids):
+            out[i].append((obs[j].copy(), rew[j], term[j], trunc[j]))
+            steps[i] += 1
+        pool.send(actions_for(ids), info["env_id"])
+    return out
+
+
+def test_async_pool_each_env_follows_its_own_actions():
+    """In an async MuJoCo pool every env's trajectory depends only on the actions sent to it, so
+    it equals the synchronous pool's for the same per-env actions, resets included."""
+    with envs.make("Hopper-v5", num_envs=8, env_batch_size=4, num_workers=2, seed=3,
+                   autoreset="same_step") as pool:
+        got = _per_env_trajectories(pool, rounds=400)
+    with envs.make("Hopper-v5", num_envs=8, seed=3, autoreset="same_step") as pool:
+        want = _per_env_trajectories(pool, rounds=200)
+    ended = 0
+    for i in range(8):
+        k = min(len(got[i]), len(want[i]))
+        assert k >= 150, f"env {i} stepped only {k} times"
+        for (o1, r1, te1, tr1), (o2, r2, te2, tr2) in zip(got[i][:k], want[i][:k]):
+            np.testing.assert_array_equal(o1, o2)
+            assert (r1, te1, tr1) == (r2, te2, tr2)
+            ended += te1 | tr1
+    assert ended > 0  # the comparison covered autoresets too
