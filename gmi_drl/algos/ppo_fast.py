@@ -21,8 +21,7 @@ import math
 import numpy as np
 
 from gmi_drl.models.actor_critic import ActorCritic
-from gmi_drl.models.fast_mlp import NumpyTanhMLP, numpy_supported
-from gmi_drl.models.heads import DiagGaussianHead
+from gmi_drl.models.fast_mlp import NumpyActing
 from gmi_drl.telemetry.timer import timer
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -34,8 +33,9 @@ def _clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.minimum(np.maximum(x, low, out=x), high, out=x)
 
 
-class FastPPOGrad:
-    """Hand-derived PPO loss and gradient for CPU `ActorCritic` models with separate tanh MLPs.
+class FastPPOGrad(NumpyActing):
+    """Hand-derived PPO loss and gradient for CPU `ActorCritic` models with separate tanh MLPs
+    (the `NumpyActing` views, plus the gradient views).
 
     Args:
         model: built by `build_actor_critic` with ``encoder="mlp"`` and ``activation="tanh"``, on
@@ -47,17 +47,9 @@ class FastPPOGrad:
     """
 
     def __init__(self, model: ActorCritic) -> None:
-        if not self.supports(model):
-            raise ValueError("FastPPOGrad needs separate tanh MLPs on the CPU and a Gaussian or "
-                             "categorical head")
-        self.actor, self.critic = NumpyTanhMLP(model.actor), NumpyTanhMLP(model.critic)
-        self.head = model.head
-        self.gaussian = isinstance(model.head, DiagGaussianHead)
+        super().__init__(model)
         if self.gaussian:
-            self.logstd = model.head.logstd.detach().numpy()  # (1, A)
-            self.logstd_grad = model.head.logstd.grad.numpy()
-
-    supports = staticmethod(numpy_supported)
+            self.logstd_grad = model.head.logstd.grad.numpy()  # (1, A)
 
     def __call__(self, obs: np.ndarray, actions: np.ndarray, old_logprob: np.ndarray,
                  advantages: np.ndarray, old_value: np.ndarray, returns: np.ndarray,

@@ -120,8 +120,8 @@ class NumpyActing:
 
     def __init__(self, model) -> None:
         if not self.supports(model):
-            raise ValueError("NumpyActing needs separate tanh MLPs on the CPU and a Gaussian or "
-                             "categorical head")
+            raise ValueError(f"{type(self).__name__} needs separate tanh MLPs on the CPU and a "
+                             "Gaussian or categorical head")
         self.actor, self.critic = NumpyTanhMLP(model.actor), NumpyTanhMLP(model.critic)
         self.head = model.head
         self.gaussian = isinstance(model.head, DiagGaussianHead)
