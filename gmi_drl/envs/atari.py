@@ -410,7 +410,7 @@ class AtariBackend(Backend):
         g.ale.send(actions.tolist(), g.ones)
         self._in_flight.append(g)
 
-    def wait(self) -> np.ndarray:
+    def wait(self, min_count: int = 1) -> np.ndarray:
         """Block until the group sent first finishes; return its env ids (``int64``, in order).
 
         Raises:

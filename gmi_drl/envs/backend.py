@@ -37,8 +37,11 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait(self) -> np.ndarray:
+    def wait(self, min_count: int = 1) -> np.ndarray:
         """Block until at least one sent env finishes; return finished ids in completion order.
+
+        ``min_count`` is how many the pool still needs for its batch: a backend may wait for that
+        many before returning (fewer wake-ups), or return earlier.
 
         Raises:
             RuntimeError: a worker failed (message names the env ids and the original error).
@@ -69,7 +72,7 @@ class LocalBackend(Backend):
         self.stepper.step(ids, actions)
         self._done.append(ids)
 
-    def wait(self) -> np.ndarray:
+    def wait(self, min_count: int = 1) -> np.ndarray:
         if not self._done:
             raise RuntimeError("wait() with nothing in flight")
         return self._done.popleft()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 def register_all(register) -> None:
     """Call ``register`` for every native task (classic control, MuJoCo, Atari)."""
-    from gmi_drl.envs import atari, classic_control, mujoco_locomotion
+    from gmi_drl.envs import atari, classic_control, mujoco_locomotion, mujoco_threads
 
     classic_control.register_tasks(register)
     mujoco_locomotion.register_tasks(register)
+    mujoco_threads.register_tasks(register)  # the planar tasks: C++ threads where built
     atari.register_tasks(register)

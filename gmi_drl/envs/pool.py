@@ -148,7 +148,7 @@ class EnvPool:
                 f"{self._num_in_flight} are; send() actions for more envs first")
         while self._num_ready < b:
             try:
-                done = self._backend.wait()
+                done = self._backend.wait(b - self._num_ready)
             except RuntimeError as e:
                 self._failure = e
                 raise

@@ -205,7 +205,7 @@ class ProcessBackend(Backend):
         for w in np.unique(owners):
             self._submit(int(w), _STEP, ids[owners == w])
 
-    def wait(self) -> np.ndarray:
+    def wait(self, min_count: int = 1) -> np.ndarray:
         self._raise_if_failed()
         while not self._completed:
             self._collect(block=True)

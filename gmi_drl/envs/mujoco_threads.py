@@ -1,0 +1,191 @@
+"""MuJoCo locomotion on a C++ thread pool: EnvPool's asynchronous engine for the planar tasks.
+
+Source: EnvPool (papers/003_e9bf2f468e812145.txt, §3): actions are queued with their env ids and
+``send`` returns at once; worker threads step one env each, write its results into the pool's
+state buffers, and ``recv`` returns the first ``env_batch_size`` envs to finish. With
+``num_envs > env_batch_size`` the physics of the next batch runs while the caller works on this
+one.
+
+`MujocoThreadBackend` wraps the native core ``gmi_drl.envs._mujoco_core`` (``csrc/
+mujoco_core.cpp``, built by ``pip install``, linked against the ``mujoco`` wheel's library).
+Per step and env it runs, without the GIL: control from the action, ``frame_skip`` ``mj_step``
+calls, observation, reward, termination, the pool's time limit, episode statistics and
+autoreset. Python keeps only what must stay Python for exactness: each env's
+``np.random.Generator`` (Gymnasium's ``seeding.np_random``), from which it pre-draws the next
+reset state of every env the core returned (``next_qpos``/``next_qvel``); so the trajectories equal
+Gymnasium's and the NumPy engine's (``tests/envs/test_mujoco_threads.py``).
+
+Tasks: Hopper-v5, Walker2d-v5, HalfCheetah-v5, Swimmer-v5 (observations and rewards read only
+``qpos``/``qvel``). ``engine="numpy"`` selects the vectorised NumPy engine
+(`gmi_drl.envs.mujoco_locomotion`) instead; it also runs where the core is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any
+
+import mujoco
+import numpy as np
+from gymnasium.utils import seeding
+
+from gmi_drl.envs import mujoco_locomotion as ml
+from gmi_drl.envs.backend import Backend, LocalBackend
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.stepper import Slots, Stepper
+
+try:
+    from gmi_drl.envs import _mujoco_core
+except ImportError as e:  # not built (no compiler at install time): the NumPy engine runs
+    _mujoco_core = None
+    _IMPORT_ERROR = f"the native core gmi_drl.envs._mujoco_core is not built ({e})"
+else:
+    _IMPORT_ERROR = None
+
+TASKS = {task_id: ml.TASKS[task_id] for task_id in
+         ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Swimmer-v5")}
+ENGINES = ("auto", "threads", "numpy")
+_MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
+
+
+def unavailable_reason(env: ml.MujocoBatch | None = None) -> str | None:
+    """Why the thread engine cannot run (``env``: a task instance to check), or ``None``."""
+    if _mujoco_core is None:
+        return _IMPORT_ERROR
+    if _mujoco_core.MUJOCO_VERSION != mujoco.mj_version():
+        return (f"the native core was built against MuJoCo {_mujoco_core.MUJOCO_VERSION} but "
+                f"MuJoCo {mujoco.mj_version()} is installed; reinstall gmi-drl to rebuild it")
+    if env is not None:
+        if type(env) not in {cls for cls, _ in TASKS.values()}:
+            return f"{type(env).__name__} is not a thread-engine task"
+        if env.model.nu >= 8:
+            return f"the model has {env.model.nu} actuators; the thread engine takes at most 7"
+    return None
+
+
+def _task(env: ml.MujocoBatch) -> Any:
+    """The core's `Task` parameters of a planar-walker or forward-only task instance."""
+    t = _mujoco_core.Task()
+    t.frame_skip, t.dt, t.obs_skip = env.frame_skip, env.dt, env._skip
+    t.forward_w, t.ctrl_w = float(env._forward_w), float(env._ctrl_w)
+    if isinstance(env, ml._PlanarWalker):
+        t.vel_clip = 10.0
+        t.healthy_terms, t.healthy_reward = True, float(env._healthy_reward)
+        t.terminate = bool(env._terminate)
+        (t.min_z, t.max_z), (t.min_angle, t.max_angle) = env._z_range, env._angle_range
+        if isinstance(env, ml.HopperBatch):
+            t.state_range = True
+            t.min_state, t.max_state = env._state_range
+    return t
+
+
+class MujocoThreadBackend(Backend):
+    """The pool backend of the thread engine; see the module docstring.
+
+    Args:
+        env: a one-env instance of the task (its model, spaces, parameters and reset noise).
+        num_envs: sub-environments.
+        num_threads: C++ worker threads, ``>= 1``.
+        mode: the autoreset mode.
+        max_episode_steps: the time limit in steps, or ``None``.
+        seeds: ``(num_envs,)`` seed of each env's first reset.
+
+    Raises:
+        ValueError: the core cannot run this task (the reason from `unavailable_reason`).
+    """
+
+    def __init__(self, env: ml.MujocoBatch, num_envs: int, num_threads: int,
+                 mode: AutoresetMode, max_episode_steps: int | None, seeds: np.ndarray) -> None:
+        reason = unavailable_reason(env)
+        if reason is not None:
+            raise ValueError(f"engine='threads' cannot run: {reason}")
+        self._env = env
+        model = env.model
+        self.slots = Slots.allocate(num_envs, env.observation_space.shape, np.float64)
+        self._next_qpos = np.zeros((num_envs, model.nq))
+        self._next_qvel = np.zeros((num_envs, model.nv))
+        self._has_next = np.zeros(num_envs, bool)
+        self._pending_seeds: list[int | None] = [int(s) for s in seeds]
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        s = self.slots
+        buffers = dict(obs=s.obs, final_obs=s.final_obs, reward=s.reward,
+                       terminated=s.terminated, truncated=s.truncated,
+                       episode_return=s.episode_return, episode_length=s.episode_length,
+                       next_qpos=self._next_qpos, next_qvel=self._next_qvel,
+                       has_next=self._has_next, ended=np.zeros(num_envs, bool))
+        self._core = _mujoco_core.MujocoCore(model, num_envs, num_threads, _task(env),
+                                             _MODES[AutoresetMode(mode)],
+                                             max_episode_steps or 0, buffers)
+
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        if actions.dtype != np.float32 and actions.dtype != np.float64:
+            actions = actions.astype(np.float64)
+        self._core.send(ids, actions)
+
+    def wait(self, min_count: int = 1) -> np.ndarray:
+        done = self._core.wait(min_count)
+        has_next = self._has_next
+        if not has_next[done].all():
+            self._draw(done[~has_next[done]])
+        return done
+
+    def reset(self, ids: np.ndarray) -> None:
+        fresh = [i for i in ids.tolist() if self._pending_seeds[i] is not None]
+        stale = ids[~self._has_next[ids]]
+        self._draw(np.union1d(np.asarray(fresh, np.int64), stale))
+        self._core.reset(ids)
+        self._draw(ids)
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+            self._core = None
+
+    def _draw(self, ids: np.ndarray) -> None:
+        """Draw each env's next reset state from its generator (Gymnasium's reset order)."""
+        for i in ids.tolist():
+            seed = self._pending_seeds[i]
+            if seed is not None or self._rngs[i] is None:
+                self._rngs[i], _ = seeding.np_random(None if seed is None
+                                                     else operator.index(seed))
+                self._pending_seeds[i] = None
+            self._next_qpos[i], self._next_qvel[i] = self._env._reset_state(self._rngs[i])
+            self._has_next[i] = True
+
+
+def make_backend(task_id: str, num_envs: int, env_batch_size: int, num_threads: int, seed: int,
+                 autoreset: AutoresetMode, engine: str = "auto",
+                 **kwargs: Any) -> tuple[EnvSpec, Backend]:
+    """The registry's backend factory for the four tasks: the thread engine or the NumPy one.
+
+    Args:
+        engine: ``"threads"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
+            NumPy over ``mujoco.batch``), or ``"auto"`` (threads where available).
+        **kwargs: the task's Gymnasium keyword arguments.
+
+    Raises:
+        ValueError: an unknown ``engine``, or ``"threads"`` where the core cannot run.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+    cls, max_episode_steps = TASKS[task_id]
+    seeds = seed + np.arange(num_envs, dtype=np.int64)
+    if engine != "numpy":
+        probe = cls(num_envs=1, num_threads=1, **kwargs)
+        if engine == "threads" or unavailable_reason(probe) is None:
+            spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
+                           max_episode_steps)
+            return spec, MujocoThreadBackend(probe, num_envs, num_threads, autoreset,
+                                             max_episode_steps, seeds)
+        probe.close()
+    env = cls(num_envs=num_envs, num_threads=num_threads, **kwargs)
+    spec = EnvSpec(task_id, env.observation_space, env.action_space, max_episode_steps)
+    slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
+    return spec, LocalBackend(Stepper(env, slots, autoreset, max_episode_steps, seeds))
+
+
+def register_tasks(register) -> None:
+    """Register the four tasks with `make_backend` (after `mujoco_locomotion.register_tasks`)."""
+    for task_id in TASKS:
+        register(task_id, backend=functools.partial(make_backend, task_id))
