@@ -24,16 +24,19 @@ from gmi_drl.envs.workers import ProcessBackend
 NativeFactory = Callable[..., BatchedEnv]
 # A native backend that brings its own autoreset (ale-py's vector env): returns (spec, Backend).
 BackendFactory = Callable[..., tuple[EnvSpec, Backend]]
+# A whole pool in native code (CartPole-v1): returns an `EnvPool`.
+PoolFactory = Callable[..., EnvPool]
 
 
 @dataclass(frozen=True)
 class TaskEntry:
     """How to build one task.
 
-    Exactly one of ``native``, ``backend`` and ``env_fn`` is set:
+    Exactly one of ``native``, ``backend``, ``pool`` and ``env_fn`` is set:
         native: ``native(num_envs, num_threads, **kwargs) -> BatchedEnv`` run in-process.
         backend: ``backend(num_envs, env_batch_size, num_threads, seed, autoreset, **kwargs)``
             returning ``(EnvSpec, Backend)``, for engines with their own autoreset.
+        pool: the same arguments, returning a whole `EnvPool` (a pool in native code).
         env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
     max_episode_steps: time limit the pool applies to a native task (``None``: none, or the
         env's own).
@@ -42,6 +45,7 @@ class TaskEntry:
     task_id: str
     native: NativeFactory | None = None
     backend: BackendFactory | None = None
+    pool: PoolFactory | None = None
     env_fn: str | Callable[..., gym.Env] | None = None
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -52,7 +56,8 @@ _REGISTRY: dict[str, TaskEntry] = {}
 
 def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
              native: NativeFactory | None = None, backend: BackendFactory | None = None,
-             max_episode_steps: int | None = None, **kwargs: Any) -> None:
+             pool: PoolFactory | None = None, max_episode_steps: int | None = None,
+             **kwargs: Any) -> None:
     """Register ``task_id``; `make` then builds pools of it.
 
     Args:
@@ -60,15 +65,18 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
         env_fn: a Gymnasium id, or a callable returning a ``gymnasium.Env`` (generic path).
         native: a `BatchedEnv` factory (native path), instead of ``env_fn``.
         backend: a factory of ``(EnvSpec, Backend)`` (engines with their own autoreset).
+        pool: a factory of a whole `EnvPool` (pools in native code).
         max_episode_steps: pool-applied time limit for native tasks.
         **kwargs: default keyword arguments for the factory.
 
     Raises:
-        ValueError: not exactly one of ``env_fn``, ``native``, ``backend`` given.
+        ValueError: not exactly one of ``env_fn``, ``native``, ``backend``, ``pool`` given.
     """
-    if sum(x is not None for x in (env_fn, native, backend)) != 1:
-        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, native, backend")
-    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, env_fn, max_episode_steps, kwargs)
+    if sum(x is not None for x in (env_fn, native, backend, pool)) != 1:
+        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, native, backend, "
+                         "pool")
+    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, pool, env_fn, max_episode_steps,
+                                   kwargs)
 
 
 def list_tasks() -> list[str]:
@@ -126,6 +134,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
     seeds = seed + np.arange(num_envs, dtype=np.int64)
+    if entry.pool is not None:
+        return entry.pool(num_envs=num_envs, env_batch_size=batch, num_threads=max(workers, 1),
+                          seed=seed, autoreset=mode, **kwargs)
     if entry.backend is not None:
         spec, backend = entry.backend(num_envs=num_envs, env_batch_size=batch,
                                       num_threads=max(workers, 1), seed=seed, autoreset=mode,

@@ -1,0 +1,123 @@
+"""CartPole-v1 as a whole pool in C++: EnvPool's API with no Python per call but the binding.
+
+A CartPole step costs nanoseconds, so a pool of it is bound by the bookkeeping around the step
+(env ids, action checks, episode statistics, batch assembly): in the Python `EnvPool` that is
+~30 us per ``send`` + ``recv``. Here ``reset``/``send``/``recv``/``step`` are the methods of the
+native ``gmi_drl.envs._cartpole_pool.CartPolePool`` (``csrc/cartpole_pool.cpp``), with the same
+contract, errors and messages as `EnvPool` (EnvPool, papers/003_e9bf2f468e812145.txt, §3: a C++
+core behind a thin binding). It steps in the caller's thread: a hand-off to another thread costs
+more than the step.
+
+Python keeps each env's ``np.random.Generator`` (Gymnasium's ``seeding.np_random``): the core asks
+for an env's reset states in blocks of `DRAW_BLOCK`, drawn in one call as ``uniform(-0.05,
+0.05, (DRAW_BLOCK, 4))`` (the same stream as that many ``reset`` calls), so trajectories equal
+Gymnasium's step for step (``tests/envs/test_cartpole_native.py``). ``engine="numpy"`` selects
+the vectorised NumPy task in the Python pool (`gmi_drl.envs.classic_control.CartPole`), which
+also runs where the core is not built.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+from gymnasium.utils import seeding
+
+from gmi_drl.envs import classic_control
+from gmi_drl.envs.backend import LocalBackend
+from gmi_drl.envs.pool import EnvPool
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.stepper import EpisodeEndedError, Slots, Stepper
+
+try:
+    from gmi_drl.envs import _cartpole_pool
+except ImportError as e:  # not built (no compiler at install time)
+    _cartpole_pool = None
+    UNAVAILABLE = f"the native core gmi_drl.envs._cartpole_pool is not built ({e})"
+else:
+    UNAVAILABLE = None
+
+TASK_ID = "CartPole-v1"
+MAX_EPISODE_STEPS = 500
+DRAW_BLOCK = 64
+ENGINES = ("auto", "native", "numpy")
+_MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
+
+
+class CartPoleNativePool(EnvPool):
+    """`EnvPool` of CartPole-v1 whose methods run in C++; same API, outputs and errors.
+
+    Outputs: ``obs (env_batch_size, 4) float32``, ``rewards float64``, ``terminated``/
+    ``truncated bool``, ``info`` with ``env_id`` (read-only), ``episode_return``,
+    ``episode_length``, ``episode_end`` (and ``final_obs`` in ``same_step`` mode); views valid
+    until the next ``reset``/``recv``/``step`` call, as in `EnvPool`.
+
+    Args:
+        num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
+        sutton_barto_reward: as the Gymnasium constructor argument.
+    """
+
+    def __init__(self, num_envs: int, env_batch_size: int, seed: int, autoreset: AutoresetMode,
+                 sutton_barto_reward: bool = False) -> None:
+        if UNAVAILABLE is not None:
+            raise ValueError(f"engine='native' cannot run: {UNAVAILABLE}")
+        probe = classic_control.CartPole(1)
+        self.spec = EnvSpec(TASK_ID, probe.observation_space, probe.action_space,
+                            MAX_EPISODE_STEPS)
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        self.num_envs, self.env_batch_size = num_envs, env_batch_size
+        self.autoreset = AutoresetMode(autoreset)
+        self._pending_seeds: list[int | None] = [seed + i for i in range(num_envs)]
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        self._closed = False
+        self._core = _cartpole_pool.CartPolePool(
+            num_envs, env_batch_size, _MODES[self.autoreset], MAX_EPISODE_STEPS,
+            bool(sutton_barto_reward), self._draw, EpisodeEndedError)
+        # the bound C++ methods themselves: no Python frame per call
+        self.reset, self.send = self._core.reset, self._core.send
+        self.recv, self.step = self._core.recv, self._core.step
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._core.close()
+
+    def get_state(self, env_id: int) -> np.ndarray:
+        """Env ``env_id``'s state ``[x, x_dot, theta, theta_dot] (4,) float64`` (a copy)."""
+        return self._core.get_state(env_id)
+
+    def _draw(self, i: int) -> np.ndarray:
+        """The next `DRAW_BLOCK` reset states of env ``i``, ``(DRAW_BLOCK, 4) float64``."""
+        seed = self._pending_seeds[i]
+        if seed is not None or self._rngs[i] is None:
+            self._rngs[i], _ = seeding.np_random(None if seed is None else operator.index(seed))
+            self._pending_seeds[i] = None
+        return self._rngs[i].uniform(low=-0.05, high=0.05, size=(DRAW_BLOCK, 4))
+
+
+def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seed: int,
+              autoreset: AutoresetMode, engine: str = "auto", **kwargs: Any) -> EnvPool:
+    """The registry's pool factory of CartPole-v1.
+
+    Args:
+        engine: ``"native"`` (the C++ pool; raises where it is not built), ``"numpy"`` (the
+            vectorised task in the Python pool) or ``"auto"`` (native where built).
+        **kwargs: ``sutton_barto_reward`` (Gymnasium's keyword).
+
+    Raises:
+        ValueError: an unknown ``engine`` or keyword, or ``"native"`` where it is not built.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+    unknown = set(kwargs) - {"sutton_barto_reward"}
+    if unknown:
+        raise ValueError(f"unknown CartPole-v1 keyword(s) {sorted(unknown)}")
+    if engine == "native" or (engine == "auto" and UNAVAILABLE is None):
+        return CartPoleNativePool(num_envs, env_batch_size, seed, autoreset, **kwargs)
+    env = classic_control.CartPole(num_envs, num_threads, **kwargs)
+    spec = EnvSpec(TASK_ID, env.observation_space, env.action_space, MAX_EPISODE_STEPS)
+    slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
+    seeds = seed + np.arange(num_envs, dtype=np.int64)
+    backend = LocalBackend(Stepper(env, slots, autoreset, MAX_EPISODE_STEPS, seeds))
+    return EnvPool(spec, backend, num_envs, env_batch_size, autoreset)
