@@ -174,8 +174,26 @@ class MujocoCore {
         error = "wait() with nothing in flight";
       } else {
         want_ = min_count;
-        done_cv_.wait(lock, [&] { return static_cast<int>(done_.size()) >= want_ ||
-                                         !error_.empty(); });
+        // When every env in flight is needed for this batch (a synchronous pool), the waiting
+        // thread steps queued envs itself rather than sleep while they wait for a worker: one
+        // more thread on the critical path, no wake-up latency. With more in flight than needed
+        // (async) it sleeps: stepping an env of a later batch would delay this one.
+        auto critical = [&] {
+          return !queue_.empty() && in_flight_ + static_cast<int>(done_.size()) <= want_;
+        };
+        while (static_cast<int>(done_.size()) < want_ && error_.empty()) {
+          if (!critical()) {
+            done_cv_.wait(lock, [&] { return static_cast<int>(done_.size()) >= want_ ||
+                                             !error_.empty() || critical(); });
+            continue;
+          }
+          const int i = queue_.front();
+          queue_.pop_front();
+          lock.unlock();
+          std::string err = run(i);
+          lock.lock();
+          finish(i, err);
+        }
         want_ = 1 << 30;
         if (!error_.empty()) error = error_;
         out.assign(done_.begin(), done_.end());
@@ -209,25 +227,35 @@ class MujocoCore {
         i = queue_.front();
         queue_.pop_front();
       }
-      std::string error;
-      try {
-        step(i);
-      } catch (const std::exception& e) {
-        error = e.what();
-      } catch (...) {
-        error = "unknown C++ exception";
-      }
+      std::string error = run(i);
       bool wake;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        --in_flight_;
-        if (!error.empty() && error_.empty())
-          error_ = "env_id " + std::to_string(i) + ": MuJoCo step failed: " + error;
-        done_.push_back(i);
-        wake = static_cast<int>(done_.size()) >= want_ || !error_.empty();
+        wake = finish(i, error);
       }
       if (wake) done_cv_.notify_one();
     }
+  }
+
+  // Step env i; the error message, empty on success.
+  std::string run(int i) {
+    try {
+      step(i);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown C++ exception";
+    }
+    return "";
+  }
+
+  // Record env i as done (mu_ held); whether the waiting thread should wake.
+  bool finish(int i, const std::string& error) {
+    --in_flight_;
+    if (!error.empty() && error_.empty())
+      error_ = "env_id " + std::to_string(i) + ": MuJoCo step failed: " + error;
+    done_.push_back(i);
+    return static_cast<int>(done_.size()) >= want_ || !error_.empty();
   }
 
   // mj_resetData, then the pre-drawn noisy qpos/qvel (Gymnasium's reset_model); outputs of a
