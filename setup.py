@@ -20,10 +20,12 @@ _FLAGS = ["-O3", "-ffp-contract=off"]
 setup(
     ext_modules=[
         Pybind11Extension("gmi_drl.envs._cartpole_pool", ["csrc/cartpole_pool.cpp"],
+                          depends=["csrc/episodes.h"],
                           extra_compile_args=_FLAGS, cxx_std=17, optional=True),
         Pybind11Extension(
             "gmi_drl.envs._mujoco_core",
             ["csrc/mujoco_core.cpp"],
+            depends=["csrc/episodes.h"],
             include_dirs=[os.path.join(_MUJOCO_DIR, "include")],
             library_dirs=[_MUJOCO_DIR],
             # `import mujoco` has loaded this soname before the core is imported

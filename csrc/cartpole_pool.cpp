@@ -11,6 +11,8 @@
 //
 // Outputs are views of buffers this object owns, valid until its next reset/recv/step call.
 
+#include "episodes.h"
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -25,7 +27,9 @@ namespace py = pybind11;
 
 namespace {
 
-enum Autoreset { kNextStep = 0, kSameStep = 1, kDisabled = 2 };
+using gmi_drl::Episodes;
+using gmi_drl::kDisabled;
+using gmi_drl::kSameStep;
 
 constexpr double kGravity = 9.8, kMassPole = 0.1, kTotalMass = 0.1 + 1.0;
 constexpr double kLength = 0.5, kPoleMassLength = 0.1 * 0.5, kForceMag = 10.0, kTau = 0.02;
@@ -47,38 +51,63 @@ py::array_t<T> zeros(std::vector<py::ssize_t> shape) {
   return a;
 }
 
+py::array_t<int64_t> read_only_arange(py::ssize_t n) {
+  auto a = zeros<int64_t>({n});
+  for (py::ssize_t i = 0; i < n; ++i) a.mutable_data()[i] = i;
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+// Per-env results, one row per env: the pool's state (num_envs rows, indexed by env id) or a
+// recv batch (env_batch_size rows, in return order).
+struct Rows {
+  explicit Rows(py::ssize_t rows)
+      : obs(zeros<float>({rows, 4})), final_obs(zeros<float>({rows, 4})),
+        reward(zeros<double>({rows})), episode_return(zeros<double>({rows})),
+        terminated(zeros<bool>({rows})), truncated(zeros<bool>({rows})),
+        episode_end(zeros<bool>({rows})), episode_length(zeros<int64_t>({rows})) {}
+
+  // Row `from` of this into row `to` of `out` (final_obs only where it is reported).
+  void copy_row(int from, Rows& out, int to, bool with_final_obs) const {
+    std::copy(obs.data() + 4 * from, obs.data() + 4 * from + 4, out.obs.mutable_data() + 4 * to);
+    if (with_final_obs)
+      std::copy(final_obs.data() + 4 * from, final_obs.data() + 4 * from + 4,
+                out.final_obs.mutable_data() + 4 * to);
+    out.reward.mutable_data()[to] = reward.data()[from];
+    out.episode_return.mutable_data()[to] = episode_return.data()[from];
+    out.terminated.mutable_data()[to] = terminated.data()[from];
+    out.truncated.mutable_data()[to] = truncated.data()[from];
+    out.episode_end.mutable_data()[to] = episode_end.data()[from];
+    out.episode_length.mutable_data()[to] = episode_length.data()[from];
+  }
+
+  // EnvPool's (obs, rewards, terminated, truncated, info) of these rows.
+  py::tuple result(const py::array& env_id, bool with_final_obs) const {
+    py::dict info;
+    info["env_id"] = env_id;
+    info["episode_return"] = episode_return;
+    info["episode_length"] = episode_length;
+    info["episode_end"] = episode_end;
+    if (with_final_obs) info["final_obs"] = final_obs;
+    return py::make_tuple(obs, reward, terminated, truncated, info);
+  }
+
+  py::array_t<float> obs, final_obs;
+  py::array_t<double> reward, episode_return;
+  py::array_t<bool> terminated, truncated, episode_end;
+  py::array_t<int64_t> episode_length;
+};
+
 class CartPolePool {
  public:
   // draw(env_id) -> (k, 4) float64: env_id's next k reset states from its generator.
   CartPolePool(int num_envs, int env_batch_size, int autoreset, int max_episode_steps,
                bool sutton_barto_reward, py::object draw, py::object episode_ended_error)
-      : n_(num_envs), b_(env_batch_size), mode_(autoreset), max_steps_(max_episode_steps),
-        sutton_barto_(sutton_barto_reward), draw_(draw), ended_error_(episode_ended_error),
-        state_(4 * num_envs, 0.0), run_return_(num_envs, 0.0), run_length_(num_envs, 0),
-        ended_(num_envs, false), in_flight_(num_envs, false), draws_(num_envs),
-        draw_pos_(num_envs, 0) {
-    obs_ = zeros<float>({n_, 4});
-    final_obs_ = zeros<float>({n_, 4});
-    reward_ = zeros<double>({n_});
-    terminated_ = zeros<bool>({n_});
-    truncated_ = zeros<bool>({n_});
-    end_ = zeros<bool>({n_});
-    return_ = zeros<double>({n_});
-    length_ = zeros<int64_t>({n_});
-    all_ids_ = zeros<int64_t>({n_});
-    for (int i = 0; i < n_; ++i) all_ids_.mutable_data()[i] = i;
-    o_obs_ = zeros<float>({b_, 4});
-    o_final_ = zeros<float>({b_, 4});
-    o_reward_ = zeros<double>({b_});
-    o_term_ = zeros<bool>({b_});
-    o_trunc_ = zeros<bool>({b_});
-    o_end_ = zeros<bool>({b_});
-    o_return_ = zeros<double>({b_});
-    o_length_ = zeros<int64_t>({b_});
-    o_ids_ = zeros<int64_t>({b_});
-    py::detail::array_proxy(all_ids_.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-    py::detail::array_proxy(o_ids_.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  }
+      : n_(num_envs), b_(env_batch_size), sutton_barto_(sutton_barto_reward), draw_(draw),
+        ended_error_(episode_ended_error), episodes_(num_envs, autoreset, max_episode_steps),
+        state_(4 * num_envs, 0.0), in_flight_(num_envs, false), draws_(num_envs),
+        draw_pos_(num_envs, 0), slots_(num_envs), out_(env_batch_size),
+        all_ids_(read_only_arange(num_envs)), out_ids_(read_only_arange(env_batch_size)) {}
 
   py::tuple reset(py::object env_id) {
     check_open();
@@ -92,13 +121,14 @@ class CartPolePool {
     py::dict info;
     if (env_id.is_none()) {
       info["env_id"] = all_ids_;
-      return py::make_tuple(obs_, info);
+      return py::make_tuple(slots_.obs, info);
     }
     py::array_t<int64_t> idarr(static_cast<py::ssize_t>(ids.size()));
     py::array_t<float> obs({static_cast<py::ssize_t>(ids.size()), py::ssize_t(4)});
     for (size_t k = 0; k < ids.size(); ++k) {
       idarr.mutable_data()[k] = ids[k];
-      std::copy(obs_.data() + 4 * ids[k], obs_.data() + 4 * ids[k] + 4, obs.mutable_data() + 4 * k);
+      const float* row = slots_.obs.data() + 4 * ids[k];
+      std::copy(row, row + 4, obs.mutable_data() + 4 * k);
     }
     info["env_id"] = idarr;
     return py::make_tuple(obs, info);
@@ -107,8 +137,8 @@ class CartPolePool {
   void send(py::object actions, py::object env_id) {
     check_open();
     ids_.clear();
-    if (env_id.ptr() == o_ids_.ptr() && !recv_ids_sent_) {  // the ids of our last recv
-      const int64_t* p = o_ids_.data();
+    if (env_id.ptr() == out_ids_.ptr() && !recv_ids_sent_) {  // the ids of our last recv
+      const int64_t* p = out_ids_.data();
       ids_.assign(p, p + b_);
       recv_ids_sent_ = true;
     } else if (env_id.is_none()) {
@@ -121,9 +151,9 @@ class CartPolePool {
         throw py::value_error("env_id " + ids_str(busy) + " already has a step in flight; "
                               "recv() its result before sending it another action");
     }
-    if (mode_ == kDisabled) {
+    if (episodes_.mode == kDisabled) {
       std::vector<int64_t> ended;
-      for (int64_t i : ids_) if (ended_[i]) ended.push_back(i);
+      for (int64_t i : ids_) if (episodes_.ended(static_cast<int>(i))) ended.push_back(i);
       if (!ended.empty()) {
         PyErr_SetString(ended_error_.ptr(),
                         ("env_id " + ids_str(ended) + ": episode ended and autoreset is "
@@ -146,47 +176,24 @@ class CartPolePool {
       throw std::runtime_error("recv() needs " + std::to_string(b_) + " envs in flight or "
                                "finished, but only " + std::to_string(num_in_flight_) +
                                " are; send() actions for more envs first");
-    py::dict info;
     num_in_flight_ -= b_;
     recv_ids_sent_ = false;
+    const bool final_obs = episodes_.mode == kSameStep;
     if (b_ == n_) {  // synchronous: the state buffers themselves, in env id order
       for (int k = 0; k < b_; ++k) in_flight_[ready_[k]] = false;
       ready_.erase(ready_.begin(), ready_.begin() + b_);
-      info["env_id"] = all_ids_;
-      info["episode_return"] = return_;
-      info["episode_length"] = length_;
-      info["episode_end"] = end_;
-      if (mode_ == kSameStep) info["final_obs"] = final_obs_;
-      return py::make_tuple(obs_, reward_, terminated_, truncated_, info);
+      return slots_.result(all_ids_, final_obs);
     }
     // read-only to Python (sending it back skips re-validation), written here
-    int64_t* ids = reinterpret_cast<int64_t*>(py::detail::array_proxy(o_ids_.ptr())->data);
-    float *obs = o_obs_.mutable_data(), *fin = o_final_.mutable_data();
-    const float *sobs = obs_.data(), *sfin = final_obs_.data();
-    double *rew = o_reward_.mutable_data(), *ret = o_return_.mutable_data();
-    bool *term = o_term_.mutable_data(), *trunc = o_trunc_.mutable_data();
-    bool* end = o_end_.mutable_data();
-    int64_t* len = o_length_.mutable_data();
+    int64_t* ids = reinterpret_cast<int64_t*>(py::detail::array_proxy(out_ids_.ptr())->data);
     for (int k = 0; k < b_; ++k) {
       const int i = ready_.front();
       ready_.pop_front();
       in_flight_[i] = false;
       ids[k] = i;
-      std::copy(sobs + 4 * i, sobs + 4 * i + 4, obs + 4 * k);
-      rew[k] = reward_.data()[i];
-      term[k] = terminated_.data()[i];
-      trunc[k] = truncated_.data()[i];
-      end[k] = end_.data()[i];
-      ret[k] = return_.data()[i];
-      len[k] = length_.data()[i];
-      if (mode_ == kSameStep) std::copy(sfin + 4 * i, sfin + 4 * i + 4, fin + 4 * k);
+      slots_.copy_row(i, out_, k, final_obs);
     }
-    info["env_id"] = o_ids_;
-    info["episode_return"] = o_return_;
-    info["episode_length"] = o_length_;
-    info["episode_end"] = o_end_;
-    if (mode_ == kSameStep) info["final_obs"] = o_final_;
-    return py::make_tuple(o_obs_, o_reward_, o_term_, o_trunc_, info);
+    return out_.result(out_ids_, final_obs);
   }
 
   py::tuple step(py::object actions, py::object env_id) {
@@ -277,18 +284,18 @@ class CartPolePool {
   void start_episode(int i) {
     const double* s = next_reset(i);
     std::copy(s, s + 4, &state_[4 * i]);
-    observe(i, obs_.mutable_data() + 4 * i);
-    reward_.mutable_data()[i] = 0.0;
-    terminated_.mutable_data()[i] = truncated_.mutable_data()[i] = end_.mutable_data()[i] = false;
-    return_.mutable_data()[i] = 0.0;
-    length_.mutable_data()[i] = 0;
-    run_return_[i] = 0.0;
-    run_length_[i] = 0;
-    ended_[i] = false;
+    Rows& r = slots_;
+    observe(i, r.obs.mutable_data() + 4 * i);
+    r.reward.mutable_data()[i] = 0.0;
+    r.terminated.mutable_data()[i] = r.truncated.mutable_data()[i] = false;
+    r.episode_end.mutable_data()[i] = false;
+    r.episode_return.mutable_data()[i] = 0.0;
+    r.episode_length.mutable_data()[i] = 0;
+    episodes_.start(i);
   }
 
   void step_env(int i, int64_t action) {
-    if (ended_[i]) {  // next_step: this step only starts the new episode
+    if (episodes_.ended(i)) {  // next_step: this step only starts the new episode
       start_episode(i);
       return;
     }
@@ -311,39 +318,30 @@ class CartPolePool {
     const bool terminated = x < -kXThreshold || x > kXThreshold || theta < -kThetaThreshold ||
                             theta > kThetaThreshold;
     const double reward = sutton_barto_ ? (terminated ? -1.0 : 0.0) : 1.0;
-    const int64_t length = run_length_[i] + 1;
-    const double ret = run_return_[i] + reward;
-    const bool truncated = max_steps_ > 0 && length >= max_steps_;
-    float* o = obs_.mutable_data() + 4 * i;
+    const Episodes::Step e = episodes_.record(i, reward, terminated);
+    Rows& r = slots_;
+    float* o = r.obs.mutable_data() + 4 * i;
     observe(i, o);
-    reward_.mutable_data()[i] = reward;
-    terminated_.mutable_data()[i] = terminated;
-    truncated_.mutable_data()[i] = truncated;
-    end_.mutable_data()[i] = terminated || truncated;
-    return_.mutable_data()[i] = ret;
-    length_.mutable_data()[i] = length;
-    run_return_[i] = ret;
-    run_length_[i] = length;
-    if (!(terminated || truncated)) return;
-    run_return_[i] = 0.0;
-    run_length_[i] = 0;
-    if (mode_ == kSameStep) {
-      std::copy(o, o + 4, final_obs_.mutable_data() + 4 * i);
+    r.reward.mutable_data()[i] = reward;
+    r.terminated.mutable_data()[i] = terminated;
+    r.truncated.mutable_data()[i] = e.truncated;
+    r.episode_end.mutable_data()[i] = e.done;
+    r.episode_return.mutable_data()[i] = e.episode_return;
+    r.episode_length.mutable_data()[i] = e.episode_length;
+    if (e.done && episodes_.mode == kSameStep) {
+      std::copy(o, o + 4, r.final_obs.mutable_data() + 4 * i);
       const double* s = next_reset(i);
       std::copy(s, s + 4, st);
       observe(i, o);
-    } else {
-      ended_[i] = true;
     }
   }
 
-  const int n_, b_, mode_;
-  const int64_t max_steps_;
+  const int n_, b_;
   const bool sutton_barto_;
   py::object draw_, ended_error_;
-  std::vector<double> state_, run_return_;
-  std::vector<int64_t> run_length_;
-  std::vector<char> ended_, in_flight_;
+  Episodes episodes_;
+  std::vector<double> state_;
+  std::vector<char> in_flight_;
   std::vector<std::vector<double>> draws_;
   std::vector<size_t> draw_pos_;
   std::deque<int> ready_;
@@ -351,10 +349,8 @@ class CartPolePool {
   py::array_t<int64_t> actions_;
   int num_in_flight_ = 0;
   bool recv_ids_sent_ = true, closed_ = false;
-  py::array_t<float> obs_, final_obs_, o_obs_, o_final_;
-  py::array_t<double> reward_, return_, o_reward_, o_return_;
-  py::array_t<bool> terminated_, truncated_, end_, o_term_, o_trunc_, o_end_;
-  py::array_t<int64_t> length_, all_ids_, o_length_, o_ids_;
+  Rows slots_, out_;
+  py::array_t<int64_t> all_ids_, out_ids_;
 };
 
 }  // namespace

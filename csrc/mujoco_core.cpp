@@ -14,6 +14,8 @@
 // floating-point order (see the comments at each); tests/envs/test_mujoco_threads.py steps it in
 // lockstep with the Gymnasium envs.
 
+#include "episodes.h"
+
 #include <mujoco/mujoco.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -32,7 +34,7 @@ namespace py = pybind11;
 
 namespace {
 
-enum Autoreset { kNextStep = 0, kSameStep = 1, kDisabled = 2 };
+using gmi_drl::Episodes;
 
 // The reward/termination parameters of one task; see the Python classes for their meaning.
 struct Task {
@@ -64,8 +66,8 @@ class MujocoCore {
  public:
   MujocoCore(py::object model, int num_envs, int num_threads, Task task, int autoreset,
              int max_episode_steps, py::dict buffers)
-      : model_obj_(model), n_(num_envs), task_(task), mode_(autoreset),
-        max_steps_(max_episode_steps) {
+      : model_obj_(model), n_(num_envs), task_(task),
+        episodes_(num_envs, autoreset, max_episode_steps) {
     m_ = reinterpret_cast<mjModel*>(model.attr("_address").cast<std::uintptr_t>());
     if (n_ < 1 || num_threads < 1) throw std::invalid_argument("num_envs and num_threads >= 1");
     if (m_->nu >= 8) throw std::invalid_argument("at most 7 actuators");  // see ctrl_cost()
@@ -86,7 +88,6 @@ class MujocoCore {
     a = get("next_qpos"); next_qpos_ = mutable_data<double>(a, "next_qpos", n_, nq_);
     a = get("next_qvel"); next_qvel_ = mutable_data<double>(a, "next_qvel", n_, nv_);
     a = get("has_next"); has_next_ = mutable_data<bool>(a, "has_next", n_, 1);
-    a = get("ended"); ended_ = mutable_data<bool>(a, "ended", n_, 1);
     data_.resize(n_, nullptr);
     for (int i = 0; i < n_; ++i) {
       data_[i] = mj_makeData(m_);
@@ -94,8 +95,6 @@ class MujocoCore {
     }
     action_.assign(static_cast<size_t>(n_) * nu_, 0.0);
     ctrl_cost_.assign(n_, 0.0);
-    run_return_.assign(n_, 0.0);
-    run_length_.assign(n_, 0);
     for (int t = 0; t < num_threads; ++t) workers_.emplace_back([this] { work(); });
   }
 
@@ -123,32 +122,9 @@ class MujocoCore {
     for (py::ssize_t k = 0; k < n; ++k)
       if (id[k] < 0 || id[k] >= n_) throw std::invalid_argument("env id out of range");
     if (py::isinstance<py::array_t<float>>(actions)) {
-      auto a = actions.unchecked<float, 2>();
-      for (py::ssize_t k = 0; k < n; ++k) {
-        // Gymnasium: ctrl_cost_weight * np.sum(np.square(action)) with a float32 action is a
-        // float32 product (NumPy 2 casts the Python float to float32); np.sum of fewer than 8
-        // values adds them in order from 0.
-        float sum = 0.0f;
-        double* dst = &action_[id[k] * nu_];
-        for (int j = 0; j < nu_; ++j) {
-          float v = a(k, j);
-          sum += v * v;
-          dst[j] = v;
-        }
-        ctrl_cost_[id[k]] = static_cast<float>(task_.ctrl_w) * sum;
-      }
+      take_actions<float>(id, actions);
     } else if (py::isinstance<py::array_t<double>>(actions)) {
-      auto a = actions.unchecked<double, 2>();
-      for (py::ssize_t k = 0; k < n; ++k) {
-        double sum = 0.0;
-        double* dst = &action_[id[k] * nu_];
-        for (int j = 0; j < nu_; ++j) {
-          double v = a(k, j);
-          sum += v * v;
-          dst[j] = v;
-        }
-        ctrl_cost_[id[k]] = task_.ctrl_w * sum;
-      }
+      take_actions<double>(id, actions);
     } else {
       throw std::invalid_argument("actions must be float32 or float64");
     }
@@ -217,6 +193,24 @@ class MujocoCore {
   }
 
  private:
+  // Store each env's action as its controls and its control cost. Gymnasium: ctrl_cost_weight *
+  // np.sum(np.square(action)) is computed in the action's dtype (NumPy 2 casts the Python float
+  // weight to float32 for a float32 action); np.sum of fewer than 8 values adds them in order.
+  template <typename T>
+  void take_actions(const int64_t* id, const py::array& actions) {
+    auto a = actions.unchecked<T, 2>();
+    for (py::ssize_t k = 0; k < a.shape(0); ++k) {
+      T sum = 0;
+      double* dst = &action_[id[k] * nu_];
+      for (int j = 0; j < nu_; ++j) {
+        const T v = a(k, j);
+        sum += v * v;
+        dst[j] = v;
+      }
+      ctrl_cost_[id[k]] = static_cast<T>(task_.ctrl_w) * sum;
+    }
+  }
+
   void work() {
     for (;;) {
       int i;
@@ -272,9 +266,7 @@ class MujocoCore {
     terminated_[i] = truncated_[i] = false;
     ep_return_[i] = 0.0;
     ep_length_[i] = 0;
-    run_return_[i] = 0.0;
-    run_length_[i] = 0;
-    ended_[i] = false;
+    episodes_.start(i);
   }
 
   // [qpos[obs_skip:], qvel clipped like np.clip (NaN stays NaN)]
@@ -302,7 +294,7 @@ class MujocoCore {
   }
 
   void step(int i) {
-    if (ended_[i]) {  // next_step autoreset: this step only starts the new episode
+    if (episodes_.ended(i)) {  // next_step autoreset: this step only starts the new episode
       if (!has_next_[i]) throw std::runtime_error("no pre-drawn reset state");
       start_episode(i);
       return;
@@ -325,20 +317,13 @@ class MujocoCore {
     } else {
       reward = task_.forward_w * x_velocity - ctrl_cost_[i];  // half_cheetah_v5
     }
-    const int64_t length = run_length_[i] + 1;
-    const double ret = run_return_[i] + reward;
-    const bool truncated = max_steps_ > 0 && length >= max_steps_;
+    const Episodes::Step e = episodes_.record(i, reward, terminated);
     reward_[i] = reward;
     terminated_[i] = terminated;
-    truncated_[i] = truncated;
-    ep_return_[i] = ret;
-    ep_length_[i] = length;
-    run_return_[i] = ret;
-    run_length_[i] = length;
-    if (!(terminated || truncated)) return;
-    run_return_[i] = 0.0;
-    run_length_[i] = 0;
-    if (mode_ == kSameStep) {
+    truncated_[i] = e.truncated;
+    ep_return_[i] = e.episode_return;
+    ep_length_[i] = e.episode_length;
+    if (e.done && episodes_.mode == gmi_drl::kSameStep) {
       if (!has_next_[i]) throw std::runtime_error("no pre-drawn reset state");
       double* f = final_obs_ + static_cast<size_t>(i) * obs_dim_;
       std::copy(o, o + obs_dim_, f);
@@ -347,8 +332,6 @@ class MujocoCore {
       mju_copy(d->qvel, next_qvel_ + static_cast<size_t>(i) * nv_, nv_);
       has_next_[i] = false;
       observe(d, o);
-    } else {
-      ended_[i] = true;
     }
   }
 
@@ -357,14 +340,12 @@ class MujocoCore {
   mjModel* m_ = nullptr;
   int n_, nq_ = 0, nv_ = 0, nu_ = 0, obs_dim_ = 0;
   Task task_;
-  int mode_;
-  int64_t max_steps_;
+  Episodes episodes_;
   double *obs_, *final_obs_, *reward_, *ep_return_, *next_qpos_, *next_qvel_;
-  bool *terminated_, *truncated_, *has_next_, *ended_;
+  bool *terminated_, *truncated_, *has_next_;
   int64_t* ep_length_;
   std::vector<mjData*> data_;
-  std::vector<double> action_, ctrl_cost_, run_return_;
-  std::vector<int64_t> run_length_;
+  std::vector<double> action_, ctrl_cost_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;

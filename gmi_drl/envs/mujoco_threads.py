@@ -113,7 +113,7 @@ class MujocoThreadBackend(Backend):
                        terminated=s.terminated, truncated=s.truncated,
                        episode_return=s.episode_return, episode_length=s.episode_length,
                        next_qpos=self._next_qpos, next_qvel=self._next_qvel,
-                       has_next=self._has_next, ended=np.zeros(num_envs, bool))
+                       has_next=self._has_next)
         self._core = _mujoco_core.MujocoCore(model, num_envs, num_threads, _task(env),
                                              _MODES[AutoresetMode(mode)],
                                              max_episode_steps or 0, buffers)
