@@ -15,19 +15,17 @@
 // lockstep with the Gymnasium envs.
 
 #include "episodes.h"
+#include "work_queue.h"
 
 #include <mujoco/mujoco.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
-#include <mutex>
+#include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace py = pybind11;
@@ -95,20 +93,15 @@ class MujocoCore {
     }
     action_.assign(static_cast<size_t>(n_) * nu_, 0.0);
     ctrl_cost_.assign(n_, 0.0);
-    for (int t = 0; t < num_threads; ++t) workers_.emplace_back([this] { work(); });
+    queue_ = std::make_unique<gmi_drl::WorkQueue>(num_threads, [this](int i) { return run(i); });
   }
 
   ~MujocoCore() { close(); }
 
   void close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    for (auto& w : workers_) w.join();
-    workers_.clear();
+    if (!queue_) return;
+    queue_->stop();
+    queue_.reset();
     for (auto* d : data_) mj_deleteData(d);
     data_.clear();
   }
@@ -128,55 +121,22 @@ class MujocoCore {
     } else {
       throw std::invalid_argument("actions must be float32 or float64");
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (py::ssize_t k = 0; k < n; ++k) queue_.push_back(static_cast<int>(id[k]));
-      in_flight_ += static_cast<int>(n);
-    }
-    if (n == 1) work_cv_.notify_one(); else work_cv_.notify_all();
+    if (!queue_) throw std::runtime_error("the core is closed");
+    queue_->push(id, static_cast<size_t>(n));
   }
 
   // Block (GIL released) until >= min_count queued envs finished; return all finished ids in
   // completion order. Raises RuntimeError naming the env whose simulation failed.
   py::array_t<int64_t> wait(int min_count) {
+    if (!queue_) throw std::runtime_error("the core is closed");
     std::vector<int64_t> out;
     std::string error;
+    bool ok;
     {
       py::gil_scoped_release release;
-      std::unique_lock<std::mutex> lock(mu_);
-      if (min_count > in_flight_ + static_cast<int>(done_.size()))
-        min_count = in_flight_ + static_cast<int>(done_.size());
-      if (min_count < 1 && done_.empty()) {
-        error = "wait() with nothing in flight";
-      } else {
-        want_ = min_count;
-        // When every env in flight is needed for this batch (a synchronous pool), the waiting
-        // thread steps queued envs itself rather than sleep while they wait for a worker: one
-        // more thread on the critical path, no wake-up latency. With more in flight than needed
-        // (async) it sleeps: stepping an env of a later batch would delay this one.
-        auto critical = [&] {
-          return !queue_.empty() && in_flight_ + static_cast<int>(done_.size()) <= want_;
-        };
-        while (static_cast<int>(done_.size()) < want_ && error_.empty()) {
-          if (!critical()) {
-            done_cv_.wait(lock, [&] { return static_cast<int>(done_.size()) >= want_ ||
-                                             !error_.empty() || critical(); });
-            continue;
-          }
-          const int i = queue_.front();
-          queue_.pop_front();
-          lock.unlock();
-          std::string err = run(i);
-          lock.lock();
-          finish(i, err);
-        }
-        want_ = 1 << 30;
-        if (!error_.empty()) error = error_;
-        out.assign(done_.begin(), done_.end());
-        done_.clear();
-      }
+      ok = queue_->wait(min_count, &out, &error);
     }
-    if (!error.empty()) throw std::runtime_error(error);
+    if (!ok) throw std::runtime_error(error);
     py::array_t<int64_t> ids(static_cast<py::ssize_t>(out.size()));
     std::copy(out.begin(), out.end(), ids.mutable_data());
     return ids;
@@ -211,45 +171,14 @@ class MujocoCore {
     }
   }
 
-  void work() {
-    for (;;) {
-      int i;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (stop_) return;
-        i = queue_.front();
-        queue_.pop_front();
-      }
-      std::string error = run(i);
-      bool wake;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        wake = finish(i, error);
-      }
-      if (wake) done_cv_.notify_one();
-    }
-  }
-
-  // Step env i; the error message, empty on success.
+  // Step env i (on a queue thread); the error message, empty on success.
   std::string run(int i) {
     try {
       step(i);
     } catch (const std::exception& e) {
-      return e.what();
-    } catch (...) {
-      return "unknown C++ exception";
+      return std::string("MuJoCo step failed: ") + e.what();
     }
     return "";
-  }
-
-  // Record env i as done (mu_ held); whether the waiting thread should wake.
-  bool finish(int i, const std::string& error) {
-    --in_flight_;
-    if (!error.empty() && error_.empty())
-      error_ = "env_id " + std::to_string(i) + ": MuJoCo step failed: " + error;
-    done_.push_back(i);
-    return static_cast<int>(done_.size()) >= want_ || !error_.empty();
   }
 
   // mj_resetData, then the pre-drawn noisy qpos/qvel (Gymnasium's reset_model); outputs of a
@@ -346,15 +275,7 @@ class MujocoCore {
   int64_t* ep_length_;
   std::vector<mjData*> data_;
   std::vector<double> action_, ctrl_cost_;
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<int> queue_;
-  std::vector<int64_t> done_;
-  int in_flight_ = 0;
-  int want_ = 1 << 30;
-  bool stop_ = false;
-  std::string error_;
+  std::unique_ptr<gmi_drl::WorkQueue> queue_;  // last: its threads stop before the rest goes
 };
 
 }  // namespace

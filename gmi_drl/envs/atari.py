@@ -134,6 +134,7 @@ _ALIASES = {
     "sticky_actions": "repeat_action_probability",
 }
 
+ENGINES = ("auto", "native", "ale")
 _STEP, _RESTART, _FINISH = 0, 1, 2  # what an env's request in flight is (see AtariBackend)
 
 
@@ -148,7 +149,7 @@ def register_tasks(register) -> None:
 
 
 def make_backend(task_id: str, *, num_envs: int, env_batch_size: int, num_threads: int,
-                 seed: int, autoreset: AutoresetMode, game: str,
+                 seed: int, autoreset: AutoresetMode, game: str, engine: str = "auto",
                  **options: Any) -> tuple[EnvSpec, "AtariBackend"]:
     """The registry's factory: ``(EnvSpec, AtariBackend)`` for ``num_envs`` envs of ROM ``game``.
 
@@ -156,15 +157,28 @@ def make_backend(task_id: str, *, num_envs: int, env_batch_size: int, num_thread
         task_id: the name put in the spec (``max_episode_steps=None``: the emulator applies the
             time limit).
         num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
-        num_threads: C++ emulator threads of a pool that is one group.
+        num_threads: C++ emulator threads (of the native core, or of a pool that is one group).
         game: ale-py ROM id, e.g. ``"pong"`` (snake case).
+        engine: ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariBackend`: every env on one
+            shared queue of C++ threads; raises where the core is not built), ``"ale"`` (ale-py's
+            vector envs in groups, see the module docstring), or ``"auto"`` (native where it is
+            built and no ``group_size`` is given).
         **options: overrides of `DEFAULTS` (EnvPool's option names).
 
     Raises:
-        ValueError: see `AtariBackend`.
+        ValueError: an unknown ``engine``; see `AtariBackend`.
     """
-    backend = AtariBackend(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
-                           num_threads=num_threads, **options)
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+    cls = AtariBackend
+    if engine != "ale":
+        from gmi_drl.envs import atari_native
+
+        if engine == "native" or (atari_native.core is not None
+                                  and options.get("group_size") is None):
+            cls = atari_native.NativeAtariBackend
+    backend = cls(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
+                  num_threads=num_threads, **options)
     spec = EnvSpec(task_id, backend.observation_space, backend.action_space, None)
     return spec, backend
 
@@ -259,58 +273,33 @@ class AtariBackend(Backend):
         if not 0 <= seed <= 2**31 - num_envs:
             errors.append(f"seed={seed} gives env seeds outside [0, 2**31 - 1] for "
                           f"num_envs={num_envs}")
-        k = opts["group_size"]
-        singles = self._episodic_life and mode is not AutoresetMode.NEXT_STEP
-        if k is None:  # automatic: see the module docstring
-            k = num_envs if batch == num_envs and not singles else 1
-        elif k > 1 and (num_envs % k or batch % k or singles):
-            why = ("it must divide num_envs and env_batch_size" if not singles else
-                   f"autoreset={mode.value!r} with episodic_life steps single envs after a "
-                   "life loss")
-            errors.append(f"group_size={k} impossible for num_envs={num_envs}, "
-                          f"env_batch_size={batch}: {why}")
+        self.group_size = self._plan_groups(opts["group_size"], num_envs, batch, errors)
         if errors:
             raise ValueError("invalid Atari pool: " + "; ".join(errors))
-        k = int(k)
-        self.group_size = k
-        n_groups = num_envs // k
-        # One group: the pool's threads; several: one each (a group's thread then runs its envs
-        # back to back, and groups finish one after another as EnvPool's envs do).
-        threads = max(1, min(k, num_threads)) if n_groups == 1 else 1
-        # Native SameStep only where no life loss needs a FIRE/NOOP step of a single env.
-        ale_mode = "SameStep" if (mode is AutoresetMode.SAME_STEP and k > 1) else "NextStep"
         self._frame_skip = int(opts["frame_skip"])
         self._clip = bool(opts["reward_clip"])
         self._stack = int(opts["stack_num"])
-        self._groups: list[_Group] = []
-        try:
-            for g in range(n_groups):
-                ale = ale_py.ALEVectorInterface(
-                    rom, k, frame_skip=int(opts["frame_skip"]), stack_num=int(opts["stack_num"]),
-                    img_height=int(opts["img_height"]), img_width=int(opts["img_width"]),
-                    grayscale=bool(opts["gray_scale"]), maxpool=bool(opts["maxpool"]),
-                    noop_max=int(opts["noop_max"]), use_fire_reset=bool(opts["use_fire_reset"]),
-                    # life loss: terminated, the game goes on (ale-py's episodic_life restarts it)
-                    episodic_life=False, life_loss_info=self._episodic_life,
-                    reward_clipping=False,  # clipped here, so episode_return is the game score
-                    max_episode_steps=int(opts["max_episode_steps"]) * self._frame_skip,
-                    repeat_action_probability=float(opts["repeat_action_probability"]),
-                    full_action_space=bool(opts["full_action_space"]),
-                    batch_size=k, num_threads=threads, autoreset_mode=ale_mode)
-                self._groups.append(_Group(ale, g * k, k))
-        except BaseException:
-            self._groups.clear()
-            raise
-        action_set = list(self._groups[0].ale.get_action_set())
-        fire = ale_py.Action.FIRE
-        self._restart_action = (action_set.index(fire) if opts["use_fire_reset"]
-                                and fire in action_set else action_set.index(ale_py.Action.NOOP))
         shape = (int(opts["stack_num"]), int(opts["img_height"]), int(opts["img_width"]))
         if not opts["gray_scale"]:
             shape += (3,)
         self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
-        self.action_space = gym.spaces.Discrete(len(action_set))
         self.slots = Slots.allocate(num_envs, shape, np.uint8)
+        ale_options = dict(
+            frame_skip=int(opts["frame_skip"]), stack_num=int(opts["stack_num"]),
+            img_height=int(opts["img_height"]), img_width=int(opts["img_width"]),
+            grayscale=bool(opts["gray_scale"]), maxpool=bool(opts["maxpool"]),
+            noop_max=int(opts["noop_max"]), use_fire_reset=bool(opts["use_fire_reset"]),
+            # life loss: terminated, the game goes on (ale-py's episodic_life restarts it)
+            episodic_life=False, life_loss_info=self._episodic_life,
+            reward_clipping=False,  # clipped here, so episode_return is the game score
+            max_episode_steps=int(opts["max_episode_steps"]) * self._frame_skip,
+            repeat_action_probability=float(opts["repeat_action_probability"]),
+            full_action_space=bool(opts["full_action_space"]))
+        action_set = self._start(str(rom), ale_options, num_threads)
+        fire, noop = ale_py.Action.FIRE.value, ale_py.Action.NOOP.value
+        self._restart_action = (action_set.index(fire) if opts["use_fire_reset"]
+                                and fire in action_set else action_set.index(noop))
+        self.action_space = gym.spaces.Discrete(len(action_set))
         self.lives = np.zeros(num_envs, np.int32)
         self.end_of_game = np.zeros(num_envs, bool)
         self.episode_end = self.end_of_game  # the pool's info["episode_end"]: whole games
@@ -330,7 +319,42 @@ class AtariBackend(Backend):
         # Leading frames of ale-py's stack that are still its zero padding after a new game
         # (they are shown as copies of the game's first frame, as EnvPool does).
         self._young = np.zeros(num_envs, np.int64)
+
+    def _plan_groups(self, k: int | None, num_envs: int, batch: int, errors: list[str]) -> int:
+        """The envs per ale-py vector env (module docstring); appends why ``k`` cannot work."""
+        singles = self._episodic_life and self.mode is not AutoresetMode.NEXT_STEP
+        if k is None:  # automatic: see the module docstring
+            return num_envs if batch == num_envs and not singles else 1
+        if k > 1 and (num_envs % k or batch % k or singles):
+            why = ("it must divide num_envs and env_batch_size" if not singles else
+                   f"autoreset={self.mode.value!r} with episodic_life steps single envs after a "
+                   "life loss")
+            errors.append(f"group_size={k} impossible for num_envs={num_envs}, "
+                          f"env_batch_size={batch}: {why}")
+        return int(k)
+
+    def _start(self, rom: str, ale_options: dict[str, Any], num_threads: int) -> list[int]:
+        """Build the emulators; return the ALE action codes of the action indices."""
+        import ale_py
+
+        k = self.group_size
+        n_groups = self.num_envs // k
+        # One group: the pool's threads; several: one each (a group's thread then runs its envs
+        # back to back, and groups finish one after another as EnvPool's envs do).
+        threads = max(1, min(k, num_threads)) if n_groups == 1 else 1
+        # Native SameStep only where no life loss needs a FIRE/NOOP step of a single env.
+        ale_mode = "SameStep" if (self.mode is AutoresetMode.SAME_STEP and k > 1) else "NextStep"
+        self._groups: list[_Group] = []
         self._in_flight: collections.deque[_Group] = collections.deque()
+        try:
+            for g in range(n_groups):
+                ale = ale_py.ALEVectorInterface(rom, k, **ale_options, batch_size=k,
+                                                num_threads=threads, autoreset_mode=ale_mode)
+                self._groups.append(_Group(ale, g * k, k))
+        except BaseException:
+            self._groups.clear()
+            raise
+        return [a.value for a in self._groups[0].ale.get_action_set()]
 
     # --- Backend API ------------------------------------------------------------------------
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
@@ -619,32 +643,37 @@ class AtariBackend(Backend):
         """``group_size=1``: record env ``g.base``'s result; False when it was sent again
         (same_step: the episode ended, its reset is under way, the id is returned after it)."""
         i = g.base
+        self.slots.obs[i] = obs[0]
+        return self._record_env(i, int(rew[0]), bool(term[0]), bool(trunc[0]),
+                                int(info["lives"][0]), int(info["episode_frame_number"][0]))
+
+    def _record_env(self, i: int, raw: int, t: bool, tr: bool, lives: int, frame: int) -> bool:
+        """Record the result of env ``i`` run alone, its observation already in its obs row;
+        False when it was sent again (`_resend_restart`: same_step, the episode ended and its
+        reset is under way; the id is returned after it)."""
         kind = self._kind[i]
-        raw, t, tr = int(rew[0]), bool(term[0]), bool(trunc[0])
-        lives, frame = int(info["lives"][0]), int(info["episode_frame_number"][0])
+        row = self.slots.obs[i]
         if kind == _STEP:
             if self._step_row(i, raw, t, tr, lives, frame) \
                     and self.mode is AutoresetMode.SAME_STEP:
-                row = self.slots.final_obs[i]
-                row[...] = obs[0]
-                self._age(i, row)
-                self._resend_restart(g, i)
+                final = self.slots.final_obs[i]
+                final[...] = row
+                self._age(i, final)
+                self._resend_restart(i)
                 return False
-            row = self.slots.obs[i]
-            row[...] = obs[0]
             self._age(i, row)
             return True
-        row = self.slots.obs[i]
-        row[...] = obs[0]
         self._age(i, row)  # a new game re-pads it below
         self._restart_row(i, raw, t, tr, lives, frame, report=kind == _RESTART)
         if kind == _FINISH and self._ended[i]:  # the FIRE/NOOP step ended it again (rare)
-            self._resend_restart(g, i)
+            self._resend_restart(i)
             return False
         return True
 
-    def _resend_restart(self, g: _Group, i: int) -> None:
+    def _resend_restart(self, i: int) -> None:
+        """Send env ``i`` (group_size 1) its FIRE/NOOP step that finishes a reset."""
         self._kind[i] = _FINISH
+        g = self._groups[i]
         g.actions[0] = self._restart_action
         g.ale.send(g.actions, g.ones)
         self._in_flight.append(g)

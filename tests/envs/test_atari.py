@@ -1,6 +1,6 @@
-"""Atari tasks on ale-py (gmi_drl.envs.atari): spaces, seeding, async semantics, the three
-autoreset modes with life losses, per-game episode statistics, and step-for-step equality with
-EnvPool."""
+"""Atari tasks (gmi_drl.envs.atari): spaces, seeding, async semantics, the three autoreset modes
+with life losses, per-game episode statistics, and step-for-step equality with EnvPool; on both
+engines: the native core (the default where it is built) and ale-py's vector envs in groups."""
 
 from __future__ import annotations
 
@@ -78,16 +78,19 @@ def test_task_kwargs_override_defaults_and_bad_options_are_named():
 
 
 # --- seeding ------------------------------------------------------------------------------------
-def test_same_seed_same_trajectory_independent_of_grouping_and_env_position():
-    """Breakout: its life losses and game overs exercise the resets of both layouts."""
+def test_same_seed_same_trajectory_independent_of_engine_grouping_and_env_position():
+    """Breakout: its life losses and game overs exercise the resets of every layout."""
     steps = 250
     acts = np.random.default_rng(1).integers(0, 4, (steps, 2))
-    with envs.make("Breakout-v5", num_envs=2, seed=5) as a, \
+    with envs.make("Breakout-v5", num_envs=2, seed=5, engine="ale") as a, \
             envs.make("Breakout-v5", num_envs=2, seed=5, group_size=1) as b, \
+            envs.make("Breakout-v5", num_envs=2, seed=5, engine="native") as n, \
             envs.make("Breakout-v5", num_envs=2, seed=6) as c:
         assert a._backend.group_size == 2 and b._backend.group_size == 1
-        a.reset(), b.reset(), c.reset()
+        a.reset(), b.reset(), c.reset(), n.reset()
         ra, rb = _run(a, acts), _run(b, acts)
+        assert [[x.tolist() for x in r] for r in _run(n, acts)] == \
+            [[x.tolist() for x in r] for r in ra]
         # env 0 of seed 6 is env 1 of seed 5: give it env 1's actions
         rc = _run(c, np.stack([acts[:, 1], acts[:, 0]], 1))
     differs, ends = False, 0
@@ -126,7 +129,8 @@ def test_env_i_is_ale_py_seeded_with_seed_plus_i():
 
 
 # --- async --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("n, batch, group_size", [(4, 2, None),  # None: one env per group
+@pytest.mark.parametrize("n, batch, group_size", [(4, 2, None),  # None: the native engine
+                                                 (4, 2, 1),  # ale-py, one env per group
                                                  (4, 2, 2), (8, 4, 2)])  # 2 groups per batch
 def test_async_recv_returns_only_sent_envs_each_exactly_once(n, batch, group_size):
     rng = np.random.default_rng(0)
@@ -147,9 +151,9 @@ def test_async_recv_returns_only_sent_envs_each_exactly_once(n, batch, group_siz
             outstanding -= set(ids)
             back[ids] += 1
             np.testing.assert_array_equal(obs, pool._backend.slots.obs[ids])
-            # groups of 2: send back what recv returned (EnvPool's loop); one env per group: any
-            # subset of the envs not in flight
-            if group_size is None:
+            # groups of 2: send back what recv returned (EnvPool's loop); native or one env per
+            # group: any subset of the envs not in flight
+            if group_size in (None, 1):
                 idle = sorted(set(range(n)) - outstanding)
                 k = max(int(rng.integers(1, len(idle) + 1)), batch - len(outstanding))
                 ids = sorted(rng.choice(idle, size=k, replace=False).tolist())
@@ -179,15 +183,18 @@ def test_partial_group_send_that_cannot_step_raises_instead_of_hanging():
 
 
 # --- autoreset modes ----------------------------------------------------------------------------
-@pytest.mark.parametrize("group_size", [None, 1])  # None: one group of both envs
-def test_next_step_life_loss_continues_the_game_and_game_over_restarts_it(group_size):
+@pytest.mark.parametrize("engine, group_size, expect", [("ale", None, 2),  # one group of both
+                                                        ("ale", 1, 1), ("native", None, 1)])
+def test_next_step_life_loss_continues_the_game_and_game_over_restarts_it(engine, group_size,
+                                                                           expect):
     """Breakout, episodic_life: each life loss terminates; the next step is the reset (reward 0,
     the same game goes on: one FIRE step, totals keep counting); after the game is over the
     next step starts a new game (reset frame stack, totals 0)."""
     rng = np.random.default_rng(3)
-    with envs.make("Breakout-v5", num_envs=2, seed=3, group_size=group_size) as pool:
+    with envs.make("Breakout-v5", num_envs=2, seed=3, engine=engine,
+                   group_size=group_size) as pool:
         backend = pool._backend
-        assert backend.group_size == (group_size or 2)
+        assert backend.group_size == expect
         obs, _ = pool.reset()
         prev = (obs.copy(), np.zeros(2), np.zeros(2, int), np.zeros(2, bool), np.zeros(2, bool))
         life_losses = games = 0
@@ -235,9 +242,10 @@ def test_pong_game_over_then_a_new_game_in_next_step_mode():
         assert info["episode_length"][0] == 0
 
 
-@pytest.mark.parametrize("kwargs", [{},  # life losses: one env per group
-                                    {"episodic_life": False}])  # one group, ale-py's SameStep
-def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs):
+@pytest.mark.parametrize("engine", ["native", "ale"])
+@pytest.mark.parametrize("kwargs", [{},  # life losses: ale-py: one env per group
+                                    {"episodic_life": False}])  # ale-py: one group, its SameStep
+def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs, engine):
     """same_step's ending step returns the obs next_step returns one step later (the reset
     step), with the ending step's reward, flags and totals, and the last obs in final_obs.
     Reference: env i of a seed-s pool is env 0 of a seed-(s + i) pool."""
@@ -246,8 +254,8 @@ def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs):
     refs = [envs.make("Breakout-v5", num_envs=1, seed=11 + i, **kwargs) for i in range(n)]
     try:
         with envs.make("Breakout-v5", num_envs=n, seed=11, autoreset="same_step",
-                       **kwargs) as pool:
-            assert pool._backend.group_size == (n if kwargs else 1)
+                       engine=engine, **kwargs) as pool:
+            assert pool._backend.group_size == (n if kwargs and engine == "ale" else 1)
             pool.reset()
             for r in refs:
                 r.reset()
@@ -272,9 +280,11 @@ def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs):
             r.close()
 
 
-def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss():
+@pytest.mark.parametrize("engine", ["native", "ale"])
+def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss(engine):
     rng = np.random.default_rng(5)
-    with envs.make("Breakout-v5", num_envs=1, seed=2, autoreset="disabled") as pool, \
+    with envs.make("Breakout-v5", num_envs=1, seed=2, autoreset="disabled",
+                   engine=engine) as pool, \
             envs.make("Breakout-v5", num_envs=1, seed=2) as ref:
         pool.reset(), ref.reset()
         for _ in range(2000):
@@ -294,11 +304,12 @@ def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss():
         np.testing.assert_array_equal(pool.step(np.array([2]))[0], ref.step(np.array([2]))[0])
 
 
-def test_disabled_reset_in_a_group_starts_a_new_game():
+@pytest.mark.parametrize("engine", ["ale", "native"])
+def test_disabled_reset_after_game_over_starts_a_new_game(engine):
     rng = np.random.default_rng(0)
     with envs.make("Breakout-v5", num_envs=2, seed=0, autoreset="disabled",
-                   episodic_life=False) as pool:
-        assert pool._backend.group_size == 2
+                   episodic_life=False, engine=engine) as pool:
+        assert pool._backend.group_size == (2 if engine == "ale" else 1)
         pool.reset()
         term = np.zeros(2, bool)
         while not term.any():
@@ -317,8 +328,8 @@ def test_disabled_reset_in_a_group_starts_a_new_game():
 @pytest.mark.parametrize("clipped_group, raw_group", [(None, 1), (1, None)])
 def test_episode_totals_are_unclipped_game_score_and_steps_across_lives(clipped_group, raw_group):
     """episode_return sums the raw rewards of the whole game (all lives, reward_clip or not);
-    episode_length counts its steps, the life-loss reset steps included. Env 0 of 2, in one
-    group and in groups of one."""
+    episode_length counts its steps, the life-loss reset steps included. Env 0 of 2, on the
+    native engine and on ale-py groups of one."""
     steps = 700
     acts = np.random.default_rng(4).integers(0, 6, (steps, 2))
     with envs.make("SpaceInvaders-v5", num_envs=2, seed=4, group_size=clipped_group) as clipped, \
@@ -434,3 +445,67 @@ def test_info_episode_end_marks_game_over_not_life_loss():
                 assert (info["lives"][info["episode_end"]] == 0).all() or trunc.any()
                 break
     assert saw_life_loss and info["episode_end"].any()
+
+
+# --- the native engine ----------------------------------------------------------------------------
+@pytest.mark.parametrize("autoreset", ["next_step", "same_step", "disabled"])
+def test_native_async_subsets_follow_each_env_exactly_as_ale_py(autoreset):
+    """Async pools sent random subsets: every env of the native engine takes exactly the steps
+    the same env takes on ale-py (one env per group), life losses and game overs included."""
+    n, batch, rounds = 6, 2, 700
+    streams = np.random.default_rng(9).integers(0, 4, (n, rounds + n))
+
+    def trajectories(engine: str) -> list[list[tuple]]:
+        rng = np.random.default_rng(10)  # the same subsets for both engines
+        out: list[list[tuple]] = [[] for _ in range(n)]
+        count = np.zeros(n, int)
+        with envs.make("Breakout-v5", num_envs=n, env_batch_size=batch, seed=21,
+                       autoreset=autoreset, engine=engine,
+                       **({"group_size": 1} if engine == "ale" else {})) as pool:
+            pool.reset()
+            idle = set(range(n))
+            for _ in range(rounds):
+                if idle:
+                    k = max(int(rng.integers(1, len(idle) + 1)), batch - (n - len(idle)))
+                    ids = sorted(int(i) for i in rng.choice(sorted(idle), k, replace=False))
+                    if autoreset == "disabled":
+                        ended = [i for i in ids if out[i] and (out[i][-1][2] or out[i][-1][3])]
+                        if ended:
+                            obs, _ = pool.reset(env_id=ended)
+                            for row, i in enumerate(ended):
+                                out[i].append(("reset", obs[row].tobytes()))
+                    pool.send(streams[ids, count[ids]], np.array(ids))
+                    count[ids] += 1
+                    idle -= set(ids)
+                obs, rew, term, trunc, info = pool.recv()
+                for row, i in enumerate(info["env_id"].tolist()):
+                    final = info["final_obs"][row].tobytes() if "final_obs" in info else b""
+                    out[i].append((obs[row].tobytes(), float(rew[row]), bool(term[row]),
+                                   bool(trunc[row]), float(info["episode_return"][row]),
+                                   int(info["lives"][row]), final))
+                    idle.add(i)
+        return out
+
+    # completion order differs (threads vs one ale-py env each), so the random subsets and the
+    # steps per env differ: compare each env's common prefix
+    native, ale = trajectories("native"), trajectories("ale")
+    common = [min(len(a), len(b)) for a, b in zip(native, ale)]
+    assert min(common) >= 100
+    for a, b, m in zip(native, ale, common):
+        assert a[:m] == b[:m]
+    ends = sum(t[2] for env, m in zip(native, common) for t in env[:m] if len(t) > 2)
+    assert ends >= 5  # life losses happened
+
+
+def test_native_engine_options_and_unavailable_core_are_explained(monkeypatch):
+    with pytest.raises(ValueError, match="group_size=2 applies to engine='ale'"):
+        envs.make("Pong-v5", num_envs=2, engine="native", group_size=2)
+    with pytest.raises(ValueError, match="engine='warp' must be one of"):
+        envs.make("Pong-v5", num_envs=2, engine="warp")
+    import ale_py
+
+    from gmi_drl.envs import atari_native
+
+    monkeypatch.setattr(ale_py, "__version__", "0.0.1")
+    core, reason = atari_native._load()
+    assert core is None and "built against ale-py" in reason and "0.0.1" in reason

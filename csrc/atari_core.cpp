@@ -1,0 +1,239 @@
+// gmi_drl.envs._atari_core: Atari games on EnvPool's shared queue (work_queue.h), one emulator
+// per env, stepped on C++ threads.
+//
+// The emulator and its preprocessing (frame skip, max-pooling, grayscale, INTER_AREA resize,
+// frame stack, no-op starts, FIRE reset, life-loss flags) are ale-py's own
+// `ale::vector::PreprocessedEnv`, the per-env class of ale-py's vector env, called through the
+// symbols ale-py's extension module exports. This module is compiled against that class's header
+// from the ale-py source distribution of exactly the installed version (setup.py fetches it at
+// build time) and is not linked against ale-py: gmi_drl/envs/atari_native.py makes the loaded
+// `ale_py._ale_py` global before importing it, so its symbols resolve there.
+//
+// Why not ale-py's own vector env: its `send` routes action k to the k-th env of its last
+// `recv`, so it can neither step an arbitrary subset of envs nor return every env's first
+// observation at reset, which EnvPool's API (`send(actions, env_id)`) needs. Here `send` takes
+// env ids, as EnvPool's ActionBufferQueue does (papers/003_e9bf2f468e812145.txt, §3).
+//
+// Per env and step a worker thread runs exactly what ale-py's vector env runs for one env in
+// NextStep mode (reset if the episode is over, else step; then `write_to`), writing straight
+// into the pool's per-env buffers; the game bookkeeping on top stays in Python
+// (gmi_drl/envs/atari.py). tests/envs/test_atari.py checks that both engines give identical
+// trajectories.
+
+#include "work_queue.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ale/vector/preprocessed_env.hpp"
+
+namespace py = pybind11;
+
+#ifndef GMI_ALE_PY_VERSION
+#error "GMI_ALE_PY_VERSION (the ale-py version whose header this is built against) is not set"
+#endif
+
+namespace {
+
+using ale::vector::OutputSlot;
+using ale::vector::PreprocessedEnv;
+
+template <typename T>
+T* buffer(const py::dict& buffers, const char* name, py::ssize_t rows, py::ssize_t cols) {
+  py::array a = buffers[name].cast<py::array>();
+  if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style) ||
+      !a.writeable() || a.ndim() != (cols == 1 ? 1 : 2) || a.shape(0) != rows ||
+      (cols != 1 && a.shape(1) != cols)) {
+    throw std::invalid_argument(std::string("buffer ") + name + " has the wrong dtype, shape " +
+                                "or layout");
+  }
+  return static_cast<T*>(a.mutable_data());
+}
+
+template <typename T>
+T opt(const py::dict& options, const char* name) {
+  if (!options.contains(name)) throw std::invalid_argument(std::string("missing option ") + name);
+  return options[name].cast<T>();
+}
+
+class AtariCore {
+ public:
+  // `options`: PreprocessedEnv's settings by name (max_episode_steps in frames). `buffers`:
+  // obs (num_envs, obs_bytes) uint8, reward/lives/frame (num_envs,) int32 (frame: the episode
+  // frame number), terminated/truncated (num_envs,) bool; kept alive by this object.
+  AtariCore(const std::string& rom, int num_envs, int num_threads, const py::dict& options,
+            const py::dict& buffers)
+      : n_(num_envs), buffers_(buffers) {
+    if (num_envs < 1 || num_threads < 1)
+      throw std::invalid_argument("num_envs and num_threads must be >= 1");
+    envs_.reserve(n_);
+    for (int i = 0; i < n_; ++i) {
+      envs_.push_back(std::make_unique<PreprocessedEnv>(
+          i, rom, opt<int>(options, "img_height"), opt<int>(options, "img_width"),
+          opt<int>(options, "frame_skip"), opt<bool>(options, "maxpool"),
+          opt<bool>(options, "grayscale"), opt<int>(options, "stack_num"),
+          opt<int>(options, "noop_max"), opt<bool>(options, "use_fire_reset"),
+          opt<bool>(options, "episodic_life"), opt<bool>(options, "life_loss_info"),
+          opt<bool>(options, "reward_clipping"), opt<int>(options, "max_episode_steps"),
+          opt<float>(options, "repeat_action_probability"),
+          opt<bool>(options, "full_action_space"), -1));
+    }
+    num_actions_ = static_cast<int>(envs_[0]->action_set().size());
+    obs_bytes_ = static_cast<py::ssize_t>(envs_[0]->stacked_obs_size());
+    obs_ = buffer<uint8_t>(buffers, "obs", n_, obs_bytes_);
+    reward_ = buffer<int32_t>(buffers, "reward", n_, 1);
+    terminated_ = buffer<bool>(buffers, "terminated", n_, 1);
+    truncated_ = buffer<bool>(buffers, "truncated", n_, 1);
+    lives_ = buffer<int32_t>(buffers, "lives", n_, 1);
+    frame_ = buffer<int32_t>(buffers, "frame", n_, 1);
+    queue_ = std::make_unique<gmi_drl::WorkQueue>(std::min(num_threads, n_),
+                                                  [this](int i) { return run(i); });
+  }
+
+  ~AtariCore() { close(); }
+
+  void close() {
+    if (!queue_) return;
+    queue_->stop();
+    queue_.reset();
+    envs_.clear();
+  }
+
+  // The ALE action codes of the action indices, in order.
+  std::vector<int> action_set() const {
+    std::vector<int> out;
+    for (auto a : envs_.at(0)->action_set()) out.push_back(static_cast<int>(a));
+    return out;
+  }
+
+  py::ssize_t obs_bytes() const { return obs_bytes_; }
+
+  // Queue one step of each env in `ids` (none in flight) with action index `actions[k]`;
+  // returns at once. An env whose episode is over is reset instead (its action is ignored).
+  void send(py::array_t<int64_t, py::array::c_style> ids,
+            py::array_t<int64_t, py::array::c_style> actions) {
+    const py::ssize_t n = check(ids, actions);
+    const int64_t* id = ids.data();
+    const int64_t* act = actions.data();
+    for (py::ssize_t k = 0; k < n; ++k) envs_[id[k]]->set_action(static_cast<int>(act[k]), 1.0f);
+    queue_->push(id, static_cast<size_t>(n));
+  }
+
+  // Block (GIL released) until >= min_count queued envs finished; their ids in completion order.
+  py::array_t<int64_t> wait(int min_count) {
+    if (!queue_) throw std::runtime_error("the Atari core is closed");
+    std::vector<int64_t> out;
+    std::string error;
+    bool ok;
+    {
+      py::gil_scoped_release release;
+      ok = queue_->wait(min_count, &out, &error);
+    }
+    if (!ok) throw std::runtime_error(error);
+    py::array_t<int64_t> result(static_cast<py::ssize_t>(out.size()));
+    std::copy(out.begin(), out.end(), result.mutable_data());
+    return result;
+  }
+
+  // Run `ids` (none in flight) one after another in the calling thread (GIL released) and write
+  // their results: with `reset`, a new game each, reseeded with `seeds[k]` where >= 0 (the ROM
+  // reloads with ALE random_seed = seed); else one step each with `actions[k]`, as `send`.
+  void run_now(py::array_t<int64_t, py::array::c_style> ids,
+               py::array_t<int64_t, py::array::c_style> actions,
+               py::array_t<int64_t, py::array::c_style> seeds, bool reset) {
+    const py::ssize_t n = check(ids, actions);
+    if (seeds.ndim() != 1 || seeds.shape(0) != n)
+      throw std::invalid_argument("seeds must have shape (len(ids),)");
+    const int64_t *id = ids.data(), *act = actions.data(), *seed = seeds.data();
+    std::string error;
+    {
+      py::gil_scoped_release release;
+      for (py::ssize_t k = 0; k < n && error.empty(); ++k) {
+        PreprocessedEnv& env = *envs_[id[k]];
+        try {
+          if (reset) {
+            env.set_seed(static_cast<int>(seed[k]));
+            env.reset();
+            write(static_cast<int>(id[k]));
+          } else {
+            env.set_action(static_cast<int>(act[k]), 1.0f);
+            error = run(static_cast<int>(id[k]));
+          }
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        if (!error.empty()) error = "env_id " + std::to_string(id[k]) + ": " + error;
+      }
+    }
+    if (!error.empty()) throw std::runtime_error(error);
+  }
+
+ private:
+  py::ssize_t check(const py::array_t<int64_t, py::array::c_style>& ids,
+                    const py::array_t<int64_t, py::array::c_style>& actions) const {
+    if (!queue_) throw std::runtime_error("the Atari core is closed");
+    const py::ssize_t n = ids.shape(0);
+    if (ids.ndim() != 1 || actions.ndim() != 1 || actions.shape(0) != n)
+      throw std::invalid_argument("ids and actions must have shape (n,)");
+    for (py::ssize_t k = 0; k < n; ++k) {
+      if (ids.data()[k] < 0 || ids.data()[k] >= n_) throw std::invalid_argument("env id out of range");
+      if (actions.data()[k] < 0 || actions.data()[k] >= num_actions_)
+        throw std::invalid_argument("action index out of range");
+    }
+    return n;
+  }
+
+  // ale-py's NextStep step of one env (a queue job): reset if the episode is over, else step.
+  std::string run(int i) {
+    PreprocessedEnv& env = *envs_[i];
+    try {
+      if (env.is_episode_over()) env.reset(); else env.step();
+      write(i);
+    } catch (const std::exception& e) {
+      return std::string("ALE step failed: ") + e.what();
+    }
+    return "";
+  }
+
+  void write(int i) {
+    int env_id, frame_number;  // not reported
+    const OutputSlot slot{obs_ + static_cast<size_t>(i) * obs_bytes_, &env_id, &reward_[i],
+                          &terminated_[i], &truncated_[i], &lives_[i], &frame_number,
+                          &frame_[i], nullptr};
+    envs_[i]->write_to(slot);
+  }
+
+  int n_;
+  int num_actions_ = 0;
+  py::ssize_t obs_bytes_ = 0;
+  py::dict buffers_;  // keeps the buffers alive
+  uint8_t* obs_ = nullptr;
+  int32_t *reward_ = nullptr, *lives_ = nullptr, *frame_ = nullptr;
+  bool *terminated_ = nullptr, *truncated_ = nullptr;
+  std::vector<std::unique_ptr<PreprocessedEnv>> envs_;
+  std::unique_ptr<gmi_drl::WorkQueue> queue_;  // last: its threads stop before the envs go
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_atari_core, mod) {
+  mod.doc() = "Atari games on a C++ thread pool over ale-py's emulators (see atari_native.py)";
+  mod.attr("ALE_PY_VERSION") = GMI_ALE_PY_VERSION;
+  py::class_<AtariCore>(mod, "AtariCore")
+      .def(py::init<const std::string&, int, int, const py::dict&, const py::dict&>(),
+           py::arg("rom"), py::arg("num_envs"), py::arg("num_threads"), py::arg("options"),
+           py::arg("buffers"))
+      .def("action_set", &AtariCore::action_set)
+      .def("obs_bytes", &AtariCore::obs_bytes)
+      .def("send", &AtariCore::send)
+      .def("wait", &AtariCore::wait)
+      .def("run_now", &AtariCore::run_now)
+      .def("close", &AtariCore::close);
+}

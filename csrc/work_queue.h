@@ -1,0 +1,148 @@
+// EnvPool's asynchronous engine (papers/003_e9bf2f468e812145.txt, §3), shared by the native
+// cores that step envs on threads (_mujoco_core, _atari_core): `push` queues env ids and
+// returns; worker threads pop one id each and run the core's job for it (which writes that env's
+// results into the pool's buffers); `wait` blocks until enough envs finished and returns their ids
+// in completion order.
+
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gmi_drl {
+
+class WorkQueue {
+ public:
+  // Runs one env (never two calls for the same id at once); returns an error message, or ""
+  // on success. Called on worker threads and, in `wait`, on the waiting thread.
+  using Job = std::function<std::string(int)>;
+
+  WorkQueue(int num_threads, Job job) : job_(std::move(job)) {
+    for (int t = 0; t < num_threads; ++t) workers_.emplace_back([this] { work(); });
+  }
+
+  ~WorkQueue() { stop(); }
+
+  // Joins every worker (an env being run finishes first). Idempotent.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  void push(const int64_t* ids, std::size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (std::size_t k = 0; k < n; ++k) queue_.push_back(static_cast<int>(ids[k]));
+      in_flight_ += static_cast<int>(n);
+    }
+    if (n == 1) work_cv_.notify_one(); else work_cv_.notify_all();
+  }
+
+  // Block until >= min_count pushed envs finished (fewer if fewer are in flight) and return all
+  // finished ids in completion order. Call without the GIL. On failure returns false with the
+  // first error, "env_id <i>: <message>", in `error`.
+  bool wait(int min_count, std::vector<int64_t>* out, std::string* error) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int available = in_flight_ + static_cast<int>(done_.size());
+    if (min_count > available) min_count = available;
+    if (min_count < 1 && done_.empty()) {
+      *error = "wait() with nothing in flight";
+      return false;
+    }
+    want_ = min_count;
+    // When every env in flight is needed for this batch (a synchronous pool), the waiting thread
+    // runs queued envs itself rather than sleep while they wait for a worker: one more thread
+    // on the critical path, no wake-up latency. With more in flight than needed (async) it
+    // sleeps: running an env of a later batch would delay this one.
+    auto critical = [&] {
+      return !queue_.empty() && in_flight_ + static_cast<int>(done_.size()) <= want_;
+    };
+    while (static_cast<int>(done_.size()) < want_ && error_.empty()) {
+      if (!critical()) {
+        done_cv_.wait(lock, [&] {
+          return static_cast<int>(done_.size()) >= want_ || !error_.empty() || critical();
+        });
+        continue;
+      }
+      const int i = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      std::string err = run(i);
+      lock.lock();
+      finish(i, err);
+    }
+    want_ = 1 << 30;
+    if (!error_.empty()) {
+      *error = error_;
+      return false;
+    }
+    out->assign(done_.begin(), done_.end());
+    done_.clear();
+    return true;
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      int i;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        i = queue_.front();
+        queue_.pop_front();
+      }
+      std::string error = run(i);
+      bool wake;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        wake = finish(i, error);
+      }
+      if (wake) done_cv_.notify_one();
+    }
+  }
+
+  std::string run(int i) {
+    try {
+      return job_(i);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown C++ exception";
+    }
+  }
+
+  // Record env i as done (mu_ held); whether the waiting thread should wake.
+  bool finish(int i, const std::string& error) {
+    --in_flight_;
+    if (!error.empty() && error_.empty()) error_ = "env_id " + std::to_string(i) + ": " + error;
+    done_.push_back(i);
+    return static_cast<int>(done_.size()) >= want_ || !error_.empty();
+  }
+
+  Job job_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<int> queue_;
+  std::vector<int64_t> done_;
+  int in_flight_ = 0;
+  int want_ = 1 << 30;
+  bool stop_ = false;
+  std::string error_;
+};
+
+}  // namespace gmi_drl

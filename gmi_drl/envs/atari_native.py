@@ -1,0 +1,182 @@
+"""Atari on the native core ``gmi_drl.envs._atari_core`` (``csrc/atari_core.cpp``): the loader
+and `NativeAtariBackend`.
+
+The core calls ale-py's emulator class ``ale::vector::PreprocessedEnv`` through the symbols the
+``ale_py._ale_py`` extension exports, and is not linked against it (the wheel ships no library to
+link). Python loads extension modules with ``RTLD_LOCAL``, so before the core is imported the
+already loaded ``_ale_py`` is made global (``dlopen`` with ``RTLD_NOLOAD | RTLD_GLOBAL``, which
+loads nothing new); the core's symbols then resolve there. The core is compiled against the
+headers of exactly one ale-py version (setup.py) and is used only with that version installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from gmi_drl.envs.atari import _FINISH, _RESTART, _STEP, AtariBackend
+from gmi_drl.envs.spec import AutoresetMode
+from gmi_drl.envs.stepper import EpisodeEndedError
+
+
+def _load() -> tuple[ModuleType | None, str | None]:
+    try:
+        import ale_py
+        from ale_py import _ale_py
+
+        ctypes.CDLL(_ale_py.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        from gmi_drl.envs import _atari_core
+    except (ImportError, OSError) as e:  # not built (no compiler or no network at install time)
+        return None, f"the native core gmi_drl.envs._atari_core is not available ({e})"
+    if _atari_core.ALE_PY_VERSION != ale_py.__version__:
+        return None, (f"the native core was built against ale-py {_atari_core.ALE_PY_VERSION} "
+                      f"but ale-py {ale_py.__version__} is installed; reinstall gmi-drl")
+    return _atari_core, None
+
+
+core, unavailable_reason = _load()
+"""The ``_atari_core`` module, or ``None`` with `unavailable_reason` saying why."""
+
+
+class NativeAtariBackend(AtariBackend):
+    """`AtariBackend` on the native core: every env on one shared queue of C++ threads.
+
+    The emulators, their results and the game bookkeeping are those of ``group_size=1`` on
+    ale-py's vector env (one env per ale-py env), so trajectories are identical; but the envs
+    share ``num_threads`` threads (EnvPool's design) instead of one thread each, and a batch
+    comes back with one wake-up. The core writes observations straight into the pool's slots;
+    rows of ordinary steps are then recorded with whole-batch array operations, the rest (new
+    games, life losses, the young frame stack after a new game) one by one.
+
+    Args: as `AtariBackend`; ``group_size`` must be ``None`` (groups are ale-py's).
+
+    Raises:
+        ValueError: as `AtariBackend`, or the core is not available (the reason).
+    """
+
+    def _plan_groups(self, k: int | None, num_envs: int, batch: int, errors: list[str]) -> int:
+        if k is not None:
+            errors.append(f"group_size={k} applies to engine='ale' only (the native engine "
+                          "has no groups)")
+        if core is None:
+            errors.append(f"engine='native' cannot run: {unavailable_reason}")
+        return 1
+
+    def _start(self, rom: str, ale_options: dict[str, Any], num_threads: int) -> list[int]:
+        n = self.num_envs
+        self._raw = {"reward": np.zeros(n, np.int32), "terminated": np.zeros(n, bool),
+                     "truncated": np.zeros(n, bool), "lives": np.zeros(n, np.int32),
+                     "frame": np.zeros(n, np.int32)}
+        obs = self.slots.obs.reshape(n, -1)  # a view: the core writes the slots themselves
+        self._core = core.AtariCore(rom, n, max(1, num_threads), ale_options,
+                                    {**self._raw, "obs": obs})
+        return list(self._core.action_set())
+
+    # --- Backend API ------------------------------------------------------------------------
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        """Queue one step of each env; an env whose episode ended gets its reset instead.
+
+        Raises:
+            RuntimeError: an env was never reset (nothing is sent).
+            EpisodeEndedError: autoreset ``disabled`` and an env's episode ended (nothing sent).
+        """
+        if self._num_unreset and any(self._first_seed[i] is not None for i in ids.tolist()):
+            bad = [i for i in ids.tolist() if self._first_seed[i] is not None]
+            raise RuntimeError(f"env_id {bad}: reset() them before sending actions")
+        ended = self._ended[ids]
+        if ended.any():
+            if self.mode is AutoresetMode.DISABLED:
+                raise EpisodeEndedError(
+                    f"env_id {ids[ended].tolist()}: episode ended and autoreset is disabled; "
+                    "call reset(env_id=...) for them before stepping")
+            self._kind[ids] = np.where(ended, _RESTART, _STEP)
+            actions = np.where(ended, self._restart_action, actions)
+        else:
+            self._kind[ids] = _STEP
+        self._core.send(ids, actions.astype(np.int64, copy=False))
+
+    def wait(self, min_count: int = 1) -> np.ndarray:
+        """Block until envs finish; return the finished ids in completion order (at least one).
+
+        Raises:
+            RuntimeError: nothing in flight, or an emulator failed (names the env id).
+        """
+        while True:
+            done = self._core.wait(min_count)
+            ready = self._record(done)
+            if len(ready):
+                return ready
+
+    def reset(self, ids: np.ndarray) -> None:
+        """Reset ``ids`` (none in flight) in the calling thread; see `AtariBackend.reset`."""
+        raw = self._raw
+        for i in ids.tolist():
+            one = np.array([i], np.int64)
+            if self._first_seed[i] is not None:
+                self._core.run_now(one, np.zeros(1, np.int64),
+                                   np.array([self._first_seed[i]], np.int64), True)
+                self._first_seed[i] = None
+                self._num_unreset -= 1
+            elif (self._ended[i] and not self._real_end[i]
+                  and self.mode is AutoresetMode.DISABLED):
+                while self._ended[i]:  # the FIRE/NOOP step may itself end the episode (rare)
+                    self._kind[i] = _RESTART
+                    self._core.run_now(one, np.array([self._restart_action], np.int64),
+                                       np.full(1, -1, np.int64), False)
+                    self._record_env(i, int(raw["reward"][i]), bool(raw["terminated"][i]),
+                                     bool(raw["truncated"][i]), int(raw["lives"][i]),
+                                     int(raw["frame"][i]))
+                continue
+            else:
+                self._core.run_now(one, np.zeros(1, np.int64), np.full(1, -1, np.int64), True)
+            self._reset_row(i, int(raw["lives"][i]), int(raw["frame"][i]))
+
+    def close(self) -> None:
+        """Stop every emulator thread (a step in flight finishes first). Idempotent."""
+        if getattr(self, "_core", None) is not None:
+            self._core.close()
+            self._core = None
+
+    # --- results ------------------------------------------------------------------------------
+    def _record(self, done: np.ndarray) -> np.ndarray:
+        """Record the results of ``done``; the ids that are ready (not sent again)."""
+        raw = self._raw
+        term, trunc = raw["terminated"][done], raw["truncated"][done]
+        special = (self._kind[done] != _STEP) | term | trunc | (self._young[done] > 0)
+        idx = np.flatnonzero(special)
+        plain = done[~special] if len(idx) else done
+        # new games, life losses, young stacks: one by one (they may send an env again)
+        ready = [self._record_one(i) for i in done[idx].tolist()]
+        if len(plain):  # ordinary steps: the game goes on, no flag, a full frame stack
+            rew = raw["reward"][plain]
+            s = self.slots
+            ret = self._game_return[plain] + rew
+            length = self._game_length[plain] + 1
+            self._game_return[plain] = ret
+            self._game_length[plain] = length
+            s.reward[plain] = np.sign(rew) if self._clip else rew
+            s.terminated[plain] = False
+            s.truncated[plain] = False
+            s.episode_return[plain] = ret
+            s.episode_length[plain] = length
+            self.lives[plain] = raw["lives"][plain]
+            self.end_of_game[plain] = False
+        if all(ready):
+            return done
+        keep = ~special
+        keep[idx] = ready
+        return done[keep]
+
+    def _record_one(self, i: int) -> bool:
+        raw = self._raw
+        return self._record_env(i, int(raw["reward"][i]), bool(raw["terminated"][i]),
+                                bool(raw["truncated"][i]), int(raw["lives"][i]),
+                                int(raw["frame"][i]))
+
+    def _resend_restart(self, i: int) -> None:
+        self._kind[i] = _FINISH
+        self._core.send(np.array([i], np.int64), np.array([self._restart_action], np.int64))
