@@ -6,6 +6,8 @@
 
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +38,7 @@ class WorkQueue {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       stop_ = true;
+      stopping_.store(true, std::memory_order_relaxed);
     }
     work_cv_.notify_all();
     for (auto& w : workers_) w.join();
@@ -47,6 +50,7 @@ class WorkQueue {
       std::lock_guard<std::mutex> lock(mu_);
       for (std::size_t k = 0; k < n; ++k) queue_.push_back(static_cast<int>(ids[k]));
       in_flight_ += static_cast<int>(n);
+      queued_.store(static_cast<int>(queue_.size()), std::memory_order_relaxed);
     }
     if (n == 1) work_cv_.notify_one(); else work_cv_.notify_all();
   }
@@ -72,13 +76,17 @@ class WorkQueue {
     };
     while (static_cast<int>(done_.size()) < want_ && error_.empty()) {
       if (!critical()) {
+        if (in_flight_ <= 1) {  // one env left, on a worker: spin on the free core
+          lock.unlock();
+          spin([&] { return num_done_.load(std::memory_order_relaxed) >= want_; });
+          lock.lock();
+        }
         done_cv_.wait(lock, [&] {
           return static_cast<int>(done_.size()) >= want_ || !error_.empty() || critical();
         });
         continue;
       }
-      const int i = queue_.front();
-      queue_.pop_front();
+      const int i = pop();
       lock.unlock();
       std::string err = run(i);
       lock.lock();
@@ -91,19 +99,43 @@ class WorkQueue {
     }
     out->assign(done_.begin(), done_.end());
     done_.clear();
+    num_done_.store(0, std::memory_order_relaxed);
     return true;
   }
 
  private:
+  // Busy-wait up to kSpin for `ready` before a caller blocks on a condition variable: a thread
+  // that finished its env often gets the next one within microseconds (the caller's Python
+  // between recv and send), and a futex sleep and wake-up costs tens of microseconds on a
+  // virtual machine. EnvPool's semaphores spin the same way before they block.
+  template <typename Ready>
+  static void spin(Ready ready) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int k = 1; !ready(); ++k) {
+      if ((k & 63) == 0 && std::chrono::steady_clock::now() >= until) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+
+  int pop() {  // mu_ held, queue_ not empty
+    const int i = queue_.front();
+    queue_.pop_front();
+    queued_.store(static_cast<int>(queue_.size()), std::memory_order_relaxed);
+    return i;
+  }
+
   void work() {
     for (;;) {
       int i;
+      spin([&] { return queued_.load(std::memory_order_relaxed) > 0 ||
+                        stopping_.load(std::memory_order_relaxed); });
       {
         std::unique_lock<std::mutex> lock(mu_);
         work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        i = queue_.front();
-        queue_.pop_front();
+        i = pop();
       }
       std::string error = run(i);
       bool wake;
@@ -130,10 +162,16 @@ class WorkQueue {
     --in_flight_;
     if (!error.empty() && error_.empty()) error_ = "env_id " + std::to_string(i) + ": " + error;
     done_.push_back(i);
+    num_done_.store(static_cast<int>(done_.size()), std::memory_order_relaxed);
     return static_cast<int>(done_.size()) >= want_ || !error_.empty();
   }
 
+  static constexpr std::chrono::microseconds kSpin{50};
+
   Job job_;
+  // Mirrors of queue_.size(), done_.size() and stop_ that spinning threads read without mu_.
+  std::atomic<int> queued_{0}, num_done_{0};
+  std::atomic<bool> stopping_{false};
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;

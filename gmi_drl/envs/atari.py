@@ -264,7 +264,7 @@ class AtariBackend(Backend):
         opts = _check_options(options)
         self.mode = mode = AutoresetMode(autoreset)
         self.num_envs = num_envs
-        batch = num_envs if env_batch_size is None else env_batch_size
+        self._batch = batch = num_envs if env_batch_size is None else env_batch_size
         self._episodic_life = bool(opts["episodic_life"])
         errors = []
         rom = roms.get_rom_path(game) if game in roms.get_all_rom_ids() else None

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gmi_drl.envs.atari import _FINISH, _RESTART, _STEP, AtariBackend
+from gmi_drl.envs.backend import queue_workers
 from gmi_drl.envs.spec import AutoresetMode
 from gmi_drl.envs.stepper import EpisodeEndedError
 
@@ -72,7 +73,8 @@ class NativeAtariBackend(AtariBackend):
                      "truncated": np.zeros(n, bool), "lives": np.zeros(n, np.int32),
                      "frame": np.zeros(n, np.int32)}
         obs = self.slots.obs.reshape(n, -1)  # a view: the core writes the slots themselves
-        self._core = core.AtariCore(rom, n, max(1, num_threads), ale_options,
+        workers = queue_workers(max(1, num_threads), n, self._batch)
+        self._core = core.AtariCore(rom, n, workers, ale_options,
                                     {**self._raw, "obs": obs})
         return list(self._core.action_set())
 

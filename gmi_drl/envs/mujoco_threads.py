@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from gmi_drl.envs import mujoco_locomotion as ml
-from gmi_drl.envs.backend import Backend, LocalBackend
+from gmi_drl.envs.backend import Backend, LocalBackend, queue_workers
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import Slots, Stepper
 
@@ -176,7 +176,8 @@ def make_backend(task_id: str, num_envs: int, env_batch_size: int, num_threads: 
         if engine == "threads" or unavailable_reason(probe) is None:
             spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
                            max_episode_steps)
-            return spec, MujocoThreadBackend(probe, num_envs, num_threads, autoreset,
+            workers = queue_workers(num_threads, num_envs, env_batch_size)
+            return spec, MujocoThreadBackend(probe, num_envs, workers, autoreset,
                                              max_episode_steps, seeds)
         probe.close()
     env = cls(num_envs=num_envs, num_threads=num_threads, **kwargs)
