@@ -1,31 +1,39 @@
-"""Atari 2600 tasks (``Pong-v5``, ``Breakout-v5``, ...) on ale-py's C++ vector environment.
+"""Atari 2600 tasks (``Pong-v5``, ``Breakout-v5``, ...) on ale-py's emulators.
 
-Source: ale-py 0.12 (``ale_py.ALEVectorInterface``, the C++ core that
-``ale_py.vector_env.AtariVectorEnv`` wraps: emulation, frame skip, max-pooling, grayscale,
-INTER_AREA resize, frame stack, no-op starts and FIRE reset run on C++ threads, outside the GIL);
-task ids, option names and defaults follow EnvPool (papers/003_e9bf2f468e812145.txt,
-``envpool/atari/atari_env.h``).
+Source: ale-py 0.12 (``ale::vector::PreprocessedEnv``, the per-env class of its C++ vector env:
+emulation, frame skip, max-pooling, grayscale, INTER_AREA resize, frame stack, no-op starts and
+FIRE reset, all in C++, outside the GIL); task ids, option names and defaults follow EnvPool
+(papers/003_e9bf2f468e812145.txt, ``envpool/atari/atari_env.h``).
 
-Design. ale-py's ``send`` takes no env ids: it routes action ``k`` to the ``k``-th env of its own
-last ``recv`` batch and wants exactly ``batch_size`` actions, and an async ale-py env
-(``batch_size < num_envs``) can neither reset some envs nor return every env's first observation.
-A pool, though, may send any subset of its envs and resets return every env given. So the pool's
-envs are split into *groups* of consecutive ids, each group one synchronous ale-py vector env
-(``batch_size == num_envs``, results in env order) on its own C++ thread(s); a group steps once
-actions for all its envs were sent. The ``group_size`` option (default: automatic):
+Engines (``make(..., engine=...)``, default ``"auto"``):
+
+- ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariBackend`, the default where the extension
+  ``_atari_core`` is built): every env on one shared queue of ``num_workers`` C++ threads, as in
+  EnvPool; ``send(actions, env_id)`` takes any subset of the envs not in flight and ``recv``
+  returns the first to finish (``csrc/atari_core.cpp``). A synchronous pool's caller steps queued
+  envs too, so it runs ``num_workers - 1`` workers.
+- ``"ale"``: ale-py's own vector envs (``ale_py.ALEVectorInterface``) in groups, below. Used where
+  the native core is not built, or when ``group_size`` is given.
+
+Both run the same emulator code per env and give identical trajectories (tested).
+
+The ``"ale"`` engine's design. ale-py's ``send`` takes no env ids: it routes action ``k`` to the
+``k``-th env of its own last ``recv`` batch and wants exactly ``batch_size`` actions, and an async
+ale-py env (``batch_size < num_envs``) can neither reset some envs nor return every env's first
+observation. A pool, though, may send any subset of its envs and resets return every env given.
+So the pool's envs are split into *groups* of consecutive ids, each group one synchronous ale-py
+vector env (``batch_size == num_envs``, results in env order) on its own C++ thread(s); a group
+steps once actions for all its envs were sent. The ``group_size`` option (default: automatic):
 
 - synchronous pools (``env_batch_size == num_envs``): one group of every env on the pool's
   ``num_workers`` threads, one ale-py ``send``/``recv`` per step.
 - asynchronous pools, and ``episodic_life`` with autoreset ``same_step``/``disabled`` (they step
   single envs after a life loss): ``group_size=1``, one ale-py env and one C++ thread per env
   (``num_workers`` is ignored). Any subset may be sent; ``wait`` blocks on the env sent first,
-  so envs come back in the order they were sent (ale-py has no wait-for-any over several vector
-  envs). Each env step costs one ale-py ``send``/``recv`` (~30 us of Python and spin-waiting
-  per env step, 5-10% more CPU than one big group), but single env steps (~0.3 ms of emulation) run back to
-  back as EnvPool's queued envs do, while groups of several envs get time-sliced, finish
-  together and leave the cores idle while Python handles them (Pong, 16 envs, batches of 8, on
-  a loaded 2-core machine: ``group_size=8`` ran at 0.7-0.8x EnvPool's steps/s, ``group_size=1``
-  at 1.0-1.2x).
+  so envs come back in the order they were sent. Each env step is a hand-off to its own thread
+  and back (~1.2 context switches per env step against EnvPool's ~0.3), which is why the native
+  engine exists: on Pong, 16 envs in batches of 8 on 2 cores, this ran at 0.75-1.02x EnvPool's
+  steps/s, the native engine at 1.03-1.08x.
 - ``group_size=k > 1`` (dividing ``num_envs`` and ``env_batch_size``): groups of ``k`` envs, one
   thread each (``num_workers`` threads when there is a single group); a ``recv`` returns whole
   groups, the first sent. Sending the ids a ``recv`` returned (EnvPool's loop) always works; a
@@ -36,7 +44,8 @@ Defaults (`DEFAULTS`; override any through ``make(task_id, ..., **kwargs)``): ``
 ``img_height=img_width=84``, ``gray_scale=True``, ``stack_num=4``, ``noop_max=30``,
 ``episodic_life=True``, ``reward_clip=True``, ``use_fire_reset=True``,
 ``repeat_action_probability=0.0``, ``max_episode_steps=27000`` (agent steps, = 108000 frames),
-``full_action_space=False``, ``maxpool=True``, plus ``group_size=None`` (see above).
+``full_action_space=False``, ``maxpool=True``, plus ``group_size=None`` (the ``"ale"`` engine,
+see above).
 Observations are ``uint8 (stack_num, img_height, img_width)`` (``(stack_num, img_height,
 img_width, 3)`` when ``gray_scale=False``; EnvPool uses ``(3 * stack_num, H, W)`` there), actions
 ``Discrete(len(minimal action set))`` (``int`` indices into it).
