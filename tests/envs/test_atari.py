@@ -11,8 +11,13 @@ import numpy as np
 import pytest
 
 import gmi_drl.envs as envs
+from gmi_drl.envs import atari_native
 from gmi_drl.envs.atari import GAMES
 from gmi_drl.envs.stepper import EpisodeEndedError
+
+needs_native = pytest.mark.skipif(atari_native.core is None,
+                                  reason=f"{atari_native.unavailable_reason}")
+NATIVE = pytest.param("native", marks=needs_native)
 
 
 def _is_reset_stack(obs: np.ndarray) -> bool:
@@ -78,6 +83,7 @@ def test_task_kwargs_override_defaults_and_bad_options_are_named():
 
 
 # --- seeding ------------------------------------------------------------------------------------
+@needs_native
 def test_same_seed_same_trajectory_independent_of_engine_grouping_and_env_position():
     """Breakout: its life losses and game overs exercise the resets of every layout."""
     steps = 250
@@ -184,7 +190,9 @@ def test_partial_group_send_that_cannot_step_raises_instead_of_hanging():
 
 # --- autoreset modes ----------------------------------------------------------------------------
 @pytest.mark.parametrize("engine, group_size, expect", [("ale", None, 2),  # one group of both
-                                                        ("ale", 1, 1), ("native", None, 1)])
+                                                        ("ale", 1, 1),
+                                                        pytest.param("native", None, 1,
+                                                                     marks=needs_native)])
 def test_next_step_life_loss_continues_the_game_and_game_over_restarts_it(engine, group_size,
                                                                            expect):
     """Breakout, episodic_life: each life loss terminates; the next step is the reset (reward 0,
@@ -242,7 +250,7 @@ def test_pong_game_over_then_a_new_game_in_next_step_mode():
         assert info["episode_length"][0] == 0
 
 
-@pytest.mark.parametrize("engine", ["native", "ale"])
+@pytest.mark.parametrize("engine", [NATIVE, "ale"])
 @pytest.mark.parametrize("kwargs", [{},  # life losses: ale-py: one env per group
                                     {"episodic_life": False}])  # ale-py: one group, its SameStep
 def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs, engine):
@@ -280,7 +288,7 @@ def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs, engine):
             r.close()
 
 
-@pytest.mark.parametrize("engine", ["native", "ale"])
+@pytest.mark.parametrize("engine", [NATIVE, "ale"])
 def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss(engine):
     rng = np.random.default_rng(5)
     with envs.make("Breakout-v5", num_envs=1, seed=2, autoreset="disabled",
@@ -304,7 +312,7 @@ def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss(engin
         np.testing.assert_array_equal(pool.step(np.array([2]))[0], ref.step(np.array([2]))[0])
 
 
-@pytest.mark.parametrize("engine", ["ale", "native"])
+@pytest.mark.parametrize("engine", ["ale", NATIVE])
 def test_disabled_reset_after_game_over_starts_a_new_game(engine):
     rng = np.random.default_rng(0)
     with envs.make("Breakout-v5", num_envs=2, seed=0, autoreset="disabled",
@@ -448,6 +456,7 @@ def test_info_episode_end_marks_game_over_not_life_loss():
 
 
 # --- the native engine ----------------------------------------------------------------------------
+@needs_native
 @pytest.mark.parametrize("autoreset", ["next_step", "same_step", "disabled"])
 def test_native_async_subsets_follow_each_env_exactly_as_ale_py(autoreset):
     """Async pools sent random subsets: every env of the native engine takes exactly the steps
@@ -497,6 +506,7 @@ def test_native_async_subsets_follow_each_env_exactly_as_ale_py(autoreset):
     assert ends >= 5  # life losses happened
 
 
+@needs_native
 def test_native_engine_options_and_unavailable_core_are_explained(monkeypatch):
     with pytest.raises(ValueError, match="group_size=2 applies to engine='ale'"):
         envs.make("Pong-v5", num_envs=2, engine="native", group_size=2)
