@@ -128,19 +128,9 @@ class AtariCore {
 
   // Block (GIL released) until >= min_count queued envs finished; their ids in completion order.
   py::array_t<int64_t> wait(int min_count) {
-    if (!queue_) throw std::runtime_error("the Atari core is closed");
-    std::vector<int64_t> out;
-    std::string error;
-    bool ok;
-    {
-      py::gil_scoped_release release;
-      ok = queue_->wait(min_count, &out, &error);
-    }
-    if (!ok) throw std::runtime_error(error);
-    py::array_t<int64_t> result(static_cast<py::ssize_t>(out.size()));
-    std::copy(out.begin(), out.end(), result.mutable_data());
-    return result;
+    return gmi_drl::wait_ids(queue_.get(), min_count);
   }
+
 
   // Run `ids` (none in flight) one after another in the calling thread (GIL released) and write
   // their results: with `reset`, a new game each, reseeded with `seeds[k]` where >= 0 (the ROM

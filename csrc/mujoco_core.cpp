@@ -128,19 +128,9 @@ class MujocoCore {
   // Block (GIL released) until >= min_count queued envs finished; return all finished ids in
   // completion order. Raises RuntimeError naming the env whose simulation failed.
   py::array_t<int64_t> wait(int min_count) {
-    if (!queue_) throw std::runtime_error("the core is closed");
-    std::vector<int64_t> out;
-    std::string error;
-    bool ok;
-    {
-      py::gil_scoped_release release;
-      ok = queue_->wait(min_count, &out, &error);
-    }
-    if (!ok) throw std::runtime_error(error);
-    py::array_t<int64_t> ids(static_cast<py::ssize_t>(out.size()));
-    std::copy(out.begin(), out.end(), ids.mutable_data());
-    return ids;
+    return gmi_drl::wait_ids(queue_.get(), min_count);
   }
+
 
   // Reset `ids` (none in flight) in the calling thread from their pre-drawn next_qpos/qvel.
   void reset(py::array_t<int64_t, py::array::c_style> ids) {

@@ -6,6 +6,10 @@
 
 #pragma once
 
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,5 +187,22 @@ class WorkQueue {
   bool stop_ = false;
   std::string error_;
 };
+
+// `queue->wait` for a pybind11 method: the GIL released while blocked, the ids as an int64 array,
+// a failure (or a closed core: `queue` null) raised as RuntimeError.
+inline pybind11::array_t<int64_t> wait_ids(WorkQueue* queue, int min_count) {
+  if (queue == nullptr) throw std::runtime_error("the core is closed");
+  std::vector<int64_t> out;
+  std::string error;
+  bool ok;
+  {
+    pybind11::gil_scoped_release release;
+    ok = queue->wait(min_count, &out, &error);
+  }
+  if (!ok) throw std::runtime_error(error);
+  pybind11::array_t<int64_t> ids(static_cast<pybind11::ssize_t>(out.size()));
+  std::copy(out.begin(), out.end(), ids.mutable_data());
+  return ids;
+}
 
 }  // namespace gmi_drl

@@ -502,23 +502,34 @@ class AtariBackend(Backend):
 
     # --- resets -------------------------------------------------------------------------------
     def _reset_env(self, i: int) -> None:
-        g = self._groups[i]
+        """Reset env ``i`` (one env per ale-py env) in the calling thread; see `reset`."""
         if self._first_seed[i] is not None:
-            obs, info = g.ale.reset([0], [self._first_seed[i]])
+            lives, frame = self._new_game_now(i, self._first_seed[i])
             self._first_seed[i] = None
             self._num_unreset -= 1
         elif (self._ended[i] and not self._real_end[i]
               and self.mode is AutoresetMode.DISABLED):
             while self._ended[i]:  # the FIRE/NOOP step may itself end the episode (rare)
                 self._kind[i] = _RESTART
-                g.actions[0] = self._restart_action
-                g.ale.send(g.actions, g.ones)
-                self._on_env_result(g, *g.ale.recv())
+                self._restart_now(i)
             return
         else:
-            obs, info = g.ale.reset([0], [-1])
+            lives, frame = self._new_game_now(i, -1)
+        self._reset_row(i, lives, frame)
+
+    def _new_game_now(self, i: int, seed: int) -> tuple[int, int]:
+        """Start a new game of env ``i`` (reseeded where ``seed >= 0``), its first observation
+        in its obs row; its lives and episode frame number."""
+        obs, info = self._groups[i].ale.reset([0], [seed])
         self.slots.obs[i] = obs[0]
-        self._reset_row(i, int(info["lives"][0]), int(info["episode_frame_number"][0]))
+        return int(info["lives"][0]), int(info["episode_frame_number"][0])
+
+    def _restart_now(self, i: int) -> None:
+        """Run env ``i``'s FIRE/NOOP step after a life loss and record it."""
+        g = self._groups[i]
+        g.actions[0] = self._restart_action
+        g.ale.send(g.actions, g.ones)
+        self._on_env_result(g, *g.ale.recv())
 
     def _reset_group(self, g: _Group, local: list[int]) -> None:
         s, b = self.slots, g.base

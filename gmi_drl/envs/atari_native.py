@@ -113,30 +113,6 @@ class NativeAtariBackend(AtariBackend):
             if len(ready):
                 return ready
 
-    def reset(self, ids: np.ndarray) -> None:
-        """Reset ``ids`` (none in flight) in the calling thread; see `AtariBackend.reset`."""
-        raw = self._raw
-        for i in ids.tolist():
-            one = np.array([i], np.int64)
-            if self._first_seed[i] is not None:
-                self._core.run_now(one, np.zeros(1, np.int64),
-                                   np.array([self._first_seed[i]], np.int64), True)
-                self._first_seed[i] = None
-                self._num_unreset -= 1
-            elif (self._ended[i] and not self._real_end[i]
-                  and self.mode is AutoresetMode.DISABLED):
-                while self._ended[i]:  # the FIRE/NOOP step may itself end the episode (rare)
-                    self._kind[i] = _RESTART
-                    self._core.run_now(one, np.array([self._restart_action], np.int64),
-                                       np.full(1, -1, np.int64), False)
-                    self._record_env(i, int(raw["reward"][i]), bool(raw["terminated"][i]),
-                                     bool(raw["truncated"][i]), int(raw["lives"][i]),
-                                     int(raw["frame"][i]))
-                continue
-            else:
-                self._core.run_now(one, np.zeros(1, np.int64), np.full(1, -1, np.int64), True)
-            self._reset_row(i, int(raw["lives"][i]), int(raw["frame"][i]))
-
     def close(self) -> None:
         """Stop every emulator thread (a step in flight finishes first). Idempotent."""
         if getattr(self, "_core", None) is not None:
@@ -178,6 +154,16 @@ class NativeAtariBackend(AtariBackend):
         return self._record_env(i, int(raw["reward"][i]), bool(raw["terminated"][i]),
                                 bool(raw["truncated"][i]), int(raw["lives"][i]),
                                 int(raw["frame"][i]))
+
+    def _new_game_now(self, i: int, seed: int) -> tuple[int, int]:
+        self._core.run_now(np.array([i], np.int64), np.zeros(1, np.int64),
+                           np.array([seed], np.int64), True)
+        return int(self._raw["lives"][i]), int(self._raw["frame"][i])
+
+    def _restart_now(self, i: int) -> None:
+        self._core.run_now(np.array([i], np.int64), np.array([self._restart_action], np.int64),
+                           np.full(1, -1, np.int64), False)
+        self._record_one(i)
 
     def _resend_restart(self, i: int) -> None:
         self._kind[i] = _FINISH
