@@ -75,14 +75,14 @@ def _build_reducer(ctx: GMIContext):
     from gmi_drl.comm.reducer import IdentityReducer
 
     lay, g = ctx.layout, ctx.gmi_id
-    backend = "nccl" if lay.backend is not BackendKind.CPU else "gloo"
     if ctx._reduction == "switch":  # iSwitch: aggregation in the network
         from gmi_drl.comm.switch.client import SwitchReducer
         return SwitchReducer(ctx._switch_addrs[g], worker_id=g, num_workers=lay.num_gmis,
                              job_id=ctx._job_id)
     if ctx._reduction == "ring":
         from gmi_drl.comm.ring import RingReducer
-        return RingReducer(g, lay.num_gmis, ctx._init_method, backend)
+        return RingReducer(g, lay.num_gmis, ctx._init_method,
+                           dist_backend(lay, flat_ring=True))
     if lay.num_gmis == 1:
         return IdentityReducer()
     if lay.strategy is Strategy.MPR:
@@ -90,10 +90,26 @@ def _build_reducer(ctx: GMIContext):
         return SharedMemoryReducer(ctx._groups[0], g)
     if lay.strategy is Strategy.MRR:
         from gmi_drl.comm.ring import RingReducer
-        return RingReducer(g, lay.num_gmis, ctx._init_method, backend, mpl=lay.mpl)
+        return RingReducer(g, lay.num_gmis, ctx._init_method, dist_backend(lay), mpl=lay.mpl)
     from gmi_drl.comm.hierarchical import HierarchicalReducer
     return HierarchicalReducer(g, lay.mpl, ctx._groups[lay.device_of(g)], ctx._init_method,
-                               backend)
+                               dist_backend(lay))
+
+
+def dist_backend(layout: Layout, flat_ring: bool = False) -> str:
+    """The torch.distributed backend of a run's reduction groups, by the tensors' device.
+
+    CPU tensors always go through gloo: a learner on the CPU (``--device cpu``) under a CUDA
+    backend, and HAR's host-memory device sums. CUDA tensors go through NCCL only where no two
+    members of a group share a GPU (NCCL refuses a communicator with a duplicate GPU): MRR's
+    rings and HAR's leaders hold one GMI per device, a flat ring (``flat_ring``) only when every
+    device holds one GMI; otherwise gloo reduces them too (it copies through the host).
+    """
+    if layout.backend is BackendKind.CPU:
+        return "gloo"
+    if flat_ring and any(len(gmis) > 1 for gmis in layout.mpl):
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results, netns):
@@ -162,7 +178,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         heartbeat_timeout_s: a GMI silent this long counts as hung.
         reduction: ``"auto"``: the layout's strategy (GMI-DRL Algorithm 1); ``"ring"``: one
-            ring over all GMIs (gloo on CPU, NCCL on GPUs); ``"switch"``: the iSwitch
+            ring over all GMIs (gloo; NCCL for CUDA tensors where each GMI has its own GPU,
+            `dist_backend`); ``"switch"``: the iSwitch
             aggregation switch.
         switch_addrs: with ``"switch"``, the ``HOST:PORT`` of GMI k's switch at index k.
         netns: network namespace of GMI k at index k (root; e.g. the worker hosts of an

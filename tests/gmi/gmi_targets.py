@@ -50,3 +50,10 @@ def reduce_and_report_wrapper(ctx):
     t = torch.full((3,), float(ctx.gmi_id))
     red.allreduce_([t])
     return os.environ.get("FAKE_NSYS"), t.tolist()
+
+
+def allreduce_on_device(ctx):
+    red = ctx.make_reducer()
+    t = torch.full((4,), float(ctx.gmi_id), device=ctx.payload)
+    red.allreduce_([t])
+    return t.device.type, t.tolist()

@@ -64,6 +64,18 @@ def test_invalid_specs():
         process_env(GMISpec(0, 0, BackendKind.CUDA_MPS), m(A100), 1)
 
 
+def test_dist_backend_uses_nccl_only_for_cuda_tensors_on_distinct_gpus():
+    from gmi_drl.gmi.launcher import dist_backend
+    from gmi_drl.gmi.layout import plan
+
+    two = m(A100_NOMIG, Gpu(1, "A100", "GPU-a100-2", (8, 0), 40 << 30))
+    assert dist_backend(plan(2, m())) == dist_backend(plan(2, m()), flat_ring=True) == "gloo"
+    shared = plan(2, m(A100_NOMIG), backend="cuda_shared")  # both GMIs on GPU 0
+    assert dist_backend(shared, flat_ring=True) == "gloo"
+    assert dist_backend(plan(2, two, backend="cuda_mps"), flat_ring=True) == "cpu:gloo,cuda:nccl"
+    assert dist_backend(plan(4, two, backend="cuda_mps")) == "cpu:gloo,cuda:nccl"  # MRR rings
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not MPSDaemon.available(), reason="needs nvidia-cuda-mps-control and a GPU")
 def test_mps_daemon_starts_and_stops(tmp_path):

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
@@ -44,6 +45,19 @@ def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
         assert values == pytest.approx([mean] * 5, abs=1e-6)
         assert cuda == "" and affinity  # cpu backend: no GPU visible, a core set
     assert not _children() - before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not discover().gpus,
+                    reason="needs a CUDA device that NVML sees")
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_ring_over_gmis_sharing_one_gpu_reduces_cuda_and_cpu_tensors(device):
+    """NCCL refuses two ranks on one GPU, and has no CPU tensors: the ring takes gloo then."""
+    m = discover()
+    lay = plan(2, m, backend="cuda_shared")
+    out = launch("tests.gmi.gmi_targets:allreduce_on_device", lay, m, payload=device,
+                 reduction="ring")
+    assert out == [(device, [0.5] * 4)] * 2
 
 
 def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
