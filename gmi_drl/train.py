@@ -235,7 +235,7 @@ def _train_gmis(cfg: TrainConfig, show_progress: bool,
                          switch_addrs=g.switch_addrs if g.reducer == "switch" else (),
                          netns=g.netns_list, prefixes=prefixes,
                          exit_timeout_s=600.0 if prefixes else 5.0)  # nsys writes reports at exit
-        placement = layout.describe()
+        placement = layout.describe(with_reduction=g.reducer == "auto")
     digests = tuple(r.param_digests[0] for r in results)
     same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
     with open(results[0].run_dir / "summary.md", "a") as f:

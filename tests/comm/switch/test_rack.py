@@ -91,6 +91,9 @@ def test_gmis_train_inside_the_rack(tmp_path, reducer):
                 sw.terminate()
                 final, err = sw.communicate(timeout=20)
         assert len(result.param_digests) == 2 and len(set(result.param_digests)) == 1
+        summary = (result.run_dir / "summary.md").read_text()
+        assert "gradient reduction: `" not in summary  # no Algorithm 1 strategy was used
+        assert ("one ring over all GMIs" in summary) == (reducer == "ring")
         if sw is not None:
             assert json.loads(final.strip().splitlines()[-1])["segments_completed"] > 0
             for ip in rack.worker_ip:
