@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import queue
 import shlex
+import signal
 import shutil
 import sys
 import tempfile
@@ -230,7 +231,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         except GMIError as e:
             error = str(e)  # re-raised below, without frames that hold the queue and barriers
     finally:
-        _stop(procs)
+        _stop(procs, frozenset(prefixes or ()))
         results.close()
         # drop our references so the named semaphores of spawn (queue, barriers) are unlinked
         # now rather than whenever a traceback holding this frame is collected
@@ -263,10 +264,15 @@ def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir, ne
 
 
 def _prefixed_python(prefix: list[str], tmp: str, gmi_id: int) -> str:
-    """Write an executable script that runs this interpreter under ``prefix``; return its path."""
+    """Write an executable script that runs this interpreter under ``prefix``; return its path.
+
+    The prefix (``nsys profile``) runs the interpreter as its child, so the process the
+    launcher holds is the prefix's: ``setsid`` makes it the leader of a process group of its
+    own (same pid, no fork), and `_stop` signals that whole group, the GMI's Python included.
+    """
     path = os.path.join(tmp, f"gmi-{gmi_id}-python")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec {shlex.join([*prefix, sys.executable])} "$@"\n')
+        f.write(f'#!/bin/sh\nexec setsid {shlex.join([*prefix, sys.executable])} "$@"\n')
     os.chmod(path, 0o755)
     return path
 
@@ -319,13 +325,23 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:
     return [done[g] for g in range(n)]
 
 
-def _stop(procs, grace_s: float = 3.0) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
+def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) -> None:
+    """Terminate, then kill, every GMI still running; a GMI in ``grouped`` (started under a
+    prefix, `_prefixed_python`) with its whole process group."""
+    def signal_gmi(g: int, p, sig: int) -> None:
+        try:
+            if g in grouped:
+                os.killpg(p.pid, sig)  # the prefix and the GMI's Python under it
+            elif p.is_alive():
+                os.kill(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone
+
+    for g, p in enumerate(procs):
+        signal_gmi(g, p, signal.SIGTERM)
     deadline = time.time() + grace_s
-    for p in procs:
+    for g, p in enumerate(procs):
         p.join(timeout=max(0.0, deadline - time.time()))
-        if p.is_alive():
-            p.kill()
+        if p.is_alive() or g in grouped:
+            signal_gmi(g, p, signal.SIGKILL)
             p.join(timeout=1.0)

@@ -60,6 +60,24 @@ def test_a_ring_over_gmis_sharing_one_gpu_reduces_cuda_and_cpu_tensors(device):
     assert out == [(device, [0.5] * 4)] * 2
 
 
+def test_a_stopped_run_kills_a_gmi_under_a_prefix_with_its_python(tmp_path):
+    """A profiler prefix (nsys) runs the GMI's Python as its child; stopping the run must end
+    that child too, not only the prefix the launcher started."""
+    pid_file = tmp_path / "python.pid"
+    prefix = tmp_path / "fake-profiler"
+    prefix.write_text('#!/bin/sh\n"$@" &\necho $! > ' + str(pid_file) + '\nwait\n')
+    prefix.chmod(0o755)
+    m = discover()
+    with pytest.raises(GMIError, match="GMI 0 raised"):
+        launch("tests.gmi.gmi_targets:fail_on_one", plan(2, m), m, payload=0,
+               prefixes={1: [str(prefix)]})
+    python_pid = int(pid_file.read_text())
+    deadline = time.time() + 5
+    while os.path.exists(f"/proc/{python_pid}") and time.time() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{python_pid}"), "the GMI's Python outlived the run"
+
+
 def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
     m = discover()
     kids_before = _children()
