@@ -519,3 +519,21 @@ def test_native_engine_options_and_unavailable_core_are_explained(monkeypatch):
     monkeypatch.setattr(ale_py, "__version__", "0.0.1")
     core, reason = atari_native._load()
     assert core is None and "built against ale-py" in reason and "0.0.1" in reason
+
+
+@needs_native
+def test_native_core_rejects_bad_ids_and_actions_before_queueing_anything():
+    with envs.make("Pong-v5", num_envs=2, seed=0, engine="native") as pool:
+        pool.reset()
+        core = pool._backend._core
+        n = pool.action_space.n
+        with pytest.raises(ValueError, match="action index out of range"):
+            core.send(np.array([0, 1]), np.array([0, n]))
+        with pytest.raises(ValueError, match="env id out of range"):
+            core.send(np.array([2]), np.array([0]))
+        with pytest.raises(RuntimeError, match="nothing in flight"):
+            core.wait(1)  # neither bad call queued env 0
+        obs, rew, term, trunc, info = pool.step(np.array([1, 2]))  # still usable
+        assert obs.shape == (2, 4, 84, 84) and info["env_id"].tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="closed"):
+        core.wait(1)
