@@ -10,8 +10,8 @@ Engines (``make(..., engine=...)``, default ``"auto"``):
 - ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariBackend`, the default where the extension
   ``_atari_core`` is built): every env on one shared queue of ``num_workers`` C++ threads, as in
   EnvPool; ``send(actions, env_id)`` takes any subset of the envs not in flight and ``recv``
-  returns the first to finish (``csrc/atari_core.cpp``). A synchronous pool's caller steps queued
-  envs too, so it runs ``num_workers - 1`` workers.
+  returns the first to finish (``csrc/atari_core.cpp``). The caller steps queued envs while it
+  waits in ``recv``, so the core runs ``num_workers - 1`` worker threads besides it.
 - ``"ale"``: ale-py's own vector envs (``ale_py.ALEVectorInterface``) in groups, below. Used where
   the native core is not built, or when ``group_size`` is given.
 
@@ -273,7 +273,7 @@ class AtariBackend(Backend):
         opts = _check_options(options)
         self.mode = mode = AutoresetMode(autoreset)
         self.num_envs = num_envs
-        self._batch = batch = num_envs if env_batch_size is None else env_batch_size
+        batch = num_envs if env_batch_size is None else env_batch_size
         self._episodic_life = bool(opts["episodic_life"])
         errors = []
         rom = roms.get_rom_path(game) if game in roms.get_all_rom_ids() else None

@@ -73,7 +73,7 @@ class NativeAtariBackend(AtariBackend):
                      "truncated": np.zeros(n, bool), "lives": np.zeros(n, np.int32),
                      "frame": np.zeros(n, np.int32)}
         obs = self.slots.obs.reshape(n, -1)  # a view: the core writes the slots themselves
-        workers = queue_workers(max(1, num_threads), n, self._batch)
+        workers = queue_workers(num_threads)
         self._core = core.AtariCore(rom, n, workers, ale_options,
                                     {**self._raw, "obs": obs})
         return list(self._core.action_set())

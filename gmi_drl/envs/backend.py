@@ -86,12 +86,13 @@ class LocalBackend(Backend):
             self.stepper = None
 
 
-def queue_workers(num_threads: int, num_envs: int, env_batch_size: int) -> int:
-    """Worker threads for a native core on ``csrc/work_queue.h`` that uses ``num_threads``.
+def queue_workers(num_threads: int) -> int:
+    """Worker threads for a native core on ``csrc/work_queue.h`` that is to use ``num_threads``.
 
-    A synchronous pool's caller runs queued envs itself while it waits (the queue's `wait`), so
-    it is one of the pool's threads and the core starts ``num_threads - 1`` workers (at least
-    one): more runnable threads than cores only preempt each other. An asynchronous pool's caller
-    computes while the envs run, so every thread is a worker.
+    The queue's `wait` runs queued envs in the calling thread instead of sleeping, so the caller
+    is one of the pool's threads and the core starts ``num_threads - 1`` workers (at least one):
+    more runnable threads than cores only preempt each other, and a caller that steps envs needs
+    no wake-up per batch. While the caller computes (inference between ``recv`` and ``send``)
+    the workers alone step envs.
     """
-    return max(1, num_threads - 1) if env_batch_size >= num_envs else num_threads
+    return max(1, num_threads - 1)

@@ -176,7 +176,7 @@ def make_backend(task_id: str, num_envs: int, env_batch_size: int, num_threads: 
         if engine == "threads" or unavailable_reason(probe) is None:
             spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
                            max_episode_steps)
-            workers = queue_workers(num_threads, num_envs, env_batch_size)
+            workers = queue_workers(num_threads)
             return spec, MujocoThreadBackend(probe, num_envs, workers, autoreset,
                                              max_episode_steps, seeds)
         probe.close()

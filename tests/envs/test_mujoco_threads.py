@@ -113,7 +113,7 @@ def test_close_joins_the_worker_threads():
 
     before = threads()
     pool = envs.make("Walker2d-v5", num_envs=6, env_batch_size=2, num_workers=3)
-    assert threads() == before + 3
+    assert threads() == before + 2  # the caller steps envs while it waits: one of the 3
     pool.reset()
     pool.send(np.zeros((6, 6), np.float32), np.arange(6))
     pool.recv()
