@@ -105,7 +105,7 @@ def _atari_core() -> list:
     return [Pybind11Extension(
         "gmi_drl.envs._atari_core",
         ["csrc/atari_core.cpp"],
-        depends=["csrc/work_queue.h"],
+        depends=["csrc/py_buffers.h", "csrc/work_queue.h"],
         include_dirs=[include, os.path.join(include, "ale")],
         define_macros=[("GMI_ALE_PY_VERSION", f'"{ALE_PY_VERSION}"')],
         # Not linked against ale-py: its symbols resolve in the loaded ale_py._ale_py module
@@ -124,7 +124,7 @@ setup(
         Pybind11Extension(
             "gmi_drl.envs._mujoco_core",
             ["csrc/mujoco_core.cpp"],
-            depends=["csrc/episodes.h", "csrc/work_queue.h"],
+            depends=["csrc/episodes.h", "csrc/py_buffers.h", "csrc/work_queue.h"],
             include_dirs=[os.path.join(_MUJOCO_DIR, "include")],
             library_dirs=[_MUJOCO_DIR],
             # `import mujoco` has loaded this soname before the core is imported

@@ -20,6 +20,7 @@
 // (gmi_drl/envs/atari.py). tests/envs/test_atari.py checks that both engines give identical
 // trajectories.
 
+#include "py_buffers.h"
 #include "work_queue.h"
 
 #include <pybind11/numpy.h>
@@ -44,18 +45,6 @@ namespace {
 
 using ale::vector::OutputSlot;
 using ale::vector::PreprocessedEnv;
-
-template <typename T>
-T* buffer(const py::dict& buffers, const char* name, py::ssize_t rows, py::ssize_t cols) {
-  py::array a = buffers[name].cast<py::array>();
-  if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style) ||
-      !a.writeable() || a.ndim() != (cols == 1 ? 1 : 2) || a.shape(0) != rows ||
-      (cols != 1 && a.shape(1) != cols)) {
-    throw std::invalid_argument(std::string("buffer ") + name + " has the wrong dtype, shape " +
-                                "or layout");
-  }
-  return static_cast<T*>(a.mutable_data());
-}
 
 template <typename T>
 T opt(const py::dict& options, const char* name) {
@@ -87,12 +76,12 @@ class AtariCore {
     }
     num_actions_ = static_cast<int>(envs_[0]->action_set().size());
     obs_bytes_ = static_cast<py::ssize_t>(envs_[0]->stacked_obs_size());
-    obs_ = buffer<uint8_t>(buffers, "obs", n_, obs_bytes_);
-    reward_ = buffer<int32_t>(buffers, "reward", n_, 1);
-    terminated_ = buffer<bool>(buffers, "terminated", n_, 1);
-    truncated_ = buffer<bool>(buffers, "truncated", n_, 1);
-    lives_ = buffer<int32_t>(buffers, "lives", n_, 1);
-    frame_ = buffer<int32_t>(buffers, "frame", n_, 1);
+    obs_ = gmi_drl::buffer<uint8_t>(buffers, "obs", n_, obs_bytes_);
+    reward_ = gmi_drl::buffer<int32_t>(buffers, "reward", n_, 1);
+    terminated_ = gmi_drl::buffer<bool>(buffers, "terminated", n_, 1);
+    truncated_ = gmi_drl::buffer<bool>(buffers, "truncated", n_, 1);
+    lives_ = gmi_drl::buffer<int32_t>(buffers, "lives", n_, 1);
+    frame_ = gmi_drl::buffer<int32_t>(buffers, "frame", n_, 1);
     queue_ = std::make_unique<gmi_drl::WorkQueue>(std::min(num_threads, n_),
                                                   [this](int i) { return run(i); });
   }

@@ -15,6 +15,7 @@
 // lockstep with the Gymnasium envs.
 
 #include "episodes.h"
+#include "py_buffers.h"
 #include "work_queue.h"
 
 #include <mujoco/mujoco.h>
@@ -49,17 +50,6 @@ struct Task {
   double dt = 0.0;          // seconds per env step: timestep * frame_skip
 };
 
-template <typename T>
-T* mutable_data(py::array& a, const char* name, py::ssize_t rows, py::ssize_t cols) {
-  if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style) ||
-      !a.writeable() || a.shape(0) != rows || (a.ndim() == 2 ? a.shape(1) : 1) != cols ||
-      a.ndim() > 2) {
-    throw std::invalid_argument(std::string("buffer ") + name + " has the wrong dtype, shape " +
-                                "or layout");
-  }
-  return static_cast<T*>(a.mutable_data());
-}
-
 class MujocoCore {
  public:
   MujocoCore(py::object model, int num_envs, int num_threads, Task task, int autoreset,
@@ -74,18 +64,16 @@ class MujocoCore {
     nu_ = m_->nu;
     obs_dim_ = nq_ - task_.obs_skip + nv_;
     bufs_ = buffers;
-    auto get = [&](const char* k) { return buffers[k].cast<py::array>(); };
-    py::array a;
-    a = get("obs"); obs_ = mutable_data<double>(a, "obs", n_, obs_dim_);
-    a = get("final_obs"); final_obs_ = mutable_data<double>(a, "final_obs", n_, obs_dim_);
-    a = get("reward"); reward_ = mutable_data<double>(a, "reward", n_, 1);
-    a = get("terminated"); terminated_ = mutable_data<bool>(a, "terminated", n_, 1);
-    a = get("truncated"); truncated_ = mutable_data<bool>(a, "truncated", n_, 1);
-    a = get("episode_return"); ep_return_ = mutable_data<double>(a, "episode_return", n_, 1);
-    a = get("episode_length"); ep_length_ = mutable_data<int64_t>(a, "episode_length", n_, 1);
-    a = get("next_qpos"); next_qpos_ = mutable_data<double>(a, "next_qpos", n_, nq_);
-    a = get("next_qvel"); next_qvel_ = mutable_data<double>(a, "next_qvel", n_, nv_);
-    a = get("has_next"); has_next_ = mutable_data<bool>(a, "has_next", n_, 1);
+    obs_ = gmi_drl::buffer<double>(buffers, "obs", n_, obs_dim_);
+    final_obs_ = gmi_drl::buffer<double>(buffers, "final_obs", n_, obs_dim_);
+    reward_ = gmi_drl::buffer<double>(buffers, "reward", n_, 1);
+    terminated_ = gmi_drl::buffer<bool>(buffers, "terminated", n_, 1);
+    truncated_ = gmi_drl::buffer<bool>(buffers, "truncated", n_, 1);
+    ep_return_ = gmi_drl::buffer<double>(buffers, "episode_return", n_, 1);
+    ep_length_ = gmi_drl::buffer<int64_t>(buffers, "episode_length", n_, 1);
+    next_qpos_ = gmi_drl::buffer<double>(buffers, "next_qpos", n_, nq_);
+    next_qvel_ = gmi_drl::buffer<double>(buffers, "next_qvel", n_, nv_);
+    has_next_ = gmi_drl::buffer<bool>(buffers, "has_next", n_, 1);
     data_.resize(n_, nullptr);
     for (int i = 0; i < n_; ++i) {
       data_[i] = mj_makeData(m_);
