@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tarfile
+import urllib.parse
 import urllib.request
 
 import mujoco
@@ -46,10 +47,11 @@ def _fetch_ale_sdist() -> bytes:
     else:
         with urllib.request.urlopen(f"{_INDEX}/ale-py/", timeout=60) as r:
             page = r.read().decode()
-        m = re.search(r'href="([^"#]*/' + re.escape(_ALE_SDIST) + r')[#"]', page)
+        m = re.search(r'href="([^"#]*' + re.escape(_ALE_SDIST) + r')[#"]', page)
         if m is None:
             raise RuntimeError(f"{_ALE_SDIST} is not listed at {_INDEX}/ale-py/")
-        with urllib.request.urlopen(m.group(1), timeout=120) as r:
+        url = urllib.parse.urljoin(f"{_INDEX}/ale-py/", m.group(1))  # links may be relative
+        with urllib.request.urlopen(url, timeout=120) as r:
             data = r.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != _ALE_SDIST_SHA256:
@@ -102,14 +104,18 @@ def _atari_core() -> list:
     include = _ale_include_dir()
     if include is None:
         return []
+    # csrc/atari_core.cpp's GMI_ALE_SYMBOLS: every ale-py function it calls, each redirected to
+    # the core's own forwarder (bound at run time through a local dlopen handle)
+    with open(os.path.join(_HERE, "csrc", "atari_core.cpp")) as f:
+        symbols = re.findall(r"^\s*X\(\w+, (_Z\w+),", f.read(), re.M)
     return [Pybind11Extension(
         "gmi_drl.envs._atari_core",
         ["csrc/atari_core.cpp"],
         depends=["csrc/py_buffers.h", "csrc/work_queue.h"],
         include_dirs=[include, os.path.join(include, "ale")],
         define_macros=[("GMI_ALE_PY_VERSION", f'"{ALE_PY_VERSION}"')],
-        # Not linked against ale-py: its symbols resolve in the loaded ale_py._ale_py module
-        # (gmi_drl/envs/atari_native.py), wherever ale-py is installed.
+        # Not linked against ale-py: calls go through pointers bound to the loaded module
+        extra_link_args=[f"-Wl,--wrap={s}" for s in symbols] + ["-ldl"],
         extra_compile_args=["-O3"],
         cxx_std=17,
         optional=True,

@@ -6,8 +6,10 @@
 // `ale::vector::PreprocessedEnv`, the per-env class of ale-py's vector env, called through the
 // symbols ale-py's extension module exports. This module is compiled against that class's header
 // from the ale-py source distribution of exactly the installed version (setup.py fetches it at
-// build time) and is not linked against ale-py: gmi_drl/envs/atari_native.py makes the loaded
-// `ale_py._ale_py` global before importing it, so its symbols resolve there.
+// build time) and is not linked against ale-py. setup.py links it with `--wrap` for each ale-py
+// symbol it calls, so every call lands in a `__wrap_` function below that forwards through a
+// pointer `bind` looked up with dlsym in the already loaded `ale_py._ale_py`, opened RTLD_LOCAL:
+// nothing of ale-py (which also exports zlib and SDL functions) enters the global symbol scope.
 //
 // Why not ale-py's own vector env: its `send` routes action k to the k-th env of its last
 // `recv`, so it can neither step an arbitrary subset of envs nor return every env's first
@@ -27,7 +29,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <dlfcn.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -41,10 +46,68 @@ namespace py = pybind11;
 #error "GMI_ALE_PY_VERSION (the ale-py version whose header this is built against) is not set"
 #endif
 
-namespace {
-
 using ale::vector::OutputSlot;
 using ale::vector::PreprocessedEnv;
+
+// --- ale-py's symbols, bound at run time ------------------------------------------------------
+// Each X(name, mangled symbol, return type, parameters) is one function of ale-py this module
+// calls; its C++ call sites are redirected to __wrap_<symbol> by the linker (setup.py reads the
+// symbols from this list and passes one --wrap each).
+// Parameters follow the Itanium C++ ABI: `this` first, references as pointers.
+#define GMI_ALE_SYMBOLS(X)                                                                     \
+  X(ctor, _ZN3ale6vector15PreprocessedEnvC1EiRKNSt10filesystem7__cxx114pathEiiibbiibbbbifbi,   \
+    void, (void* self, int env_id, const std::filesystem::path* rom, int h, int w, int skip,     \
+           bool maxpool, bool gray, int stack, int noop_max, bool fire, bool episodic,           \
+           bool life_info, bool clip, int max_steps, float sticky, bool full, int seed),         \
+    (self, env_id, rom, h, w, skip, maxpool, gray, stack, noop_max, fire, episodic, life_info,   \
+     clip, max_steps, sticky, full, seed))                                                      \
+  X(interface_dtor, _ZN3ale12ALEInterfaceD1Ev, void, (void* self), (self))                     \
+  X(set_seed, _ZN3ale6vector15PreprocessedEnv8set_seedEi, void, (void* self, int seed),         \
+    (self, seed))                                                                              \
+  X(set_action, _ZN3ale6vector15PreprocessedEnv10set_actionEif, void,                          \
+    (void* self, int action, float strength), (self, action, strength))                        \
+  X(reset, _ZN3ale6vector15PreprocessedEnv5resetEv, void, (void* self), (self))                \
+  X(step, _ZN3ale6vector15PreprocessedEnv4stepEv, void, (void* self), (self))                  \
+  X(is_episode_over, _ZNK3ale6vector15PreprocessedEnv15is_episode_overEv, bool,                \
+    (const void* self), (self))                                                                \
+  X(write_to, _ZNK3ale6vector15PreprocessedEnv8write_toERKNS0_10OutputSlotE, void,            \
+    (const void* self, const OutputSlot* slot), (self, slot))
+
+namespace {
+
+struct AleFunctions {
+#define GMI_ALE_POINTER(name, symbol, ret, params, args) ret(*name) params = nullptr;
+  GMI_ALE_SYMBOLS(GMI_ALE_POINTER)
+#undef GMI_ALE_POINTER
+};
+AleFunctions ale_fn;
+bool ale_bound = false;
+
+// Look up every ale-py function in the loaded library at `path` (RTLD_NOLOAD: it must be loaded
+// already, by `import ale_py`). Raises RuntimeError naming a missing symbol.
+void bind(const std::string& path) {
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (lib == nullptr) throw std::runtime_error("ale-py's module is not loaded: " + path);
+  AleFunctions f;
+#define GMI_ALE_LOOKUP(name, symbol, ret, params, args)                                        \
+  f.name = reinterpret_cast<ret(*) params>(dlsym(lib, #symbol));                               \
+  if (f.name == nullptr) throw std::runtime_error("ale-py exports no " #symbol);
+  GMI_ALE_SYMBOLS(GMI_ALE_LOOKUP)
+#undef GMI_ALE_LOOKUP
+  ale_fn = f;
+  ale_bound = true;  // the handle stays open: ale-py's module lives as long as the process
+}
+
+}  // namespace
+
+extern "C" {
+#define GMI_ALE_WRAPPER(name, symbol, ret, params, args) \
+  __attribute__((visibility("hidden"))) ret __wrap_##symbol params { return ale_fn.name args; }
+GMI_ALE_SYMBOLS(GMI_ALE_WRAPPER)
+#undef GMI_ALE_WRAPPER
+}
+
+namespace {
 
 template <typename T>
 T opt(const py::dict& options, const char* name) {
@@ -60,6 +123,7 @@ class AtariCore {
   AtariCore(const std::string& rom, int num_envs, int num_threads, const py::dict& options,
             const py::dict& buffers)
       : n_(num_envs), buffers_(buffers) {
+    if (!ale_bound) throw std::runtime_error("bind() ale-py's module first");
     if (num_envs < 1 || num_threads < 1)
       throw std::invalid_argument("num_envs and num_threads must be >= 1");
     envs_.reserve(n_);
@@ -132,6 +196,7 @@ class AtariCore {
       throw std::invalid_argument("seeds must have shape (len(ids),)");
     const int64_t *id = ids.data(), *act = actions.data(), *seed = seeds.data();
     std::string error;
+    if (!queue_->enter()) throw std::runtime_error("the Atari core is closed");
     {
       py::gil_scoped_release release;
       for (py::ssize_t k = 0; k < n && error.empty(); ++k) {
@@ -150,6 +215,7 @@ class AtariCore {
         }
         if (!error.empty()) error = "env_id " + std::to_string(id[k]) + ": " + error;
       }
+      queue_->leave();
     }
     if (!error.empty()) throw std::runtime_error(error);
   }
@@ -205,6 +271,13 @@ class AtariCore {
 PYBIND11_MODULE(_atari_core, mod) {
   mod.doc() = "Atari games on a C++ thread pool over ale-py's emulators (see atari_native.py)";
   mod.attr("ALE_PY_VERSION") = GMI_ALE_PY_VERSION;
+  std::vector<std::string> symbols;
+#define GMI_ALE_NAME(name, symbol, ret, params, args) symbols.push_back(#symbol);
+  GMI_ALE_SYMBOLS(GMI_ALE_NAME)
+#undef GMI_ALE_NAME
+  mod.attr("ALE_SYMBOLS") = symbols;
+  mod.def("bind", &bind, py::arg("path"),
+          "Bind the ale-py functions this module calls to the loaded module at `path`.");
   py::class_<AtariCore>(mod, "AtariCore")
       .def(py::init<const std::string&, int, int, const py::dict&, const py::dict&>(),
            py::arg("rom"), py::arg("num_envs"), py::arg("num_threads"), py::arg("options"),

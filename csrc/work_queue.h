@@ -32,22 +32,49 @@ class WorkQueue {
   using Job = std::function<std::string(int)>;
 
   WorkQueue(int num_threads, Job job) : job_(std::move(job)) {
-    for (int t = 0; t < num_threads; ++t) workers_.emplace_back([this] { work(); });
+    try {
+      for (int t = 0; t < num_threads; ++t) workers_.emplace_back([this] { work(); });
+    } catch (...) {  // e.g. a thread limit: join those started, then raise
+      stop();
+      throw;
+    }
   }
 
   ~WorkQueue() { stop(); }
 
-  // Joins every worker (an env being run finishes first). Idempotent.
+  // Joins every worker (an env being run finishes first), makes a `wait` in another thread
+  // return with an error, and returns once no call between `enter` and `leave` is left, so the
+  // caller may then free what the jobs use. Idempotent.
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
       stop_ = true;
       stopping_.store(true, std::memory_order_relaxed);
     }
     work_cv_.notify_all();
+    done_cv_.notify_all();
     for (auto& w : workers_) w.join();
     workers_.clear();
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return active_ == 0; });
+  }
+
+  // Bracket a call that uses the envs from the caller's thread (`wait`, or running envs
+  // directly): `stop` waits for its `leave`. Call `enter` before releasing the GIL (as `stop`
+  // holds it), so a `stop` either comes first (enter returns false) or waits for this call.
+  bool enter() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    ++active_;
+    return true;
+  }
+
+  void leave() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --active_;
+    }
+    idle_cv_.notify_all();
   }
 
   void push(const int64_t* ids, std::size_t n) {
@@ -65,6 +92,10 @@ class WorkQueue {
   // first error, "env_id <i>: <message>", in `error`.
   bool wait(int min_count, std::vector<int64_t>* out, std::string* error) {
     std::unique_lock<std::mutex> lock(mu_);
+    if (waiting_) {  // want_ is one; a second waiter would starve the first
+      *error = "wait() is already running in another thread: a pool is for one thread at a time";
+      return false;
+    }
     const int available = in_flight_ + static_cast<int>(done_.size());
     if (min_count > available) min_count = available;
     if (min_count < 1 && done_.empty()) {
@@ -72,20 +103,23 @@ class WorkQueue {
       return false;
     }
     want_ = min_count;
+    waiting_ = true;
     // The waiting thread runs queued envs itself rather than sleep (EnvPool's caller sleeps):
     // the caller is one of the pool's threads (`queue_workers` in Python starts one worker
     // fewer), so no more threads are runnable than the pool has, and a batch costs no wake-up.
     // Measured on Hopper with 2 threads, 16 envs in batches of 8: 1 worker + the helping caller
     // ran 1.02-1.14x EnvPool, 2 workers + a sleeping caller 0.96-1.06x (3 runs each).
-    while (static_cast<int>(done_.size()) < want_ && error_.empty()) {
+    while (static_cast<int>(done_.size()) < want_ && error_.empty() && !stop_) {
       if (queue_.empty()) {
         if (in_flight_ <= 1) {  // one env left, on a worker: spin on the free core
           lock.unlock();
-          spin([&] { return num_done_.load(std::memory_order_relaxed) >= want_; });
+          spin([&] { return num_done_.load(std::memory_order_relaxed) >= want_ ||
+                            stopping_.load(std::memory_order_relaxed); });
           lock.lock();
         }
         done_cv_.wait(lock, [&] {
-          return static_cast<int>(done_.size()) >= want_ || !error_.empty() || !queue_.empty();
+          return static_cast<int>(done_.size()) >= want_ || !error_.empty() ||
+                 !queue_.empty() || stop_;
         });
         continue;
       }
@@ -96,8 +130,13 @@ class WorkQueue {
       finish(i, err);
     }
     want_ = 1 << 30;
+    waiting_ = false;
     if (!error_.empty()) {
       *error = error_;
+      return false;
+    }
+    if (stop_ && static_cast<int>(done_.size()) < min_count) {
+      *error = "the pool was closed while waiting";
       return false;
     }
     out->assign(done_.begin(), done_.end());
@@ -175,6 +214,9 @@ class WorkQueue {
   // Mirrors of queue_.size(), done_.size() and stop_ that spinning threads read without mu_.
   std::atomic<int> queued_{0}, num_done_{0};
   std::atomic<bool> stopping_{false};
+  std::condition_variable idle_cv_;
+  int active_ = 0;        // calls between enter and leave
+  bool waiting_ = false;  // a wait is running
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
@@ -189,13 +231,14 @@ class WorkQueue {
 // `queue->wait` for a pybind11 method: the GIL released while blocked, the ids as an int64 array,
 // a failure (or a closed core: `queue` null) raised as RuntimeError.
 inline pybind11::array_t<int64_t> wait_ids(WorkQueue* queue, int min_count) {
-  if (queue == nullptr) throw std::runtime_error("the core is closed");
+  if (queue == nullptr || !queue->enter()) throw std::runtime_error("the core is closed");
   std::vector<int64_t> out;
   std::string error;
   bool ok;
   {
     pybind11::gil_scoped_release release;
     ok = queue->wait(min_count, &out, &error);
+    queue->leave();  // `queue` may be freed from here on
   }
   if (!ok) throw std::runtime_error(error);
   pybind11::array_t<int64_t> ids(static_cast<pybind11::ssize_t>(out.size()));

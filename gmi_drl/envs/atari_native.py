@@ -3,16 +3,15 @@ and `NativeAtariBackend`.
 
 The core calls ale-py's emulator class ``ale::vector::PreprocessedEnv`` through the symbols the
 ``ale_py._ale_py`` extension exports, and is not linked against it (the wheel ships no library to
-link). Python loads extension modules with ``RTLD_LOCAL``, so before the core is imported the
-already loaded ``_ale_py`` is made global (``dlopen`` with ``RTLD_NOLOAD | RTLD_GLOBAL``, which
-loads nothing new); the core's symbols then resolve there. The core is compiled against the
-headers of exactly one ale-py version (setup.py) and is used only with that version installed.
+link). Its calls go through function pointers that ``_atari_core.bind`` looks up in the already
+loaded ``_ale_py`` (``dlopen`` with ``RTLD_NOLOAD | RTLD_LOCAL``, then ``dlsym``), so nothing of
+ale-py enters the global symbol scope (it also exports zlib and SDL functions that other
+libraries must not bind to). The core is compiled against the headers of exactly one ale-py
+version (setup.py) and is used only with that version installed.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 from types import ModuleType
 from typing import Any
 
@@ -29,13 +28,16 @@ def _load() -> tuple[ModuleType | None, str | None]:
         import ale_py
         from ale_py import _ale_py
 
-        ctypes.CDLL(_ale_py.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
         from gmi_drl.envs import _atari_core
-    except (ImportError, OSError) as e:  # not built (no compiler or no network at install time)
+    except ImportError as e:  # not built (no compiler or no network at install time)
         return None, f"the native core gmi_drl.envs._atari_core is not available ({e})"
     if _atari_core.ALE_PY_VERSION != ale_py.__version__:
         return None, (f"the native core was built against ale-py {_atari_core.ALE_PY_VERSION} "
                       f"but ale-py {ale_py.__version__} is installed; reinstall gmi-drl")
+    try:
+        _atari_core.bind(_ale_py.__file__)
+    except RuntimeError as e:
+        return None, f"the native core cannot call ale-py: {e}"
     return _atari_core, None
 
 

@@ -24,9 +24,11 @@ class EnvPool:
     """``num_envs`` sub-environments of one task behind one batched API.
 
     Made by `gmi_drl.envs.make`. Outputs of `recv`, `step` and `reset` are views into buffers the
-    pool preallocates and reuses: they stay valid until the next `recv`/`step`/`reset` call on
-    this pool (copy them to keep them longer). With ``env_batch_size == num_envs`` the arrays are
-    the per-env state buffers themselves, in env id order (no copy at all).
+    pool preallocates and reuses: they stay valid until the next `send`/`recv`/`step`/`reset`
+    call on this pool (copy them to keep them longer). With ``env_batch_size == num_envs`` the
+    arrays are the per-env state buffers themselves, in env id order (no copy at all), and the
+    native engines write an env's next result into them as soon as it is sent: copy ``obs``
+    before `send` if it must outlive it. A pool is used from one thread at a time.
 
     Returned by `recv`/`step`: ``obs (env_batch_size, *obs_shape)`` in the observation space's
     dtype, ``rewards (env_batch_size,) float64``, ``terminated``/``truncated (env_batch_size,)

@@ -537,3 +537,42 @@ def test_native_core_rejects_bad_ids_and_actions_before_queueing_anything():
         assert obs.shape == (2, 4, 84, 84) and info["env_id"].tolist() == [0, 1]
     with pytest.raises(RuntimeError, match="closed"):
         core.wait(1)
+
+
+@needs_native
+def test_native_core_keeps_ale_py_out_of_the_global_symbol_scope():
+    """ale-py's module also exports zlib and SDL functions: made global, they would capture
+    the calls of libraries loaded later (pygame's SDL, zlib users)."""
+    import ctypes
+
+    with envs.make("Pong-v5", num_envs=1, engine="native") as pool:
+        pool.reset()
+        assert not hasattr(ctypes.CDLL(None), "SDL_CreateWindow")
+
+
+@needs_native
+def test_native_core_closed_from_another_thread_while_waiting_raises_not_crashes():
+    import threading
+
+    n = 16  # 256 frames a step: the first wait takes tens of ms
+    pool = envs.make("Pong-v5", num_envs=n, seed=1, engine="native", num_workers=2,
+                     frame_skip=256)
+    pool.reset()
+    core, got = pool._backend._core, {}
+
+    def wait(key: str, count: int) -> None:
+        try:
+            got[key] = len(core.wait(count))
+        except RuntimeError as e:
+            got[key] = str(e)
+
+    core.send(np.arange(n), np.zeros(n, np.int64))
+    waiter = threading.Thread(target=wait, args=("first", n))
+    waiter.start()
+    time.sleep(0.001)
+    wait("second", 1)  # a second waiter is refused, never starves the first
+    pool.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert got["first"] in (n, "the pool was closed while waiting")
+    assert "already running in another thread" in got["second"]
