@@ -13,6 +13,7 @@ on their NumPy engines (Atari: on ale-py's vector env), with the reason printed 
 """
 
 import hashlib
+import io
 import os
 import re
 import sys
@@ -66,8 +67,6 @@ def _ale_include_dir() -> str | None:
     if os.path.exists(done):
         return root
     try:
-        import io
-
         data = _fetch_ale_sdist()
         prefix = f"ale_py-{ALE_PY_VERSION}/src/"
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:

@@ -271,7 +271,7 @@ class AtariBackend(Backend):
         from ale_py import roms
 
         opts = _check_options(options)
-        self.mode = mode = AutoresetMode(autoreset)
+        self.mode = AutoresetMode(autoreset)
         self.num_envs = num_envs
         batch = num_envs if env_batch_size is None else env_batch_size
         self._episodic_life = bool(opts["episodic_life"])
@@ -378,26 +378,14 @@ class AtariBackend(Backend):
             EpisodeEndedError: autoreset ``disabled`` and an env's episode ended (nothing sent).
         """
         id_list = ids.tolist()
-        if self._num_unreset and any(self._first_seed[i] is not None for i in id_list):
-            bad = [i for i in id_list if self._first_seed[i] is not None]
-            raise RuntimeError(f"env_id {bad}: reset() them before sending actions")
+        self._check_reset(id_list)
         k = self.group_size
         if k > 1 and len(id_list) == k:  # EnvPool's loop: the ids of one group, in order
             g = self._groups[id_list[0] // k]
             if not g.pending and id_list == g.id_list:
                 self._send_group(g, actions)
                 return
-        ended = self._ended[ids]
-        any_ended = ended.any()
-        if any_ended and self.mode is AutoresetMode.DISABLED:
-            raise EpisodeEndedError(f"env_id {ids[ended].tolist()}: episode ended and autoreset "
-                                    "is disabled; call reset(env_id=...) for them before stepping")
-        if any_ended:
-            self._kind[ids] = np.where(ended, _RESTART, _STEP)
-            actions = np.where(ended, self._restart_action, actions)
-        else:
-            self._kind[ids] = _STEP
-        act_list = actions.tolist()
+        act_list = self._restart_ended(ids, actions).tolist()
         groups, push = self._groups, self._in_flight.append
         if self.group_size == 1:
             for i, a in zip(id_list, act_list):
@@ -419,6 +407,29 @@ class AtariBackend(Backend):
                 g.restarting = bool((self._kind[g.base:g.base + k] != _STEP).any())
                 g.ale.send(g.actions, g.ones)
                 push(g)
+
+    def _check_reset(self, id_list: list[int]) -> None:
+        """Raise `RuntimeError` if an env of ``id_list`` was never reset."""
+        if self._num_unreset and any(self._first_seed[i] is not None for i in id_list):
+            bad = [i for i in id_list if self._first_seed[i] is not None]
+            raise RuntimeError(f"env_id {bad}: reset() them before sending actions")
+
+    def _restart_ended(self, ids: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """Mark what each env of ``ids`` runs next: its step, or the reset of an ended episode
+        (which replaces its action with the FIRE/NOOP restart action); the actions to send.
+
+        Raises:
+            EpisodeEndedError: autoreset ``disabled`` and an env's episode ended (nothing marked).
+        """
+        ended = self._ended[ids]
+        if not ended.any():
+            self._kind[ids] = _STEP
+            return actions
+        if self.mode is AutoresetMode.DISABLED:
+            raise EpisodeEndedError(f"env_id {ids[ended].tolist()}: episode ended and autoreset "
+                                    "is disabled; call reset(env_id=...) for them before stepping")
+        self._kind[ids] = np.where(ended, _RESTART, _STEP)
+        return np.where(ended, self._restart_action, actions)
 
     def _send_group(self, g: _Group, actions: np.ndarray) -> None:
         """`send` for exactly the envs of group ``g``, in order (no action of it pending)."""
@@ -558,21 +569,19 @@ class AtariBackend(Backend):
                 self._reset_row(b + j, lives[j], frames[j])
 
     # --- per-env bookkeeping (the env's obs row is written before these run) ------------------
-    def _write_steps(self, b: int, e: int, ret: np.ndarray, length: np.ndarray, rew: np.ndarray,
-                     term, trunc) -> None:
-        """Rows ``[b, e)`` took one ordinary step: add ``rew`` to the game totals ``ret`` and
-        ``length`` (views, in place) and write reward (clipped if asked), flags and totals."""
+    def _write_steps(self, rows, rew: np.ndarray, term, trunc) -> None:
+        """``rows`` (a slice or an index array) took one ordinary step with raw rewards ``rew``:
+        add them to the game totals and write reward (clipped if asked), flags and totals."""
         s = self.slots
-        np.add(ret, rew, out=ret)
-        length += 1
-        if self._clip:
-            np.sign(rew, out=s.reward[b:e])
-        else:
-            s.reward[b:e] = rew
-        s.terminated[b:e] = term
-        s.truncated[b:e] = trunc
-        s.episode_return[b:e] = ret
-        s.episode_length[b:e] = length
+        ret = self._game_return[rows] + rew
+        length = self._game_length[rows] + 1
+        self._game_return[rows] = ret
+        self._game_length[rows] = length
+        s.reward[rows] = np.sign(rew) if self._clip else rew
+        s.terminated[rows] = term
+        s.truncated[rows] = trunc
+        s.episode_return[rows] = ret
+        s.episode_length[rows] = length
 
     def _new_game(self, i: int, lives: int, frame: int) -> None:
         """State of env ``i`` at the first observation of a new game; pads its frame stack."""
@@ -714,9 +723,8 @@ class AtariBackend(Backend):
         special = term | trunc
         if g.restarting:
             special |= self._kind[b:e] != _STEP
-        ret, length = self._game_return[b:e], self._game_length[b:e]
         if not special.any():  # the common case: ordinary steps only
-            self._write_steps(b, e, ret, length, rew, False, False)
+            self._write_steps(slice(b, e), rew, False, False)
             self.lives[b:e] = lives
             if g.eog:
                 self.end_of_game[b:e] = False
@@ -724,12 +732,13 @@ class AtariBackend(Backend):
             return  # (_frame is only read after an ending step, which is recorded below)
         g.eog = True
         if not special.all():
+            ret, length = self._game_return[b:e], self._game_length[b:e]
             frame, old_lives = self._frame[b:e], self.lives[b:e]
             idx = np.flatnonzero(special)  # the per-env code below wants these rows' old state
             saved = ret[idx], length[idx], frame[idx], old_lives[idx]
             frame[:] = frames
             old_lives[:] = lives
-            self._write_steps(b, e, ret, length, rew, term, trunc)
+            self._write_steps(slice(b, e), rew, term, trunc)
             self.end_of_game[b:e] = False
             ret[idx], length[idx], frame[idx], old_lives[idx] = saved
         idx = np.flatnonzero(special).tolist()

@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gmi_drl.envs.atari import _FINISH, _RESTART, _STEP, AtariBackend
+from gmi_drl.envs.atari import _FINISH, _STEP, AtariBackend
 from gmi_drl.envs.backend import queue_workers
-from gmi_drl.envs.spec import AutoresetMode
-from gmi_drl.envs.stepper import EpisodeEndedError
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
@@ -88,19 +86,8 @@ class NativeAtariBackend(AtariBackend):
             RuntimeError: an env was never reset (nothing is sent).
             EpisodeEndedError: autoreset ``disabled`` and an env's episode ended (nothing sent).
         """
-        if self._num_unreset and any(self._first_seed[i] is not None for i in ids.tolist()):
-            bad = [i for i in ids.tolist() if self._first_seed[i] is not None]
-            raise RuntimeError(f"env_id {bad}: reset() them before sending actions")
-        ended = self._ended[ids]
-        if ended.any():
-            if self.mode is AutoresetMode.DISABLED:
-                raise EpisodeEndedError(
-                    f"env_id {ids[ended].tolist()}: episode ended and autoreset is disabled; "
-                    "call reset(env_id=...) for them before stepping")
-            self._kind[ids] = np.where(ended, _RESTART, _STEP)
-            actions = np.where(ended, self._restart_action, actions)
-        else:
-            self._kind[ids] = _STEP
+        self._check_reset(ids.tolist())
+        actions = self._restart_ended(ids, actions)
         self._core.send(ids, actions.astype(np.int64, copy=False))
 
     def wait(self, min_count: int = 1) -> np.ndarray:
@@ -132,17 +119,7 @@ class NativeAtariBackend(AtariBackend):
         # new games, life losses, young stacks: one by one (they may send an env again)
         ready = [self._record_one(i) for i in done[idx].tolist()]
         if len(plain):  # ordinary steps: the game goes on, no flag, a full frame stack
-            rew = raw["reward"][plain]
-            s = self.slots
-            ret = self._game_return[plain] + rew
-            length = self._game_length[plain] + 1
-            self._game_return[plain] = ret
-            self._game_length[plain] = length
-            s.reward[plain] = np.sign(rew) if self._clip else rew
-            s.terminated[plain] = False
-            s.truncated[plain] = False
-            s.episode_return[plain] = ret
-            s.episode_length[plain] = length
+            self._write_steps(plain, raw["reward"][plain], False, False)
             self.lives[plain] = raw["lives"][plain]
             self.end_of_game[plain] = False
         if all(ready):
