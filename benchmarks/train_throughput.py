@@ -2,14 +2,21 @@
 
     .venv/bin/python benchmarks/train_throughput.py                      # both parts, 3 repeats
     .venv/bin/python benchmarks/train_throughput.py --parts hopper --repeats 1
+    .venv/bin/python benchmarks/train_throughput.py --parts hopper --baseline ../old-checkout
 
 Part ``hopper``: Hopper-v5, 8 envs, rollout 2048 steps per env, 10 epochs, minibatch 64, running
 observation and reward normalisation (SB3: VecNormalize), 64-64 tanh MLPs, one torch thread for
 both by default (``--sb3-default-threads`` also runs SB3 with torch's default thread count, as
 a user gets it). Envs: SB3 DummyVecEnv (Gymnasium envs one after another in the training
 process); gmi-drl its native MuJoCo pool (in-process, its own thread pool).
-Train steps/s = env steps / wall time of the training call (collection + updates). Target:
-gmi-drl >= 4x SB3.
+Train steps/s = env steps / wall time of the training call (collection + updates), and
+*steady* steps/s = the same over the iterations after the first (from the run's metrics.csv),
+which leaves out gmi-drl's one-time ``torch.compile`` of the first gradient step (its seconds
+are printed too). Each gmi-drl run is a fresh process. ``--baseline DIR`` runs the same Hopper
+job from another gmi-drl checkout (e.g. ``git worktree add ../old <commit>``, its C++ cores
+built with ``python setup.py build_ext --inplace``) alternating with this one: its
+``benchmarks/train_throughput.py`` must define ``_gmi_hopper(seed, updates, out_dir)``.
+Targets: gmi-drl >= 4x SB3 (steady); this checkout >= 0.95x the baseline (steady).
 
 Part ``cartpole``: wall time until the mean return of the last 20 episodes first reaches 475 on
 CartPole-v1, both with RL-Zoo's CartPole hyper-parameters (8 envs, 32 steps, 20 epochs,
@@ -21,7 +28,10 @@ Every figure is the median over ``--repeats`` runs (seeds 1..repeats), runs alte
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -36,6 +46,8 @@ from gmi_drl.config import preset
 from gmi_drl.telemetry.summary import first_crossing
 from gmi_drl.train import train
 
+HERE = Path(__file__).resolve().parent.parent
+
 
 @dataclass
 class Args:
@@ -43,21 +55,48 @@ class Args:
     """which comparisons to run"""
     repeats: int = 3
     """runs per framework (median reported)"""
-    hopper_updates: int = 2
-    """PPO updates per Hopper run (each 16,384 env steps)"""
+    hopper_updates: int = 4
+    """PPO iterations per Hopper run (each 16,384 env steps; the first is left out of steady)"""
     cartpole_budget: int = 100_000
     """CartPole step budget (RL-Zoo's n_timesteps); a run that never reaches 475 counts as inf"""
     sb3_default_threads: bool = False
     """also run SB3 with torch's default thread count (its out-of-the-box setting)"""
+    baseline: str | None = None
+    """another gmi-drl checkout whose Hopper run alternates with this one's (see the module doc)"""
 
 
 def _gmi_hopper(seed: int, updates: int, out: Path) -> float:
     cfg = preset("mujoco", "Hopper-v5")
-    cfg.env.num_envs, cfg.ppo.num_steps, cfg.ppo.num_minibatches = 8, 2048, 256
+    cfg.env.num_envs, cfg.algo.num_steps, cfg.algo.num_minibatches = 8, 2048, 256
     cfg.seed, cfg.total_timesteps = seed, updates * 8 * 2048
     cfg.run_dir, cfg.log.tensorboard = str(out / f"gmi-hopper-{seed}"), False
     r = train(cfg)
     return r.global_step / r.wall_s
+
+
+def _checkout_hopper(checkout: Path, seed: int, updates: int, out: Path) -> tuple[float, float]:
+    """``_gmi_hopper`` of ``checkout``'s copy of this script, in a fresh process; returns
+    ``(steps/s of the call, steady steps/s)``."""
+    code = ("import runpy, sys, torch; from pathlib import Path; torch.set_num_threads(1); "
+            f"ns = runpy.run_path({str(checkout / 'benchmarks' / 'train_throughput.py')!r}, "
+            "run_name='bench'); "
+            f"print(ns['_gmi_hopper']({seed}, {updates}, Path({str(out)!r})))")
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=checkout,
+                          capture_output=True, text=True, check=True)
+    whole = float(done.stdout.strip().splitlines()[-1])
+    return whole, _steady_sps(out / f"gmi-hopper-{seed}" / "metrics.csv")
+
+
+def _steady_sps(metrics_csv: Path) -> float:
+    """Env steps per second from the end of the first iteration to the end of the run: from
+    the ``perf/sps`` rows (each the mean since the loop started, so elapsed = step / sps)."""
+    import csv
+
+    rows = [(int(r["global_step"]), float(r["value"])) for r in csv.DictReader(open(metrics_csv))
+            if r["name"] == "perf/sps"]
+    (s0, v0), (s1, v1) = rows[0], rows[-1]
+    return (s1 - s0) / (s1 / v1 - s0 / v0)
 
 
 def _sb3_hopper(seed: int, updates: int) -> float:
@@ -124,7 +163,7 @@ def _sb3_cartpole(seed: int, budget: int) -> float:
 def _row(name: str, gmi: list[float], sb3: list[float], unit: str, ratio_name: str) -> None:
     g, s = statistics.median(gmi), statistics.median(sb3)
     print(f"{name:<34} | {g:>10.1f} | {s:>10.1f} | {unit:<8} | {ratio_name} = {g / s:.2f}")
-    print(f"{'':<34} | runs gmi-drl {['%.1f' % x for x in gmi]}, sb3 {['%.1f' % x for x in sb3]}")
+    print(f"{'':<34} | runs gmi-drl {['%.1f' % x for x in gmi]}, peer {['%.1f' % x for x in sb3]}")
 
 
 def _threads(n: int, fn, *a):
@@ -141,24 +180,45 @@ def main(args: Args) -> None:
     default_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = Path(tempfile.mkdtemp(prefix="gmi-bench-"))
-    print(f"{'benchmark':<34} | {'gmi-drl':>10} | {'SB3':>10} | {'unit':<8} | ratio")
-    parts = {"hopper": ("Hopper-v5 PPO train throughput", _gmi_hopper, _sb3_hopper,
-                        args.hopper_updates, "steps/s", "gmi/SB3 (target >= 4)"),
-             "cartpole": ("CartPole-v1 time to 475", _gmi_cartpole, _sb3_cartpole,
-                          args.cartpole_budget, "s", "gmi/SB3 (target <= 0.5)")}
-    for part in args.parts:
-        title, gmi_fn, sb3_fn, budget, unit, ratio = parts[part]
-        gmi, sb3, sb3_default = [], [], []
+    print(f"{'benchmark':<34} | {'gmi-drl':>10} | {'peer':>10} | {'unit':<8} | ratio")
+    if "hopper" in args.parts:
+        _hopper(args, out, default_threads)
+    if "cartpole" in args.parts:
+        gmi, sb3 = [], []
         for seed in range(1, args.repeats + 1):
-            gmi.append(gmi_fn(seed, budget, out))
-            sb3.append(sb3_fn(seed, budget))
-            if args.sb3_default_threads:
-                sb3_default.append(_threads(default_threads, sb3_fn, seed, budget))
-        _row(title, gmi, sb3, unit, ratio)
-        if sb3_default:
-            _row(f"  vs SB3 with {default_threads} torch threads", gmi, sb3_default, unit,
-                 "gmi/SB3")
+            gmi.append(_gmi_cartpole(seed, args.cartpole_budget, out))
+            sb3.append(_sb3_cartpole(seed, args.cartpole_budget))
+        _row("CartPole-v1 time to 475 (SB3)", gmi, sb3, "s", "gmi/SB3 (target <= 0.5)")
     print(f"(run dirs under {out})")
+
+
+def _hopper(args: Args, out: Path, default_threads: int) -> None:
+    whole, steady, sb3, sb3_default, base_whole, base_steady = [], [], [], [], [], []
+    for seed in range(1, args.repeats + 1):
+        w, s = _checkout_hopper(HERE, seed, args.hopper_updates, out / "this")
+        whole.append(w)
+        steady.append(s)
+        sb3.append(_sb3_hopper(seed, args.hopper_updates))
+        if args.sb3_default_threads:
+            sb3_default.append(_threads(default_threads, _sb3_hopper, seed, args.hopper_updates))
+        if args.baseline:
+            w, s = _checkout_hopper(Path(args.baseline).resolve(), seed, args.hopper_updates,
+                                    out / "baseline")
+            base_whole.append(w)
+            base_steady.append(s)
+    _row("Hopper-v5 PPO steps/s, steady (SB3)", steady, sb3, "steps/s", "gmi/SB3 (target >= 4)")
+    _row("  whole call (SB3)", whole, sb3, "steps/s", "gmi/SB3")
+    u, b = args.hopper_updates, 8 * 2048
+    first_s = [u * b / w - (u - 1) * b / s for w, s in zip(whole, steady)]
+    print(f"{'  first iteration (with compile)':<34} | {statistics.median(first_s):>10.1f} | "
+          f"{'':>10} | s        | runs {['%.1f' % x for x in first_s]}")
+    if sb3_default:
+        _row(f"  vs SB3 with {default_threads} torch threads", steady, sb3_default, "steps/s",
+             "gmi/SB3")
+    if base_steady:
+        _row("  steady (baseline checkout)", steady, base_steady, "steps/s",
+             "this/baseline (target >= 0.95)")
+        _row("  whole call (baseline checkout)", whole, base_whole, "steps/s", "this/baseline")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Checkpoint files: atomic writes, safe loads (``weights_only=True``), clear errors.
 
 A checkpoint is a dict of tensors and plain data: ``format``, ``version``, ``config`` (the
-resolved `TrainConfig` as a dict), ``global_step``, and one entry per stateful component
-(``learner``, ``obs_norm``, ``reward_norm``, ``action_rng``, ``rng``).
+resolved `TrainConfig` as a dict), ``global_step``, ``iteration``, and one entry per stateful
+component: ``algo`` (the algorithm's `state_dict`, its weights under ``modules``),
+``obs_norm``, ``reward_norm``, ``action_rng``, ``rng`` and the episode history.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 FORMAT = "gmi-drl-checkpoint"
-VERSION = 1
+VERSION = 2
 
 
 class CheckpointError(RuntimeError):

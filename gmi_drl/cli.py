@@ -3,7 +3,7 @@
     gmi-drl train ppo --env.task-id Hopper-v5 --env.num-envs 16 --total-timesteps 1000000 --seed 1
     gmi-drl train ppo --preset demo
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
-    gmi-drl train ppo --gmi.num-gmis 4 --launcher ray [--ray.address auto|HOST:PORT]
+    gmi-drl train ppo --gmi.num-gmis 4 --placement ray [--ray.address auto|HOST:PORT]
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
     gmi-drl bench env|train|reduce|switch|gmi|learning|profile [benchmark flags]
@@ -20,11 +20,10 @@ from typing import Annotated
 
 import tyro
 
-ALGOS = ("ppo",)
 USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
 
-  gmi-drl train ppo [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
-  gmi-drl train ppo --gmi.num-gmis N --launcher ray [--ray.address auto|HOST:PORT] [flags]
+  gmi-drl train ALGO [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]   (ALGO: ppo)
+  gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,train,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
@@ -72,13 +71,14 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 
 def _train(args: list[str]) -> int:
+    from gmi_drl.algos import ALGORITHMS
     from gmi_drl.checkpoint import CheckpointError, resolve_checkpoint
     from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, validate
     from gmi_drl.telemetry.progress import Progress, format_progress
     from gmi_drl.train import train
 
-    if not args or args[0] not in ALGOS:
-        print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGOS)}",
+    if not args or args[0] not in ALGORITHMS:
+        print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGORITHMS)}",
               file=sys.stderr)
         return 2
     algo, rest = args[0], args[1:]
@@ -87,12 +87,16 @@ def _train(args: list[str]) -> int:
         if resume is not None:
             ckpt = resolve_checkpoint(resume)
             default = from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
+            if default.algo_name != algo:
+                raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}")
         else:
             default = preset(_flag_value(rest, "--preset") or "auto",
-                             _flag_value(rest, "--env.task-id"))
-        default.algo = algo
-        cfg = tyro.cli(TrainConfig, args=rest, default=default,
-                       prog=f"gmi-drl train {algo}", description=TrainConfig.__doc__)
+                             _flag_value(rest, "--env.task-id"), algo)
+        # with several algorithms, TrainConfig.algo is a tyro subcommand union
+        tyro_args = [algo, *rest] if len(ALGORITHMS) > 1 else rest
+        cfg = tyro.cli(TrainConfig, args=tyro_args, default=default,
+                       prog=f"gmi-drl train {algo}", description=TrainConfig.__doc__,
+                       config=(tyro.conf.CascadeSubcommandArgs,))
         validate(cfg)
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
@@ -104,7 +108,11 @@ def _train(args: list[str]) -> int:
             last_print[0] = p.elapsed_s
             print(format_progress(p), flush=True)
 
-    result = train(cfg, on_progress=show)
+    try:
+        result = train(cfg, on_progress=show)
+    except (ConfigError, CheckpointError) as e:
+        print(f"gmi-drl train: {e}", file=sys.stderr)
+        return 2
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {result.wall_s:.1f} s, "

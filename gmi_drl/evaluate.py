@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from gmi_drl.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from gmi_drl.config import from_dict
-from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
+from gmi_drl.config import TrainConfig, from_dict
+from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.normalize import ObsNormalizer
 
 log = logging.getLogger(__name__)
@@ -28,34 +28,39 @@ class EvalReport(NamedTuple):
     video_path: Path | None
 
 
-def load_policy(path: str | Path) -> tuple[dict, ActorCritic, ObsNormalizer | None]:
-    """``(checkpoint, model, frozen obs normaliser or None)`` from a run dir or checkpoint file.
+def load_policy(path: str | Path, seed: int = 0
+                ) -> tuple[TrainConfig, Acting, ObsNormalizer | None]:
+    """``(config, policy, frozen obs normaliser or None)`` of a run dir or checkpoint file: the
+    run's algorithm built on the CPU (the same builder as training) with the checkpoint's
+    weights; the policy samples with a generator seeded ``seed``.
 
     Raises:
         CheckpointError: missing/corrupt file, or weights that do not fit the stored config.
     """
-    state = load_checkpoint(path)
-    cfg = from_dict(state["config"])
-    import gymnasium as gym
+    import functools
 
     from gmi_drl import envs
+    from gmi_drl.algos import AlgoContext, build_algorithm
+    from gmi_drl.optim.grad_step import make_grad_step
 
-    probe = envs.make(cfg.env.task_id, 1, num_workers=1) if cfg.env.task_id in envs.list_tasks() \
-        else gym.make(cfg.env.task_id)
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
-    model = build_actor_critic(obs_space, act_space, cfg.model.encoder, cfg.model.actor_hidden,
-                               cfg.model.critic_hidden, cfg.model.activation)
+    state = load_checkpoint(path)
+    cfg = from_dict(state["config"])
+    with envs.make(cfg.env.task_id, 1, num_workers=0) as probe:
+        spec = probe.spec
+    ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
+                      functools.partial(make_grad_step, compile=False),
+                      torch.Generator().manual_seed(seed))
+    algo = build_algorithm(cfg.algo, ctx)
     try:
-        model.load_state_dict(state["learner"]["model"])
-    except RuntimeError as e:
+        algo.load_state_dict(state["algo"])
+    except (ValueError, KeyError) as e:
         raise CheckpointError(f"{resolve_checkpoint(path)}: weights do not fit the model of its "
                               f"config: {e}") from None
     obs_norm = None
     if state["obs_norm"] is not None:
-        obs_norm = ObsNormalizer(obs_space.shape, cfg.ppo.obs_clip)
+        obs_norm = ObsNormalizer(spec.observation_space.shape, cfg.norm.obs_clip)
         obs_norm.load_state_dict(state["obs_norm"])
-    return state, model.eval(), obs_norm
+    return cfg, algo.acting, obs_norm
 
 
 @torch.inference_mode()
@@ -76,44 +81,38 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     """
     if episodes < 1:
         raise ValueError(f"episodes={episodes} must be >= 1")
-    from gmi_drl.config import TrainConfig
-    from gmi_drl.train import make_pool
+    from gmi_drl import envs
 
-    state, model, obs_norm = load_policy(path)
-    cfg: TrainConfig = from_dict(state["config"])
+    cfg, acting, obs_norm = load_policy(path, seed)
     n = min(num_envs, episodes)
-    cfg.env.num_envs, cfg.env.num_workers, cfg.serial = n, None, True
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     returns: list[list[float]] = [[] for _ in range(n)]
     lengths: list[list[int]] = [[] for _ in range(n)]
-    pool = make_pool(cfg, seed)
-    try:
+    with envs.make(cfg.env.task_id, n, num_workers=0, seed=seed, autoreset="same_step") as pool:
         obs, _ = pool.reset()
         while any(len(r) < q for r, q in zip(returns, quota)):
-            action = _act(model, obs_norm, obs, pool.action_space, deterministic)
+            action = _act(acting, obs_norm, obs, pool.action_space, deterministic)
             obs, _, term, trunc, info = pool.step(action)
             for i in np.flatnonzero(info["episode_end"]):
                 if len(returns[i]) < quota[i]:
                     returns[i].append(float(info["episode_return"][i]))
                     lengths[i].append(int(info["episode_length"][i]))
-    finally:
-        pool.close()
-    video_path = _record(cfg.env.task_id, model, obs_norm, deterministic, seed,
+    video_path = _record(cfg.env.task_id, acting, obs_norm, deterministic, seed,
                          resolve_checkpoint(path).parent.parent) if video else None
     return EvalReport(np.array(sum(returns, [])), np.array(sum(lengths, []), np.int64), video_path)
 
 
-def _act(model, obs_norm, obs, space, deterministic) -> np.ndarray:
+def _act(acting: Acting, obs_norm, obs, space, deterministic) -> np.ndarray:
     if obs_norm is not None:
         obs = obs_norm(obs, update=False)
-    x = torch.from_numpy(obs if obs.dtype == np.uint8 else obs.astype(np.float32))
-    action = model.act(x, deterministic=deterministic).action.numpy()
+    x = obs if obs.dtype == np.uint8 else obs.astype(np.float32)
+    action = np.asarray(acting.act(x, deterministic).action)
     if hasattr(space, "low"):
         action = np.clip(action, space.low, space.high).astype(space.dtype)
     return action
 
 
-def _record(task_id, model, obs_norm, deterministic, seed, out_dir: Path) -> Path | None:
+def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path) -> Path | None:
     import gymnasium as gym
 
     if importlib.util.find_spec("imageio") is None:
@@ -132,7 +131,7 @@ def _record(task_id, model, obs_norm, deterministic, seed, out_dir: Path) -> Pat
     done = False
     while not done:
         frames.append(env.render())
-        action = _act(model, obs_norm, obs[None], env.action_space, deterministic)[0]
+        action = _act(acting, obs_norm, obs[None], env.action_space, deterministic)[0]
         obs, _, term, trunc, _ = env.step(action)
         done = term or trunc
     env.close()

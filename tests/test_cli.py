@@ -19,12 +19,14 @@ def _run(args, cwd):
 def test_train_then_eval_on_cartpole(tmp_path):
     run = tmp_path / "cp"
     out = _run(["train", "ppo", "--env.task-id", "CartPole-v1", "--env.num-envs", "4",
-                "--total-timesteps", "2048", "--seed", "3", "--run-dir", str(run)], tmp_path)
+                "--total-timesteps", "2048", "--seed", "3", "--run-dir", str(run),
+                "--no-compile", "--algo.update-epochs", "2"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert re.search(r"step 2,048/2,048 \(100%\) \| [\d,]+ sps", out.stdout), out.stdout
     assert "done: 2,048 steps" in out.stdout
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["seed"] == 3 and cfg["preset"] == "classic" and cfg["run_dir"] == str(run)
+    assert cfg["algo"]["ppo"]["update_epochs"] == 2 and cfg["compile"] is False
     ev = _run(["eval", str(run), "--episodes", "5"], tmp_path)
     assert ev.returncode == 0, ev.stderr
     m = re.search(r"return ([\d.]+) \+/- ([\d.]+) over 5 episodes", ev.stdout)
@@ -33,10 +35,10 @@ def test_train_then_eval_on_cartpole(tmp_path):
 
 def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "ppo", "--env.num-envs", "3", "--ppo.num-steps", "10",
-                 "--ppo.gamma", "2"]) == 2
+    assert main(["train", "ppo", "--env.num-envs", "3", "--algo.num-steps", "10",
+                 "--algo.gamma", "2"]) == 2
     err = capsys.readouterr().err
-    assert "ppo.gamma=2.0" in err and "must be a multiple of" in err
+    assert "algo.gamma=2.0" in err and "must be a multiple of" in err
     assert not (tmp_path / "runs").exists()  # validated before anything started
     assert main(["train", "dqn"]) == 2 and "one of ['ppo']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
@@ -47,7 +49,7 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
 def test_resume_through_the_cli(tmp_path, capsys):
     run = tmp_path / "r"
     assert main(["train", "ppo", "--preset", "cartpole-zoo", "--total-timesteps", "512",
-                 "--run-dir", str(run), "--log.no-tensorboard"]) == 0
+                 "--run-dir", str(run), "--log.no-tensorboard", "--no-compile"]) == 0
     capsys.readouterr()
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "1024"]) == 0
     assert "done: 1,024 steps" in capsys.readouterr().out

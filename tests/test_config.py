@@ -7,17 +7,17 @@ from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, task_fam
 def test_validate_names_every_invalid_field_at_once():
     cfg = TrainConfig()
     cfg.env.num_envs = 3
-    cfg.ppo.num_steps = 10          # batch_size 30, not a multiple of 4 minibatches
-    cfg.ppo.gamma = 1.5
-    cfg.ppo.learning_rate = 0.0
+    cfg.algo.num_steps = 10          # batch_size 30, not a multiple of 4 minibatches
+    cfg.algo.gamma = 1.5
+    cfg.algo.learning_rate = 0.0
     cfg.model.actor_hidden = "64:abc"
     cfg.env.task_id = "NoSuchTask-v0"
     cfg.total_timesteps = 10
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)
-    for needle in ("env.num_envs * ppo.num_steps=30 must be a multiple of "
-                   "ppo.num_minibatches=4", "ppo.gamma=1.5", "ppo.learning_rate=0.0",
+    for needle in ("env.num_envs * algo.num_steps=30 must be a multiple of "
+                   "algo.num_minibatches=4", "algo.gamma=1.5", "algo.learning_rate=0.0",
                    "model.actor_hidden='64:abc'", "env.task_id='NoSuchTask-v0'",
                    "total_timesteps=10 must be >= batch_size=30"):
         assert needle in msg
@@ -27,19 +27,21 @@ def test_validate_names_every_invalid_field_at_once():
 def test_defaults_are_valid_and_derived_sizes_are_properties():
     cfg = TrainConfig()
     validate(cfg)
-    assert (cfg.batch_size, cfg.minibatch_size, cfg.num_iterations) == (512, 128, 976)
+    assert (cfg.batch_size, cfg.num_iterations, cfg.algo_name) == (512, 976, "ppo")
+    cfg.gmi.num_gmis = 2
+    assert (cfg.batch_size, cfg.num_iterations) == (1024, 488)  # batch_size counts every GMI
 
 
 def test_presets_follow_cleanrl():
     m = preset("mujoco")
-    assert (m.env.num_envs, m.ppo.num_steps, m.ppo.learning_rate, m.ppo.num_minibatches,
-            m.ppo.update_epochs, m.ppo.ent_coef, m.ppo.norm_obs, m.ppo.norm_reward,
+    assert (m.env.num_envs, m.algo.num_steps, m.algo.learning_rate, m.algo.num_minibatches,
+            m.algo.update_epochs, m.algo.ent_coef, m.norm.obs, m.norm.reward,
             m.total_timesteps) == (1, 2048, 3e-4, 32, 10, 0.0, True, True, 1_000_000)
     c = preset("classic")
-    assert (c.env.num_envs, c.ppo.num_steps, c.ppo.learning_rate, c.ppo.ent_coef,
-            c.ppo.num_minibatches, c.ppo.update_epochs) == (4, 128, 2.5e-4, 0.01, 4, 4)
+    assert (c.env.num_envs, c.algo.num_steps, c.algo.learning_rate, c.algo.ent_coef,
+            c.algo.num_minibatches, c.algo.update_epochs) == (4, 128, 2.5e-4, 0.01, 4, 4)
     a = preset("atari")
-    assert (a.env.num_envs, a.ppo.clip_coef, a.model.encoder) == (8, 0.1, "nature_cnn")
+    assert (a.env.num_envs, a.algo.clip_coef, a.model.encoder) == (8, 0.1, "nature_cnn")
     for name in ("classic", "mujoco", "atari", "demo", "cartpole-zoo"):
         validate(preset(name))
 
@@ -51,15 +53,23 @@ def test_auto_preset_by_task_family():
     assert cfg.preset == "mujoco" and cfg.env.task_id == "HalfCheetah-v5"
     with pytest.raises(ConfigError, match="preset='nope'"):
         preset("nope")
+    with pytest.raises(ConfigError, match="algo='sac' must be one of"):
+        preset("auto", "CartPole-v1", algo="sac")
 
 
 def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
     cfg = tyro.cli(TrainConfig, default=preset("mujoco"),
-                   args=["--env.num-envs", "16", "--ppo.learning-rate", "1e-3", "--seed", "7"])
-    assert (cfg.env.num_envs, cfg.ppo.learning_rate, cfg.seed, cfg.ppo.num_steps) == (16, 1e-3, 7, 2048)
-    assert from_dict(to_dict(cfg)) == cfg
+                   args=["--env.num-envs", "16", "--algo.learning-rate", "1e-3", "--seed", "7",
+                         "--norm.no-reward", "--gmi.reduction", "har"])
+    assert (cfg.env.num_envs, cfg.algo.learning_rate, cfg.seed, cfg.algo.num_steps) == (16, 1e-3, 7, 2048)
+    assert (cfg.norm.obs, cfg.norm.reward, cfg.gmi.reduction) == (True, False, "har")
+    data = to_dict(cfg)
+    assert list(data["algo"]) == ["ppo"] and data["algo"]["ppo"]["num_steps"] == 2048
+    assert from_dict(data) == cfg
     with pytest.raises(ConfigError, match="does not match"):
-        from_dict({**to_dict(cfg), "bogus": 1})
+        from_dict({**data, "bogus": 1})
+    with pytest.raises(ConfigError, match="does not match"):
+        from_dict({**data, "algo": {"sac": {}}})
 
 
 def test_existing_run_dir_needs_resume(tmp_path):
@@ -83,9 +93,9 @@ def test_cuda_device_without_cuda_is_refused():
 
 def test_ray_flags_parse_and_are_validated_together():
     cfg = tyro.cli(TrainConfig, default=preset("classic"),
-                   args=["--launcher", "ray", "--ray.address", "10.0.0.1:6379",
+                   args=["--placement", "ray", "--ray.address", "10.0.0.1:6379",
                          "--ray.max-restarts", "2", "--ray.num-cpus-per-gmi", "0.5"])
-    assert (cfg.launcher, cfg.ray.address, cfg.ray.max_restarts, cfg.ray.num_cpus_per_gmi) == (
+    assert (cfg.placement, cfg.ray.address, cfg.ray.max_restarts, cfg.ray.num_cpus_per_gmi) == (
         "ray", "10.0.0.1:6379", 2, 0.5)
     validate(cfg)
     assert from_dict(to_dict(cfg)) == cfg
@@ -103,12 +113,12 @@ def test_ray_flags_parse_and_are_validated_together():
 
 def test_ray_refuses_the_local_launchers_reduction_options():
     cfg = preset("classic")
-    cfg.launcher, cfg.gmi.num_gmis, cfg.gmi.reducer = "ray", 2, "ring"
+    cfg.placement, cfg.gmi.num_gmis, cfg.gmi.reduction = "ray", 2, "ring"
     cfg.gmi.netns, cfg.gmi.switch_addr = "ns0,ns1", "10.0.0.1:9000,10.0.0.2:9000"
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)
-    for needle in ("gmi.reducer ring is for the local launcher", "gmi.netns is for the local",
+    for needle in ("gmi.reduction='ring' is for the local placement", "gmi.netns is for the local",
                    "give one switch address for all GMIs"):
         assert needle in msg
 
@@ -117,5 +127,27 @@ def test_ray_settings_without_the_ray_launcher_are_refused():
     cfg = preset("classic")
     cfg.ray.address, cfg.ray.max_restarts = "auto", 1
     with pytest.raises(ConfigError, match=r"ray.address, ray.max_restarts set but "
-                                          r"launcher='local'; add --launcher ray"):
+                                          r"placement='local'; add --placement ray"):
         validate(cfg)
+
+
+def test_serial_placement_refuses_what_needs_a_process_per_gmi():
+    cfg = preset("classic")
+    cfg.placement, cfg.gmi.num_gmis, cfg.gmi.reduction = "serial", 2, "ring"
+    cfg.profile.tool, cfg.profile.all_ranks = "torch", True
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    msg = str(err.value)
+    assert "gmi.reduction='ring' with placement='serial'" in msg
+    assert "placement='serial' profiles one GMI" in msg
+    cfg.gmi.reduction, cfg.profile.tool = "mpr", "none"
+    validate(cfg)
+
+
+def test_norm_clips_are_validated():
+    cfg = preset("mujoco")
+    cfg.norm.obs_clip, cfg.norm.reward_clip = 0.0, -1.0
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert "norm.obs_clip=0.0 must be > 0" in str(err.value)
+    assert "norm.reward_clip=-1.0 must be > 0" in str(err.value)

@@ -1,18 +1,20 @@
-"""Multi-GMI synchronous PPO (GMI-DRL §5.1 TCG_EX): every GMI ends with bit-identical weights."""
+"""Multi-GMI synchronous PPO (GMI-DRL §5.1 TCG_EX): every GMI ends with bit-identical weights,
+in every placement."""
 
+import numpy as np
 import pytest
 
 from gmi_drl.config import ConfigError, preset, validate
 from gmi_drl.train import train
 
 
-def _cfg(tmp_path, num_gmis, num_devices=None):
+def _cfg(tmp_path, num_gmis, num_devices=None, name="run"):
     cfg = preset("classic", "CartPole-v1")
-    cfg.env.num_envs, cfg.ppo.num_steps = 4, 32
+    cfg.env.num_envs, cfg.algo.num_steps = 4, 32
     cfg.gmi.num_gmis, cfg.gmi.num_devices = num_gmis, num_devices
     cfg.total_timesteps = 4 * cfg.batch_size
-    cfg.log.tensorboard = False
-    cfg.run_dir = str(tmp_path / "run")
+    cfg.log.tensorboard, cfg.compile = False, False
+    cfg.run_dir = str(tmp_path / name)
     return cfg
 
 
@@ -22,8 +24,8 @@ def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, nu
                                                          strategy):
     cfg = _cfg(tmp_path, num_gmis, num_devices)
     result = train(cfg)
-    assert len(result.param_digests) == num_gmis
-    assert len(set(result.param_digests)) == 1
+    assert len(result.weight_digests) == num_gmis
+    assert len(set(result.weight_digests)) == 1
     assert result.global_step == 4 * 4 * 32 * num_gmis
     summary = (result.run_dir / "summary.md").read_text()
     assert f"gradient reduction: `{strategy}`" in summary and "identical on all" in summary
@@ -34,7 +36,7 @@ def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, nu
 
 def test_target_kl_is_refused_with_several_gmis(tmp_path):
     cfg = _cfg(tmp_path, 2)
-    cfg.ppo.target_kl = 0.01
+    cfg.algo.target_kl = 0.01
     with pytest.raises(ConfigError, match="target_kl"):
         validate(cfg)
 
@@ -46,12 +48,12 @@ def test_gmis_reduce_through_the_aggregation_switch(tmp_path):
     switch = Switch("--mtu", "1500")
     try:
         cfg = _cfg(tmp_path, 2)
-        cfg.gmi.reducer, cfg.gmi.switch_addr = "switch", switch.addr
+        cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", switch.addr
         result = train(cfg)
         stats = switch.stats()
     finally:
         assert switch.stop() == 0, switch.stderr
-    assert len(result.param_digests) == 2 and len(set(result.param_digests)) == 1
+    assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     assert stats["segments_completed"] > 0  # the gradients really went through the switch
     assert "aggregation switch at" in (result.run_dir / "summary.md").read_text()
 
@@ -70,12 +72,12 @@ def test_async_training_through_the_switch_learns_cartpole(tmp_path):
     try:
         cfg = preset("cartpole-zoo")
         cfg.gmi.num_gmis, cfg.total_timesteps = 2, 40_960
-        cfg.gmi.reducer, cfg.gmi.switch_addr, cfg.gmi.staleness = "switch", switch.addr, 2
+        cfg.gmi.reduction, cfg.gmi.switch_addr, cfg.gmi.staleness = "switch", switch.addr, 2
         cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "run")
         result = train(cfg)
     finally:
         assert switch.stop() == 0, switch.stderr
-    assert len(set(result.param_digests)) == 1
+    assert len(set(result.weight_digests)) == 1
     assert result.episode_returns[-20:].mean() >= 80, result.episode_returns[-20:]
     rows = list(csv.DictReader(open(result.run_dir / "metrics.csv")))
     worst = [float(r["value"]) for r in rows if r["name"] == "comm/staleness_max"]
@@ -86,9 +88,9 @@ def test_async_training_through_the_switch_learns_cartpole(tmp_path):
 def test_staleness_is_validated(tmp_path):
     cfg = _cfg(tmp_path, 2)
     cfg.gmi.staleness = 2
-    with pytest.raises(ConfigError, match="gmi.staleness=2 needs gmi.reducer switch"):
+    with pytest.raises(ConfigError, match="gmi.staleness=2 needs gmi.reduction switch"):
         validate(cfg)
-    cfg.gmi.reducer, cfg.gmi.switch_addr, cfg.gmi.staleness = "switch", "127.0.0.1:9", -1
+    cfg.gmi.reduction, cfg.gmi.switch_addr, cfg.gmi.staleness = "switch", "127.0.0.1:9", -1
     with pytest.raises(ConfigError, match="gmi.staleness=-1 must be >= 0"):
         validate(cfg)
     cfg.gmi.staleness, cfg.gmi.num_gmis = 2, 1
@@ -98,7 +100,7 @@ def test_staleness_is_validated(tmp_path):
 
 def test_reducer_addresses_and_namespaces_are_validated(tmp_path):
     cfg = _cfg(tmp_path, 3)
-    cfg.gmi.reducer, cfg.gmi.switch_addr = "switch", "10.0.0.1:9,10.0.0.2:9"
+    cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", "10.0.0.1:9,10.0.0.2:9"
     cfg.gmi.netns = "a,b"
     with pytest.raises(ConfigError) as err:
         validate(cfg)
@@ -108,13 +110,39 @@ def test_reducer_addresses_and_namespaces_are_validated(tmp_path):
     assert cfg.gmi.switch_addrs == ("10.0.0.1:9",) * 3
     with pytest.raises(ConfigError, match=r"no network namespace \['no-such-ns-1'"):
         validate(cfg)
-    cfg.gmi.netns, cfg.gmi.reducer, cfg.gmi.num_gmis = None, "ring", 1
-    with pytest.raises(ConfigError, match="gmi.reducer='ring' reduces between GMIs"):
+    cfg.gmi.netns, cfg.gmi.reduction, cfg.gmi.num_gmis = None, "ring", 1
+    with pytest.raises(ConfigError, match="gmi.reduction='ring' reduces between GMIs"):
         validate(cfg)
 
 
 def test_switch_reducer_needs_an_address(tmp_path):
     cfg = _cfg(tmp_path, 2)
-    cfg.gmi.reducer = "switch"
+    cfg.gmi.reduction = "switch"
     with pytest.raises(ConfigError, match="switch_addr"):
         validate(cfg)
+
+
+@pytest.mark.distributed
+def test_serial_gmis_are_the_twin_of_gmi_processes(tmp_path):
+    """Two GMIs as threads of this process and two GMI processes, both reducing through shared
+    memory (MPR): the same weights after every one of 4 updates, and the same returns."""
+    runs = {}
+    for placement in ("serial", "local"):
+        cfg = _cfg(tmp_path, 2, name=placement)
+        cfg.placement = placement
+        runs[placement] = train(cfg)
+    serial, local = runs["serial"], runs["local"]
+    assert len(set(serial.weight_digests)) == 1
+    assert serial.weight_digests == local.weight_digests
+    np.testing.assert_array_equal(serial.episode_returns, local.episode_returns)
+    summary = (serial.run_dir / "summary.md").read_text()
+    assert "placement: serial: 2 GMIs as threads of this process" in summary
+    assert "gradient reduction: `mpr`" in summary
+    assert (serial.run_dir / "gmi-1" / "timeline.json").exists()
+
+
+def test_forced_reductions_are_checked_against_the_layout(tmp_path):
+    cfg = _cfg(tmp_path, 3, num_devices=2)
+    cfg.gmi.reduction = "mrr"
+    with pytest.raises(ConfigError, match="mrr needs the same number of GMIs on every device"):
+        train(cfg)

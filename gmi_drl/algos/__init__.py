@@ -1,7 +1,34 @@
-"""One file per algorithm: its config, loss and learner; gradients leave through a `GradReducer`."""
+"""One file per algorithm (its config, loss and schedule) behind one protocol (`base`).
 
-from gmi_drl.algos.ppo import PPO, PPOConfig, PPOLoss, approx_kl, clip_fraction, ppo_loss
-from gmi_drl.comm.reducer import GradReducer, IdentityReducer
+`ALGORITHMS` maps each subcommand name of ``gmi-drl train`` to its config class and learner;
+`build_algorithm` is the runner's only way to make one.
+"""
 
-__all__ = ["PPO", "GradReducer", "IdentityReducer", "PPOConfig", "PPOLoss", "approx_kl",
-           "clip_fraction", "ppo_loss"]
+from __future__ import annotations
+
+from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, ModelConfig
+from gmi_drl.algos.ppo import PPO, PPOConfig
+
+ALGORITHMS: dict[str, tuple[type, type]] = {"ppo": (PPOConfig, PPO)}
+"""``{name: (config class, learner class)}``; the learner is built as ``cls(config, ctx)``"""
+
+
+def algo_name(cfg: AlgoConfig) -> str:
+    """The subcommand name of an algorithm config (``"ppo"`` for a `PPOConfig`).
+
+    Raises:
+        TypeError: not the config of a registered algorithm.
+    """
+    for name, (config_cls, _) in ALGORITHMS.items():
+        if type(cfg) is config_cls:
+            return name
+    raise TypeError(f"{type(cfg).__name__} is not the config of an algorithm in ALGORITHMS")
+
+
+def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm:
+    """The learner of ``cfg`` built in ``ctx`` (see `gmi_drl.algos.base`)."""
+    return ALGORITHMS[algo_name(cfg)][1](cfg, ctx)
+
+
+__all__ = ["ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "ModelConfig", "PPO",
+           "PPOConfig", "algo_name", "build_algorithm"]

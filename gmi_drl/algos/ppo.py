@@ -9,20 +9,17 @@ rate annealing, Adam eps 1e-5) follow CleanRL's ``ppo.py`` / ``ppo_continuous_ac
 
 from __future__ import annotations
 
-import copy
-from collections import Counter
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from gmi_drl.algos.flat import FlatAdam, FlatParams
-from gmi_drl.algos.ppo_fast import FastPPOGrad
-from gmi_drl.comm.reducer import GradReducer, IdentityReducer
-from gmi_drl.models.actor_critic import ActorCritic
-from gmi_drl.rollout.storage import Batch
-from gmi_drl.telemetry.timer import timer
+from gmi_drl.algos.base import AlgoContext
+from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
+from gmi_drl.rollout.acting import make_acting
+from gmi_drl.rollout.collector import Collector, Episodes
+from gmi_drl.rollout.storage import Batch, RolloutBuffer
 
 
 @dataclass
@@ -30,7 +27,7 @@ class PPOConfig:
     """PPO hyper-parameters (defaults: CleanRL ``ppo.py``)."""
 
     num_steps: int = 128
-    """steps per env per rollout (T); batch_size = env.num_envs * num_steps"""
+    """steps per env per rollout (T); a GMI's batch is env.num_envs * num_steps samples"""
     learning_rate: float = 2.5e-4
     """Adam step size (at the start, when annealed)"""
     anneal_lr: bool = True
@@ -40,7 +37,7 @@ class PPOConfig:
     gae_lambda: float = 0.95
     """GAE lambda"""
     num_minibatches: int = 4
-    """minibatches per epoch; minibatch_size = batch_size // num_minibatches"""
+    """minibatches per epoch (every GMI cuts its batch into as many)"""
     update_epochs: int = 4
     """passes over each batch"""
     norm_adv: bool = True
@@ -59,16 +56,43 @@ class PPOConfig:
     """stop the epochs of an update once the approximate KL exceeds this (None: never)"""
     adam_eps: float = 1e-5
     """Adam epsilon"""
-    fast_path: bool = True
-    """hand-derived loss gradient for tanh-MLP models (equal to autograd; False: autograd)"""
-    norm_obs: bool = False
-    """normalise observations with running statistics (CleanRL's NormalizeObservation)"""
-    norm_reward: bool = False
-    """scale rewards by the running std of the discounted return (CleanRL's NormalizeReward)"""
-    obs_clip: float = 10.0
-    """clip normalised observations to [-obs_clip, obs_clip]"""
-    reward_clip: float = 10.0
-    """clip normalised rewards to [-reward_clip, reward_clip]"""
+
+    def steps_per_iteration(self, num_envs: int) -> int:
+        """``num_envs * num_steps``: the samples of one GMI's rollout (its batch)."""
+        return num_envs * self.num_steps
+
+    def validate(self, num_envs: int, num_gmis: int) -> list[str]:
+        """Every broken rule of these hyper-parameters for pools of ``num_envs`` envs."""
+        errors = []
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                errors.append(msg)
+
+        need(self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1")
+        need(self.num_minibatches >= 1,
+             f"algo.num_minibatches={self.num_minibatches} must be >= 1")
+        batch = self.steps_per_iteration(num_envs)
+        if self.num_minibatches >= 1 and batch >= 1:
+            need(batch % self.num_minibatches == 0,
+                 f"env.num_envs * algo.num_steps={batch} must be a multiple of "
+                 f"algo.num_minibatches={self.num_minibatches}")
+        need(num_gmis == 1 or self.target_kl is None,
+             f"algo.target_kl={self.target_kl} with gmi.num_gmis={num_gmis}: GMIs would stop "
+             "their epochs at different points and break the gradient collective; use "
+             "target_kl None")
+        need(self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0")
+        need(0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]")
+        need(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda} must be in [0, 1]")
+        need(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs} must be >= 1")
+        need(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef} must be > 0")
+        need(self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0")
+        need(self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0")
+        need(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0")
+        need(self.target_kl is None or self.target_kl > 0,
+             f"algo.target_kl={self.target_kl} must be > 0 or None")
+        need(self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0")
+        return errors
 
 
 class PPOLoss(NamedTuple):
@@ -129,193 +153,136 @@ def clip_fraction(logratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
     return (torch.expm1(logratio).abs() > clip_coef).float().mean()
 
 
+def ppo_objective(model: ActorCritic, obs: torch.Tensor, actions: torch.Tensor,
+                  logprobs: torch.Tensor, values: torch.Tensor, advantages: torch.Tensor,
+                  returns: torch.Tensor, *, clip_coef: float, clip_vloss: bool, vf_coef: float,
+                  ent_coef: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """`ppo_loss` of ``model`` on one minibatch (advantages already normalised), in the shape a
+    `gmi_drl.optim.grad_step.GradStep` takes: ``(loss, (policy_loss, value_loss, entropy,
+    logratio))``."""
+    new = model.evaluate(obs, actions)
+    out = ppo_loss(new.logprob, logprobs, advantages, new.value, values, returns, new.entropy,
+                   clip_coef, clip_vloss, vf_coef, ent_coef, norm_adv=False)
+    return out.loss, (out.policy_loss, out.value_loss, out.entropy, out.logratio)
+
+
 class PPO:
-    """The PPO learner: minibatch SGD epochs over one rollout per `update` call.
+    """The PPO learner (an `gmi_drl.algos.base.Algorithm`): one rollout per `collect`, then GAE;
+    minibatch SGD epochs over it per `update`.
 
     Args:
-        cfg: hyper-parameters.
-        model: actor-critic; its parameters are re-homed into one flat buffer (`FlatParams`).
-        batch_size: samples per `update` (``num_envs * num_steps``); must be a multiple of
-            ``cfg.num_minibatches``.
-        num_iterations: updates in the whole run (the learning rate reaches 0 after them).
-        reducer: where gradients are averaged across trainers before each step.
-        seed: seed of the minibatch-shuffling generator.
-        staleness_bound: ``None``: synchronous, each minibatch's gradient is reduced, then the
-            step is taken. An int ``S >= 0``: asynchronous through the switch (iSwitch §4.1,
-            `gmi_drl.comm.switch.pipeline`): a minibatch's gradient is computed on weights that
-            miss at most ``S`` of the steps before it; the steps are taken on a second copy of
-            the weights by the pipeline's LWU thread, and every `update` ends drained, so
-            rollouts and checkpoints see every step. ``S = 0`` gives the synchronous result bit
-            for bit. Asynchronous updates also return ``comm/staleness_mean`` and ``_max``.
+        cfg: hyper-parameters; ``env.num_envs * num_steps`` must be a multiple of
+            ``num_minibatches``.
+        ctx: the task, the trainer's gradient step factory and the runner's parts.
 
     Raises:
-        ValueError: ``batch_size`` not a multiple of ``cfg.num_minibatches``; a staleness bound
-            below 0, or without a `SwitchReducer`.
+        ValueError: the batch is not a multiple of ``num_minibatches``; spaces the actor-critic
+            does not support.
     """
 
-    def __init__(self, cfg: PPOConfig, model: ActorCritic, batch_size: int, num_iterations: int,
-                 reducer: GradReducer | None = None, seed: int = 0,
-                 staleness_bound: int | None = None) -> None:
-        if batch_size % cfg.num_minibatches:
-            raise ValueError(f"batch_size={batch_size} must be a multiple of "
-                             f"num_minibatches={cfg.num_minibatches}")
-        self.cfg, self.model = cfg, model
-        self.batch_size, self.num_iterations = batch_size, num_iterations
-        self.minibatch_size = batch_size // cfg.num_minibatches
-        self.reducer = reducer or IdentityReducer()
-        self.flat = FlatParams(model)
-        self.pipeline = None
-        stepped = self.flat  # the weights the optimizer steps
-        if staleness_bound is not None:
-            from gmi_drl.comm.switch.pipeline import AsyncPipeline
-
-            stepped = self._weights = FlatParams(copy.deepcopy(model))
-            self.pipeline = AsyncPipeline(self.reducer, staleness_bound, self._apply_mean)
-        self.optimizer = FlatAdam(stepped, cfg.learning_rate, eps=cfg.adam_eps)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.fast = FastPPOGrad(model) if cfg.fast_path and FastPPOGrad.supports(model) else None
+    def __init__(self, cfg: PPOConfig, ctx: AlgoContext) -> None:
+        self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
+        if self.steps_per_iteration % cfg.num_minibatches:
+            raise ValueError(f"batch of {self.steps_per_iteration} samples must be a multiple "
+                             f"of num_minibatches={cfg.num_minibatches}")
+        self.cfg, self.ctx = cfg, ctx
+        m, spec = ctx.model, ctx.spec
+        self.model = build_actor_critic(spec.observation_space, spec.action_space, m.encoder,
+                                        m.actor_hidden, m.critic_hidden,
+                                        m.activation).to(ctx.device)
+        loss = functools.partial(ppo_objective, clip_coef=cfg.clip_coef,
+                                 clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef,
+                                 ent_coef=cfg.ent_coef)
+        self.grad_step = ctx.make_grad_step(self.model, loss, cfg.learning_rate,
+                                            cfg.max_grad_norm, cfg.adam_eps)
+        self.acting = make_acting(self.model, ctx.action_generator, ctx.arrays, ctx.compile)
+        self.buf = RolloutBuffer(cfg.num_steps, ctx.num_envs, spec.observation_space,
+                                 spec.action_space, ctx.device)
+        self.gmi_minibatch_size = self.steps_per_iteration // cfg.num_minibatches
+        self.generator = torch.Generator().manual_seed(ctx.seed)  # minibatch order
         self.iteration = 0
+        self._collector: Collector | None = None
         self._shuffled: Batch | None = None
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """Run ``update_epochs`` epochs of minibatch SGD on ``batch`` (``batch_size`` samples).
+    def collect(self, pool) -> Episodes:
+        """One rollout of ``num_steps`` steps of every env (phase ``rollout``), then its
+        advantages and returns (phase ``advantages``)."""
+        if self._collector is None:
+            c = self.ctx
+            self._collector = Collector(pool, self.acting, c.arrays, c.obs_norm, c.reward_norm)
+        with self.ctx.phase("rollout"):
+            episodes = self._collector.collect(self.buf)
+        with self.ctx.phase("advantages"):
+            self.buf.compute_advantages(self.cfg.gamma, self.cfg.gae_lambda)
+        return episodes
+
+    def update(self) -> dict[str, float]:
+        """``update_epochs`` epochs of minibatch SGD on the last rollout.
 
         Each epoch permutes the batch once into preallocated tensors, so minibatches are
-        contiguous views. Every minibatch is four timer sections: ``forward`` (loss),
-        ``backward`` (gradients), ``allreduce`` (the reducer; a collective) and ``optimizer``
-        (clipping and the Adam step); on a GPU they time the CPU side (kernels run async).
-        Returns means over the minibatches run of ``losses/policy_loss``,
-        ``value_loss``, ``entropy``, ``approx_kl`` and ``clipfrac`` (the last two from the
-        log-ratios of every sample), plus ``losses/learning_rate`` and
-        ``losses/explained_variance``. ``target_kl`` stops after the first epoch whose mean
-        approximate KL exceeds it (CleanRL checks the epoch's last minibatch instead).
+        contiguous views, and normalises the advantages of all its minibatches at once (each
+        within its own minibatch). Returns means over the minibatches run of
+        ``losses/policy_loss``, ``value_loss``, ``entropy``, ``approx_kl`` and ``clipfrac`` (the
+        last two from the log-ratios of every sample), plus ``losses/learning_rate``,
+        ``losses/explained_variance`` and the gradient step's metrics. ``target_kl`` stops after
+        the first epoch whose mean approximate KL exceeds it (CleanRL checks the epoch's last
+        minibatch instead).
         """
-        cfg, flat, opt = self.cfg, self.flat, self.optimizer
-        device = flat.data.device
-        if batch.obs.device != device:  # rollouts live on the CPU, the learner maybe on a GPU
-            batch = Batch(*(x.to(device) for x in batch))
+        cfg, batch, step = self.cfg, self.buf.flatten(), self.grad_step
+        n, mb, n_mb = self.steps_per_iteration, self.gmi_minibatch_size, cfg.num_minibatches
         if cfg.anneal_lr:
-            opt.lr = cfg.learning_rate * (1.0 - self.iteration / self.num_iterations)
+            step.lr = cfg.learning_rate * (1.0 - self.iteration / self.ctx.num_iterations)
         if self._shuffled is None:
             self._shuffled = Batch(*(torch.empty_like(x) for x in batch))
-            self._logratio = torch.zeros(cfg.update_epochs, self.batch_size, device=device)
-            self._losses = torch.zeros(cfg.update_epochs * cfg.num_minibatches, 3, device=device)
-            if self.fast is not None:  # NumPy views of the same memory (CPU only)
-                self._np = (Batch(*(x.numpy() for x in self._shuffled)),
-                            self._logratio.numpy(), self._losses.numpy())
-        shuffled, mb, n_mb = self._shuffled, self.minibatch_size, cfg.num_minibatches
-        pipe = self.pipeline
-        if pipe is not None:
-            counts_before = Counter(pipe.staleness_counts)
-        epochs = 0
+            self._minibatches = [tuple(x[start:start + mb] for x in self._shuffled)
+                                 for start in range(0, n, mb)]
+        shuffled, aux = self._shuffled, []
         for epoch in range(cfg.update_epochs):
             if n_mb > 1:  # one minibatch = the whole batch: its order does not matter
-                perm = torch.randperm(self.batch_size, generator=self.generator).to(device)
+                perm = torch.randperm(n, generator=self.generator).to(self.ctx.device)
                 for src, dst in zip(batch, shuffled):
                     torch.index_select(src, 0, perm, out=dst)
             else:
                 for src, dst in zip(batch, shuffled):
                     dst.copy_(src)
-            if cfg.norm_adv:  # per minibatch, all minibatches of the epoch at once
+            if cfg.norm_adv:
                 adv = shuffled.advantages.view(n_mb, mb)
                 adv.copy_(normalize_advantages(adv))
-            for i, start in enumerate(range(0, self.batch_size, mb)):
-                if pipe is not None:
-                    with timer("allreduce"):  # blocked by the staleness bound
-                        pipe.fetch(self._pull)
-                if self.fast is not None:
-                    self._fast_grad(epoch * n_mb + i, epoch, start)
-                else:
-                    self._autograd_grad(epoch * n_mb + i, epoch, start)
-                if pipe is not None:  # asynchronous: the pipeline's LWU thread steps
-                    pipe.push(flat.grad)
-                    continue
-                with timer("allreduce"):
-                    self.reducer.allreduce_([flat.grad])
-                with timer("optimizer"):
-                    flat.clip_grad_norm_(cfg.max_grad_norm)
-                    opt.step()
-            epochs += 1
-            if cfg.target_kl is not None and approx_kl(self._logratio[epoch]).item() > cfg.target_kl:
-                break
-        comm = {}
-        if pipe is not None:
-            with timer("allreduce"):
-                pipe.drain(self._pull)
-            counts = pipe.staleness_counts - counts_before
-            comm = {"comm/staleness_mean": sum(k * v for k, v in counts.items()) / counts.total(),
-                    "comm/staleness_max": max(counts)}
+            aux += [step(*minibatch) for minibatch in self._minibatches]
+            if cfg.target_kl is not None:
+                kl = approx_kl(torch.cat([a[3] for a in aux[-n_mb:]]))
+                if kl.item() > cfg.target_kl:
+                    break
+        comm = step.drain()
         self.iteration += 1
-        logratio = self._logratio[:epochs]
-        means = self._losses[:epochs * n_mb].mean(0).tolist()
+        logratio = torch.cat([a[3] for a in aux])
+        means = torch.stack([torch.stack(a[:3]) for a in aux]).mean(0).tolist()
         var_y = batch.returns.var()
         explained = float("nan") if var_y == 0 else float(1 - (batch.returns - batch.values).var() / var_y)
         return {"losses/policy_loss": means[0], "losses/value_loss": means[1],
                 "losses/entropy": means[2], "losses/approx_kl": float(approx_kl(logratio)),
                 "losses/clipfrac": float(clip_fraction(logratio, cfg.clip_coef)),
-                "losses/learning_rate": opt.lr, "losses/explained_variance": explained, **comm}
-
-    def _pull(self) -> None:
-        """Asynchronous mode: ``θ_local ← θ`` (the pipeline calls it under its lock)."""
-        self.flat.data.copy_(self._weights.data)
-
-    def _apply_mean(self, mean: np.ndarray) -> None:
-        """Asynchronous mode, the LWU thread: the synchronous path's step on ``θ`` with the
-        aggregated mean gradient ``(P,) float32``: clip the norm, one Adam step."""
-        w = self._weights
-        w.grad.copy_(torch.from_numpy(mean))
-        w.clip_grad_norm_(self.cfg.max_grad_norm)
-        self.optimizer.step()
-
-    def close(self) -> None:
-        """Stop the asynchronous pipeline's thread, if one still runs (after an error).
-        Idempotent."""
-        if self.pipeline is not None:
-            self.pipeline.close()
-
-    def _fast_grad(self, row: int, epoch: int, start: int) -> None:
-        """Minibatch ``row``'s gradient through `FastPPOGrad` on NumPy views."""
-        cfg, stop = self.cfg, start + self.minibatch_size
-        shuffled, logratios, losses = self._np
-        obs, actions, logprobs, values, adv, returns = (x[start:stop] for x in shuffled)
-        *terms, logratio = self.fast(obs, actions, logprobs, adv, values, returns, cfg.clip_coef,
-                                     cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
-        logratios[epoch, start:stop] = logratio
-        losses[row] = terms
-
-    def _autograd_grad(self, row: int, epoch: int, start: int) -> None:
-        """Minibatch ``row``'s gradient through `ppo_loss` and autograd (any model, any device)."""
-        cfg, stop = self.cfg, start + self.minibatch_size
-        obs, actions, logprobs, values, adv, returns = (x[start:stop] for x in self._shuffled)
-        with timer("forward"):
-            new = self.model.evaluate(obs, actions)
-            out = ppo_loss(new.logprob, logprobs, adv, new.value, values, returns, new.entropy,
-                           cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef,
-                           norm_adv=False)
-        with timer("backward"):
-            self.flat.zero_grad()
-            out.loss.backward()
-        with torch.no_grad():
-            self._logratio[epoch, start:stop] = out.logratio
-            torch.stack(out[1:4], out=self._losses[row])
+                "losses/learning_rate": step.lr, "losses/explained_variance": explained, **comm}
 
     def state_dict(self) -> dict:
-        """Model weights, optimizer moments, the shuffling RNG and the update count."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """Weights (``modules``), optimizer moments, the shuffling RNG and the update count."""
+        return {"modules": {"actor_critic": self.model.state_dict()},
+                "optimizers": {"actor_critic": self.grad_step.state_dict()},
                 "generator": self.generator.get_state(), "iteration": self.iteration}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output.
 
         Raises:
-            ValueError: the stored weights do not fit this model (shapes or names differ).
+            ValueError: the stored weights or optimizer do not fit this model.
         """
         try:
-            self.model.load_state_dict(state["model"])
+            self.model.load_state_dict(state["modules"]["actor_critic"])
         except RuntimeError as e:
             raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.pipeline is not None:
-            self._weights.data.copy_(self.flat.data)
+        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])
+
+    def close(self) -> None:
+        self.grad_step.close()

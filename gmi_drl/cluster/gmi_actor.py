@@ -14,7 +14,8 @@ from typing import Any
 import ray
 
 from gmi_drl.cluster.membership import NodeInfo
-from gmi_drl.gmi.launcher import GMIContext, run_target
+from gmi_drl.gmi.context import GMIContext
+from gmi_drl.gmi.launcher import run_target
 
 
 class GMIActor:
@@ -40,10 +41,10 @@ class GMIActor:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def run(self, gmi_id: int, target: str, ctx_args: tuple) -> Any:
-        """Run ``target`` as GMI ``gmi_id`` (blocks for the whole run); returns its result.
+    def run(self, target: str, ctx: GMIContext) -> Any:
+        """Run ``target`` as GMI ``ctx.gmi_id`` (blocks for the whole run); returns its result.
 
         Raises:
             whatever the target raises (Ray hands it to the launcher with the traceback).
         """
-        return run_target(target, GMIContext(gmi_id, *ctx_args))
+        return run_target(target, ctx)

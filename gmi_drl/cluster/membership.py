@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple, Sequence
 
-from gmi_drl.comm.strategy import Strategy, select_strategy
+from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.layout import Layout
 
 
@@ -45,8 +45,9 @@ def node_mpl(nodes: Sequence[NodeInfo]) -> tuple[tuple[int, ...], ...]:
 
 
 def reduction_layout(layout: Layout, nodes: Sequence[NodeInfo]) -> Layout:
-    """``layout`` with ``mpl`` grouped by Ray node (the shared-memory domain) and its strategy:
-    MPR when one node holds every GMI (Algorithm 1), HAR otherwise. Specs are unchanged.
+    """``layout`` with ``mpl`` grouped by Ray node (the shared-memory domain) and its reduction:
+    MPR when one node holds every GMI (Algorithm 1, line 2), HAR otherwise; a ``switch``
+    reduction stays. Specs are unchanged.
 
     Raises:
         ValueError: ``nodes`` does not name a node for every GMI of ``layout``.
@@ -54,24 +55,22 @@ def reduction_layout(layout: Layout, nodes: Sequence[NodeInfo]) -> Layout:
     if len(nodes) != layout.num_gmis:
         raise ValueError(f"{len(nodes)} nodes for {layout.num_gmis} GMIs")
     mpl = node_mpl(nodes)
-    strategy = select_strategy(mpl)
-    if strategy is not Strategy.MPR:
-        strategy = Strategy.HAR
-    return dataclasses.replace(layout, mpl=mpl, strategy=strategy)
+    if layout.reduction is Reduction.SWITCH:
+        return dataclasses.replace(layout, mpl=mpl)
+    if len(mpl) == 1:
+        why = "every GMI on one node: shared memory (Algorithm 1, line 2)"
+        return dataclasses.replace(layout, mpl=mpl, reduction=Reduction.MPR, reduction_reason=why)
+    why = (f"shared memory within each node, gloo among the node leaders "
+           f"{[gmis[0] for gmis in mpl]}")
+    return dataclasses.replace(layout, mpl=mpl, reduction=Reduction.HAR, reduction_reason=why)
 
 
 def describe(reduction: Layout, nodes: Sequence[NodeInfo], restarts: int) -> str:
-    """Markdown lines for `summary.md`: the Ray nodes with their GMIs, the reduction they led to
-    and how many times the GMIs were restarted."""
-    lines = [f"- launcher: Ray, {len(reduction.mpl)} node(s), one actor per GMI "
+    """Markdown lines for `summary.md`: the Ray nodes with their GMIs (``reduction``: the layout
+    `reduction_layout` made) and how many times the GMIs were restarted."""
+    lines = [f"- placement: Ray, {len(reduction.mpl)} node(s), one actor per GMI "
              f"(placement group, one bundle per GMI, packed)"]
     for gmis in reduction.mpl:
         lines.append(f"- {nodes[gmis[0]]}: GMIs {list(gmis)}")
-    if reduction.strategy is Strategy.MPR:
-        why = "every GMI on one node: shared memory (Algorithm 1, line 2)"
-    else:
-        leaders = [gmis[0] for gmis in reduction.mpl]
-        why = f"shared memory within each node, gloo among the node leaders {leaders}"
-    lines.append(f"- gradient reduction: `{reduction.strategy.value}`: {why}")
     lines.append(f"- restarts from the last checkpoint after a GMI failed: {restarts}")
     return "\n".join(lines) + "\n"

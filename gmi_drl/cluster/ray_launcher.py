@@ -52,8 +52,9 @@ from gmi_drl.cluster.gmi_actor import GMIActor
 from gmi_drl.cluster.membership import NodeInfo, reduction_layout
 from gmi_drl.cluster.node_agent import NodeAgent
 from gmi_drl.cluster.placement import STRATEGY, actor_env, actor_resources, bundles, runtime_env
-from gmi_drl.comm.strategy import Strategy
+from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.backends import BackendKind
+from gmi_drl.gmi.context import GMIContext, ReductionGroup
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.gmi.layout import Layout
 
@@ -89,7 +90,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
 
     Args:
         target: ``"package.module:function"`` taking a `GMIContext`, importable on every node.
-        layout: from `gmi_drl.gmi.layout.plan` (backend, GMIs per device).
+        layout: from `gmi_drl.gmi.layout.plan` (backend, GMIs per device); its reduction is
+            ``switch`` or replanned by node (`membership.reduction_layout`).
         payload: a picklable argument every GMI receives.
         address: ``"auto"`` or ``HOST:PORT`` of a running cluster; ``None`` starts a local Ray
             instance for this call (with at least one logical CPU per GMI bundle). A process
@@ -98,7 +100,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
         num_cpus_per_gmi: logical CPUs each GMI's bundle reserves.
         placement_timeout_s: how long Ray may take to place and start the GMIs, seconds.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
-        switch_addr: reduce through the iSwitch aggregation switch at ``HOST:PORT``.
+        switch_addr: with the ``switch`` reduction, the aggregation switch's ``HOST:PORT``.
         runtime_envs: per GMI, a Ray ``runtime_env`` merged into the actor's (e.g. a profiler's
             ``{"nsight": ...}``); its ``env_vars`` must not set the backend's variables.
         on_restart: called with the failure before each restart; returns the payload of the next
@@ -107,8 +109,12 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
     Raises:
         GMIError: a GMI died or raised (its id, node and cause in the message) and no restart was
             left. PlacementError: the cluster cannot hold the bundles within the timeout.
-        ValueError: bad ``runtime_envs`` or ``num_cpus_per_gmi``.
+        ValueError: bad ``runtime_envs`` or ``num_cpus_per_gmi``; a switch address without the
+            ``switch`` reduction, or the reverse.
     """
+    if (layout.reduction is Reduction.SWITCH) != (switch_addr is not None):
+        raise ValueError(f"switch_addr={switch_addr!r} with reduction "
+                         f"{layout.reduction.value!r}: give an address exactly for 'switch'")
     if runtime_envs is not None and len(runtime_envs) != layout.num_gmis:
         raise ValueError(f"{len(runtime_envs)} runtime_envs for {layout.num_gmis} GMIs")
     local_cpus = max(os.cpu_count() or 1, math.ceil(layout.num_gmis * num_cpus_per_gmi))
@@ -167,20 +173,21 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         nodes = tuple(_collect([a.where.remote() for a in actors], None, placement_timeout_s))
         reduction = reduction_layout(layout, nodes)
         log.info("Ray placed %d GMIs on %d node(s): %s; reduction %s", layout.num_gmis,
-                 len(reduction.mpl), [list(g) for g in reduction.mpl], reduction.strategy.value)
-        shared = (reduction.strategy in (Strategy.MPR, Strategy.HAR) and layout.num_gmis > 1
-                  and switch_addr is None)
+                 len(reduction.mpl), [list(g) for g in reduction.mpl], reduction.reduction.value)
+        shared = (reduction.reduction in (Reduction.MPR, Reduction.HAR)
+                  and layout.num_gmis > 1)
         groups = _collect([agents[nodes[gmis[0]].node_id].setup.remote(
             len(gmis) if shared else None, reducer_capacity, mps_dir) for gmis in reduction.mpl],
             None, placement_timeout_s, what="node agent")
         init_method = ""
-        if reduction.strategy is Strategy.HAR and switch_addr is None:
+        if reduction.reduction is Reduction.HAR:
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
-        how, addrs = ("switch", (switch_addr,) * layout.num_gmis) if switch_addr else ("auto", ())
-        ctx_args = (reduction, payload, groups, init_method, how, addrs, name)
-        results = _collect([a.run.remote(g, target, ctx_args) for g, a in enumerate(actors)],
-                           nodes)
+        addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()
+        group = ReductionGroup(tuple(g for g in groups if g is not None), init_method, addrs,
+                               name)
+        results = _collect([a.run.remote(target, GMIContext(g, reduction, payload, group))
+                            for g, a in enumerate(actors)], nodes)
         return results, reduction, nodes
     finally:
         _teardown(actors, agents, nodes, pg, mps_dir is not None)

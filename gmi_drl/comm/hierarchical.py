@@ -9,14 +9,12 @@ Algorithm 1 falls back to it when MRR's ring rules do not hold.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
+from gmi_drl.comm.reducer import GradReducer
 from gmi_drl.comm.shm import SharedMemoryReducer, ShmGroup
 
 
@@ -56,23 +54,14 @@ class HierarchicalReducer(GradReducer):
         self._leaders = dist.new_group([gmis[0] for gmis in mpl])
 
     def allreduce_(self, tensors: Sequence[torch.Tensor]) -> None:
-        loc = self._local
-        n = sum(t.numel() for t in tensors)
-        if n > loc._group.capacity:  # noqa: SLF001 - same group object this class built on
-            raise ValueError(f"allreduce_ of {n} floats exceeds the device group's capacity")
-        flatten_into(tensors, loc._my_row)
-        loc._wait()
-        chunk = math.ceil(n / loc.world_size)
-        lo, hi = min(loc.rank * chunk, n), min((loc.rank + 1) * chunk, n)
-        if hi > lo:
-            np.sum(loc._rows[:, lo:hi], axis=0, out=loc._result[lo:hi])
-        loc._wait()
+        local = self._local
+        n = local.reduce_scatter_(tensors, mean=False)  # the device's sum, in its block
         if self._leader:
-            total = loc._result_t[:n]
+            total = local.result[:n]
             dist.all_reduce(total, group=self._leaders)
             total.div_(self.world_size)
-        loc._wait()
-        unflatten_from(loc._result_t, tensors)
+        local.barrier()
+        local.copy_result_(tensors)
 
     def close(self) -> None:
         self._local.close()

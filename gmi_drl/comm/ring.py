@@ -4,7 +4,7 @@ Multi-ring reduction (MRR, GMI-DRL §4.1 / Fig. 4b): with ``mpl`` GMIs on each o
 ``k`` joins the k-th GMI of every device (no two members share a device, as NCCL requires); then
 the representatives ``mpl[k][k]`` (one per ring, each on its own device) allreduce the ring sums;
 finally each representative broadcasts the total back into its ring. Valid when every device holds
-the same number of GMIs and that number is at most D (`select_strategy` returns MRR exactly then).
+the same number of GMIs and that number is at most D (`select_reduction` returns MRR exactly then).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
-from gmi_drl.comm.strategy import Strategy, select_strategy
+from gmi_drl.comm.reduction import Reduction, why_not
 
 
 class RingReducer(GradReducer):
@@ -30,7 +30,7 @@ class RingReducer(GradReducer):
         timeout_s: collective timeout (seconds) after which the group is broken.
 
     Raises:
-        ValueError: ``mpl`` is given but is not a layout MRR supports (see `select_strategy`).
+        ValueError: ``mpl`` is given but is not a layout MRR supports (`reduction.why_not`).
     """
 
     def __init__(self, rank: int, world_size: int, init_method: str, backend: str = "gloo",
@@ -38,9 +38,9 @@ class RingReducer(GradReducer):
         import datetime
 
         self.rank, self.world_size = rank, world_size
-        if mpl is not None and select_strategy(mpl) is not Strategy.MRR:
-            raise ValueError(f"mpl={mpl!r} is not a multi-ring layout (Algorithm 1 picks "
-                             f"{select_strategy(mpl).value}); use that strategy's reducer")
+        problem = None if mpl is None else why_not(Reduction.MRR, mpl)
+        if problem is not None:
+            raise ValueError(problem)
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))

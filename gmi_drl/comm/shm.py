@@ -106,23 +106,49 @@ class SharedMemoryReducer(GradReducer):
         self._result_t = torch.from_numpy(self._result)
 
     def allreduce_(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.reduce_scatter_(tensors, mean=True)
+        self.copy_result_(tensors)
+
+    def reduce_scatter_(self, tensors: Sequence[torch.Tensor], mean: bool) -> int:
+        """The first half of `allreduce_`: put ``tensors`` in this member's row, and once every
+        member did, sum column chunk ``rank`` over all rows (in row order) into `result`, divided
+        by ``world_size`` when ``mean``. Returns ``n``, the floats written; on return every
+        member's chunk is in `result[:n]`. Blocking, collective.
+
+        Raises:
+            ValueError: more floats than the group's capacity. RuntimeError: the group broke.
+        """
         n = sum(t.numel() for t in tensors)
         if n > self._group.capacity:
             raise ValueError(f"allreduce_ of {n} floats exceeds the group capacity "
                              f"{self._group.capacity}; create the group with a larger capacity")
         flatten_into(tensors, self._my_row)
-        self._wait()
+        self.barrier()
         chunk = math.ceil(n / self.world_size)
         lo, hi = min(self.rank * chunk, n), min((self.rank + 1) * chunk, n)
         if hi > lo:
             out = self._result[lo:hi]
             np.sum(self._rows[:, lo:hi], axis=0, out=out)
-            np.divide(out, self.world_size, out=out)
-        self._wait()
+            if mean:
+                np.divide(out, self.world_size, out=out)
+        self.barrier()
+        return n
+
+    @property
+    def result(self) -> torch.Tensor:
+        """``(capacity,) float32``: the group's shared result row (a view; every member's)."""
+        return self._result_t
+
+    def copy_result_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy `result` back into ``tensors`` (the second half of `allreduce_`)."""
         unflatten_from(self._result_t, tensors)
 
-    def _wait(self) -> None:
-        """Barrier: publish this member's next epoch, wait until every member reached it."""
+    def barrier(self) -> None:
+        """Publish this member's next epoch, wait until every member reached it (collective).
+
+        Raises:
+            RuntimeError: a member did not arrive within ``timeout_s``.
+        """
         self._epoch += 1
         epochs, target = self._epochs, self._epoch
         epochs[self.rank] = target

@@ -1,10 +1,9 @@
 """The local launcher: one process per GMI, its backend environment set before CUDA starts.
 
 Each GMI process applies its `process_env` (variables, CPU affinity, thread count), joins its
-network namespace if it was given one (before it opens a socket or starts a thread), builds its
-gradient reducer (the layout's strategy, or one the caller names), beats a heartbeat, and runs
-``target(ctx)``. The
-launcher watches them: a GMI that raises, dies or stops beating stops the whole run within
+network namespace if it was given one (before it opens a socket or starts a thread), beats a
+heartbeat, and runs ``target(ctx)`` with a `gmi_drl.gmi.context.GMIContext` (its reducer is the
+layout's reduction, built when the target asks for it). The launcher watches them: a GMI that raises, dies or stops beating stops the whole run within
 ``poll_s`` + ``grace_s`` seconds with the GMI id and the original traceback, and no process or
 shared-memory segment is left behind (also on Ctrl-C).
 
@@ -29,11 +28,11 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from gmi_drl.comm.strategy import Strategy
+from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
+from gmi_drl.gmi.context import GMIContext, ReductionGroup, shm_group_sizes
 from gmi_drl.gmi.devices import Machine
 from gmi_drl.gmi.layout import Layout
 
@@ -44,76 +43,7 @@ class GMIError(RuntimeError):
     """A GMI raised, died or hung; the run was stopped."""
 
 
-@dataclass
-class GMIContext:
-    """What a GMI's ``target`` receives.
-
-    Attributes:
-        gmi_id: this GMI; ``layout``: the whole run's layout; ``payload``: the caller's argument.
-        reducer: a `GradReducer` over all GMIs (built lazily by `make_reducer`).
-    """
-
-    gmi_id: int
-    layout: Layout
-    payload: Any
-    _groups: list
-    _init_method: str
-    _reduction: str = "auto"
-    _switch_addrs: tuple[str, ...] = ()
-    _job_id: str = "gmi-drl"
-    """the run's name at the aggregation switch (the same on every GMI of the run)"""
-    _reducer: Any = None
-
-    def make_reducer(self):
-        """The `GradReducer` of the run (built once; collective): the layout's strategy, one
-        gloo/NCCL ring, or the aggregation switch this GMI is cabled to."""
-        if self._reducer is None:
-            self._reducer = _build_reducer(self)
-        return self._reducer
-
-
-def _build_reducer(ctx: GMIContext):
-    from gmi_drl.comm.reducer import IdentityReducer
-
-    lay, g = ctx.layout, ctx.gmi_id
-    if ctx._reduction == "switch":  # iSwitch: aggregation in the network
-        from gmi_drl.comm.switch.client import SwitchReducer
-        return SwitchReducer(ctx._switch_addrs[g], worker_id=g, num_workers=lay.num_gmis,
-                             job_id=ctx._job_id)
-    if ctx._reduction == "ring":
-        from gmi_drl.comm.ring import RingReducer
-        return RingReducer(g, lay.num_gmis, ctx._init_method,
-                           dist_backend(lay, flat_ring=True))
-    if lay.num_gmis == 1:
-        return IdentityReducer()
-    if lay.strategy is Strategy.MPR:
-        from gmi_drl.comm.shm import SharedMemoryReducer
-        return SharedMemoryReducer(ctx._groups[0], g)
-    if lay.strategy is Strategy.MRR:
-        from gmi_drl.comm.ring import RingReducer
-        return RingReducer(g, lay.num_gmis, ctx._init_method, dist_backend(lay), mpl=lay.mpl)
-    from gmi_drl.comm.hierarchical import HierarchicalReducer
-    return HierarchicalReducer(g, lay.mpl, ctx._groups[lay.device_of(g)], ctx._init_method,
-                               dist_backend(lay))
-
-
-def dist_backend(layout: Layout, flat_ring: bool = False) -> str:
-    """The torch.distributed backend of a run's reduction groups, by the tensors' device.
-
-    CPU tensors always go through gloo: a learner on the CPU (``--device cpu``) under a CUDA
-    backend, and HAR's host-memory device sums. CUDA tensors go through NCCL only where no two
-    members of a group share a GPU (NCCL refuses a communicator with a duplicate GPU): MRR's
-    rings and HAR's leaders hold one GMI per device, a flat ring (``flat_ring``) only when every
-    device holds one GMI; otherwise gloo reduces them too (it copies through the host).
-    """
-    if layout.backend is BackendKind.CPU:
-        return "gloo"
-    if flat_ring and any(len(gmis) > 1 for gmis in layout.mpl):
-        return "gloo"
-    return "cpu:gloo,cuda:nccl"
-
-
-def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results, netns):
+def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns):
     os.environ.update(env)  # before anything imports CUDA
     if affinity:
         os.sched_setaffinity(0, affinity)
@@ -130,7 +60,7 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx_args, beats, results, 
 
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
     try:
-        results.put(("ok", gmi_id, run_target(target, GMIContext(gmi_id, *ctx_args))))
+        results.put(("ok", gmi_id, run_target(target, ctx)))
     except BaseException:
         results.put(("error", gmi_id, traceback.format_exc()))
 
@@ -145,8 +75,7 @@ def run_target(target: str, ctx: GMIContext) -> Any:
     result = getattr(importlib.import_module(module), name)(ctx)
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
-    if ctx._reducer is not None:
-        ctx._reducer.close()
+    ctx.close()
     return result
 
 
@@ -165,24 +94,20 @@ def _enter_netns(name: str) -> None:
 
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
-           poll_s: float = 0.2, reduction: str = "auto",
-           switch_addrs: Sequence[str] = (), netns: Sequence[str] | None = None,
-           prefixes: dict[int, list[str]] | None = None,
+           poll_s: float = 0.2, switch_addrs: Sequence[str] = (),
+           netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
            exit_timeout_s: float = 5.0) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
         target: ``"package.module:function"`` taking a `GMIContext`.
-        layout: from `gmi_drl.gmi.layout.plan`.
+        layout: from `gmi_drl.gmi.layout.plan`; its ``reduction`` says how the GMIs reduce.
         machine: discovered devices.
         payload: a picklable argument every GMI receives.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         heartbeat_timeout_s: a GMI silent this long counts as hung.
-        reduction: ``"auto"``: the layout's strategy (GMI-DRL Algorithm 1); ``"ring"``: one
-            ring over all GMIs (gloo; NCCL for CUDA tensors where each GMI has its own GPU,
-            `dist_backend`); ``"switch"``: the iSwitch
-            aggregation switch.
-        switch_addrs: with ``"switch"``, the ``HOST:PORT`` of GMI k's switch at index k.
+        switch_addrs: with the ``switch`` reduction, the ``HOST:PORT`` of GMI k's switch at
+            index k.
         netns: network namespace of GMI k at index k (root; e.g. the worker hosts of an
             emulated rack, `gmi_drl.comm.switch.netns.Rack`); ``None``: this process's.
         prefixes: per GMI id, a command its Python interpreter runs under (e.g. the
@@ -191,36 +116,32 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             before it is terminated (a profiler running it writes its report then).
 
     Raises:
-        ValueError: ``reduction`` unknown, or ``switch_addrs`` / ``netns`` not one per GMI.
+        ValueError: ``switch_addrs`` / ``netns`` not one per GMI.
         GMIError: a GMI raised (its traceback is in the message), died, or hung.
     """
     from gmi_drl.comm.shm import ShmGroup
 
     mpctx = mp.get_context("spawn")
     n = layout.num_gmis
-    if reduction not in ("auto", "ring", "switch"):
-        raise ValueError(f"reduction={reduction!r} must be 'auto', 'ring' or 'switch'")
-    if reduction == "switch" and len(switch_addrs) != n:
+    if layout.reduction is Reduction.SWITCH and n > 1 and len(switch_addrs) != n:
         raise ValueError(f"{len(switch_addrs)} switch addresses for {n} GMIs")
     if netns is not None and len(netns) != n:
         raise ValueError(f"{len(netns)} network namespaces for {n} GMIs")
-    groups, owners = [], []
-    if layout.strategy in (Strategy.MPR, Strategy.HAR) and n > 1 and reduction == "auto":
-        made = [ShmGroup.create(len(gmis), reducer_capacity) for gmis in layout.mpl]
-        groups, owners = [g for g, _ in made], [o for _, o in made]
-        del made
+    made = [ShmGroup.create(size, reducer_capacity) for size in shm_group_sizes(layout)]
+    owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
+    group = ReductionGroup(tuple(g for g, _ in made), f"file://{tmp}/rendezvous",
+                           tuple(switch_addrs), f"gmi-drl-{os.getpid()}")
+    del made
     mps = None
     if layout.backend is BackendKind.CUDA_MPS:
         mps = MPSDaemon(os.path.join(tmp, "mps"), [g.uuid for g in machine.gpus])
         mps.start()
     beats = mpctx.Array("d", [time.time()] * n, lock=False)
     results = mpctx.Queue()
-    ctx_args = (layout, payload, groups, f"file://{tmp}/rendezvous", reduction,
-                tuple(switch_addrs), f"gmi-drl-{os.getpid()}")
     procs, error = [], None
     try:
-        procs += _start(mpctx, layout, machine, target, ctx_args, beats, results,
+        procs += _start(mpctx, layout, machine, target, payload, group, beats, results,
                         os.path.join(tmp, "mps") if mps else None, netns, prefixes or {}, tmp)
         try:
             out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
@@ -235,7 +156,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         results.close()
         # drop our references so the named semaphores of spawn (queue, barriers) are unlinked
         # now rather than whenever a traceback holding this frame is collected
-        del results, beats, groups, ctx_args, procs
+        del results, beats, group, procs
         for owner in owners:
             ShmGroup.destroy(owner)
         if mps is not None:
@@ -244,15 +165,15 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     raise GMIError(error)
 
 
-def _start(mpctx, layout, machine, target, ctx_args, beats, results, mps_dir, netns, prefixes,
-           tmp) -> list:
+def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_dir, netns,
+           prefixes, tmp) -> list:
     procs = []
     for spec in layout.specs:
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
         ns = None if netns is None else netns[spec.gmi_id]
+        ctx = GMIContext(spec.gmi_id, layout, payload, group)
         p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
-                          args=(spec.gmi_id, env, aff, threads, target, ctx_args, beats, results,
-                                ns))
+                          args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns))
         prefix = prefixes.get(spec.gmi_id)
         if prefix is None:
             p.start()

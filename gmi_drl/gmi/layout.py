@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gmi_drl.comm.strategy import Strategy, select_strategy
+from gmi_drl.comm.reduction import Reduction, select_reduction, why_not
 from gmi_drl.gmi.backends import BackendKind, GMISpec, choose_backend
 from gmi_drl.gmi.devices import Machine
 
@@ -25,16 +25,27 @@ ROLES = {Template.SERVING: ("simulator", "agent"),
          Template.SYNC_TRAINING: ("simulator", "agent", "trainer")}
 
 
+_ALGORITHM_1 = {
+    Reduction.MPR: "all GMIs share one device (Algorithm 1, line 2)",
+    Reduction.HAR: "uneven GMIs per device, or more GMIs per device than devices (Algorithm 1, "
+                   "lines 9-14)",
+    Reduction.MRR: "even layout with GMIs per device <= devices (Algorithm 1, line 17)"}
+_CHOSEN = {
+    Reduction.RING: "one ring over all GMIs (gmi.reduction ring: the AllReduce baseline)",
+    Reduction.SWITCH: "through the iSwitch aggregation switch (gmi.reduction switch)"}
+
+
 @dataclass(frozen=True)
 class Layout:
-    """A placed run: the GMIs, their devices, the backend and the reduction strategy, with why."""
+    """A placed run: the GMIs, their devices, the backend and the reduction, each with why."""
 
     mpl: tuple[tuple[int, ...], ...]
     specs: tuple[GMISpec, ...]
     template: Template
     backend: BackendKind
     backend_reason: str
-    strategy: Strategy
+    reduction: Reduction
+    reduction_reason: str
 
     @property
     def num_gmis(self) -> int:
@@ -43,24 +54,37 @@ class Layout:
     def device_of(self, gmi_id: int) -> int:
         return next(d for d, gmis in enumerate(self.mpl) if gmi_id in gmis)
 
-    def describe(self, with_reduction: bool = True) -> str:
-        """Markdown lines for `summary.md`: layout, backend and strategy, and the reasons
-        (``with_reduction=False``: without the strategy, for launchers that choose it later)."""
-        why = {Strategy.MPR: "all GMIs share one device (Algorithm 1, line 2)",
-               Strategy.HAR: "uneven GMIs per device, or more GMIs per device than devices "
-                             "(Algorithm 1, lines 9-14)",
-               Strategy.MRR: "even layout with GMIs per device <= devices (Algorithm 1, line 17)"}
-        text = (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
+    def describe(self) -> str:
+        """Markdown lines for `summary.md`: template, layout, backend and reduction, with the
+        reasons."""
+        reduction = (f"`{self.reduction.value}`: {self.reduction_reason}" if self.num_gmis > 1
+                     else "none (one GMI)")
+        return (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
                 f"- layout `mpl`: `{[list(g) for g in self.mpl]}`\n"
-                f"- backend: `{self.backend.value}`: {self.backend_reason}\n")
-        if with_reduction:
-            text += f"- gradient reduction: `{self.strategy.value}`: {why[self.strategy]}\n"
-        return text
+                f"- backend: `{self.backend.value}`: {self.backend_reason}\n"
+                f"- gradient reduction: {reduction}\n")
+
+
+def resolve_reduction(choice: str, mpl) -> tuple[Reduction, str]:
+    """``(reduction, why)`` for a ``gmi.reduction`` value: ``"auto"`` is Algorithm 1 on ``mpl``
+    (`select_reduction`), any other value is taken as given once it fits the layout.
+
+    Raises:
+        ValueError: an unknown value, or a strategy the layout cannot run (`why_not`).
+    """
+    if choice == "auto":
+        reduction = select_reduction(mpl)
+        return reduction, _ALGORITHM_1[reduction]
+    reduction = Reduction(choice)
+    problem = why_not(reduction, mpl)
+    if problem is not None:
+        raise ValueError(problem)
+    return reduction, _CHOSEN.get(reduction, f"chosen with gmi.reduction {reduction.value}")
 
 
 def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRAINING,
          num_devices: int | None = None, backend: str | None = None,
-         memory_limit_bytes: int | None = None) -> Layout:
+         memory_limit_bytes: int | None = None, reduction: str = "auto") -> Layout:
     """Place ``num_gmis`` GMIs evenly over the devices, packed per device.
 
     Args:
@@ -71,9 +95,11 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
             value emulates several devices (groups of processes), as the tests do.
         backend: force a `BackendKind` value.
         memory_limit_bytes: per-GMI MPS pinned-memory limit.
+        reduction: a `Reduction` value, or ``"auto"`` (`resolve_reduction`).
 
     Raises:
-        ValueError: fewer GMIs than devices, or a bad backend override.
+        ValueError: fewer GMIs than devices, a bad backend override, or a reduction the layout
+            cannot run.
     """
     kind, reason = choose_backend(machine, template is Template.SYNC_TRAINING, backend)
     devices = num_devices or max(1, len(machine.gpus))
@@ -96,4 +122,6 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
                 mig = insts[k].uuid
             specs.append(GMISpec(g, d, kind, 1.0 / len(gmis), memory_limit_bytes,
                                  ROLES[template], mig))
-    return Layout(tuple(mpl), tuple(specs), template, kind, reason, select_strategy(mpl))
+    mpl = tuple(mpl)
+    return Layout(mpl, tuple(specs), template, kind, reason,
+                  *resolve_reduction(reduction, mpl))

@@ -47,7 +47,7 @@ class GMIManager:
         self.gmi_id, self.layout = ctx.gmi_id, ctx.layout
         self._devices = {spec.gmi_id: spec.device for spec in ctx.layout.specs}
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=ctx._init_method + "-manager",
+            dist.init_process_group("gloo", init_method=ctx.reduction.init_method + "-manager",
                                     rank=ctx.gmi_id, world_size=ctx.layout.num_gmis,
                                     timeout=datetime.timedelta(seconds=timeout_s))
 

@@ -54,7 +54,18 @@ class ActorCritic(nn.Module):
         """Sample (or, ``deterministic``, take the mode of) an action for ``obs (N, *obs_shape)``."""
         z = self.trunk(obs)
         out = self.actor(z)
-        action = self.head.mode(out) if deterministic else self.head.sample(out, generator)
+        if deterministic:
+            action = self.head.mode(out)
+        else:
+            action = self.head.sample_with(out, self.head.noise(len(out), generator, out.device))
+        return ActResult(action, self.head.log_prob(out, action), self.critic(z).squeeze(-1))
+
+    def act_with(self, obs: torch.Tensor, noise: torch.Tensor) -> ActResult:
+        """`act` with the head's draws given (``noise (N, head.out_dim)``, from
+        ``head.noise``): a pure function, what a compiled policy runs."""
+        z = self.trunk(obs)
+        out = self.actor(z)
+        action = self.head.sample_with(out, noise)
         return ActResult(action, self.head.log_prob(out, action), self.critic(z).squeeze(-1))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -85,7 +96,7 @@ def build_actor_critic(observation_space: gym.spaces.Box, action_space: gym.spac
             cannot take.
     """
     if isinstance(action_space, gym.spaces.Discrete):
-        n_out, head = int(action_space.n), CategoricalHead()
+        n_out, head = int(action_space.n), CategoricalHead(int(action_space.n))
     elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         n_out, head = int(action_space.shape[0]), DiagGaussianHead(int(action_space.shape[0]))
     else:

@@ -1,6 +1,8 @@
 """Action distributions of a policy, as plain tensor formulas (no ``torch.distributions`` overhead).
 
 Each head maps the actor network's output ``out`` to log-probabilities, entropies and samples.
+A sample is drawn in two steps, ``noise(n, generator)`` then the pure ``sample_with(out,
+noise)``, so a compiled policy can take the draws as an input and stay deterministic.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class DiagGaussianHead(nn.Module):
 
     def __init__(self, action_dim: int) -> None:
         super().__init__()
+        self.out_dim = action_dim
         self.logstd = nn.Parameter(torch.zeros(1, action_dim))
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -34,8 +37,13 @@ class DiagGaussianHead(nn.Module):
         """``(N,)``: ``sum(1/2 + log(2 pi)/2 + log sigma)``, the same for every state."""
         return (0.5 + _HALF_LOG_2PI + self.logstd).sum(-1).expand(mean.shape[0])
 
-    def sample(self, mean: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+    def noise(self, n: int, generator: torch.Generator | None,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+        """``(n, A) float32`` standard normal draws (what `sample_with` turns into actions)."""
+        return torch.randn((n, self.out_dim), generator=generator, device=device)
+
+    def sample_with(self, mean: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``mean + sigma * noise``: a sample, given `noise`'s draws (a pure function)."""
         return mean + torch.exp(self.logstd) * noise
 
     def mode(self, mean: torch.Tensor) -> torch.Tensor:
@@ -45,6 +53,10 @@ class DiagGaussianHead(nn.Module):
 class CategoricalHead(nn.Module):
     """Categorical over ``n`` discrete actions; ``out`` is logits ``(N, n)``, actions ``(N,) int64``."""
 
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.out_dim = n
+
     def log_prob(self, logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
@@ -52,11 +64,15 @@ class CategoricalHead(nn.Module):
         logp = torch.log_softmax(logits, -1)
         return -(logp.exp() * logp).sum(-1)
 
-    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def noise(self, n: int, generator: torch.Generator | None,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+        """``(n, out_dim) float32`` uniform draws ``U`` (what `sample_with` turns into actions)."""
+        return torch.rand((n, self.out_dim), generator=generator, device=device)
+
+    def sample_with(self, logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Gumbel-max: ``argmax(logits + G)``, ``G = -log(-log U)``, an exact sample of the
-        softmax distribution (2x cheaper than ``torch.multinomial`` for small batches)."""
-        u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype)
-        return (logits - u.log_().neg_().log_()).argmax(-1)
+        softmax distribution (cheaper than ``torch.multinomial`` for small batches)."""
+        return (logits - noise.log().neg().log()).argmax(-1)
 
     def mode(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(-1)

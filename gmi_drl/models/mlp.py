@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 
-
 class Tanh(nn.Module):
     """``tanh(x)`` computed as ``2 sigmoid(2x) - 1`` (same function, |error| < 2e-7 in float32).
 
@@ -23,11 +22,6 @@ class Tanh(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(2.0 * x) * 2.0 - 1.0
-
-
-def tanh_(x: torch.Tensor) -> torch.Tensor:
-    """In-place `Tanh` (no autograd): ``x <- 2 sigmoid(2x) - 1``; returns ``x``."""
-    return torch.sigmoid(x.mul_(2.0), out=x).mul_(2.0).sub_(1.0)
 
 
 ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}

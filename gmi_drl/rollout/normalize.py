@@ -2,13 +2,16 @@
 
 Equivalent to Gymnasium's ``NormalizeObservation`` / ``NormalizeReward`` wrappers as CleanRL's
 ``ppo_continuous_action.py`` uses them (plus its clip to ``[-10, 10]``), but with one set of
-statistics for the whole pool, updated with a batch per step. All state is float64 NumPy.
+statistics for the whole pool, updated with a batch per step. The state is float64 and lives
+where the rollout does (`gmi_drl.rollout.arrays`: NumPy on the CPU, torch on a device); one
+implementation serves both.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
+
+from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 
 
 class RunningMeanStd:
@@ -19,20 +22,22 @@ class RunningMeanStd:
     Args:
         shape: shape of one sample.
         epsilon: initial pseudo-count.
+        arrays: where the state lives (default: the CPU).
     """
 
-    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4) -> None:
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4,
+                 arrays: Arrays | None = None) -> None:
+        self.arrays = arrays or HostArrays()
+        self.mean = self.arrays.full(shape, 0.0)
+        self.var = self.arrays.full(shape, 1.0)
         self.count = float(epsilon)
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: Array) -> None:
         """Fold in a batch ``x (n, *shape)``."""
-        # = x.mean(0), x.var(0), op for op, without their per-call Python wrappers (hot path)
         n = x.shape[0]
-        batch_mean = np.add.reduce(x, 0) / n
+        batch_mean = x.sum(0) / n
         dev = x - batch_mean
-        batch_var = np.add.reduce(np.multiply(dev, dev, out=dev), 0) / n
+        batch_var = (dev * dev).sum(0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * (n / total)
@@ -41,15 +46,17 @@ class RunningMeanStd:
         self.count = total
 
     def state_dict(self) -> dict:
-        return {"mean": torch.from_numpy(np.array(self.mean)), "var": torch.from_numpy(np.array(self.var)),
-                "count": self.count}
+        a = self.arrays
+        return {"mean": a.to_torch(self.mean), "var": a.to_torch(self.var), "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
         """Raises ``ValueError`` when the stored shape differs."""
-        mean = state["mean"].numpy().astype(np.float64)
-        if mean.shape != self.mean.shape:
-            raise ValueError(f"normaliser shape {mean.shape} != expected {self.mean.shape}")
-        self.mean, self.var = mean, state["var"].numpy().astype(np.float64)
+        mean = state["mean"]
+        if tuple(mean.shape) != tuple(self.mean.shape):
+            raise ValueError(f"normaliser shape {tuple(mean.shape)} != expected "
+                             f"{tuple(self.mean.shape)}")
+        self.mean = self.arrays.from_torch(mean)
+        self.var = self.arrays.from_torch(state["var"])
         self.count = float(state["count"])
 
 
@@ -58,18 +65,21 @@ class ObsNormalizer:
 
     Args:
         shape: single observation shape. clip: bound of the output. eps: inside the sqrt.
+        arrays: where the statistics live (default: the CPU).
     """
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
-        self.rms = RunningMeanStd(shape)
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8,
+                 arrays: Arrays | None = None) -> None:
+        self.rms = RunningMeanStd(shape, arrays=arrays)
         self.clip, self.eps = clip, eps
 
-    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
-        """Normalise ``obs (n, *shape)``, first folding it into the statistics when ``update``."""
+    def __call__(self, obs: Array, update: bool = True) -> Array:
+        """Normalise ``obs (n, *shape)`` (a new float64 array), first folding it into the
+        statistics when ``update``."""
         if update:
             self.rms.update(obs)
-        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + self.eps)
-        return np.minimum(np.maximum(out, -self.clip, out=out), self.clip, out=out)  # clip
+        return ((obs - self.rms.mean) / (self.rms.var + self.eps) ** 0.5).clip(-self.clip,
+                                                                                self.clip)
 
     def state_dict(self) -> dict:
         return self.rms.state_dict()
@@ -86,29 +96,31 @@ class RewardNormalizer:
 
     Args:
         num_envs: envs of the pool. gamma: discount of ``G``. clip, eps: as above.
+        arrays: where the statistics live (default: the CPU).
     """
 
-    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8) -> None:
-        self.rms = RunningMeanStd(())
-        self.returns = np.zeros(num_envs, np.float64)
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8,
+                 arrays: Arrays | None = None) -> None:
+        self.rms = RunningMeanStd((), arrays=arrays)
+        self.returns = self.rms.arrays.full((num_envs,), 0.0)
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
-    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """``rewards (num_envs,) float``, ``done (num_envs,) bool`` -> normalised rewards (new array)."""
+    def __call__(self, rewards: Array, done: Array) -> Array:
+        """``rewards (num_envs,) float``, ``done (num_envs,) bool`` -> normalised rewards (a new
+        float64 array)."""
         self.returns = self.returns * self.gamma + rewards
         self.rms.update(self.returns)
         self.returns[done] = 0.0
-        out = rewards / np.sqrt(self.rms.var + self.eps)
-        return np.minimum(np.maximum(out, -self.clip, out=out), self.clip, out=out)  # clip
+        return (rewards / (self.rms.var + self.eps) ** 0.5).clip(-self.clip, self.clip)
 
     def state_dict(self) -> dict:
-        return {"rms": self.rms.state_dict(), "returns": torch.from_numpy(self.returns.copy())}
+        return {"rms": self.rms.state_dict(), "returns": self.rms.arrays.to_torch(self.returns)}
 
     def load_state_dict(self, state: dict) -> None:
         """Raises ``ValueError`` when the number of envs differs."""
-        returns = state["returns"].numpy().astype(np.float64)
-        if returns.shape != self.returns.shape:
+        returns: torch.Tensor = state["returns"]
+        if tuple(returns.shape) != tuple(self.returns.shape):
             raise ValueError(f"reward normaliser has {returns.shape[0]} envs, expected "
                              f"{self.returns.shape[0]}")
         self.rms.load_state_dict(state["rms"])
-        self.returns = returns
+        self.returns = self.rms.arrays.from_torch(returns)

@@ -1,23 +1,24 @@
-"""Profiling: which steps, GMIs and roles are captured, and the tools that capture them.
+"""Profiling: which iterations, GMIs and roles are captured, and the tools that capture them.
 
 Source: ``papers/004_7b98cf246efb1cd7.txt`` (Nsight Systems on Ray, as built into verl): a
 profiler abstraction with a no-op implementation; capture ranges (``cudaProfilerStart/Stop``)
-chosen by training step, by rank and by task, optionally one per task ("discrete"); NVTX ranges
-fused with the timing function; one ``runtime_env={"nsight": ...}`` per Ray actor instance; the
-controller says where it runs. DESIGN.md §7.
+chosen by training step (here: iteration), by rank and by task, optionally one per task
+("discrete"); NVTX ranges fused with the timing function; one ``runtime_env={"nsight": ...}``
+per Ray actor instance; the controller says where it runs. DESIGN.md §7.
 
-Terms. A *step* is a PPO iteration (update) index, 0-based and counted over the whole run (a
-resumed run continues the count). A *rank* is a GMI id. A *phase* is a top-level timer section of
-the training loop; `PHASE_ROLES` says which roles' work it is:
+Terms. An *iteration* is one collect + update of the training loop; its index is 0-based and
+counted over the whole run (a resumed run continues the count). A *rank* is a GMI id. A *phase*
+is a top-level timer section of the training loop; `PHASE_ROLES` says which roles' work it is:
 
 - ``rollout``: simulator and agent. A holistic GMI (GMI-DRL §5.1, TCG_EX) alternates env steps
   (simulator, ``rollout/env_step``) and policy inference (agent, ``rollout/inference``) at every
   env step, so both roles select the one phase; their NVTX ranges tell them apart inside it.
-- ``advantages``, ``update``, ``log``, ``checkpoint``: trainer. GAE, the SGD epochs (``forward``,
-  ``backward``, ``allreduce``, ``optimizer`` per minibatch) and the trainer's bookkeeping.
+- ``advantages``, ``update``, ``log``, ``checkpoint``: trainer. GAE, the SGD epochs (gradient
+  steps: ``forward``/``backward`` or ``compiled_grad``, ``allreduce``, ``optimizer``; or one
+  ``compiled_step``) and the trainer's bookkeeping.
 
-A capture range covers consecutive selected phases of a selected step (one report per step), or,
-with ``discrete``, a single selected phase (one report per phase).
+A capture range covers consecutive selected phases of a selected iteration (one report per
+iteration), or, with ``discrete``, a single selected phase (one report per phase).
 
 Tools: ``none`` (`NoOpProfiler`); ``nsys``: an NVTX range per timer section for the whole run of
 a profiled GMI, and ``cudaProfilerStart/Stop`` around its capture ranges, which Nsight Systems
@@ -60,14 +61,14 @@ each capture range becomes its own numbered report"""
 
 @dataclass
 class ProfilerConfig:
-    """Profiling (DESIGN.md §7): which tool captures which steps, GMIs (ranks) and roles."""
+    """Profiling (DESIGN.md §7): which tool captures which iterations, GMIs (ranks) and roles."""
 
     tool: Literal["none", "nsys", "torch"] = "none"
     """none; nsys: Nsight Systems capture ranges and NVTX ranges (GMIs run under nsys where it is
     on PATH and NVML sees a GPU); torch: torch.profiler Chrome traces in RUN_DIR/profile/gmi-<k>/"""
-    steps: list[int] = field(default_factory=lambda: [1])
-    """PPO iterations (0-based update indices of the whole run) to capture; default: the second,
-    after warm-up"""
+    iterations: list[int] = field(default_factory=lambda: [1])
+    """iterations (0-based collect + update indices of the whole run) to capture; default: the
+    second, after warm-up"""
     ranks: list[int] = field(default_factory=lambda: [0])
     """GMI ids to profile (ignored with all_ranks)"""
     all_ranks: bool = False
@@ -76,7 +77,7 @@ class ProfilerConfig:
     """roles whose phases are captured: simulator and agent select rollout; trainer selects
     advantages, update, log and checkpoint"""
     discrete: bool = False
-    """one capture range (one report) per phase instead of one per step"""
+    """one capture range (one report) per phase instead of one per iteration"""
     nvtx: bool = True
     """with nsys: an NVTX range per timer section, for the whole run of a profiled GMI"""
 
@@ -86,15 +87,15 @@ def rank_selected(cfg: ProfilerConfig, rank: int) -> bool:
     return cfg.tool != "none" and (cfg.all_ranks or rank in cfg.ranks)
 
 
-def should_capture(cfg: ProfilerConfig, step: int, rank: int, role: str) -> bool:
-    """Whether ``role``'s work in step ``step`` of GMI ``rank`` falls in a capture range.
+def should_capture(cfg: ProfilerConfig, iteration: int, rank: int, role: str) -> bool:
+    """Whether ``role``'s work in iteration ``iteration`` of GMI ``rank`` falls in a capture range.
 
     Raises:
         ValueError: ``role`` is not one of `ROLES`.
     """
     if role not in ROLES:
         raise ValueError(f"role {role!r} must be one of {list(ROLES)}")
-    return rank_selected(cfg, rank) and step in cfg.steps and role in cfg.roles
+    return rank_selected(cfg, rank) and iteration in cfg.iterations and role in cfg.roles
 
 
 def phase_roles(phase: str) -> tuple[Role, ...]:
@@ -111,10 +112,10 @@ def phase_roles(phase: str) -> tuple[Role, ...]:
 
 
 class Profiler(Protocol):
-    """What the training loop calls: ``with prof.step(k):`` around iteration ``k`` and
+    """What the training loop calls: ``with prof.iteration(k):`` around iteration ``k`` and
     ``with prof.phase(name):`` around each top-level phase (a `timer` section of that name)."""
 
-    def step(self, iteration: int) -> ContextManager[None]: ...
+    def iteration(self, index: int) -> ContextManager[None]: ...
 
     def phase(self, name: str) -> ContextManager: ...
 
@@ -122,12 +123,12 @@ class Profiler(Protocol):
 
 
 class NoOpProfiler:
-    """Profiling off (or not for this GMI): `phase` is exactly ``timer(name)``, `step` a shared
+    """Profiling off (or not for this GMI): `phase` is exactly ``timer(name)``, `iteration` a shared
     null context; nothing else happens."""
 
     _null = contextlib.nullcontext()
 
-    def step(self, iteration: int) -> ContextManager[None]:
+    def iteration(self, index: int) -> ContextManager[None]:
         return self._null
 
     def phase(self, name: str) -> ContextManager:
@@ -149,7 +150,7 @@ class CudaCapture:
     """``cudaProfilerStart/Stop`` (``torch.cuda.profiler``), which ``nsys profile
     --capture-range=cudaProfilerApi`` records between (without nsys attached they cost a driver
     call). The device is synchronised at both ends so a range holds exactly its GPU work, and an
-    NVTX range named after the capture's label (``step-3``) spans it."""
+    NVTX range named after the capture's label (``iteration-3``) spans it."""
 
     def start(self, label: str) -> None:
         import nvtx
@@ -206,10 +207,10 @@ class TorchCapture:
 
 
 class CaptureProfiler:
-    """Opens and closes capture ranges of ``capture`` around the selected steps and phases of
+    """Opens and closes capture ranges of ``capture`` around the selected iterations and phases of
     GMI ``rank`` (selection: `should_capture`; grouping: the module docstring). Writes
     ``<out_dir>/captures.json`` on `close`: one entry per range, in order (``index`` from 1, the
-    numbering of nsys's reports), with its label, step, phases, Unix start time and duration.
+    numbering of nsys's reports), with its label, iteration, phases, Unix start time and duration.
 
     Args:
         cfg: what to capture. rank: this GMI's id. capture: the tool. out_dir: this GMI's
@@ -219,34 +220,34 @@ class CaptureProfiler:
     def __init__(self, cfg: ProfilerConfig, rank: int, capture: Capture, out_dir: Path) -> None:
         self.cfg, self.rank, self.capture, self.out_dir = cfg, rank, capture, Path(out_dir)
         self.captures: list[dict] = []
-        self._step: int | None = None
+        self._iteration: int | None = None
         self._open: dict | None = None
-        self._ranges_this_step = 0
-        self._steps_seen: list[int] = []
+        self._ranges_this_iteration = 0
+        self._seen: list[int] = []
 
     @contextlib.contextmanager
-    def step(self, iteration: int) -> Iterator[None]:
-        self._step, self._ranges_this_step = iteration, 0
-        self._steps_seen.append(iteration)
+    def iteration(self, index: int) -> Iterator[None]:
+        self._iteration, self._ranges_this_iteration = index, 0
+        self._seen.append(index)
         try:
             yield
         finally:
             self._stop()
-            self._step = None
+            self._iteration = None
 
     def phase(self, name: str) -> ContextManager:
-        step = self._step
-        if step is None or not any(should_capture(self.cfg, step, self.rank, r)
+        k = self._iteration
+        if k is None or not any(should_capture(self.cfg, k, self.rank, r)
                                    for r in phase_roles(name)):
             self._stop()  # an unselected phase ends the range
             return timer(name)
-        return self._captured(name, step)
+        return self._captured(name, k)
 
     @contextlib.contextmanager
-    def _captured(self, name: str, step: int) -> Iterator[None]:
+    def _captured(self, name: str, k: int) -> Iterator[None]:
         if self._open is None:
-            first = not self.cfg.discrete and self._ranges_this_step == 0
-            self._start(f"step-{step}" if first else f"step-{step}-{name}", step)
+            first = not self.cfg.discrete and self._ranges_this_iteration == 0
+            self._start(f"iteration-{k}" if first else f"iteration-{k}-{name}", k)
         self._open["phases"].append(name)
         try:
             with timer(name):
@@ -255,9 +256,9 @@ class CaptureProfiler:
             if self.cfg.discrete:
                 self._stop()
 
-    def _start(self, label: str, step: int) -> None:
-        self._ranges_this_step += 1
-        self._open = {"index": len(self.captures) + 1, "label": label, "step": step,
+    def _start(self, label: str, k: int) -> None:
+        self._ranges_this_iteration += 1
+        self._open = {"index": len(self.captures) + 1, "label": label, "iteration": k,
                       "phases": [], "start_unix_s": time.time(), "t0": time.perf_counter()}
         self.capture.start(label)
 
@@ -270,16 +271,16 @@ class CaptureProfiler:
         self.captures.append(entry)
 
     def close(self) -> None:
-        """Close an open range (a run that raised mid-step) and write ``captures.json``; warn
-        when no selected step ran in this process."""
+        """Close an open range (a run that raised mid-iteration) and write ``captures.json``;
+        warn when no selected iteration ran in this process."""
         self._stop()
         if self.captures:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "captures.json").write_text(json.dumps(self.captures, indent=1) + "\n")
-        elif self._steps_seen:
-            log.warning("profiling: GMI %d captured nothing: profile.steps %s are not among the "
-                        "iterations %d..%d this process ran", self.rank, self.cfg.steps,
-                        self._steps_seen[0], self._steps_seen[-1])
+        elif self._seen:
+            log.warning("profiling: GMI %d captured nothing: profile.iterations %s are not "
+                        "among the iterations %d..%d this process ran", self.rank,
+                        self.cfg.iterations, self._seen[0], self._seen[-1])
 
 
 def make_profiler(cfg: ProfilerConfig, rank: int, out_dir: Path, tree: TimingTree) -> Profiler:

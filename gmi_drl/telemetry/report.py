@@ -10,7 +10,9 @@ Reads ``RUN_DIR/timeline.json`` (GMI 0), ``RUN_DIR/gmi-<k>/timeline.json`` (GMI 
   (``papers/001_cde5f59cc39915cf.txt`` §2.2): *computation* (local gradient computation: agent
   inference, env steps, GAE, minibatch sampling, forward and backward passes) = ``rollout`` +
   ``advantages`` + ``update`` less the two below; *aggregation* = ``update/allreduce``; *weight
-  update* = ``update/optimizer``; *other* = the rest of the iteration (log, checkpoint).
+  update* = ``update/optimizer`` (with one trainer and a compiled step, the optimizer runs inside
+  ``update/compiled_step`` and counts as computation); *other* = the rest of the iteration
+  (log, checkpoint).
 - ``gpu_util.png``: utilisation of every GPU over the run (GMI-DRL's Fig. 1b), where NVML saw
   GPUs while it trained.
 - ``report.md``: the tables, the plots, and the tool reports found in ``profile/``.
@@ -31,8 +33,8 @@ WEIGHT_UPDATE = ("update/optimizer",)
 COMPUTATION_ROOTS = ("rollout", "advantages", "update")
 """top-level phases whose time, less aggregation and weight update, is computation"""
 PHASES = ("rollout", "rollout/env_step", "rollout/inference", "advantages", "update",
-          "update/forward", "update/backward", "update/allreduce", "update/optimizer", "log",
-          "checkpoint")
+          "update/forward", "update/backward", "update/compiled_grad", "update/compiled_step",
+          "update/allreduce", "update/optimizer", "log", "checkpoint")
 """phase paths of the per-phase table and CSV columns"""
 GPU_PID = 1_000_000
 """process id of the NVML counter tracks in the merged trace (GMIs use their ids)"""

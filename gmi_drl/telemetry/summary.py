@@ -71,8 +71,10 @@ def plot_learning_curve(s: RunSummary, path: str | Path) -> None:
     plt.close(fig)
 
 
-def write_summary(s: RunSummary, run_dir: str | Path) -> Path:
-    """Write ``summary.md`` (returns, throughput, phase breakdown) and ``learning_curve.png``."""
+def write_summary(s: RunSummary, run_dir: str | Path,
+                  sections: dict[str, str] | None = None) -> Path:
+    """Write ``summary.md`` (returns, throughput, phase breakdown, then ``sections``: ``{title:
+    markdown}``) and ``learning_curve.png``."""
     run_dir = Path(run_dir)
     plot_learning_curve(s, run_dir / "learning_curve.png")
     sps = s.steps_this_process / s.wall_s if s.wall_s > 0 else float("nan")
@@ -92,6 +94,8 @@ def write_summary(s: RunSummary, run_dir: str | Path) -> Path:
         lines.append(f"| {name} | {st.total_s:.2f} | {pct:.1f} | {st.calls:,} | "
                      f"{1e3 * st.total_s / max(st.calls, 1):.3f} |")
     lines += ["", "![learning curve](learning_curve.png)", ""]
+    for title, text in (sections or {}).items():
+        lines += [f"## {title}", "", text.rstrip("\n"), ""]
     out = run_dir / "summary.md"
     out.write_text("\n".join(lines))
     return out

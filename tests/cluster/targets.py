@@ -15,7 +15,7 @@ def reduce_and_report(ctx):
     t = torch.full((5,), float(ctx.gmi_id))
     red.allreduce_([t])
     env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GMI_TAG")}
-    return t.tolist(), env, gmi_drl.__file__, ctx.layout.strategy.value
+    return t.tolist(), env, gmi_drl.__file__, ctx.layout.reduction.value
 
 
 def fail_on_one(ctx):

@@ -3,7 +3,7 @@
 import pytest
 
 from gmi_drl.cluster.membership import NodeInfo, describe, node_mpl, reduction_layout
-from gmi_drl.comm.strategy import Strategy
+from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.devices import Machine
 from gmi_drl.gmi.layout import plan
 
@@ -18,15 +18,15 @@ def test_gmis_are_grouped_by_node_in_order_of_their_lowest_id():
         node_mpl([])
 
 
-@pytest.mark.parametrize("nodes, mpl, strategy", [
-    ([A, A, A], ((0, 1, 2),), Strategy.MPR),            # one node: Algorithm 1, line 2
-    ([A, B], ((0,), (1,)), Strategy.HAR),               # Algorithm 1 alone would say MRR
-    ([A, A, B], ((0, 1), (2,)), Strategy.HAR),
+@pytest.mark.parametrize("nodes, mpl, reduction", [
+    ([A, A, A], ((0, 1, 2),), Reduction.MPR),            # one node: Algorithm 1, line 2
+    ([A, B], ((0,), (1,)), Reduction.HAR),               # Algorithm 1 alone would say MRR
+    ([A, A, B], ((0, 1), (2,)), Reduction.HAR),
 ])
-def test_reduction_layout(nodes, mpl, strategy):
+def test_reduction_layout(nodes, mpl, reduction):
     planned = plan(len(nodes), CPU_ONLY, num_devices=len(nodes))
     got = reduction_layout(planned, nodes)
-    assert got.mpl == mpl and got.strategy is strategy and got.specs == planned.specs
+    assert got.mpl == mpl and got.reduction is reduction and got.specs == planned.specs
     assert [got.device_of(g) for g in range(len(nodes))] == [
         next(k for k, gmis in enumerate(mpl) if g in gmis) for g in range(len(nodes))]
 
@@ -37,6 +37,12 @@ def test_reduction_layout_needs_a_node_per_gmi():
 
 
 def test_describe_names_nodes_leaders_and_restarts():
-    text = describe(reduction_layout(plan(3, CPU_ONLY), [A, A, B]), [A, A, B], restarts=1)
+    layout = reduction_layout(plan(3, CPU_ONLY), [A, A, B])
+    text = layout.describe() + describe(layout, [A, A, B], restarts=1)
     assert f"node {'a' * 12} at 10.0.0.1: GMIs [0, 1]" in text
     assert "`har`" in text and "node leaders [0, 2]" in text and "GMI failed: 1" in text
+
+
+def test_a_switch_reduction_stays_on_ray():
+    layout = reduction_layout(plan(3, CPU_ONLY, reduction="switch"), [A, A, B])
+    assert layout.reduction is Reduction.SWITCH and layout.mpl == ((0, 1), (2,))

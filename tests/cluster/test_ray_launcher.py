@@ -27,7 +27,7 @@ def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
                  address=ray_cluster.address, num_cpus_per_gmi=1, placement_timeout_s=60,
                  runtime_envs=[{"env_vars": {"GMI_TAG": f"tag-{g}"}} for g in range(3)])
     assert sorted(len(gmis) for gmis in run.layout.mpl) == [1, 2]
-    assert run.layout.strategy.value == "har" and run.restarts == 0
+    assert run.layout.reduction.value == "har" and run.restarts == 0
     assert len({n.node_id for n in run.nodes}) == 2
     for g, (values, env, module, used) in enumerate(run.results):
         assert values == pytest.approx([1.0] * 5, abs=1e-6)  # mean of 0, 1, 2

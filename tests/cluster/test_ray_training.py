@@ -17,16 +17,15 @@ from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def _cfg(tmp_path, name, iterations, launcher="ray", address=None):
+def _cfg(tmp_path, name, iterations, placement="ray", address=None):
     cfg = preset("classic", "CartPole-v1")
-    cfg.env.num_envs, cfg.ppo.num_steps = 4, 32
+    cfg.env.num_envs, cfg.algo.num_steps = 4, 32
     cfg.gmi.num_gmis = 2
     cfg.total_timesteps = iterations * cfg.batch_size  # 256 env steps per update
-    cfg.log.tensorboard = False
-    cfg.serial = True  # envs step inside each GMI: fewer processes on a small machine
+    cfg.log.tensorboard, cfg.compile = False, False
     cfg.run_dir = str(tmp_path / name)
-    cfg.launcher = launcher
-    if launcher == "ray":
+    cfg.placement = placement
+    if placement == "ray":
         cfg.ray.address, cfg.ray.num_cpus_per_gmi = address, NODE_CPUS  # one GMI per node
     return cfg
 
@@ -37,13 +36,13 @@ def test_cli_starts_a_local_ray_instance_when_no_address_is_given(tmp_path):
     run = tmp_path / "cli"
     out = subprocess.run(
         [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
-         "--env.num-envs", "4", "--ppo.num-steps", "32", "--gmi.num-gmis", "2",
-         "--total-timesteps", "512", "--log.no-tensorboard", "--serial", "--launcher", "ray",
+         "--env.num-envs", "4", "--algo.num-steps", "32", "--gmi.num-gmis", "2",
+         "--total-timesteps", "512", "--log.no-tensorboard", "--no-compile", "--placement", "ray",
          "--run-dir", str(run)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "done: 512 steps" in out.stdout
     summary = (run / "summary.md").read_text()
-    assert "launcher: Ray, 1 node(s)" in summary and "gradient reduction: `mpr`" in summary
+    assert "placement: Ray, 1 node(s)" in summary and "gradient reduction: `mpr`" in summary
 
 
 def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, tmp_path):
@@ -53,17 +52,17 @@ def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, 
     GMIs every strategy forms the mean as (a + b) / 2 in float32, and addition of two numbers
     is commutative, so exact equality is the right test."""
     ray_run = train(_cfg(tmp_path, "ray", 8, address=ray_cluster.address))
-    local_cfg = _cfg(tmp_path, "local", 8, launcher="local")
+    local_cfg = _cfg(tmp_path, "local", 8, placement="local")
     local_cfg.gmi.num_devices = 2
     local = train(local_cfg)
 
-    assert len(ray_run.param_digests) == 2 and len(set(ray_run.param_digests)) == 1
-    assert ray_run.param_digests == local.param_digests
+    assert len(ray_run.weight_digests) == 2 and len(set(ray_run.weight_digests)) == 1
+    assert ray_run.weight_digests == local.weight_digests
     assert ray_run.global_step == local.global_step == 8 * 256
     np.testing.assert_array_equal(ray_run.episode_steps, local.episode_steps)
     np.testing.assert_array_equal(ray_run.episode_returns, local.episode_returns)
     summary = (ray_run.run_dir / "summary.md").read_text()
-    assert "launcher: Ray, 2 node(s)" in summary and "gradient reduction: `har`" in summary
+    assert "placement: Ray, 2 node(s)" in summary and "gradient reduction: `har`" in summary
     assert "identical on all 2 GMIs after every update: yes" in summary
     assert_nothing_left(ray_cluster)
 
@@ -81,7 +80,7 @@ def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
 
     assert killed, "the GMI was not killed during the run"
     assert result.global_step == 16 * 256
-    assert len(result.param_digests) == 2 and len(set(result.param_digests)) == 1
+    assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     # episodes restored from the checkpoint carry loop time 0: the second attempt resumed
     assert (result.episode_wall_s == 0).any() and result.episode_steps[-1] <= 16 * 256
     summary = (result.run_dir / "summary.md").read_text()

@@ -1,4 +1,4 @@
-"""Every strategy over real processes: result == sum / world_size, and strategies agree.
+"""Every reduction over real processes: result == sum / world_size, and reductions agree.
 
 "Devices" are emulated as groups of processes (``mpl``), as GMI-DRL's layouts would place them.
 """
@@ -89,7 +89,7 @@ LAYOUTS = {
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", list(LAYOUTS))
-def test_strategy_gives_sum_over_world_size_on_every_member(kind, tmp_path):
+def test_reduction_gives_sum_over_world_size_on_every_member(kind, tmp_path):
     mpl = LAYOUTS[kind]
     world = sum(len(g) for g in mpl)
     got = _run(kind, mpl, tmp_path)
@@ -105,7 +105,7 @@ def test_strategy_gives_sum_over_world_size_on_every_member(kind, tmp_path):
 
 
 @pytest.mark.distributed
-def test_strategies_agree_with_each_other(tmp_path):
+def test_reductions_agree_with_each_other(tmp_path):
     mpr = _run("mpr", [[0, 1, 2, 3]], tmp_path)
     mrr = _run("mrr", [[0, 1], [2, 3]], tmp_path)
     for step in range(STEPS):
@@ -114,5 +114,5 @@ def test_strategies_agree_with_each_other(tmp_path):
 
 
 def test_mrr_rejects_a_layout_algorithm_1_would_not_pick(tmp_path):
-    with pytest.raises(ValueError, match="not a multi-ring layout"):
+    with pytest.raises(ValueError, match="mrr needs the same number of GMIs on every device"):
         RingReducer(0, 6, f"file://{tmp_path}/x", mpl=[[0, 1, 2], [3, 4, 5]])

@@ -65,7 +65,7 @@ def test_invalid_specs():
 
 
 def test_dist_backend_uses_nccl_only_for_cuda_tensors_on_distinct_gpus():
-    from gmi_drl.gmi.launcher import dist_backend
+    from gmi_drl.gmi.context import dist_backend
     from gmi_drl.gmi.layout import plan
 
     two = m(A100_NOMIG, Gpu(1, "A100", "GPU-a100-2", (8, 0), 40 << 30))

@@ -35,10 +35,11 @@ def _children():
 
 
 @pytest.mark.parametrize("num_gmis, devices", [(3, 1), (2, 2), (3, 2)])
-def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
+@pytest.mark.parametrize("reduction", ["auto", "ring"])
+def test_gmis_reduce_to_the_mean_for_every_reduction(num_gmis, devices, reduction):
     before = _children()  # helpers earlier tests may have left (e.g. a forkserver)
     m = discover()
-    lay = plan(num_gmis, m, num_devices=devices)
+    lay = plan(num_gmis, m, num_devices=devices, reduction=reduction)
     out = launch("tests.gmi.gmi_targets:allreduce_rank", lay, m)
     mean = sum(range(num_gmis)) / num_gmis
     for values, cuda, affinity in out:
@@ -54,9 +55,8 @@ def test_gmis_reduce_to_the_mean_for_every_strategy(num_gmis, devices):
 def test_a_ring_over_gmis_sharing_one_gpu_reduces_cuda_and_cpu_tensors(device):
     """NCCL refuses two ranks on one GPU, and has no CPU tensors: the ring takes gloo then."""
     m = discover()
-    lay = plan(2, m, backend="cuda_shared")
-    out = launch("tests.gmi.gmi_targets:allreduce_on_device", lay, m, payload=device,
-                 reduction="ring")
+    lay = plan(2, m, backend="cuda_shared", reduction="ring")
+    out = launch("tests.gmi.gmi_targets:allreduce_on_device", lay, m, payload=device)
     assert out == [(device, [0.5] * 4)] * 2
 
 
@@ -164,10 +164,10 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
 def test_reduction_options_are_checked_before_any_process_starts():
     m = discover()
     lay = plan(2, m)
-    with pytest.raises(ValueError, match="reduction='bogus'"):
-        launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, reduction="bogus")
+    with pytest.raises(ValueError, match="'bogus' is not a valid Reduction"):
+        plan(2, m, reduction="bogus")
     with pytest.raises(ValueError, match="1 switch addresses for 2 GMIs"):
-        launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, reduction="switch",
+        launch("tests.gmi.gmi_targets:allreduce_rank", plan(2, m, reduction="switch"), m,
                switch_addrs=["127.0.0.1:9"])
     with pytest.raises(ValueError, match="3 network namespaces for 2 GMIs"):
         launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, netns=["a", "b", "c"])

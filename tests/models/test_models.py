@@ -63,6 +63,6 @@ def test_build_rejects_unsupported_inputs():
 def test_categorical_samples_follow_the_softmax():
     model = build_actor_critic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(20_000, 3)
-    draws = model.head.sample(logits, torch.Generator().manual_seed(0))
+    draws = model.head.sample_with(logits, model.head.noise(20_000, torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=3).float() / len(draws)
     torch.testing.assert_close(freq, torch.tensor([0.2, 0.5, 0.3]), atol=0.015, rtol=0)

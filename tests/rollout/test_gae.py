@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from gmi_drl.rollout.gae import compute_gae
+from gmi_drl.rollout.gae import compute_gae, gae_numpy, gae_reference
 
 
 def _naive_gae(r, v, term, trunc, final_v, last_v, gamma, lam):
@@ -43,6 +43,21 @@ def test_hand_computed_with_truncation_and_termination():
     expected = torch.tensor([[1.25, -2.0], [3.0, 0.75], [0.0, 3.0]])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected + v)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kernel", [gae_numpy, gae_reference])
+def test_both_kernels_match_the_naive_reference(seed, kernel):
+    """The CPU kernel and the plain torch version (what runs on a GPU) against the scalar
+    re-derivation."""
+    rng = np.random.default_rng(seed)
+    T, B = 17, 5
+    args = [rng.normal(size=(T, B)).astype(np.float32), rng.normal(size=(T, B)).astype(np.float32),
+            rng.random((T, B)) < 0.1, rng.random((T, B)) < 0.1,
+            rng.normal(size=(T, B)).astype(np.float32), rng.normal(size=B).astype(np.float32)]
+    out = torch.full((T, B), float("nan"))
+    kernel(*(torch.from_numpy(x) for x in args), 0.99, 0.95, out)
+    np.testing.assert_allclose(out.numpy(), _naive_gae(*args, 0.99, 0.95), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -35,3 +35,24 @@ def test_reward_normalizer_tracks_discounted_return_and_resets_on_done():
     out = norm(np.array([1.0, 1.0]), np.array([False, False]))
     np.testing.assert_array_equal(norm.returns, [1.5, 1.0])
     np.testing.assert_allclose(out, np.array([1.0, 1.0]) / np.sqrt(norm.rms.var + 1e-8))
+
+
+def test_device_arrays_normalise_like_host_arrays():
+    """The torch path (what runs on a GPU; here torch on the CPU) equals the NumPy path."""
+    from gmi_drl.rollout.arrays import DeviceArrays
+
+    rng = np.random.default_rng(2)
+    host_obs, dev_obs = ObsNormalizer((3,)), ObsNormalizer((3,), arrays=DeviceArrays("cpu"))
+    host_rew = RewardNormalizer(4, 0.99)
+    dev_rew = RewardNormalizer(4, 0.99, arrays=DeviceArrays("cpu"))
+    for _ in range(30):
+        obs, rew = rng.normal(2.0, 3.0, size=(4, 3)), rng.normal(size=4).astype(np.float32)
+        done = rng.random(4) < 0.2
+        np.testing.assert_allclose(dev_obs(torch.from_numpy(obs)).numpy(), host_obs(obs),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(dev_rew(torch.from_numpy(rew), torch.from_numpy(done)).numpy(),
+                                   host_rew(rew, done), rtol=1e-6)
+    state = dev_obs.state_dict()
+    restored = ObsNormalizer((3,))
+    restored.load_state_dict(state)
+    np.testing.assert_allclose(restored.rms.var, dev_obs.rms.var.numpy(), rtol=0)

@@ -1,4 +1,5 @@
-"""The profiler: selection by step / rank / role, capture ranges, fallbacks, nsys and Ray commands."""
+"""The profiler: selection by iteration / rank / role, capture ranges, fallbacks, nsys and Ray
+commands."""
 
 import json
 import logging
@@ -32,13 +33,13 @@ class RecordingCapture:
         self.calls.append(("stop",))
 
 
-def _run_steps(prof, steps, phases=LOOP, raise_in=None):
+def _run_iterations(prof, iterations, phases=LOOP, raise_in=None):
     """Drive ``prof`` like the training loop; return the timer paths that closed, in order."""
     tree = TimingTree(Timeline())
     previous = set_tree(tree)
     try:
-        for k in steps:
-            with prof.step(k):
+        for k in iterations:
+            with prof.iteration(k):
                 for name in phases:
                     with prof.phase(name):
                         with timer("inner"):
@@ -72,10 +73,10 @@ def no_nsys(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(empty))
 
 
-def test_selection_by_step_rank_and_role():
-    cfg = ProfilerConfig(tool="nsys", steps=[3, 4], ranks=[0, 2], roles=["trainer"])
+def test_selection_by_iteration_rank_and_role():
+    cfg = ProfilerConfig(tool="nsys", iterations=[3, 4], ranks=[0, 2], roles=["trainer"])
     assert should_capture(cfg, 3, 0, "trainer") and should_capture(cfg, 4, 2, "trainer")
-    assert not should_capture(cfg, 5, 0, "trainer")  # step not chosen
+    assert not should_capture(cfg, 5, 0, "trainer")  # iteration not chosen
     assert not should_capture(cfg, 3, 1, "trainer")  # rank not chosen
     assert not should_capture(cfg, 3, 0, "simulator")  # role not chosen
     cfg.all_ranks = True
@@ -95,37 +96,37 @@ def test_every_phase_belongs_to_roles_and_unknown_phases_are_refused():
         phase_roles("evaluate")
 
 
-def test_one_capture_per_selected_step_spanning_its_phases(tmp_path):
+def test_one_capture_per_selected_iteration_spanning_its_phases(tmp_path):
     cap = RecordingCapture()
-    prof = CaptureProfiler(ProfilerConfig(tool="nsys", steps=[1, 3]), 0, cap, tmp_path)
-    paths = _run_steps(prof, range(5))
-    assert cap.calls == [("start", "step-1"), ("stop",), ("start", "step-3"), ("stop",)]
+    prof = CaptureProfiler(ProfilerConfig(tool="nsys", iterations=[1, 3]), 0, cap, tmp_path)
+    paths = _run_iterations(prof, range(5))
+    assert cap.calls == [("start", "iteration-1"), ("stop",), ("start", "iteration-3"), ("stop",)]
     assert paths.count("update/inner") == 5  # every phase is still a timer section
     written = json.loads((tmp_path / "captures.json").read_text())
-    assert [(c["index"], c["label"], c["step"], c["phases"]) for c in written] == [
-        (1, "step-1", 1, list(LOOP)), (2, "step-3", 3, list(LOOP))]
+    assert [(c["index"], c["label"], c["iteration"], c["phases"]) for c in written] == [
+        (1, "iteration-1", 1, list(LOOP)), (2, "iteration-3", 3, list(LOOP))]
     assert all(c["dur_s"] >= 0 and c["start_unix_s"] > 0 for c in written)
 
 
 def test_roles_select_phases_and_discrete_opens_one_capture_per_phase(tmp_path):
     cap = RecordingCapture()
-    cfg = ProfilerConfig(tool="nsys", steps=[2], roles=["simulator"])
-    _run_steps(CaptureProfiler(cfg, 0, cap, tmp_path), range(4))
-    assert cap.calls == [("start", "step-2"), ("stop",)]  # rollout only, closed at advantages
+    cfg = ProfilerConfig(tool="nsys", iterations=[2], roles=["simulator"])
+    _run_iterations(CaptureProfiler(cfg, 0, cap, tmp_path), range(4))
+    assert cap.calls == [("start", "iteration-2"), ("stop",)]  # rollout only, closed at advantages
 
     cap = RecordingCapture()
-    cfg = ProfilerConfig(tool="nsys", steps=[2], roles=["trainer"], discrete=True)
-    _run_steps(CaptureProfiler(cfg, 0, cap, tmp_path), range(4))
-    assert cap.calls == [("start", "step-2-advantages"), ("stop",), ("start", "step-2-update"),
-                         ("stop",), ("start", "step-2-log"), ("stop",)]
+    cfg = ProfilerConfig(tool="nsys", iterations=[2], roles=["trainer"], discrete=True)
+    _run_iterations(CaptureProfiler(cfg, 0, cap, tmp_path), range(4))
+    assert cap.calls == [("start", "iteration-2-advantages"), ("stop",), ("start", "iteration-2-update"),
+                         ("stop",), ("start", "iteration-2-log"), ("stop",)]
 
 
-def test_a_run_that_raises_mid_step_closes_its_capture(tmp_path):
+def test_a_run_that_raises_mid_iteration_closes_its_capture(tmp_path):
     cap = RecordingCapture()
-    prof = CaptureProfiler(ProfilerConfig(tool="nsys", steps=[0]), 0, cap, tmp_path)
+    prof = CaptureProfiler(ProfilerConfig(tool="nsys", iterations=[0]), 0, cap, tmp_path)
     with pytest.raises(RuntimeError, match="boom"):
-        _run_steps(prof, [0], raise_in=(0, "update"))
-    assert cap.calls == [("start", "step-0"), ("stop",)]
+        _run_iterations(prof, [0], raise_in=(0, "update"))
+    assert cap.calls == [("start", "iteration-0"), ("stop",)]
 
 
 def test_unselected_or_off_gives_the_no_op_profiler(tmp_path):
@@ -135,8 +136,8 @@ def test_unselected_or_off_gives_the_no_op_profiler(tmp_path):
     assert isinstance(make_profiler(cfg, 0, tmp_path, tree), NoOpProfiler)
     assert tree.ranges == "none"
     noop = NoOpProfiler()
-    assert noop.step(0) is noop.step(1)  # one shared null context
-    _run_steps(noop, range(2))
+    assert noop.iteration(0) is noop.iteration(1)  # one shared null context
+    _run_iterations(noop, range(2))
     assert not tmp_path.joinpath("captures.json").exists()
 
 
@@ -155,12 +156,12 @@ def test_nsys_without_cuda_falls_back_with_a_warning_and_keeps_nvtx(tmp_path, ca
 
 def test_torch_profiler_writes_one_chrome_trace_per_capture_with_the_phases(tmp_path):
     tree = TimingTree(Timeline())
-    cfg = ProfilerConfig(tool="torch", steps=[1])
+    cfg = ProfilerConfig(tool="torch", iterations=[1])
     prof = make_profiler(cfg, 0, tmp_path, tree)
     previous = set_tree(tree)
     try:
         for k in range(3):
-            with prof.step(k):
+            with prof.iteration(k):
                 for name in ("rollout", "update"):
                     with prof.phase(name):
                         with timer("forward"):
@@ -169,10 +170,10 @@ def test_torch_profiler_writes_one_chrome_trace_per_capture_with_the_phases(tmp_
         set_tree(previous)
         prof.close()
     assert tree.ranges == "none"  # record_function ranges only while capturing
-    trace = json.loads((tmp_path / "torch-step-1.json").read_text())
+    trace = json.loads((tmp_path / "torch-iteration-1.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"rollout", "update", "forward", "aten::mm"} <= names
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["captures.json", "torch-step-1.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["captures.json", "torch-iteration-1.json"]
 
 
 def test_timer_opens_nvtx_ranges_of_the_same_name_when_asked(monkeypatch):
@@ -228,23 +229,23 @@ def test_no_nsys_on_path_gives_none_and_a_warning(no_nsys, tmp_path, caplog):
 
 
 def test_cli_flags_parse_and_bad_profile_config_is_reported_field_by_field():
-    cfg = tyro.cli(TrainConfig, args=["--profile.tool", "nsys", "--profile.steps", "3", "4",
+    cfg = tyro.cli(TrainConfig, args=["--profile.tool", "nsys", "--profile.iterations", "3", "4",
                                       "--profile.ranks", "0", "--profile.roles", "trainer",
                                       "--profile.discrete", "--total-timesteps", "5120"])
     p = cfg.profile
-    assert (p.tool, p.steps, p.ranks, p.roles, p.discrete, p.all_ranks) == (
+    assert (p.tool, p.iterations, p.ranks, p.roles, p.discrete, p.all_ranks) == (
         "nsys", [3, 4], [0], ["trainer"], True, False)
     validate(cfg)
-    p.steps, p.ranks, p.roles = [3, 10, -1], [0, 2], []
+    p.iterations, p.ranks, p.roles = [3, 10, -1], [0, 2], []
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)
-    assert "profile.steps=[3, 10, -1]: [10, -1] outside the run's iterations [0, " \
+    assert "profile.iterations=[3, 10, -1]: [10, -1] outside the run's iterations [0, " \
            "num_iterations=10)" in msg
     assert "profile.ranks=[0, 2]: [2] outside the GMI ids [0, gmi.num_gmis=1)" in msg
     assert "profile.roles=[] must be a non-empty subset" in msg
-    p.steps, p.ranks, p.roles, p.all_ranks = [], [], ["agent"], True
-    with pytest.raises(ConfigError, match="profile.steps is empty") as err:
+    p.iterations, p.ranks, p.roles, p.all_ranks = [], [], ["agent"], True
+    with pytest.raises(ConfigError, match="profile.iterations is empty") as err:
         validate(cfg)
     assert "profile.ranks" not in str(err.value)  # all_ranks makes ranks irrelevant
     p.tool = "none"
@@ -273,15 +274,15 @@ def test_the_launcher_runs_the_selected_gmi_under_nsys(fake_nsys, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="needs CUDA: capture ranges are cudaProfilerStart/Stop")
-def test_cuda_capture_ranges_around_the_selected_step(tmp_path):
+def test_cuda_capture_ranges_around_the_selected_iteration(tmp_path):
     tree = TimingTree(Timeline())
-    prof = make_profiler(ProfilerConfig(tool="nsys", steps=[1]), 0, tmp_path, tree)
+    prof = make_profiler(ProfilerConfig(tool="nsys", iterations=[1]), 0, tmp_path, tree)
     assert isinstance(prof, CaptureProfiler) and tree.ranges == "nvtx"
     x = torch.ones(256, 256, device="cuda")
     previous = set_tree(tree)
     try:
         for k in range(3):
-            with prof.step(k):
+            with prof.iteration(k):
                 with prof.phase("update"):
                     with timer("forward"):
                         x = x.mm(x).tanh()
@@ -289,7 +290,7 @@ def test_cuda_capture_ranges_around_the_selected_step(tmp_path):
         set_tree(previous)
         prof.close()
     (entry,) = json.loads((tmp_path / "captures.json").read_text())
-    assert (entry["label"], entry["phases"]) == ("step-1", ["update"])
+    assert (entry["label"], entry["phases"]) == ("iteration-1", ["update"])
 
 
 @pytest.mark.gpu
@@ -302,7 +303,7 @@ def test_a_profiled_run_under_real_nsys_writes_reports(tmp_path):
     cfg = preset("classic", "CartPole-v1")
     cfg.total_timesteps, cfg.device, cfg.log.tensorboard = 3 * 512, "cuda", False
     cfg.run_dir = str(tmp_path / "run")
-    cfg.profile.tool, cfg.profile.steps = "nsys", [1, 2]
+    cfg.profile.tool, cfg.profile.iterations = "nsys", [1, 2]
     train(cfg)
     reports = sorted((tmp_path / "run" / "profile" / "gmi-0").glob("*.nsys-rep"))
     assert len(reports) == 2, reports  # one per capture range (--capture-range-end=repeat)
@@ -310,17 +311,15 @@ def test_a_profiled_run_under_real_nsys_writes_reports(tmp_path):
 
 def test_training_runs_the_selected_gmis_under_nsys_only_where_nvml_sees_a_gpu(
         fake_nsys, tmp_path, monkeypatch, caplog):
-    from gmi_drl import train as train_module
     from gmi_drl.gmi import devices
+    from gmi_drl.runner.placement import _nsys_prefixes
 
     cfg = TrainConfig()
     cfg.gmi.num_gmis, cfg.profile.tool, cfg.profile.ranks = 3, "nsys", [0, 2]
-    monkeypatch.setattr(devices, "discover", lambda: devices.Machine((), (0,), "no GPU: test"))
     with caplog.at_level(logging.WARNING):
-        assert train_module._nsys_prefixes(cfg, tmp_path) == {}
+        assert _nsys_prefixes(cfg, tmp_path, devices.Machine((), (0,), "no GPU: test")) == {}
     assert "no GPU: test: nsys capture ranges need CUDA" in caplog.text
     gpu = devices.Gpu(0, "Fake GPU", "GPU-0")
-    monkeypatch.setattr(devices, "discover", lambda: devices.Machine((gpu,), (0,)))
-    prefixes = train_module._nsys_prefixes(cfg, tmp_path)
+    prefixes = _nsys_prefixes(cfg, tmp_path, devices.Machine((gpu,), (0,)))
     assert sorted(prefixes) == [0, 2] and prefixes[2] == nsys_command(cfg.profile, 2, tmp_path)
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["gmi-0", "gmi-2"]

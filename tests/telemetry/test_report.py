@@ -95,9 +95,10 @@ def test_report_files_and_clear_errors(tmp_path, capsys):
 @pytest.mark.distributed
 def test_a_profiled_two_gmi_run_reports_every_phase_of_every_gmi(tmp_path):
     cfg = preset("classic", "CartPole-v1")
-    cfg.env.num_envs, cfg.ppo.num_steps, cfg.total_timesteps = 2, 32, 2 * 2 * 32 * 3
+    cfg.env.num_envs, cfg.algo.num_steps, cfg.total_timesteps = 2, 32, 2 * 2 * 32 * 3
     cfg.gmi.num_gmis, cfg.run_dir, cfg.log.tensorboard = 2, str(tmp_path / "run"), False
-    cfg.profile.tool, cfg.profile.ranks, cfg.profile.steps = "torch", [1], [1]
+    cfg.compile = False  # the eager step's forward / backward / optimizer sections
+    cfg.profile.tool, cfg.profile.ranks, cfg.profile.iterations = "torch", [1], [1]
     from gmi_drl.train import train
 
     train(cfg)
@@ -113,10 +114,10 @@ def test_a_profiled_two_gmi_run_reports_every_phase_of_every_gmi(tmp_path):
     assert sorted((r.gmi_id, r.iteration) for r in rows) == [(g, k) for g in (0, 1)
                                                              for k in range(3)]
     assert all(r.aggregation_s > 0 and r.computation_s > 0 for r in rows)
-    # only GMI 1 was profiled, at step 1; every top-level phase belongs to roles
+    # only GMI 1 was profiled, at iteration 1; every top-level phase belongs to roles
     assert sorted(p.name for p in (run / "profile").glob("gmi-*/*")) == [
-        "captures.json", "torch-step-1.json"]
-    assert (run / "profile" / "gmi-1" / "torch-step-1.json").exists()
+        "captures.json", "torch-iteration-1.json"]
+    assert (run / "profile" / "gmi-1" / "torch-iteration-1.json").exists()
     tops = {r.rsplit("/")[0] for row in rows for r in row.phases_s}
     assert tops <= {"rollout", "advantages", "update", "log", "checkpoint"}
     assert "| gmi-1 | 3 |" in (run / "profile" / "report.md").read_text()

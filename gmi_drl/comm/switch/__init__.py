@@ -3,7 +3,7 @@
 - `protocol`: every packet format (control: Action + Value; data: Seg header + float32).
 - `daemon`: `SwitchDaemon`, the switch (data plane, control plane, tree, fault injection).
 - `client`: `SwitchReducer`, a worker's `GradReducer` (rounds pipelined with `begin` / `pump`).
-- `pipeline`: `AsyncPipeline`, asynchronous training with a staleness bound (§4.1).
+- `pipeline`: `StaleSyncPipeline`, stale-sync training: a staleness bound S (§4.1).
 - `netns`: an emulated rack of network namespaces (root only).
 - `cli`: ``python -m gmi_drl.comm.switch serve ...``.
 """

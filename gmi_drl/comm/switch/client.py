@@ -9,7 +9,7 @@ beyond the oldest segment still without a result, counted over all rounds, since
 stream is one sequence. Each result packet holds the sum over ``count`` workers of one segment;
 it is divided by ``count``, so a round's result is the mean. `allreduce_` is one round, begun
 and pumped to completion (the synchronous collective); `gmi_drl.comm.switch.pipeline` keeps
-several rounds in flight (asynchronous training, §4.1).
+several rounds in flight (stale-sync training, §4.1).
 
 Loss recovery lives here (§3.3). Results come back in stream order, so a segment without a
 result below one that has its result is a hole: it was lost and is resent after a short guard.

@@ -1,4 +1,4 @@
-"""Asynchronous training through the switch with a staleness bound (iSwitch §4.1, Algorithm 1,
+"""Stale-sync training through the switch: a staleness bound S (iSwitch §4.1, Algorithm 1,
 Fig. 11).
 
 What the paper prescribes, and how this module does it:
@@ -47,7 +47,7 @@ import torch
 from gmi_drl.comm.switch.client import SwitchReducer
 
 
-class AsyncPipeline:
+class StaleSyncPipeline:
     """One worker's LGC/GA/LWU pipeline with staleness bound ``S`` (see the module docstring).
 
     The trainer's thread calls, per gradient: `fetch` (wait for the bound, copy ``θ`` into the
@@ -78,7 +78,7 @@ class AsyncPipeline:
         if staleness_bound < 0:
             raise ValueError(f"staleness_bound={staleness_bound} must be >= 0")
         if not isinstance(reducer, SwitchReducer):
-            raise ValueError("asynchronous training needs the switch reducer (it keeps several "
+            raise ValueError("stale-sync training needs the switch reducer (it keeps several "
                              f"rounds in flight); got {type(reducer).__name__}")
         self.reducer, self.staleness_bound, self._apply = reducer, staleness_bound, apply
         self._cond = threading.Condition()

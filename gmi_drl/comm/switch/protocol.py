@@ -15,7 +15,7 @@ count:u8 flags:u8`` followed by ``k`` raw little-endian float32 gradient element
   (mod 2**32), so ``seq`` names both the round and the spatial offset: segment ``seq`` of the
   round starting at ``base`` holds elements ``[(seq - base) * seg_floats, ... + k)``. Every
   member of a group issues the same sequence of vector sizes, so equal ``seq`` means equal data.
-- ``round``: the low 8 bits of the sender's allreduce counter (diagnostics, staleness in async).
+- ``round``: the low 8 bits of the sender's allreduce counter (diagnostics, staleness in stale-sync mode).
 - ``member``: the sender's member id at the switch it sends to (a switch sending a result writes
   its own switch id).
 - ``count``: how many workers' gradients the payload sums (1 for a worker's own packet, the

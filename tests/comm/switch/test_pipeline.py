@@ -1,4 +1,4 @@
-"""Asynchronous training through the switch (iSwitch §4.1): the staleness bound holds, measured
+"""Stale-sync training through the switch (iSwitch §4.1): the staleness bound holds, measured
 from the weights themselves; every worker holds the same weights after every update; S = 0 is
 the synchronous reducer, bit for bit; S > 0 hides aggregation latency."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gmi_drl.comm.reducer import IdentityReducer
-from gmi_drl.comm.switch.pipeline import AsyncPipeline
+from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
 from tests.comm.switch.harness import ctx
 
 P = 3000  # float32 weights: 9 segments at MTU 1500
@@ -53,7 +53,7 @@ def _train(addr: str, rank: int, n: int, staleness, q) -> None:
             counts = {}
         else:
             local = np.zeros(P, np.float32)
-            pipe = AsyncPipeline(red, staleness, apply)
+            pipe = StaleSyncPipeline(red, staleness, apply)
             copy = lambda: np.copyto(local, theta)  # noqa: E731
             for t in range(STEPS):
                 pipe.fetch(copy)
@@ -121,7 +121,7 @@ def test_staleness_bound_identical_weights_and_sync_equivalence(switches):
 
 def test_pipeline_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="switch reducer"):
-        AsyncPipeline(IdentityReducer(), 1, lambda mean: None)
+        StaleSyncPipeline(IdentityReducer(), 1, lambda mean: None)
 
 
 @pytest.mark.distributed
@@ -132,8 +132,8 @@ def test_push_without_fetch_and_negative_bound(switches):
     red = SwitchReducer(sw.addr, 0, 1, join_timeout_s=10)
     try:
         with pytest.raises(ValueError, match="staleness_bound=-1"):
-            AsyncPipeline(red, -1, lambda mean: None)
-        pipe = AsyncPipeline(red, 1, lambda mean: None)
+            StaleSyncPipeline(red, -1, lambda mean: None)
+        pipe = StaleSyncPipeline(red, 1, lambda mean: None)
         with pytest.raises(RuntimeError, match="push without fetch"):
             pipe.push(torch.zeros(4))
         pipe.close()
@@ -142,29 +142,37 @@ def test_push_without_fetch_and_negative_bound(switches):
 
 
 def _ppo(addr: str, rank: int, n: int, staleness, q) -> None:
-    """Two PPO updates on a fixed random batch per worker; the weights' digest after each."""
+    """Two PPO updates on a fixed random rollout per worker, through the gradient step the
+    runner makes; the weights' digest after each."""
+    import functools
+
     import gymnasium as gym
 
-    from gmi_drl.algos.ppo import PPO, PPOConfig
+    from gmi_drl.algos import AlgoContext, ModelConfig, PPOConfig, build_algorithm
     from gmi_drl.comm.switch import SwitchReducer
-    from gmi_drl.models import build_actor_critic
-    from gmi_drl.rollout.storage import Batch
+    from gmi_drl.envs.spec import EnvSpec
+    from gmi_drl.optim.grad_step import make_grad_step
 
     torch.set_num_threads(1)
     try:
         red = SwitchReducer(addr, rank, n, rto_s=0.05)
+        spec = EnvSpec("test", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), None)
+        steps = functools.partial(make_grad_step, reducer=red, staleness_bound=staleness)
+        ctx = AlgoContext(spec, 4, ModelConfig(), 10, 0, steps, torch.Generator())
         torch.manual_seed(0)  # identical initial weights on every worker
-        model = build_actor_critic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
-        learner = PPO(PPOConfig(num_minibatches=4, update_epochs=2), model, 64, 10, reducer=red,
-                      staleness_bound=staleness)
-        g = torch.Generator().manual_seed(rank)
-        batch = Batch(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g),
-                      -torch.rand(64, generator=g), torch.randn(64, generator=g),
-                      torch.randn(64, generator=g), torch.randn(64, generator=g))
+        learner = build_algorithm(PPOConfig(num_steps=16, num_minibatches=4, update_epochs=2),
+                                  ctx)
+        g, buf = torch.Generator().manual_seed(rank), learner.buf
+        buf.obs.copy_(torch.randn(buf.obs.shape, generator=g))
+        buf.actions.copy_(torch.randint(0, 2, buf.actions.shape, generator=g))
+        buf.logprobs.copy_(-torch.rand(buf.logprobs.shape, generator=g))
+        for x in (buf.values, buf.advantages, buf.returns):
+            x.copy_(torch.randn(x.shape, generator=g))
         digests, stats = [], []
         for _ in range(2):
-            stats.append(learner.update(batch))
-            digests.append(hashlib.sha256(learner.flat.data.numpy().tobytes()).hexdigest())
+            stats.append(learner.update())
+            digests.append(hashlib.sha256(learner.grad_step.params.data.numpy().tobytes())
+                           .hexdigest())
         learner.close()
         red.close()
         q.put((rank, (digests, stats)))
@@ -173,7 +181,7 @@ def _ppo(addr: str, rank: int, n: int, staleness, q) -> None:
 
 
 @pytest.mark.distributed
-def test_ppo_async_zero_is_sync_and_async_keeps_weights_identical(switches):
+def test_ppo_stale_sync_zero_is_sync_and_stale_sync_keeps_weights_identical(switches):
     sw = switches("--mtu", "1500")
     got = {}
     for s in (None, 0, 3):
@@ -193,7 +201,7 @@ def test_a_broken_group_reaches_the_trainer(switches):
 
     sw = switches()
     red = SwitchReducer(sw.addr, 0, 1, join_timeout_s=10, timeout_s=1.0, rto_s=0.05)
-    pipe = AsyncPipeline(red, 2, lambda mean: None)
+    pipe = StaleSyncPipeline(red, 2, lambda mean: None)
     try:
         sw.kill()
         pipe.fetch(lambda: None)

@@ -60,8 +60,8 @@ def test_mean_through_the_rack_is_exact():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("reducer", ["switch", "ring"])
-def test_gmis_train_inside_the_rack(tmp_path, reducer):
+@pytest.mark.parametrize("reduction", ["switch", "ring"])
+def test_gmis_train_inside_the_rack(tmp_path, reduction):
     """The launcher's netns option: GMI k joins worker namespace k before opening sockets, then
     reduces through the switch (each GMI at its own switch port) or a gloo ring across the
     links; no address of the rack is reachable from outside it, so finishing proves it."""
@@ -72,13 +72,13 @@ def test_gmis_train_inside_the_rack(tmp_path, reducer):
     py = sys.executable
     with Rack(2, rate_mbit=100, mtu=1500, with_ps=False, prefix=prefix) as rack:
         cfg = preset("classic", "CartPole-v1")
-        cfg.env.num_envs, cfg.ppo.num_steps = 4, 32
+        cfg.env.num_envs, cfg.algo.num_steps, cfg.compile = 4, 32, False
         cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2 * 2 * 4 * 32
-        cfg.gmi.reducer, cfg.gmi.netns = reducer, f"{rack.ns['w0']},{rack.ns['w1']}"
+        cfg.gmi.reduction, cfg.gmi.netns = reduction, f"{rack.ns['w0']},{rack.ns['w1']}"
         cfg.gmi.switch_addr = ",".join(f"{gw}:9999" for gw in rack.worker_gateway)
         cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "run")
         sw = None
-        if reducer == "switch":
+        if reduction == "switch":
             sw = rack.popen("sw", [py, "-m", "gmi_drl.comm.switch", "serve", "--bind",
                                    "0.0.0.0:9999", "--mtu", "1500", "--stats-interval", "0",
                                    "--log-level", "INFO"],
@@ -90,10 +90,11 @@ def test_gmis_train_inside_the_rack(tmp_path, reducer):
             if sw is not None:
                 sw.terminate()
                 final, err = sw.communicate(timeout=20)
-        assert len(result.param_digests) == 2 and len(set(result.param_digests)) == 1
+        assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
         summary = (result.run_dir / "summary.md").read_text()
-        assert "gradient reduction: `" not in summary  # no Algorithm 1 strategy was used
-        assert ("one ring over all GMIs" in summary) == (reducer == "ring")
+        assert "Algorithm 1" not in summary  # the reduction was chosen, not Algorithm 1's
+        assert f"gradient reduction: `{reduction}`" in summary
+        assert ("one ring over all GMIs" in summary) == (reduction == "ring")
         if sw is not None:
             assert json.loads(final.strip().splitlines()[-1])["segments_completed"] > 0
             for ip in rack.worker_ip:

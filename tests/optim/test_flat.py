@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from gmi_drl.algos.flat import FlatAdam, FlatParams
+from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_grad_norm_
 
 
 def _net(seed):
@@ -16,11 +16,13 @@ def _loss(net, step):
     return ((net(x) - y) ** 2).mean() * 50  # large enough that clipping kicks in
 
 
-def test_flat_adam_with_clipping_equals_torch_adam():
+@pytest.mark.parametrize("traced", [False, True])
+def test_flat_adam_with_clipping_equals_torch_adam(traced):
     ref, net = _net(0), _net(0)
     opt = torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False)
     flat = FlatParams(net)
-    fopt = FlatAdam(flat, lr=3e-3, eps=1e-5)
+    fopt = FlatAdam(flat, lr=3e-3, eps=1e-5, traced=traced)
+    clipped = 0
     for step in range(25):
         opt.zero_grad()
         _loss(ref, step).backward()
@@ -28,11 +30,14 @@ def test_flat_adam_with_clipping_equals_torch_adam():
         opt.step()
         flat.zero_grad()
         _loss(net, step).backward()
-        norm = flat.clip_grad_norm_(0.5)
+        norm = clip_grad_norm_(flat.grad, 0.5, traced=traced)
         fopt.step()
-        assert norm == pytest.approx(float(ref_norm), rel=1e-5)
+        clipped += float(ref_norm) > 0.5
+        assert float(norm) == pytest.approx(float(ref_norm), rel=1e-5)
+    assert clipped > 5  # the test exercised clipping
     for p, q in zip(ref.parameters(), net.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert fopt.steps == 25
 
 
 def test_parameters_and_grads_are_views_of_the_flat_buffers():
@@ -46,14 +51,21 @@ def test_parameters_and_grads_are_views_of_the_flat_buffers():
     assert all((p == 0).all() for p in net.parameters())
     net.load_state_dict(_net(2).state_dict())  # loading copies into the views
     assert flat.data.abs().sum() > 0
+    views = flat.views(flat.data)
+    assert list(views) == [name for name, _ in net.named_parameters()]
+    for (name, p), v in zip(net.named_parameters(), views.values()):
+        assert v.shape == p.shape and torch.equal(v, p)
 
 
-def test_optimizer_state_round_trip():
+@pytest.mark.parametrize("traced", [False, True])
+def test_optimizer_state_round_trip(traced):
     net = _net(3)
-    fopt = FlatAdam(FlatParams(net), lr=1e-3)
+    fopt = FlatAdam(FlatParams(net), lr=1e-3, traced=traced)
     _loss(net, 0).backward()
     fopt.step()
-    other = FlatAdam(FlatParams(_net(3)), lr=0.5)
+    other = FlatAdam(FlatParams(_net(3)), lr=0.5, traced=not traced)
     other.load_state_dict(fopt.state_dict())
     assert other.steps == 1 and other.lr == 1e-3
     torch.testing.assert_close(other.exp_avg_sq, fopt.exp_avg_sq)
+    with pytest.raises(ValueError, match="optimizer state for"):
+        FlatAdam(FlatParams(nn.Linear(2, 2)), lr=1e-3).load_state_dict(fopt.state_dict())

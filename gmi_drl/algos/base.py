@@ -1,0 +1,123 @@
+"""The algorithm protocol: what the runner calls, and what an algorithm is built from.
+
+Every algorithm is the same verbs (DESIGN.md §2): ``collect(pool)`` runs the algorithm's own
+schedule of env steps and the work that follows from them (PPO: a rollout, then GAE; an
+off-policy method: env steps, replay, gradient steps), ``update()`` learns from what was
+collected, and ``state_dict`` / ``load_state_dict`` checkpoint it. The runner sees nothing else:
+no algorithm is named there. An algorithm never opens a socket or a process: its gradients leave
+through the `GradStep` s its context makes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Literal, Protocol
+
+import torch
+
+from gmi_drl.envs.spec import EnvSpec
+from gmi_drl.optim.grad_step import GradStep
+from gmi_drl.rollout.acting import Acting
+from gmi_drl.rollout.arrays import Arrays, arrays_for
+from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+from gmi_drl.telemetry.timer import timer
+
+Phase = Callable[[str], ContextManager]
+"""``phase(name)``: a top-level phase of an iteration (a timer section of that name, and a
+profiler capture range where one is selected); the runner passes the profiler's."""
+
+
+@dataclass
+class ModelConfig:
+    """Network shapes; input and output sizes come from the task's spaces."""
+
+    encoder: Literal["mlp", "nature_cnn"] = "mlp"
+    """mlp: separate actor/critic MLPs (flat obs); nature_cnn: a shared Nature CNN (84x84 frames)"""
+    actor_hidden: str = "64:64"
+    """hidden sizes of the actor MLP, ':'-joined (paper Table 6 notation)"""
+    critic_hidden: str = "64:64"
+    """hidden sizes of the critic MLP, ':'-joined"""
+    activation: str = "tanh"
+    """MLP activation: tanh, relu or elu"""
+
+
+@dataclass(frozen=True)
+class AlgoContext:
+    """What an algorithm is built from besides its own config: the task, its trainer's place in
+    the run, and the runner-owned parts it uses.
+
+    Attributes:
+        spec: the task's single-env spaces. num_envs: envs of this GMI's pool.
+        model: network shapes.
+        num_iterations: iterations (collect + update) of the whole run, for schedules.
+        seed: the run's torch seed (the same on every GMI: minibatch order, initial weights).
+        device: where the learner, its storage and normalisers live.
+        make_grad_step: ``(module, loss, lr, max_grad_norm, eps) -> GradStep`` with the run's
+            reducer, staleness bound and compile setting bound (`gmi_drl.optim.grad_step`).
+        action_generator: the RNG acting samples with (this GMI's own; the runner saves it).
+        obs_norm, reward_norm: the runner's normalisers, or ``None``.
+        compile: compile acting where that helps (`gmi_drl.rollout.acting.make_acting`).
+        phase: see `Phase`.
+    """
+
+    spec: EnvSpec
+    num_envs: int
+    model: ModelConfig
+    num_iterations: int
+    seed: int
+    make_grad_step: Callable[..., GradStep]
+    action_generator: torch.Generator
+    device: torch.device = torch.device("cpu")
+    obs_norm: ObsNormalizer | None = None
+    reward_norm: RewardNormalizer | None = None
+    compile: bool = False
+    phase: Phase = field(default=timer)
+
+    @property
+    def arrays(self) -> Arrays:
+        """Where rollouts live: `gmi_drl.rollout.arrays.arrays_for` of `device`."""
+        return arrays_for(self.device)
+
+
+class Algorithm(Protocol):
+    """One learner in one trainer; the runner's only view of an algorithm.
+
+    Attributes:
+        steps_per_iteration: env steps of this GMI's pool one `collect` takes.
+        acting: the policy as it acts (``gmi-drl eval`` uses it, deterministic).
+    """
+
+    steps_per_iteration: int
+    acting: Acting
+
+    def collect(self, pool) -> Episodes:
+        """Run this algorithm's collection schedule on ``pool`` (blocks); returns the episodes
+        that finished. Opens its own phases through the context's ``phase``."""
+
+    def update(self) -> dict[str, float]:
+        """Learn from what `collect` gathered; returns metrics (``losses/...``, ``comm/...``).
+        The runner wraps it in the ``update`` phase."""
+
+    def state_dict(self) -> dict:
+        """Everything to continue bit for bit, with the network weights under ``"modules"``:
+        ``{name: module.state_dict()}`` (what the runner's weight digest hashes)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output. Raises ``ValueError`` when it does not fit."""
+
+    def close(self) -> None:
+        """Stop any thread the algorithm's gradient steps run (idempotent)."""
+
+
+class AlgoConfig(Protocol):
+    """What every algorithm config provides besides its hyper-parameters."""
+
+    gamma: float
+    """discount (the reward normaliser discounts with it too)"""
+
+    def steps_per_iteration(self, num_envs: int) -> int:
+        """Env steps of one pool of ``num_envs`` envs per iteration."""
+
+    def validate(self, num_envs: int, num_gmis: int) -> list[str]:
+        """Every broken rule, one message each (``algo.<field>=...``); empty when valid."""

@@ -1,0 +1,131 @@
+"""What a GMI's target receives, from whichever launcher started it, and its gradient reducer.
+
+Every placement (serial threads, local processes, Ray actors) builds the same `GMIContext`: the
+GMI's id, the run's `Layout`, the caller's payload, and the `ReductionGroup` handle through which
+the GMI joins the run's reduction. `make_reducer` builds the reducer of ``layout.reduction`` from
+one table (`REDUCERS`), the same in every placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gmi_drl.comm.reduction import Reduction
+from gmi_drl.gmi.backends import BackendKind
+from gmi_drl.gmi.layout import Layout
+
+
+@dataclass(frozen=True)
+class ReductionGroup:
+    """The picklable handle of a run's reduction group, made by the launcher before the GMIs
+    start (what each member needs to join).
+
+    Attributes:
+        shm_groups: shared-memory blocks (`gmi_drl.comm.shm.ShmGroup`): one of every GMI for
+            ``mpr``, one per device for ``har`` (`shm_group_sizes`); none otherwise.
+        init_method: torch.distributed rendezvous of ``mrr``, ``har`` and ``ring``.
+        switch_addrs: ``switch``: GMI k's switch ``HOST:PORT`` at index k.
+        job_id: the run's name at the switch (the same on every GMI).
+    """
+
+    shm_groups: tuple = ()
+    init_method: str = ""
+    switch_addrs: tuple[str, ...] = ()
+    job_id: str = "gmi-drl"
+
+
+def shm_group_sizes(layout: Layout) -> list[int]:
+    """Members of each shared-memory block ``layout``'s reduction needs (``[]``: none)."""
+    if layout.num_gmis == 1:
+        return []
+    if layout.reduction is Reduction.MPR:
+        return [layout.num_gmis]
+    if layout.reduction is Reduction.HAR:
+        return [len(gmis) for gmis in layout.mpl]
+    return []
+
+
+def dist_backend(layout: Layout, flat_ring: bool = False) -> str:
+    """The torch.distributed backend of a run's reduction groups, by the tensors' device.
+
+    CPU tensors always go through gloo: a learner on the CPU (``--device cpu``) under a CUDA
+    backend, and HAR's host-memory device sums. CUDA tensors go through NCCL only where no two
+    members of a group share a GPU (NCCL refuses a communicator with a duplicate GPU): MRR's
+    rings and HAR's leaders hold one GMI per device, a flat ring (``flat_ring``) only when every
+    device holds one GMI; otherwise gloo reduces them too (it copies through the host).
+    """
+    if layout.backend is BackendKind.CPU:
+        return "gloo"
+    if flat_ring and any(len(gmis) > 1 for gmis in layout.mpl):
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
+
+
+def _mpr(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.shm import SharedMemoryReducer
+    return SharedMemoryReducer(group.shm_groups[0], g)
+
+
+def _mrr(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.ring import RingReducer
+    return RingReducer(g, layout.num_gmis, group.init_method, dist_backend(layout),
+                       mpl=layout.mpl)
+
+
+def _har(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.hierarchical import HierarchicalReducer
+    return HierarchicalReducer(g, layout.mpl, group.shm_groups[layout.device_of(g)],
+                               group.init_method, dist_backend(layout))
+
+
+def _ring(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.ring import RingReducer
+    return RingReducer(g, layout.num_gmis, group.init_method,
+                       dist_backend(layout, flat_ring=True))
+
+
+def _switch(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.switch.client import SwitchReducer
+    return SwitchReducer(group.switch_addrs[g], worker_id=g, num_workers=layout.num_gmis,
+                         job_id=group.job_id)
+
+
+REDUCERS: dict[Reduction, Callable[[int, Layout, ReductionGroup], Any]] = {
+    Reduction.MPR: _mpr, Reduction.MRR: _mrr, Reduction.HAR: _har, Reduction.RING: _ring,
+    Reduction.SWITCH: _switch}
+"""``{reduction: builder(gmi_id, layout, group) -> GradReducer}``"""
+
+
+@dataclass
+class GMIContext:
+    """What a GMI's target receives.
+
+    Attributes:
+        gmi_id: this GMI. layout: the whole run's layout (its ``reduction`` included).
+        payload: the caller's argument. reduction: the handle of the run's reduction group.
+    """
+
+    gmi_id: int
+    layout: Layout
+    payload: Any
+    reduction: ReductionGroup = field(default_factory=ReductionGroup)
+    _reducer: Any = field(default=None, init=False, repr=False)
+
+    def make_reducer(self):
+        """This GMI's `GradReducer` (built once; a collective: every GMI calls it): the identity
+        for one GMI, else `REDUCERS` of ``layout.reduction``."""
+        if self._reducer is None:
+            if self.layout.num_gmis == 1:
+                from gmi_drl.comm.reducer import IdentityReducer
+                self._reducer = IdentityReducer()
+            else:
+                self._reducer = REDUCERS[self.layout.reduction](self.gmi_id, self.layout,
+                                                               self.reduction)
+        return self._reducer
+
+    def close(self) -> None:
+        """Leave the reduction group, if this GMI joined it. Idempotent."""
+        if self._reducer is not None:
+            self._reducer.close()
+            self._reducer = None

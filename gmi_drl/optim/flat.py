@@ -1,0 +1,173 @@
+"""Parameters and gradients of a module as views into two contiguous buffers, and Adam on them.
+
+With every parameter a view of one ``data`` tensor and every gradient a view of one ``grad``
+tensor, zeroing gradients, the global gradient norm, a gradient allreduce and the whole Adam
+step are each one or a few vectorised ops instead of a Python loop over parameter tensors: the
+per-minibatch fixed cost that dominates small-network training on a CPU. Every quantity that
+changes between steps (step count, learning rate) can live in a one-element tensor
+(``traced=True``), so the same step runs inside a `torch.compile` graph without recompiling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class FlatParams:
+    """Re-home ``module``'s parameters into ``data (P,) float32`` and their grads into ``grad (P,)``.
+
+    After construction ``p.data`` and ``p.grad`` of every parameter are views of `data` / `grad`
+    (backward accumulates into them in place); ``module.load_state_dict`` copies into the views.
+    Moving the module to another device or dtype afterwards breaks the link.
+
+    Attributes:
+        params: the module's parameters, in ``module.parameters()`` order.
+        names: their names (``module.named_parameters()``).
+
+    Raises:
+        ValueError: the module has no parameters, or they differ in dtype or device.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        named = list(module.named_parameters())
+        if not named:
+            raise ValueError("module has no parameters")
+        params = [p for _, p in named]
+        if len({(p.dtype, p.device) for p in params}) != 1:
+            raise ValueError("all parameters must share one dtype and device")
+        total = sum(p.numel() for p in params)
+        self.data = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        self.grad = torch.zeros_like(self.data)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.data[offset:offset + n].copy_(p.data.view(-1))
+            p.data = self.data[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+        self.params = params
+        self.names = [name for name, _ in named]
+
+    @property
+    def numel(self) -> int:
+        """P, the number of parameters."""
+        return self.data.numel()
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{name: view}``: ``flat (P,)`` cut into the shapes of the parameters (no copy); what
+        ``torch.func.functional_call`` takes to run the module on another parameter vector."""
+        out, offset = {}, 0
+        for name, p in zip(self.names, self.params):
+            n = p.numel()
+            out[name] = flat[offset:offset + n].view(p.shape)
+            offset += n
+        return out
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+
+def clip_grad_norm_(grad: torch.Tensor, max_norm: float, traced: bool = False) -> torch.Tensor | float:
+    """Scale ``grad (P,)`` in place so its L2 norm is at most ``max_norm`` (the factor of
+    ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``); returns the norm
+    before clipping.
+
+    Eagerly (``traced=False``) the factor is computed on the host (a device sync on a GPU; the
+    cheapest form on a CPU) and the norm returned as a float. ``traced=True`` keeps the factor a
+    0-d tensor, for `torch.compile` graphs (no sync, no recompilation), and returns a tensor.
+    """
+    norm = torch.linalg.vector_norm(grad)
+    if traced:
+        grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
+    value = float(norm)
+    coef = max_norm / (value + 1e-6)
+    if coef < 1.0:
+        grad.mul_(coef)
+    return value
+
+
+class FlatAdam:
+    """Adam (Kingma & Ba 2015, Algorithm 1) on a `FlatParams`: ``torch.optim.Adam``'s update (eps
+    added after the bias-corrected square root), equal up to float rounding.
+
+    Args:
+        flat: the parameters. lr: step size. betas, eps: Adam's.
+        traced: keep the step count and learning rate in tensors, so `step` can run inside a
+            `torch.compile` graph without recompiling as they change; otherwise they are host
+            numbers (fewer ops per eager step).
+
+    Attributes:
+        lr: the step size (settable, for annealing).
+        steps: steps taken so far.
+    """
+
+    def __init__(self, flat: FlatParams, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, traced: bool = False) -> None:
+        self.flat, self.betas, self.eps, self.traced = flat, betas, eps, traced
+        self.exp_avg = torch.zeros_like(flat.data)
+        self.exp_avg_sq = torch.zeros_like(flat.data)
+        self._lr: torch.Tensor | float = lr
+        self._steps: torch.Tensor | int = 0
+        if traced:
+            # shape (1,), not 0-d: torch.compile (2.13, CPU) drops in-place updates of 0-d
+            # float64 tensors that are not graph outputs
+            self._lr = torch.full((1,), lr, dtype=torch.float64, device=flat.data.device)
+            self._steps = torch.zeros(1, dtype=torch.float64, device=flat.data.device)
+
+    @property
+    def lr(self) -> float:
+        return float(self._lr)
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        if self.traced:
+            self._lr.fill_(value)
+        else:
+            self._lr = float(value)
+
+    @property
+    def steps(self) -> int:
+        return int(self._steps)
+
+    def step(self, grad: torch.Tensor | None = None) -> None:
+        """One Adam step from ``grad`` (default: ``flat.grad``) into ``flat.data`` (in place)."""
+        b1, b2 = self.betas
+        grad = self.flat.grad if grad is None else grad
+        self.exp_avg.lerp_(grad, 1 - b1)
+        self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        if self.traced:
+            self._steps.add_(1.0)
+            # the scalars in float64, then float32 before they meet the (P,) vectors
+            bias2_sqrt = torch.sqrt(1.0 - b2 ** self._steps)
+            scale = ((1.0 - b1 ** self._steps) / (self._lr * bias2_sqrt)).float()
+            eps = (self.eps * bias2_sqrt).float()
+            # lr/b1 * m / (sqrt(v)/b2s + eps) == m / ((sqrt(v) + eps*b2s) * b1 / (lr*b2s))
+            self.flat.data.sub_(self.exp_avg / self.exp_avg_sq.sqrt().add_(eps).mul_(scale))
+            return
+        self._steps += 1
+        bias1 = 1 - b1 ** self._steps
+        bias2_sqrt = math.sqrt(1 - b2 ** self._steps)
+        # lr/b1 * m / (sqrt(v)/b2s + eps) == (lr*b2s/b1) * m / (sqrt(v) + eps*b2s): two ops fewer
+        denom = self.exp_avg_sq.sqrt().add_(self.eps * bias2_sqrt)
+        self.flat.data.addcdiv_(self.exp_avg, denom, value=-self._lr * bias2_sqrt / bias1)
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "lr": self.lr, "exp_avg": self.exp_avg.clone(),
+                "exp_avg_sq": self.exp_avg_sq.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises ``ValueError`` when the stored moments have another size."""
+        if state["exp_avg"].shape != self.exp_avg.shape:
+            raise ValueError(f"optimizer state for {state['exp_avg'].numel()} parameters, this "
+                             f"model has {self.exp_avg.numel()}")
+        if self.traced:
+            self._steps.fill_(float(state["steps"]))
+        else:
+            self._steps = int(state["steps"])
+        self.lr = float(state["lr"])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])

@@ -1,0 +1,291 @@
+"""`GradStep`: how a gradient becomes a weight update, for one optimised module.
+
+A gradient step owns the module's flat parameters (`FlatParams`), its optimizer (`FlatAdam`),
+gradient-norm clipping and the `GradReducer` the gradient leaves through. An algorithm hands it
+a loss once, at construction, and then calls it with one minibatch per step; it never touches
+the reducer or the optimizer itself. Two variants:
+
+- `GradStep` (synchronous): gradient, ``allreduce_`` over the trainers (a collective), clip,
+  Adam. Every trainer holds identical weights after every step.
+- `StaleSyncGradStep` ("stale-sync", iSwitch §4.1): the gradient is handed to the switch
+  pipeline (`gmi_drl.comm.switch.pipeline.StaleSyncPipeline`) and computed on weights that miss
+  at most ``S`` aggregated steps; the pipeline's thread takes the steps. `drain` ends the overlap.
+
+With ``compile=True`` the gradient is one `torch.compile` graph: ``torch.func.grad`` of the loss
+at the flat parameter vector (forward and backward fused, no autograd engine per step). With one
+trainer and no reducer the clip and the Adam step join the same graph, so a whole step is one
+call. The eager path (``loss.backward()``) is the reference the compiled one is tested against.
+
+Timer sections per step: ``forward`` and ``backward`` (eager) or ``compiled_grad`` (compiled)
+or ``compiled_step`` (compiled, with clip and optimizer); ``allreduce``; ``optimizer``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable
+
+import torch
+from torch import nn
+
+from gmi_drl.comm.reducer import GradReducer, IdentityReducer
+from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_grad_norm_
+from gmi_drl.telemetry.timer import timer
+
+log = logging.getLogger(__name__)
+
+Loss = Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
+"""``loss(module, *batch) -> (loss, aux)``: a 0-d loss to minimise and a tuple of tensors to
+return to the caller (loss terms, per-sample statistics). A pure function of its arguments
+(hyper-parameters bound in a closure are constants), so it can be compiled."""
+
+
+class _Bound(nn.Module):
+    """``loss`` bound to ``inner``: what ``torch.func.functional_call`` runs on other weights."""
+
+    def __init__(self, inner: nn.Module, loss: Loss) -> None:
+        super().__init__()
+        self.inner, self.loss = inner, loss
+
+    def forward(self, *batch):
+        return self.loss(self.inner, *batch)
+
+
+class GradStep:
+    """Synchronous gradient steps of ``module`` on ``loss`` (see the module docstring).
+
+    Args:
+        module: the optimised module; its parameters are re-homed into one flat buffer.
+        loss: see `Loss`.
+        lr: Adam's step size (settable later through `lr`). max_grad_norm: global norm bound.
+        eps: Adam's epsilon.
+        reducer: the trainers' group (`IdentityReducer` when ``None``: one trainer).
+        compile: compile the gradient (and, with one trainer, the whole step).
+
+    Raises:
+        ValueError: the module has no parameters.
+    """
+
+    def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
+                 eps: float = 1e-8, reducer: GradReducer | None = None,
+                 compile: bool = False) -> None:
+        self.module, self.loss, self.max_grad_norm = module, loss, max_grad_norm
+        self.reducer = reducer or IdentityReducer()
+        self.params = FlatParams(module)
+        self.fused = compile and self.reducer.world_size == 1 and self._fusable()
+        self.optimizer = FlatAdam(self._stepped(), lr, eps=eps, traced=self.fused)
+        self._compiled, self._signature = None, None
+        if compile:
+            self._bound = _Bound(module, loss)
+            body = self._fused_body if self.fused else self._grad_body
+            options = {"cpp_wrapper": True} if self.params.data.device.type == "cpu" else None
+            self._compiled = torch.compile(body, dynamic=False, options=options)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.optimizer.lr = value
+
+    def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One gradient step on one minibatch; returns the loss's ``aux`` tensors. A collective
+        when the reducer has several members (all call it in the same order).
+
+        Raises:
+            RuntimeError: the reduction group broke.
+        """
+        if self.fused:
+            with timer("compiled_step"):
+                aux = self._try_compiled(batch)
+            if aux is not None:
+                return aux
+        aux = self._gradient(batch)
+        self._apply()
+        return aux
+
+    def drain(self) -> dict[str, float]:
+        """End of an update: every step taken is in the weights. Returns metrics of the steps
+        since the last drain (none for synchronous steps)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """The optimizer's state (the weights belong to the module's own state dict)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises ``ValueError`` when the state is for another number of parameters."""
+        self.optimizer.load_state_dict(state)
+
+    def close(self) -> None:
+        """Release what the step holds (nothing here). Idempotent."""
+
+    # ---- the gradient ---------------------------------------------------------------------------
+
+    def _stepped(self) -> FlatParams:
+        """The parameters the optimizer steps (the module's own, synchronously)."""
+        return self.params
+
+    def _fusable(self) -> bool:
+        return True
+
+    def _gradient(self, batch) -> tuple[torch.Tensor, ...]:
+        """``params.grad`` = d loss / d params at the module's weights; returns ``aux``."""
+        if self._compiled is not None:
+            with timer("compiled_grad"):
+                aux = self._try_compiled(batch)
+            if aux is not None:
+                return aux
+        with timer("forward"):
+            loss, aux = self.loss(self.module, *batch)
+        with timer("backward"):
+            self.params.zero_grad()
+            loss.backward()
+        return tuple(a.detach() for a in aux)
+
+    def _try_compiled(self, batch) -> tuple[torch.Tensor, ...] | None:
+        """The compiled body's ``aux``; ``None`` when compiling failed on this platform (no C++
+        compiler, an unsupported op): the step then runs eagerly from now on, with a warning.
+
+        After the first call, calls whose minibatch has the first call's shapes, dtypes,
+        devices and strides skip torch.compile's guard evaluation (a tenth of a small step's
+        time on a CPU): everything else the graph reads is this object's own tensors, which
+        never change identity or shape, so the guards could only pass."""
+        if self._signature is not None:
+            if _signature(batch) == self._signature:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return self._compiled(*batch)
+            return self._compiled(*batch)
+        try:
+            aux = self._compiled(*batch)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: fall back, say why
+            first = str(e).splitlines()[0] if str(e) else ""
+            log.warning("torch.compile failed (%s: %s); gradient steps run eagerly (--no-compile "
+                        "skips the attempt)", type(e).__name__, first)
+            state = self.optimizer.state_dict()
+            self._compiled, self.fused = None, False
+            self.optimizer = FlatAdam(self._stepped(), state["lr"], eps=self.optimizer.eps)
+            self.optimizer.load_state_dict(state)
+            return None
+        self._signature = _signature(batch)
+        return aux
+
+    def _loss_at(self, theta: torch.Tensor, *batch):
+        weights = {f"inner.{name}": view for name, view in self.params.views(theta).items()}
+        return torch.func.functional_call(self._bound, weights, batch)
+
+    def _grad_body(self, *batch):
+        grad, aux = torch.func.grad(self._loss_at, has_aux=True)(self.params.data, *batch)
+        self.params.grad.copy_(grad)
+        return aux
+
+    def _fused_body(self, *batch):
+        grad, aux = torch.func.grad(self._loss_at, has_aux=True)(self.params.data, *batch)
+        norm = torch.linalg.vector_norm(grad)
+        self.optimizer.step(grad * torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
+        return aux
+
+    # ---- the weight update ----------------------------------------------------------------------
+
+    def _apply(self) -> None:
+        """Reduce ``params.grad`` over the group, clip it and take the optimizer step."""
+        grad = self.params.grad
+        with timer("allreduce"):
+            self.reducer.allreduce_([grad])
+        with timer("optimizer"):
+            clip_grad_norm_(grad, self.max_grad_norm)
+            self.optimizer.step()
+
+
+class StaleSyncGradStep(GradStep):
+    """Stale-sync gradient steps through the aggregation switch (iSwitch §4.1, Algorithm 1).
+
+    The module's weights are ``θ_local``, what gradients are computed on; the optimizer steps a
+    second copy ``θ`` on the pipeline's LWU thread, in aggregation order, so every worker's
+    ``θ`` is bit-identical after every step. Each call waits until ``θ`` misses at most
+    ``staleness_bound`` steps, copies it into ``θ_local``, computes the gradient and hands it
+    over (the ``allreduce`` section times the waits). `drain` waits for every step and copies
+    ``θ`` back, so rollouts and checkpoints see every step; it returns
+    ``comm/staleness_mean`` and ``comm/staleness_max`` of the steps since the last drain.
+    ``staleness_bound = 0`` gives the synchronous result bit for bit.
+
+    Args:
+        as `GradStep`, with ``reducer`` a `gmi_drl.comm.switch.SwitchReducer`, and
+        staleness_bound: ``S >= 0``, in steps.
+
+    Raises:
+        ValueError: ``staleness_bound < 0``, or the reducer is not the switch's.
+    """
+
+    def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
+                 eps: float = 1e-8, reducer: GradReducer | None = None,
+                 compile: bool = False, staleness_bound: int = 0) -> None:
+        import copy
+
+        from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
+
+        self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
+        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile)
+        self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
+        self._counts_before: Counter[int] = Counter()
+
+    def _stepped(self) -> FlatParams:
+        return self._weights
+
+    def _fusable(self) -> bool:
+        return False  # the optimizer runs on the pipeline's thread
+
+    def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with timer("allreduce"):  # blocked by the staleness bound
+            self.pipeline.fetch(self._pull)
+        aux = self._gradient(batch)
+        self.pipeline.push(self.params.grad)
+        return aux
+
+    def drain(self) -> dict[str, float]:
+        pipe = self.pipeline
+        with timer("allreduce"):
+            pipe.drain(self._pull)
+        counts = pipe.staleness_counts - self._counts_before
+        self._counts_before = Counter(pipe.staleness_counts)
+        if not counts:
+            return {}
+        return {"comm/staleness_mean": sum(k * v for k, v in counts.items()) / counts.total(),
+                "comm/staleness_max": float(max(counts))}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._weights.data.copy_(self.params.data)  # θ = θ_local = the loaded weights
+
+    def close(self) -> None:
+        """Stop the pipeline's thread, if one still runs (after an error). Idempotent."""
+        self.pipeline.close()
+
+    def _pull(self) -> None:
+        """``θ_local ← θ`` (the pipeline calls it under its lock)."""
+        self.params.data.copy_(self._weights.data)
+
+    def _apply_mean(self, mean) -> None:
+        """The LWU thread: the synchronous path's step on ``θ`` with the aggregated mean gradient
+        ``(P,) float32`` (NumPy): clip the norm, one Adam step."""
+        w = self._weights
+        w.grad.copy_(torch.from_numpy(mean))
+        clip_grad_norm_(w.grad, self.max_grad_norm)
+        self.optimizer.step()
+
+
+def _signature(batch) -> tuple:
+    """What of a minibatch a compiled graph is specialised on."""
+    return tuple((t.shape, t.dtype, t.device, t.stride()) for t in batch)
+
+
+def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
+                   eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
+                   staleness_bound: int | None = None) -> GradStep:
+    """A `GradStep`, or a `StaleSyncGradStep` when ``staleness_bound`` is an int (see there)."""
+    if staleness_bound is None:
+        return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile)
+    return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile,
+                             staleness_bound)

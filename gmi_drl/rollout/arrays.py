@@ -1,0 +1,104 @@
+"""Where the rollout path's arrays live: NumPy views on the CPU, torch tensors on a device.
+
+The collector and the normalisers are written once, with operators and methods that NumPy
+arrays and torch tensors share (``+ - * / ** | & ~``, ``x[i] = y``, ``.sum(0)``, ``.clip``,
+``.any()``); the few operations that differ go through one `Arrays` object chosen at
+construction. On the CPU every array is a NumPy view of a torch tensor's memory (zero copy), so
+the hot path pays NumPy's per-op cost, several times smaller than torch's for the small arrays
+of a step; on a GPU they are the tensors themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+Array = Any
+"""``np.ndarray`` (`HostArrays`) or ``torch.Tensor`` (`DeviceArrays`)"""
+
+
+class HostArrays:
+    """Arrays on the CPU, as NumPy views of torch tensors (zero copy both ways)."""
+
+    device = torch.device("cpu")
+
+    def from_pool(self, x: np.ndarray) -> np.ndarray:
+        """A pool's output as an array of this kind: the view itself (valid until the pool's
+        next step)."""
+        return x
+
+    def to_pool(self, x: np.ndarray) -> np.ndarray:
+        """An array as the NumPy a pool takes."""
+        return x
+
+    def view(self, t: torch.Tensor) -> np.ndarray:
+        """A CPU tensor's memory as an array (writes go into the tensor)."""
+        return t.numpy()
+
+    def float32(self, x: np.ndarray) -> np.ndarray:
+        """A new float32 array with ``x``'s values."""
+        return x.astype(np.float32)
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
+    def nonzero(self, mask: np.ndarray) -> np.ndarray:
+        """Indices ``(k,) int64`` where the 1-d ``mask`` is true."""
+        return np.flatnonzero(mask)
+
+    def full(self, shape: tuple[int, ...], value: float) -> np.ndarray:
+        """A float64 array of ``value``."""
+        return np.full(shape, value, np.float64)
+
+    def to_torch(self, x: np.ndarray) -> torch.Tensor:
+        """A CPU tensor copy of ``x`` (for checkpoints)."""
+        return torch.from_numpy(np.array(x))
+
+    def from_torch(self, t: torch.Tensor) -> np.ndarray:
+        """A float64 array copy of the tensor ``t`` (from a checkpoint)."""
+        return t.detach().cpu().numpy().astype(np.float64)
+
+
+class DeviceArrays:
+    """Arrays as torch tensors on ``device``; pools' NumPy crosses to it and back each step."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+
+    def from_pool(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(self.device, non_blocking=True)
+
+    def to_pool(self, x: torch.Tensor) -> np.ndarray:
+        return x.cpu().numpy()
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def float32(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float32, copy=True)
+
+    def copy(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def nonzero(self, mask: torch.Tensor) -> torch.Tensor:
+        return mask.nonzero().squeeze(1)
+
+    def full(self, shape: tuple[int, ...], value: float) -> torch.Tensor:
+        return torch.full(shape, value, dtype=torch.float64, device=self.device)
+
+    def to_torch(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().cpu().clone()
+
+    def from_torch(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(self.device, torch.float64)
+
+
+Arrays = HostArrays | DeviceArrays
+
+
+def arrays_for(device: torch.device | str) -> Arrays:
+    """`HostArrays` for the CPU, `DeviceArrays` for any other torch device."""
+    device = torch.device(device)
+    return HostArrays() if device.type == "cpu" else DeviceArrays(device)

@@ -1,0 +1,100 @@
+"""`GradStep`: the compiled step equals the eager (autograd) reference, with one trainer (the
+whole step in one graph) and with a reducer (the gradient compiled, then reduce and step)."""
+
+import functools
+import logging
+
+import gymnasium as gym
+import pytest
+import torch
+
+from gmi_drl.algos.ppo import ppo_objective
+from gmi_drl.comm.reducer import GradReducer
+from gmi_drl.models import build_actor_critic
+from gmi_drl.optim.grad_step import GradStep, make_grad_step
+
+LOSS = functools.partial(ppo_objective, clip_coef=0.2, clip_vloss=True, vf_coef=0.5,
+                         ent_coef=0.01)
+
+
+def _model(space):
+    torch.manual_seed(0)
+    return build_actor_critic(gym.spaces.Box(-1, 1, (5,)), space, actor_hidden="16:8",
+                              critic_hidden="12")
+
+
+def _minibatches(space, k, m=32):
+    g = torch.Generator().manual_seed(1)
+    if isinstance(space, gym.spaces.Discrete):
+        actions = torch.randint(0, space.n, (k, m), generator=g)
+    else:
+        actions = torch.randn(k, m, 3, generator=g)
+    return [(torch.randn(m, 5, generator=g), actions[i], -torch.rand(m, generator=g) * 3,
+             torch.randn(m, generator=g), torch.randn(m, generator=g), torch.randn(m, generator=g))
+            for i in range(k)]
+
+
+class _TimesTwo(GradReducer):
+    """A two-member group whose other member holds the same gradient: the mean is the gradient;
+    doubling then halving keeps the test sensitive to the reducer being called."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self):
+        self.calls = 0
+
+    def allreduce_(self, tensors):
+        self.calls += 1
+        for t in tensors:
+            t.mul_(2.0).div_(2.0)
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(4)])
+@pytest.mark.parametrize("reducer", [None, "group"])
+def test_compiled_steps_equal_eager_steps(space, reducer):
+    eager_red = _TimesTwo() if reducer else None
+    comp_red = _TimesTwo() if reducer else None
+    eager = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, eager_red, compile=False)
+    compiled = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, comp_red, compile=True)
+    assert compiled.fused is (reducer is None)
+    torch.testing.assert_close(eager.params.data, compiled.params.data, rtol=0, atol=0)
+    initial = eager.params.data.clone()
+    for i, mb in enumerate(_minibatches(space, 6)):
+        if i == 3:
+            eager.lr = compiled.lr = 5e-3  # annealing does not recompile (the lr is a tensor)
+        a, b = eager(*mb), compiled(*mb)
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(eager.params.data, compiled.params.data, rtol=1e-4, atol=1e-5)
+    assert (eager.params.data - initial).abs().max() > 1e-3  # the steps moved the weights
+    assert compiled.optimizer.steps == eager.optimizer.steps == 6
+    if reducer:
+        assert eager_red.calls == comp_red.calls == 6
+    state = compiled.state_dict()
+    eager.load_state_dict(state)
+    assert eager.optimizer.steps == 6 and eager.lr == pytest.approx(5e-3)
+
+
+def test_a_failing_compiler_falls_back_to_eager_steps(monkeypatch, caplog):
+    space = gym.spaces.Discrete(4)
+
+    def broken_compile(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no C++ compiler here")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    step = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, compile=True)
+    ref = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, compile=False)
+    with caplog.at_level(logging.WARNING):
+        for mb in _minibatches(space, 3):
+            step(*mb)
+            ref(*mb)
+    assert "torch.compile failed (RuntimeError: no C++ compiler here)" in caplog.text
+    assert step._compiled is None and not step.fused
+    torch.testing.assert_close(step.params.data, ref.params.data, rtol=0, atol=0)
+
+
+def test_stale_sync_needs_the_switch_reducer():
+    with pytest.raises(ValueError, match="stale-sync training needs the switch reducer"):
+        make_grad_step(_model(gym.spaces.Discrete(2)), LOSS, 1e-3, 0.5, staleness_bound=1)
