@@ -28,7 +28,7 @@ def run(task: str, num_gmis: int, envs: int, total: int, seed: int, run_dir: str
     cfg = preset("auto", task)
     cfg.env.num_envs, cfg.gmi.num_gmis, cfg.seed = envs, num_gmis, seed
     if num_steps:
-        cfg.ppo.num_steps = num_steps
+        cfg.algo.num_steps = num_steps
     cfg.total_timesteps, cfg.run_dir = total, run_dir
     cfg.log.tensorboard, cfg.log.checkpoint_every = False, 0
     return train(cfg)
@@ -42,13 +42,13 @@ def throughput(args, tmp):
     base = None
     for g in args.gmis:
         cfg = preset("auto", args.task)
-        total = args.updates * args.envs_per_gmi * cfg.ppo.num_steps * g
+        total = args.updates * args.envs_per_gmi * cfg.algo.num_steps * g
         rates = [run(args.task, g, args.envs_per_gmi, total, 1, f"{tmp}/t{g}-{r}")
                  for r in range(args.repeats)]
         sps = statistics.median(r.global_step / r.wall_s for r in rates)
         base = base or sps
-        strategy = "none" if g == 1 else plan(g, discover()).strategy.value
-        print(f"| {g} | {strategy} | {sps:,.0f} | {sps / base:.2f}x |", flush=True)
+        reduction = "none" if g == 1 else plan(g, discover()).reduction.value
+        print(f"| {g} | {reduction} | {sps:,.0f} | {sps / base:.2f}x |", flush=True)
 
 
 def parity(args, tmp):

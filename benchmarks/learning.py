@@ -49,7 +49,7 @@ def _config(task: str, seed: int, args: Args, out_dir: str) -> TrainConfig:
         cfg.total_timesteps = args.cartpole_steps
     else:
         cfg = preset("mujoco", "Hopper-v5")
-        cfg.env.num_envs, cfg.ppo.num_steps = 8, 256
+        cfg.env.num_envs, cfg.algo.num_steps = 8, 256
         cfg.total_timesteps = args.hopper_steps
     cfg.seed = seed
     cfg.run_dir = str(Path(out_dir) / f"{task}-seed{seed}")

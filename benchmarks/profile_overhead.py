@@ -8,10 +8,10 @@ Modes (every run serial, in this process, so that no mode is relaunched under ns
 - ``off``: ``--profile.tool none`` (the default): `NoOpProfiler`, plain timer sections.
 - ``no-op``: ``--profile.tool nsys --profile.no-nvtx``: profiling asked for, nothing recorded.
   Without CUDA (this is the fallback path) the no-op profiler after its warning; with CUDA,
-  ``cudaProfilerStart/Stop`` around step 1 with no nsys attached.
+  ``cudaProfilerStart/Stop`` around iteration 1 with no nsys attached.
 - ``nvtx``: ``--profile.tool nsys``: the same plus an NVTX range per timer section (every env
-  step's ``env_step`` and ``inference``, every minibatch's ``forward``, ``backward``,
-  ``allreduce``, ``optimizer``), with no tool attached.
+  step's ``env_step`` and ``inference``, every gradient step's ``compiled_step``), with no tool
+  attached.
 
 Steps/s = env steps / wall time of the training loop (`train`'s ``wall_s``: set-up and the
 report written at the end excluded). Each figure is the median of ``--repeats`` runs, modes
@@ -20,8 +20,9 @@ position in a repeat hit all modes alike.
 Targets (on the medians): no-op/off >= 0.99, nvtx/off >= 0.97; the best run of each mode is
 shown too (the least disturbed on a shared machine). A noise-free estimate follows: the measured
 cost of one timer section plain and with NVTX (best of 5 x 100,000), times the sections the loop
-opens per second (2 per env step, 4 per minibatch, 5 per update). Learning check: every mode trains the same seed,
-so the final returns must be equal (profiling must not change training).
+opens per second (2 per env step, 1 per gradient step, 5 per iteration). Learning check: every
+mode trains the same seed, so the final returns must be equal (profiling must not change
+training).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Args:
 def _run(args: Args, mode: str, run_dir: Path) -> tuple[float, float]:
     cfg = preset("auto", args.task)
     cfg.total_timesteps, cfg.seed, cfg.run_dir = args.total_timesteps, args.seed, str(run_dir)
-    cfg.serial = True
+    cfg.placement = "serial"
     cfg.log.tensorboard, cfg.log.checkpoint_every, cfg.log.gpu_util_interval_s = False, 0, 0.0
     for k, v in MODES[mode].items():
         setattr(cfg.profile, k, v)
@@ -116,8 +117,8 @@ def main(args: Args) -> None:
         print(f"| {mode} | {med:,.0f} | {med / base:.3f} | {target} | {best:,.0f} | "
               f"{best / best_off:.3f} | {runs} |")
     cfg = preset("auto", args.task)
-    p = cfg.ppo
-    per_update = 2 * p.num_steps + 4 * p.update_epochs * p.num_minibatches + 5
+    p = cfg.algo
+    per_update = 2 * p.num_steps + p.update_epochs * p.num_minibatches + 5
     per_s = per_update * base / cfg.batch_size
     plain, nvtx = _section_cost_us("none"), _section_cost_us("nvtx")
     print(f"\nestimate: one timer section costs {plain:.2f} us plain, {nvtx:.2f} us with NVTX (no "

@@ -1,5 +1,5 @@
 """Gradient aggregation through the iSwitch switch: per-iteration time in an emulated rack against
-ring and PS (``--mode reduce``), and asynchronous training against synchronous (``--mode async``).
+ring and PS (``--mode reduce``), and stale-sync training against synchronous (``--mode stale-sync``).
 
 ``--mode reduce`` (the default):
 
@@ -21,7 +21,7 @@ parameter server): on a shared machine a figure steadier than wall time.
     sudo .venv/bin/python benchmarks/switch.py --workers 4
     sudo .venv/bin/python benchmarks/switch.py --workers 6 9 12 --per-tor 3
 
-``--mode async`` (iSwitch §4.1, no root needed): ``--workers`` PPO learners on loopback, each
+``--mode stale-sync`` (iSwitch §4.1, no root needed): ``--workers`` PPO learners on loopback, each
 updating on a fixed synthetic batch with the Hopper-v5 networks (64-64 tanh MLPs, 10,119 float32
 = 40 KB: the paper's PPO model), reduce every minibatch gradient through one switch daemon whose
 ``--delay-ms`` adds aggregation latency. Per staleness bound (``sync`` = `SwitchReducer.allreduce_`
@@ -29,7 +29,7 @@ then the step; ``S`` = `gmi_drl.comm.switch.pipeline`) it prints the median wall
 update (the slowest worker's; 2,048 samples, 32 minibatches, 2 epochs = 64 aggregations) and the
 mean staleness, after one warm-up update.
 
-    .venv/bin/python benchmarks/switch.py --mode async --workers 4 --delays-ms 0 2 5
+    .venv/bin/python benchmarks/switch.py --mode stale-sync --workers 4 --delays-ms 0 2 5
 """
 
 from __future__ import annotations
@@ -237,38 +237,45 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
     return table
 
 
-# ---- asynchronous training (--mode async) ------------------------------------------------------
+# ---- stale-sync training (--mode stale-sync) ---------------------------------------------------
 
-ASYNC_BATCH, ASYNC_MINIBATCHES, ASYNC_EPOCHS = 2048, 32, 2
+STALE_BATCH, STALE_MINIBATCHES, STALE_EPOCHS = 2048, 32, 2
 
 
-def async_worker_main(a) -> None:
+def stale_sync_worker_main(a) -> None:
+    import functools
+
     import gymnasium as gym
     import torch
 
-    from gmi_drl.algos.ppo import PPO, PPOConfig
+    from gmi_drl.algos import AlgoContext, ModelConfig, PPOConfig, build_algorithm
     from gmi_drl.comm.switch import SwitchReducer
-    from gmi_drl.models import build_actor_critic
-    from gmi_drl.rollout.storage import Batch
+    from gmi_drl.envs.spec import EnvSpec
+    from gmi_drl.optim.grad_step import make_grad_step
 
     torch.set_num_threads(1)
-    red = SwitchReducer(a.addr, a.rank, a.world, job_id="bench-async", timeout_s=120,
+    red = SwitchReducer(a.addr, a.rank, a.world, job_id="bench-stale-sync", timeout_s=120,
                         join_timeout_s=120)
+    spec = EnvSpec("Hopper-v5", gym.spaces.Box(-np.inf, np.inf, (11,)),
+                   gym.spaces.Box(-1.0, 1.0, (3,)), None)  # Hopper-v5's spaces
+    bound = None if a.staleness[0] < 0 else a.staleness[0]
+    steps = functools.partial(make_grad_step, reducer=red, staleness_bound=bound, compile=False)
+    envs = 8
+    ctx = AlgoContext(spec, envs, ModelConfig(), 1000, 0, steps, torch.Generator())
     torch.manual_seed(0)
-    model = build_actor_critic(gym.spaces.Box(-np.inf, np.inf, (11,)),
-                               gym.spaces.Box(-1.0, 1.0, (3,)))  # Hopper-v5's spaces
-    cfg = PPOConfig(num_minibatches=ASYNC_MINIBATCHES, update_epochs=ASYNC_EPOCHS)
-    learner = PPO(cfg, model, ASYNC_BATCH, 1000, reducer=red,
-                  staleness_bound=None if a.staleness[0] < 0 else a.staleness[0])
-    g = torch.Generator().manual_seed(a.rank)
-    n = ASYNC_BATCH
-    batch = Batch(torch.randn(n, 11, generator=g), torch.randn(n, 3, generator=g).clamp(-1, 1),
-                  -torch.rand(n, generator=g) * 3, torch.randn(n, generator=g),
-                  torch.randn(n, generator=g), torch.randn(n, generator=g))
+    learner = build_algorithm(PPOConfig(num_steps=STALE_BATCH // envs,
+                                        num_minibatches=STALE_MINIBATCHES,
+                                        update_epochs=STALE_EPOCHS), ctx)
+    g, buf = torch.Generator().manual_seed(a.rank), learner.buf
+    buf.obs.copy_(torch.randn(buf.obs.shape, generator=g))
+    buf.actions.copy_(torch.randn(buf.actions.shape, generator=g).clamp(-1, 1))
+    buf.logprobs.copy_(-torch.rand(buf.logprobs.shape, generator=g) * 3)
+    for x in (buf.values, buf.advantages, buf.returns):
+        x.copy_(torch.randn(x.shape, generator=g))
     times, staleness = [], []
     for i in range(1 + a.updates):
         t0 = time.perf_counter()
-        stats = learner.update(batch)
+        stats = learner.update()
         if i:
             times.append(time.perf_counter() - t0)
             staleness.append(stats.get("comm/staleness_mean", 0.0))
@@ -277,11 +284,11 @@ def async_worker_main(a) -> None:
     print(json.dumps({"rank": a.rank, "times": times, "staleness": staleness}), flush=True)
 
 
-def async_driver(a) -> None:
+def stale_sync_driver(a) -> None:
     py = sys.executable
     print(f"\n{a.workers[0]} PPO learners on loopback, Hopper-v5 networks (40 KB), "
-          f"{ASYNC_BATCH} samples x {ASYNC_EPOCHS} epochs / {ASYNC_MINIBATCHES} minibatches = "
-          f"{ASYNC_EPOCHS * ASYNC_MINIBATCHES} aggregations per update; load average "
+          f"{STALE_BATCH} samples x {STALE_EPOCHS} epochs / {STALE_MINIBATCHES} minibatches = "
+          f"{STALE_EPOCHS * STALE_MINIBATCHES} aggregations per update; load average "
           f"{os.getloadavg()[0]:.2f}")
     names = ["sync" if s < 0 else f"S={s}" for s in a.staleness]
     print(f"{'delay ms':>8} | " + " | ".join(f"{m:>16}" for m in names)
@@ -296,7 +303,7 @@ def async_driver(a) -> None:
             cells = []
             for s in a.staleness:
                 procs = [subprocess.Popen(
-                    [py, os.path.abspath(__file__), "_async_worker", "--rank", str(r), "--world",
+                    [py, os.path.abspath(__file__), "_stale_sync_worker", "--rank", str(r), "--world",
                      str(a.workers[0]), "--addr", addr, "--staleness", str(s), "--updates",
                      str(a.updates)], stdout=subprocess.PIPE, text=True)
                     for r in range(a.workers[0])]
@@ -304,7 +311,7 @@ def async_driver(a) -> None:
                 for p in procs:
                     out, _ = p.communicate(timeout=a.timeout)
                     if p.returncode != 0:
-                        raise RuntimeError(f"async worker failed ({p.returncode})")
+                        raise RuntimeError(f"stale-sync worker failed ({p.returncode})")
                     results.append(json.loads(out.strip().splitlines()[-1]))
                 per_update = np.max([r["times"] for r in results], axis=0) * 1000
                 stale = np.mean([r["staleness"] for r in results])
@@ -351,8 +358,8 @@ def driver(a) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("role", nargs="?", default="driver",
-                   choices=["driver", "_worker", "_ps", "_async_worker"])
-    p.add_argument("--mode", choices=["reduce", "async"], default="reduce")
+                   choices=["driver", "_worker", "_ps", "_stale_sync_worker"])
+    p.add_argument("--mode", choices=["reduce", "stale-sync"], default="reduce")
     p.add_argument("--workers", type=int, nargs="+", default=[4])
     p.add_argument("--per-tor", type=int, default=3)
     p.add_argument("--methods", nargs="+", default=["switch", "ring", "ps"])
@@ -364,11 +371,11 @@ def main(argv=None) -> None:
     p.add_argument("--verbose", action="store_true", help="print the switches' counters")
     p.add_argument("--json", default=None, help="append results as JSON lines to this file")
     p.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 2.0, 5.0],
-                   help="--mode async: the switch's added latency per packet sent, ms")
+                   help="--mode stale-sync: the switch's added latency per packet sent, ms")
     p.add_argument("--staleness", type=int, nargs="+", default=[-1, 1, 2, 4],
-                   help="--mode async: staleness bounds to compare (-1: synchronous); a worker "
+                   help="--mode stale-sync: staleness bounds to compare (-1: synchronous); a worker "
                         "takes one")
-    p.add_argument("--updates", type=int, default=5, help="--mode async: timed updates")
+    p.add_argument("--updates", type=int, default=5, help="--mode stale-sync: timed updates")
     p.add_argument("--method")
     p.add_argument("--rank", type=int)
     p.add_argument("--world", type=int)
@@ -376,9 +383,9 @@ def main(argv=None) -> None:
     p.add_argument("--ifname")
     a = p.parse_args(argv)
     if a.role == "driver":
-        (async_driver if a.mode == "async" else driver)(a)
+        (stale_sync_driver if a.mode == "stale-sync" else driver)(a)
     else:
-        {"_worker": worker_main, "_ps": ps_main, "_async_worker": async_worker_main}[a.role](a)
+        {"_worker": worker_main, "_ps": ps_main, "_stale_sync_worker": stale_sync_worker_main}[a.role](a)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ option: it joins the namespace before it opens a socket), the switch daemon in `
 ring's TCP traffic crosses the same links, forwarded by ``sw``'s IP stack. Methods:
 
 - ``switch``: synchronous, `SwitchReducer.allreduce_` per minibatch;
-- ``async``: the switch with staleness bound ``--staleness`` (iSwitch §4.1);
-- ``ring``: one gloo ring over the 4 GMIs (``--gmi.reducer ring``).
+- ``stale-sync``: the switch with staleness bound ``--staleness`` (iSwitch §4.1);
+- ``ring``: one gloo ring over the 4 GMIs (``--gmi.reduction ring``).
 
 Every method trains the same config and seed: the mujoco preset (CleanRL's
 ``ppo_continuous_action.py``) with ``--envs`` envs per GMI and ``--num-steps`` steps per env per
@@ -17,7 +17,7 @@ rollout, for ``--steps`` env steps over all GMIs. Writes ``<out>/curves.csv`` (p
 method, global_step, GMI 0's mean episodic return of the episodes that ended in it),
 ``<out>/curves.png``, each run's directory, and prints the table: GMI 0's mean return over its
 last 20 episodes, env steps/s over the loop, and the share of the loop the trainer waited for
-aggregation (``perf/update/allreduce``: the collective, or, asynchronous, the time blocked by
+aggregation (``perf/update/allreduce``: the collective, or, stale-sync, the time blocked by
 the staleness bound and the final drain of each update).
 
     sudo .venv/bin/python benchmarks/switch_training.py --out runs/switch-hopper
@@ -41,13 +41,13 @@ def run_method(rack, method: str, a, out: Path) -> dict:
     from gmi_drl.train import train
 
     cfg = preset("mujoco", "Hopper-v5")
-    cfg.env.num_envs, cfg.ppo.num_steps = a.envs, a.num_steps
+    cfg.env.num_envs, cfg.algo.num_steps = a.envs, a.num_steps
     cfg.total_timesteps, cfg.seed = a.steps, a.seed
     cfg.gmi.num_gmis = a.workers
     cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
-    cfg.gmi.reducer = "ring" if method == "ring" else "switch"
+    cfg.gmi.reduction = "ring" if method == "ring" else "switch"
     cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
-    cfg.gmi.staleness = a.staleness if method == "async" else 0
+    cfg.gmi.staleness = a.staleness if method == "stale-sync" else 0
     cfg.log.tensorboard, cfg.log.checkpoint_every = False, 0
     cfg.run_dir = str(out / method)
     daemon = None
@@ -70,7 +70,7 @@ def run_method(rack, method: str, a, out: Path) -> dict:
     waited = sum(float(r["value"]) for r in rows if r["name"] == "perf/update/allreduce_s")
     return {"curve": curve, "final": float(result.episode_returns[-20:].mean()),
             "sps": result.global_step / result.wall_s, "share": waited / result.wall_s,
-            "wall": result.wall_s, "identical": len(set(result.param_digests)) == 1,
+            "wall": result.wall_s, "identical": len(set(result.weight_digests)) == 1,
             "load": (load, os.getloadavg()[0])}
 
 
@@ -95,13 +95,13 @@ def plot(results: dict, out: Path, title: str) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/switch-hopper")
-    p.add_argument("--methods", nargs="+", default=["switch", "ring", "async"],
-                   choices=["switch", "ring", "async"])
+    p.add_argument("--methods", nargs="+", default=["switch", "ring", "stale-sync"],
+                   choices=["switch", "ring", "stale-sync"])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--envs", type=int, default=4, help="envs per GMI")
     p.add_argument("--num-steps", type=int, default=512, help="steps per env per rollout")
     p.add_argument("--steps", type=int, default=245_760, help="env steps over all GMIs")
-    p.add_argument("--staleness", type=int, default=2, help="S of the async method")
+    p.add_argument("--staleness", type=int, default=2, help="S of the stale-sync method")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-mbit", type=float, default=100.0)
     p.add_argument("--mtu", type=int, default=9000)
@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     print(f"\n{title}; {a.steps} steps; one seed")
     print(f"{'method':>14} | {'final return':>12} | {'steps/s':>8} | {'wall s':>7} | "
           f"{'agg. share':>10} | identical weights | load avg (start, end)")
-    names = {"switch": "switch (sync)", "ring": "gloo ring", "async": f"switch S={a.staleness}"}
+    names = {"switch": "switch (sync)", "ring": "gloo ring", "stale-sync": f"switch S={a.staleness}"}
     for method, r in results.items():
         print(f"{names[method]:>14} | {r['final']:12.1f} | {r['sps']:8.0f} | {r['wall']:7.1f} | "
               f"{r['share']:9.1%} | {'yes' if r['identical'] else 'NO':>17} | "

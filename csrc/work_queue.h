@@ -106,9 +106,8 @@ class WorkQueue {
     waiting_ = true;
     // The waiting thread runs queued envs itself rather than sleep (EnvPool's caller sleeps):
     // the caller is one of the pool's threads (`queue_workers` in Python starts one worker
-    // fewer), so no more threads are runnable than the pool has, and a batch costs no wake-up.
-    // Measured on Hopper with 2 threads, 16 envs in batches of 8: 1 worker + the helping caller
-    // ran 1.02-1.14x EnvPool, 2 workers + a sleeping caller 0.96-1.06x (3 runs each).
+    // fewer), so no more threads are runnable than the pool has, and a batch costs no wake-up
+    // (faster than a sleeping caller on 2 cores: docs/benchmarks.md).
     while (static_cast<int>(done_.size()) < want_ && error_.empty() && !stop_) {
       if (queue_.empty()) {
         if (in_flight_ <= 1) {  // one env left, on a worker: spin on the free core

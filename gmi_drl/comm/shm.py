@@ -8,8 +8,8 @@ after a second barrier, every member copies the whole result back into its tenso
 
 The barrier is a spin-then-sleep barrier on per-member epoch counters in the same block (each
 member writes only its own cache line; x86's store order makes the rows visible before the
-counter): waking costs microseconds instead of the ~150 us of a semaphore-based
-``multiprocessing.Barrier`` round, and the handle is a plain name, picklable anywhere.
+counter): waking costs microseconds, a fraction of a semaphore-based ``multiprocessing.Barrier``
+round, and the handle is a plain name, picklable anywhere.
 
 Cost per call: 2 barriers; each member moves ``numel`` floats in, ``numel`` out and sums
 ``numel * world_size / world_size`` floats, so the work per member stays flat as the group grows

@@ -7,7 +7,7 @@ FIRE reset, all in C++, outside the GIL); task ids, option names and defaults fo
 
 Engines (``make(..., engine=...)``, default ``"auto"``):
 
-- ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariBackend`, the default where the extension
+- ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariEngine`, the default where the extension
   ``_atari_core`` is built): every env on one shared queue of ``num_workers`` C++ threads, as in
   EnvPool; ``send(actions, env_id)`` takes any subset of the envs not in flight and ``recv``
   returns the first to finish (``csrc/atari_core.cpp``). The caller steps queued envs while it
@@ -18,22 +18,21 @@ Engines (``make(..., engine=...)``, default ``"auto"``):
 Both run the same emulator code per env and give identical trajectories (tested).
 
 The ``"ale"`` engine's design. ale-py's ``send`` takes no env ids: it routes action ``k`` to the
-``k``-th env of its own last ``recv`` batch and wants exactly ``batch_size`` actions, and an async
+``k``-th env of its own last ``recv`` batch and wants exactly ``batch_size`` actions, and a partial-batch
 ale-py env (``batch_size < num_envs``) can neither reset some envs nor return every env's first
 observation. A pool, though, may send any subset of its envs and resets return every env given.
 So the pool's envs are split into *groups* of consecutive ids, each group one synchronous ale-py
 vector env (``batch_size == num_envs``, results in env order) on its own C++ thread(s); a group
 steps once actions for all its envs were sent. The ``group_size`` option (default: automatic):
 
-- synchronous pools (``env_batch_size == num_envs``): one group of every env on the pool's
+- full-batch pools (``env_batch_size == num_envs``): one group of every env on the pool's
   ``num_workers`` threads, one ale-py ``send``/``recv`` per step.
-- asynchronous pools, and ``episodic_life`` with autoreset ``same_step``/``disabled`` (they step
+- partial-batch pools, and ``episodic_life`` with autoreset ``same_step``/``disabled`` (they step
   single envs after a life loss): ``group_size=1``, one ale-py env and one C++ thread per env
   (``num_workers`` is ignored). Any subset may be sent; ``wait`` blocks on the env sent first,
   so envs come back in the order they were sent. Each env step is a hand-off to its own thread
-  and back (~1.2 context switches per env step against EnvPool's ~0.3), which is why the native
-  engine exists: on Pong, 16 envs in batches of 8 on 2 cores, this ran at 0.75-1.02x EnvPool's
-  steps/s, the native engine at 1.03-1.08x.
+  and back (more context switches per env step than EnvPool's shared queue), which is why the
+  native engine exists (``benchmarks/env_throughput.py`` compares them).
 - ``group_size=k > 1`` (dividing ``num_envs`` and ``env_batch_size``): groups of ``k`` envs, one
   thread each (``num_workers`` threads when there is a single group); a ``recv`` returns whole
   groups, the first sent. Sending the ids a ``recv`` returned (EnvPool's loop) always works; a
@@ -80,8 +79,8 @@ Episode statistics. ``episode_return`` is the *unclipped* game score and ``episo
 agent steps of the current **game** (all lives, life-loss reset steps included), whatever
 ``episodic_life`` and ``reward_clip`` say: the numbers Atari learning curves in the literature
 report. With ``episodic_life`` a life loss reports ``terminated`` while the game goes on, so such
-a row holds the game's running score; `AtariBackend.end_of_game` marks the rows whose game
-itself ended (game over or the time limit), `AtariBackend.lives` the lives left.
+a row holds the game's running score; `AtariEngine.end_of_game` marks the rows whose game
+itself ended (game over or the time limit), `AtariEngine.lives` the lives left.
 
 Seeding. Env ``i`` of a pool made with ``seed=s`` is first reset with seed ``s + i`` (ale-py
 reloads the ROM with ALE ``random_seed = s + i`` and seeds the env's no-op generator with it);
@@ -89,8 +88,8 @@ later new games continue that generator. A trajectory therefore depends only on 
 actions sent to env ``i``, not on ``num_envs``, ``env_batch_size``, grouping or timing (tested).
 ``s + i`` must lie in ``[0, 2**31 - 1]``.
 
-Cost. Building a pool loads the ROM once per env (~0.1 s each, serial), and the first reset
-reloads it with the env's seed (another ~0.1 s per env).
+Cost. Building a pool loads the ROM once per env, one after another, and the first reset reloads
+it with the env's seed.
 """
 
 from __future__ import annotations
@@ -102,7 +101,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.backend import Backend
+from gmi_drl.envs.engine import Engine
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError, Slots
 
@@ -144,23 +143,23 @@ _ALIASES = {
 }
 
 ENGINES = ("auto", "native", "ale")
-_STEP, _RESTART, _FINISH = 0, 1, 2  # what an env's request in flight is (see AtariBackend)
+_STEP, _RESTART, _FINISH = 0, 1, 2  # what an env's request in flight is (see AtariEngine)
 
 
 def register_tasks(register) -> None:
     """Register the `GAMES` task ids with `gmi_drl.envs.register` (nothing is built or imported).
 
     Any other ROM ale-py ships registers the same way, e.g.
-    ``register("Alien-v5", backend=functools.partial(make_backend, "Alien-v5"), game="alien")``.
+    ``register("Alien-v5", engine=functools.partial(make_engine, "Alien-v5"), game="alien")``.
     """
     for task_id, game in GAMES.items():
-        register(task_id, backend=functools.partial(make_backend, task_id), game=game)
+        register(task_id, engine=functools.partial(make_engine, task_id), game=game)
 
 
-def make_backend(task_id: str, *, num_envs: int, env_batch_size: int, num_threads: int,
+def make_engine(task_id: str, *, num_envs: int, env_batch_size: int, num_threads: int,
                  seed: int, autoreset: AutoresetMode, game: str, engine: str = "auto",
-                 **options: Any) -> tuple[EnvSpec, "AtariBackend"]:
-    """The registry's factory: ``(EnvSpec, AtariBackend)`` for ``num_envs`` envs of ROM ``game``.
+                 **options: Any) -> tuple[EnvSpec, "AtariEngine"]:
+    """The registry's factory: ``(EnvSpec, AtariEngine)`` for ``num_envs`` envs of ROM ``game``.
 
     Args:
         task_id: the name put in the spec (``max_episode_steps=None``: the emulator applies the
@@ -168,28 +167,28 @@ def make_backend(task_id: str, *, num_envs: int, env_batch_size: int, num_thread
         num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
         num_threads: C++ emulator threads (of the native core, or of a pool that is one group).
         game: ale-py ROM id, e.g. ``"pong"`` (snake case).
-        engine: ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariBackend`: every env on one
+        engine: ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariEngine`: every env on one
             shared queue of C++ threads; raises where the core is not built), ``"ale"`` (ale-py's
             vector envs in groups, see the module docstring), or ``"auto"`` (native where it is
             built and no ``group_size`` is given).
         **options: overrides of `DEFAULTS` (EnvPool's option names).
 
     Raises:
-        ValueError: an unknown ``engine``; see `AtariBackend`.
+        ValueError: an unknown ``engine``; see `AtariEngine`.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
-    cls = AtariBackend
+    cls = AtariEngine
     if engine != "ale":
         from gmi_drl.envs import atari_native
 
         if engine == "native" or (atari_native.core is not None
                                   and options.get("group_size") is None):
-            cls = atari_native.NativeAtariBackend
-    backend = cls(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
+            cls = atari_native.NativeAtariEngine
+    engine = cls(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
                   num_threads=num_threads, **options)
-    spec = EnvSpec(task_id, backend.observation_space, backend.action_space, None)
-    return spec, backend
+    spec = EnvSpec(task_id, engine.observation_space, engine.action_space, None)
+    return spec, engine
 
 
 def _check_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +235,7 @@ class _Group:
         self.eog = False           # some row of the group may have end_of_game set
 
 
-class AtariBackend(Backend):
+class AtariEngine(Engine):
     """``num_envs`` Atari games on ale-py C++ emulator threads; see the module docstring.
 
     Args:
@@ -365,7 +364,7 @@ class AtariBackend(Backend):
             raise
         return [a.value for a in self._groups[0].ale.get_action_set()]
 
-    # --- Backend API ------------------------------------------------------------------------
+    # --- Engine API ------------------------------------------------------------------------
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
         """Record one action per env; a group starts stepping on its C++ thread(s) as soon as
         all its envs have one. Returns without waiting on the emulators.

@@ -1,5 +1,5 @@
 """Atari on the native core ``gmi_drl.envs._atari_core`` (``csrc/atari_core.cpp``): the loader
-and `NativeAtariBackend`.
+and `NativeAtariEngine`.
 
 The core calls ale-py's emulator class ``ale::vector::PreprocessedEnv`` through the symbols the
 ``ale_py._ale_py`` extension exports, and is not linked against it (the wheel ships no library to
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gmi_drl.envs.atari import _FINISH, _STEP, AtariBackend
-from gmi_drl.envs.backend import queue_workers
+from gmi_drl.envs.atari import _FINISH, _STEP, AtariEngine
+from gmi_drl.envs.engine import queue_workers
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
@@ -43,8 +43,8 @@ core, unavailable_reason = _load()
 """The ``_atari_core`` module, or ``None`` with `unavailable_reason` saying why."""
 
 
-class NativeAtariBackend(AtariBackend):
-    """`AtariBackend` on the native core: every env on one shared queue of C++ threads.
+class NativeAtariEngine(AtariEngine):
+    """`AtariEngine` on the native core: every env on one shared queue of C++ threads.
 
     The emulators, their results and the game bookkeeping are those of ``group_size=1`` on
     ale-py's vector env (one env per ale-py env), so trajectories are identical; but the envs
@@ -53,10 +53,10 @@ class NativeAtariBackend(AtariBackend):
     rows of ordinary steps are then recorded with whole-batch array operations, the rest (new
     games, life losses, the young frame stack after a new game) one by one.
 
-    Args: as `AtariBackend`; ``group_size`` must be ``None`` (groups are ale-py's).
+    Args: as `AtariEngine`; ``group_size`` must be ``None`` (groups are ale-py's).
 
     Raises:
-        ValueError: as `AtariBackend`, or the core is not available (the reason).
+        ValueError: as `AtariEngine`, or the core is not available (the reason).
     """
 
     def _plan_groups(self, k: int | None, num_envs: int, batch: int, errors: list[str]) -> int:
@@ -78,7 +78,7 @@ class NativeAtariBackend(AtariBackend):
                                     {**self._raw, "obs": obs})
         return list(self._core.action_set())
 
-    # --- Backend API ------------------------------------------------------------------------
+    # --- Engine API ------------------------------------------------------------------------
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
         """Queue one step of each env; an env whose episode ended gets its reset instead.
 

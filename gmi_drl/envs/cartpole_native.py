@@ -1,8 +1,8 @@
 """CartPole-v1 as a whole pool in C++: EnvPool's API with no Python per call but the binding.
 
 A CartPole step costs nanoseconds, so a pool of it is bound by the bookkeeping around the step
-(env ids, action checks, episode statistics, batch assembly): in the Python `EnvPool` that is
-~30 us per ``send`` + ``recv``. Here ``reset``/``send``/``recv``/``step`` are the methods of the
+(env ids, action checks, episode statistics, batch assembly), which the Python `EnvPool` does in
+Python on every ``send`` + ``recv``. Here ``reset``/``send``/``recv``/``step`` are the methods of the
 native ``gmi_drl.envs._cartpole_pool.CartPolePool`` (``csrc/cartpole_pool.cpp``), with the same
 contract, errors and messages as `EnvPool` (EnvPool, papers/003_e9bf2f468e812145.txt, §3: a C++
 core behind a thin binding). It steps in the caller's thread: a hand-off to another thread costs
@@ -25,7 +25,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from gmi_drl.envs import classic_control
-from gmi_drl.envs.backend import LocalBackend
+from gmi_drl.envs.engine import LocalEngine
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError, Slots, Stepper
@@ -119,5 +119,5 @@ def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seed: int,
     spec = EnvSpec(TASK_ID, env.observation_space, env.action_space, MAX_EPISODE_STEPS)
     slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
     seeds = seed + np.arange(num_envs, dtype=np.int64)
-    backend = LocalBackend(Stepper(env, slots, autoreset, MAX_EPISODE_STEPS, seeds))
-    return EnvPool(spec, backend, num_envs, env_batch_size, autoreset)
+    engine = LocalEngine(Stepper(env, slots, autoreset, MAX_EPISODE_STEPS, seeds))
+    return EnvPool(spec, engine, num_envs, env_batch_size, autoreset)

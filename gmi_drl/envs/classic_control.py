@@ -42,8 +42,9 @@ _F32, _F64 = np.float32, np.float64
 
 
 def _c(value: float) -> np.ndarray:
-    """A float64 constant as a 0-d array: NumPy combines it with an array ~30% faster than a
-    Python float, with the identical IEEE result (only for float64 operands)."""
+    """A float64 constant as a 0-d array: NumPy combines it with an array faster than a Python
+    float (no scalar conversion per op), with the identical IEEE result (only for float64
+    operands)."""
     return np.array(value, _F64)
 
 
@@ -684,7 +685,7 @@ def register_tasks(register) -> None:
     """Register the five tasks of `TASKS` with ``register`` (`gmi_drl.envs.register`), natively,
     with Gymnasium's time limits."""
     for task_id, (_, max_episode_steps) in TASKS.items():
-        register(task_id, native=functools.partial(make_batch, task_id),
+        register(task_id, batched=functools.partial(make_batch, task_id),
                  max_episode_steps=max_episode_steps)
 
 

@@ -17,8 +17,8 @@ Derived quantities follow ``MujocoEnv.do_simulation`` (``mj_step(nstep=frame_ski
 kinematics in ``MjData``), and ``cfrc_ext`` (Ant, Humanoid) is computed from that state's contacts.
 Contacts live in ``MjData``'s arena, which a batch cannot bind, so Ant and Humanoid run a
 persistent batch (one ``MjData`` per env) and, per stepped env, copy its ``MjData`` into a scratch
-one (`Batch.get_data`) and run ``mj_rnePostConstraint`` there: a per-env loop of ~10 us beside
-~100-300 us of physics. The other five tasks read only state fields and stay fully vectorised.
+one (`Batch.get_data`) and run ``mj_rnePostConstraint`` there: a per-env loop, small beside the
+physics. The other five tasks read only state fields and stay fully vectorised.
 
 Not supported: rendering, ``info`` dicts, Gymnasium's ``default_camera_config``/render keywords.
 """
@@ -591,9 +591,9 @@ def register_tasks(register) -> None:
     """Register every task of `TASKS` as native, with Gymnasium's episode limit.
 
     Args:
-        register: `gmi_drl.envs.register`; called as ``register(task_id, native=cls,
+        register: `gmi_drl.envs.register`; called as ``register(task_id, batched=cls,
             max_episode_steps=limit)``, the class being built as ``cls(num_envs=N,
             num_threads=T, **kwargs)``.
     """
     for task_id, (cls, max_episode_steps) in TASKS.items():
-        register(task_id, native=cls, max_episode_steps=max_episode_steps)
+        register(task_id, batched=cls, max_episode_steps=max_episode_steps)

@@ -1,4 +1,4 @@
-"""MuJoCo locomotion on a C++ thread pool: EnvPool's asynchronous engine for the planar tasks.
+"""MuJoCo locomotion on a C++ thread pool: EnvPool's thread-pool engine for the planar tasks.
 
 Source: EnvPool (papers/003_e9bf2f468e812145.txt, §3): actions are queued with their env ids and
 ``send`` returns at once; worker threads step one env each, write its results into the pool's
@@ -6,7 +6,7 @@ state buffers, and ``recv`` returns the first ``env_batch_size`` envs to finish.
 ``num_envs > env_batch_size`` the physics of the next batch runs while the caller works on this
 one.
 
-`MujocoThreadBackend` wraps the native core ``gmi_drl.envs._mujoco_core`` (``csrc/
+`MujocoThreadEngine` wraps the native core ``gmi_drl.envs._mujoco_core`` (``csrc/
 mujoco_core.cpp``, built by ``pip install``, linked against the ``mujoco`` wheel's library).
 Per step and env it runs, without the GIL: control from the action, ``frame_skip`` ``mj_step``
 calls, observation, reward, termination, the pool's time limit, episode statistics and
@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from gmi_drl.envs import mujoco_locomotion as ml
-from gmi_drl.envs.backend import Backend, LocalBackend, queue_workers
+from gmi_drl.envs.engine import Engine, LocalEngine, queue_workers
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import Slots, Stepper
 
@@ -80,8 +80,8 @@ def _task(env: ml.MujocoBatch) -> Any:
     return t
 
 
-class MujocoThreadBackend(Backend):
-    """The pool backend of the thread engine; see the module docstring.
+class MujocoThreadEngine(Engine):
+    """The pool engine of the C++ thread core; see the module docstring.
 
     Args:
         env: a one-env instance of the task (its model, spaces, parameters and reset noise).
@@ -154,10 +154,10 @@ class MujocoThreadBackend(Backend):
             self._has_next[i] = True
 
 
-def make_backend(task_id: str, num_envs: int, env_batch_size: int, num_threads: int, seed: int,
+def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: int, seed: int,
                  autoreset: AutoresetMode, engine: str = "auto",
-                 **kwargs: Any) -> tuple[EnvSpec, Backend]:
-    """The registry's backend factory for the four tasks: the thread engine or the NumPy one.
+                 **kwargs: Any) -> tuple[EnvSpec, Engine]:
+    """The registry's engine factory for the four tasks: the thread engine or the NumPy one.
 
     Args:
         engine: ``"threads"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
@@ -177,16 +177,16 @@ def make_backend(task_id: str, num_envs: int, env_batch_size: int, num_threads: 
             spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
                            max_episode_steps)
             workers = queue_workers(num_threads)
-            return spec, MujocoThreadBackend(probe, num_envs, workers, autoreset,
+            return spec, MujocoThreadEngine(probe, num_envs, workers, autoreset,
                                              max_episode_steps, seeds)
         probe.close()
     env = cls(num_envs=num_envs, num_threads=num_threads, **kwargs)
     spec = EnvSpec(task_id, env.observation_space, env.action_space, max_episode_steps)
     slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-    return spec, LocalBackend(Stepper(env, slots, autoreset, max_episode_steps, seeds))
+    return spec, LocalEngine(Stepper(env, slots, autoreset, max_episode_steps, seeds))
 
 
 def register_tasks(register) -> None:
-    """Register the four tasks with `make_backend` (after `mujoco_locomotion.register_tasks`)."""
+    """Register the four tasks with `make_engine` (after `mujoco_locomotion.register_tasks`)."""
     for task_id in TASKS:
-        register(task_id, backend=functools.partial(make_backend, task_id))
+        register(task_id, engine=functools.partial(make_engine, task_id))

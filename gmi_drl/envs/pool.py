@@ -1,4 +1,4 @@
-"""`EnvPool`: the batched, asynchronous environment API (EnvPool's `send`/`recv`).
+"""`EnvPool`: the batched environment API (EnvPool's `send`/`recv`, full or partial batches).
 
 Source: papers/003_e9bf2f468e812145.txt (EnvPool): actions go out with the ids of the envs they
 are for (`send`), and `recv` returns the first ``env_batch_size`` envs to finish, so the caller
@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.backend import Backend
+from gmi_drl.envs.engine import Engine
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError
 
@@ -41,7 +41,7 @@ class EnvPool:
     of the engine (Atari: ``lives``).
     """
 
-    def __init__(self, spec: EnvSpec, backend: Backend, num_envs: int, env_batch_size: int,
+    def __init__(self, spec: EnvSpec, engine: Engine, num_envs: int, env_batch_size: int,
                  autoreset: AutoresetMode) -> None:
         self.spec = spec
         self.observation_space: gym.spaces.Space = spec.observation_space
@@ -49,8 +49,8 @@ class EnvPool:
         self.num_envs = num_envs
         self.env_batch_size = env_batch_size
         self.autoreset = AutoresetMode(autoreset)
-        self._backend = backend
-        self._slots = backend.slots
+        self._engine = engine
+        self._slots = engine.slots
         self._all_ids = np.arange(num_envs, dtype=np.int64)
         self._in_flight = np.zeros(num_envs, bool)
         self._num_in_flight = 0
@@ -59,7 +59,7 @@ class EnvPool:
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = 0
         self._closed = False
-        self._failure: BaseException | None = None  # a backend failure poisons the pool
+        self._failure: BaseException | None = None  # an engine failure poisons the pool
         self._init_action_checks()
         s, b = self._slots, env_batch_size
         self._out = {
@@ -73,14 +73,16 @@ class EnvPool:
             "env_id": np.zeros(b, np.int64),
             "episode_end": np.zeros(b, bool),
         }
-        self._extra = dict(backend.extra_info)
+        self._extra = dict(engine.extra_info)
         self._extra_out = {k: np.zeros((b, *v.shape[1:]), v.dtype) for k, v in self._extra.items()}
         # recv hands out a read-only view of env ids; sending it back skips re-validation
         self._env_id_out = self._out["env_id"].view()
         self._env_id_out.flags.writeable = False
 
     @property
-    def is_async(self) -> bool:
+    def partial_batch(self) -> bool:
+        """``env_batch_size < num_envs``: each `recv` returns the first envs to finish (EnvPool's
+        "asynchronous" mode; gmi-drl keeps "async" for the decoupled training template)."""
         return self.env_batch_size < self.num_envs
 
     # --- public API -----------------------------------------------------------------------------
@@ -98,7 +100,7 @@ class EnvPool:
         if self._in_flight[ids].any():
             raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} has a step in flight; "
                              "recv() its result before resetting it")
-        self._backend.reset(ids)
+        self._engine.reset(ids)
         self._ended[ids] = False
         s = self._slots
         if ids is self._all_ids:
@@ -132,7 +134,7 @@ class EnvPool:
         actions = self._check_actions(actions, len(ids))
         self._in_flight[ids] = True
         self._num_in_flight += len(ids)
-        self._backend.send(ids, actions)
+        self._engine.send(ids, actions)
 
     def recv(self) -> StepReturn:
         """Return the first ``env_batch_size`` envs to finish: ``(obs, rewards, terminated,
@@ -150,7 +152,7 @@ class EnvPool:
                 f"{self._num_in_flight} are; send() actions for more envs first")
         while self._num_ready < b:
             try:
-                done = self._backend.wait(b - self._num_ready)
+                done = self._engine.wait(b - self._num_ready)
             except RuntimeError as e:
                 self._failure = e
                 raise
@@ -166,7 +168,8 @@ class EnvPool:
         return out
 
     def step(self, actions: np.ndarray, env_id: Any = None) -> StepReturn:
-        """`send` then `recv`. In async mode the batch returned may hold other envs than sent."""
+        """`send` then `recv`. With partial batches the batch returned may hold other envs than
+        sent."""
         self.send(actions, env_id)
         return self.recv()
 
@@ -174,7 +177,7 @@ class EnvPool:
         """Stop every worker and free all shared memory. Idempotent."""
         if not self._closed:
             self._closed = True
-            self._backend.close()
+            self._engine.close()
 
     def __enter__(self) -> "EnvPool":
         return self
@@ -220,7 +223,7 @@ class EnvPool:
     def _gather(self, ids: np.ndarray) -> StepReturn:
         s = self._slots
         if len(ids) == self.num_envs:  # synchronous: the state buffers themselves, in id order
-            end = self._backend.episode_end
+            end = self._engine.episode_end
             if end is None:
                 end = np.logical_or(s.terminated, s.truncated, out=self._out["episode_end"])
             info = {"env_id": self._all_ids, "episode_return": s.episode_return,
@@ -236,7 +239,7 @@ class EnvPool:
         s.truncated.take(ids, out=o["truncated"])
         s.episode_return.take(ids, out=o["episode_return"])
         s.episode_length.take(ids, out=o["episode_length"])
-        end = self._backend.episode_end
+        end = self._engine.episode_end
         if end is None:
             np.logical_or(o["terminated"], o["truncated"], out=o["episode_end"])
         else:

@@ -14,16 +14,16 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.backend import Backend, LocalBackend
+from gmi_drl.envs.engine import Engine, LocalEngine
 from gmi_drl.envs.batched import BatchedEnv, GymnasiumBatch
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import Slots, Stepper
-from gmi_drl.envs.workers import ProcessBackend
+from gmi_drl.envs.workers import ProcessEngine
 
-NativeFactory = Callable[..., BatchedEnv]
-# A native backend that brings its own autoreset (ale-py's vector env): returns (spec, Backend).
-BackendFactory = Callable[..., tuple[EnvSpec, Backend]]
+BatchedFactory = Callable[..., BatchedEnv]
+# An engine that brings its own autoreset (the C++ cores, ale-py's vector env): (spec, Engine).
+EngineFactory = Callable[..., tuple[EnvSpec, Engine]]
 # A whole pool in native code (CartPole-v1): returns an `EnvPool`.
 PoolFactory = Callable[..., EnvPool]
 
@@ -32,19 +32,20 @@ PoolFactory = Callable[..., EnvPool]
 class TaskEntry:
     """How to build one task.
 
-    Exactly one of ``native``, ``backend``, ``pool`` and ``env_fn`` is set:
-        native: ``native(num_envs, num_threads, **kwargs) -> BatchedEnv`` run in-process.
-        backend: ``backend(num_envs, env_batch_size, num_threads, seed, autoreset, **kwargs)``
-            returning ``(EnvSpec, Backend)``, for engines with their own autoreset.
-        pool: the same arguments, returning a whole `EnvPool` (a pool in native code).
+    Exactly one of ``batched``, ``engine``, ``pool`` and ``env_fn`` is set:
+        batched: ``batched(num_envs, num_threads, **kwargs) -> BatchedEnv``, stepped in-process
+            (vectorised NumPy tasks).
+        engine: ``engine(num_envs, env_batch_size, num_threads, seed, autoreset, **kwargs)``
+            returning ``(EnvSpec, Engine)``, for engines with their own autoreset.
+        pool: the same arguments, returning a whole `EnvPool` (a pool in C++).
         env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
-    max_episode_steps: time limit the pool applies to a native task (``None``: none, or the
+    max_episode_steps: time limit the pool applies to a batched task (``None``: none, or the
         env's own).
     """
 
     task_id: str
-    native: NativeFactory | None = None
-    backend: BackendFactory | None = None
+    batched: BatchedFactory | None = None
+    engine: EngineFactory | None = None
     pool: PoolFactory | None = None
     env_fn: str | Callable[..., gym.Env] | None = None
     max_episode_steps: int | None = None
@@ -55,7 +56,7 @@ _REGISTRY: dict[str, TaskEntry] = {}
 
 
 def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
-             native: NativeFactory | None = None, backend: BackendFactory | None = None,
+             batched: BatchedFactory | None = None, engine: EngineFactory | None = None,
              pool: PoolFactory | None = None, max_episode_steps: int | None = None,
              **kwargs: Any) -> None:
     """Register ``task_id``; `make` then builds pools of it.
@@ -63,19 +64,19 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
     Args:
         task_id: the name to make it by.
         env_fn: a Gymnasium id, or a callable returning a ``gymnasium.Env`` (generic path).
-        native: a `BatchedEnv` factory (native path), instead of ``env_fn``.
-        backend: a factory of ``(EnvSpec, Backend)`` (engines with their own autoreset).
-        pool: a factory of a whole `EnvPool` (pools in native code).
-        max_episode_steps: pool-applied time limit for native tasks.
+        batched: a `BatchedEnv` factory (stepped in-process), instead of ``env_fn``.
+        engine: a factory of ``(EnvSpec, Engine)`` (engines with their own autoreset).
+        pool: a factory of a whole `EnvPool` (pools in C++).
+        max_episode_steps: pool-applied time limit for batched tasks.
         **kwargs: default keyword arguments for the factory.
 
     Raises:
-        ValueError: not exactly one of ``env_fn``, ``native``, ``backend``, ``pool`` given.
+        ValueError: not exactly one of ``env_fn``, ``batched``, ``engine``, ``pool`` given.
     """
-    if sum(x is not None for x in (env_fn, native, backend, pool)) != 1:
-        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, native, backend, "
+    if sum(x is not None for x in (env_fn, batched, engine, pool)) != 1:
+        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, batched, engine, "
                          "pool")
-    _REGISTRY[task_id] = TaskEntry(task_id, native, backend, pool, env_fn, max_episode_steps,
+    _REGISTRY[task_id] = TaskEntry(task_id, batched, engine, pool, env_fn, max_episode_steps,
                                    kwargs)
 
 
@@ -97,7 +98,7 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             (synchronous). Must be in ``[1, num_envs]``.
         num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
             cores this process may use, at most ``num_envs``; ``0`` steps the generic path in
-            this process (serial mode: no worker processes).
+            this process (no worker processes: what the serial placement uses).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``);
             later resets continue that env's generator.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
@@ -137,18 +138,18 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if entry.pool is not None:
         return entry.pool(num_envs=num_envs, env_batch_size=batch, num_threads=max(workers, 1),
                           seed=seed, autoreset=mode, **kwargs)
-    if entry.backend is not None:
-        spec, backend = entry.backend(num_envs=num_envs, env_batch_size=batch,
-                                      num_threads=max(workers, 1), seed=seed, autoreset=mode,
-                                      **kwargs)
-    elif entry.native is not None:
-        env = entry.native(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)
+    if entry.engine is not None:
+        spec, engine = entry.engine(num_envs=num_envs, env_batch_size=batch,
+                                    num_threads=max(workers, 1), seed=seed, autoreset=mode,
+                                    **kwargs)
+    elif entry.batched is not None:
+        env = entry.batched(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)
         spec = EnvSpec(task_id, env.observation_space, env.action_space, entry.max_episode_steps)
         slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-        backend = LocalBackend(Stepper(env, slots, mode, entry.max_episode_steps, seeds))
+        engine = LocalEngine(Stepper(env, slots, mode, entry.max_episode_steps, seeds))
     else:
-        spec, backend = _generic(task_id, entry.env_fn, kwargs, num_envs, workers, mode, seeds)
-    return EnvPool(spec, backend, num_envs, batch, mode)
+        spec, engine = _generic(task_id, entry.env_fn, kwargs, num_envs, workers, mode, seeds)
+    return EnvPool(spec, engine, num_envs, batch, mode)
 
 
 def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
@@ -171,12 +172,12 @@ def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
     def make_shard(env_ids: list[int]) -> BatchedEnv:
         return GymnasiumBatch([make_one] * len(env_ids))
 
-    if workers == 0:  # serial: the same envs and stepper, in this process
+    if workers == 0:  # the same envs and stepper, in this process
         slots = Slots.allocate(num_envs, obs_space.shape, obs_space.dtype)
-        return spec, LocalBackend(Stepper(make_shard(list(range(num_envs))), slots, mode, None,
+        return spec, LocalEngine(Stepper(make_shard(list(range(num_envs))), slots, mode, None,
                                           seeds))
-    backend = ProcessBackend(make_shard, num_envs, workers, obs_space, act_space, mode, None, seeds)
-    return spec, backend
+    engine = ProcessEngine(make_shard, num_envs, workers, obs_space, act_space, mode, None, seeds)
+    return spec, engine
 
 
 _BUILTIN_DONE = False

@@ -1,6 +1,6 @@
 """Autoreset, time limit and episode statistics over any `BatchedEnv`, written into state slots.
 
-The same code runs in the pool's own process (native backends) and inside each worker process
+The same code runs in the pool's own process (in-process engines) and inside each worker process
 (generic path), so the three autoreset modes behave identically everywhere.
 """
 
@@ -16,7 +16,7 @@ from gmi_drl.envs.spec import AutoresetMode
 
 @dataclass
 class Slots:
-    """Per-env state buffers, indexed by env index; a backend's results live here.
+    """Per-env state buffers, indexed by env index; an engine's results live here.
 
     Shapes (``k`` = envs covered): ``obs (k, *obs_shape)``, ``reward (k,) float64``,
     ``terminated``/``truncated (k,) bool``, ``episode_return (k,) float64`` (sum of rewards of the

@@ -24,7 +24,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.backend import Backend
+from gmi_drl.envs.engine import Engine
 from gmi_drl.envs.batched import BatchedEnv
 from gmi_drl.envs.spec import AutoresetMode
 from gmi_drl.envs.stepper import Slots, Stepper
@@ -124,7 +124,7 @@ def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes:
     shm.close()
 
 
-class ProcessBackend(Backend):
+class ProcessEngine(Engine):
     """``num_workers`` processes, each stepping a contiguous shard of the ``num_envs`` envs.
 
     Args:
@@ -190,7 +190,7 @@ class ProcessBackend(Backend):
             self.close()
             raise
 
-    # --- Backend API ----------------------------------------------------------------------------
+    # --- Engine API ----------------------------------------------------------------------------
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
         self._raise_if_failed()
         self._actions[ids] = actions

@@ -172,8 +172,8 @@ class CudaCapture:
 class TorchCapture:
     """A ``torch.profiler`` session per capture range (CPU ops, and CUDA kernels where CUDA is
     available), exported to ``<out_dir>/torch-<label>.json`` (Chrome trace; open in
-    https://ui.perfetto.dev). While it records, every timer section is a ``record_function`` range
-    (~4 us each), so the trace shows the phases.
+    https://ui.perfetto.dev). While it records, every timer section is a ``record_function`` range,
+    so the trace shows the phases.
 
     Args:
         out_dir: where the traces go (created). tree: the process's timing tree.

@@ -18,8 +18,8 @@ class Timeline:
 
     Top-level sections (depth 1: rollout, update, ...) are always kept, so the whole run's phases
     are visible; deeper sections (per-step ``rollout/env_step`` ...) are kept until
-    ``max_detail_events`` of them were recorded, which bounds the file (~100 bytes per event).
-    One event per training iteration (`add_iteration`, ~300 bytes) carries that iteration's
+    ``max_detail_events`` of them were recorded, which bounds the file's size.
+    One event per training iteration (`add_iteration`) carries that iteration's
     seconds per section path, so per-iteration breakdowns survive the detail budget.
 
     Args:

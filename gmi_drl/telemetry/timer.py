@@ -53,8 +53,8 @@ class TimingTree:
     def set_ranges(self, kind: RangeKind) -> None:
         """Open ``kind`` ranges from the next section on (sections already open keep theirs).
 
-        Cost per section on a CPU: ~1 us plain, +~0.5 us ``nvtx`` (no tool attached), +~4 us
-        ``torch`` (so profilers switch ``torch`` on only while they capture).
+        Each kind adds a fixed cost per section, ``torch`` the most, so profilers switch ``torch``
+        on only while they capture (``benchmarks/profile_overhead.py`` measures the costs).
 
         Raises:
             RuntimeError: ``"nvtx"`` without the ``nvtx`` package. ValueError: unknown kind.

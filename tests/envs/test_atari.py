@@ -92,7 +92,7 @@ def test_same_seed_same_trajectory_independent_of_engine_grouping_and_env_positi
             envs.make("Breakout-v5", num_envs=2, seed=5, group_size=1) as b, \
             envs.make("Breakout-v5", num_envs=2, seed=5, engine="native") as n, \
             envs.make("Breakout-v5", num_envs=2, seed=6) as c:
-        assert a._backend.group_size == 2 and b._backend.group_size == 1
+        assert a._engine.group_size == 2 and b._engine.group_size == 1
         a.reset(), b.reset(), c.reset(), n.reset()
         ra, rb = _run(a, acts), _run(b, acts)
         assert [[x.tolist() for x in r] for r in _run(n, acts)] == \
@@ -142,7 +142,7 @@ def test_async_recv_returns_only_sent_envs_each_exactly_once(n, batch, group_siz
     rng = np.random.default_rng(0)
     with envs.make("Pong-v5", num_envs=n, env_batch_size=batch, seed=0,
                    group_size=group_size) as pool:
-        assert pool._backend.group_size == (group_size or 1)
+        assert pool._engine.group_size == (group_size or 1)
         pool.reset()
         sent = np.zeros(n, int)
         back = np.zeros(n, int)
@@ -156,7 +156,7 @@ def test_async_recv_returns_only_sent_envs_each_exactly_once(n, batch, group_siz
             assert set(ids) <= outstanding, (ids, outstanding)
             outstanding -= set(ids)
             back[ids] += 1
-            np.testing.assert_array_equal(obs, pool._backend.slots.obs[ids])
+            np.testing.assert_array_equal(obs, pool._engine.slots.obs[ids])
             # groups of 2: send back what recv returned (EnvPool's loop); native or one env per
             # group: any subset of the envs not in flight
             if group_size in (None, 1):
@@ -201,7 +201,7 @@ def test_next_step_life_loss_continues_the_game_and_game_over_restarts_it(engine
     rng = np.random.default_rng(3)
     with envs.make("Breakout-v5", num_envs=2, seed=3, engine=engine,
                    group_size=group_size) as pool:
-        backend = pool._backend
+        backend = pool._engine
         assert backend.group_size == expect
         obs, _ = pool.reset()
         prev = (obs.copy(), np.zeros(2), np.zeros(2, int), np.zeros(2, bool), np.zeros(2, bool))
@@ -242,7 +242,7 @@ def test_pong_game_over_then_a_new_game_in_next_step_mode():
             t += 1
             if term[0]:
                 break
-        assert pool._backend.end_of_game[0] and not trunc[0]
+        assert pool._engine.end_of_game[0] and not trunc[0]
         assert info["episode_return"][0] == total != 0  # one side reached 21 points
         assert info["episode_length"][0] == t
         obs, rew, term, trunc, info = pool.step(rng.integers(0, 6, 1))
@@ -263,7 +263,7 @@ def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs, engine):
     try:
         with envs.make("Breakout-v5", num_envs=n, seed=11, autoreset="same_step",
                        engine=engine, **kwargs) as pool:
-            assert pool._backend.group_size == (n if kwargs and engine == "ale" else 1)
+            assert pool._engine.group_size == (n if kwargs and engine == "ale" else 1)
             pool.reset()
             for r in refs:
                 r.reset()
@@ -271,7 +271,7 @@ def test_same_step_is_next_step_with_the_reset_step_folded_in(kwargs, engine):
             for _ in range(steps):
                 a = rng.integers(0, 4, n)
                 obs, rew, term, trunc, info = pool.step(a)
-                assert not (pool._backend.end_of_game & ~(term | trunc)).any()
+                assert not (pool._engine.end_of_game & ~(term | trunc)).any()
                 for i, ref in enumerate(refs):
                     r_obs, r_rew, r_term, r_trunc, r_info = ref.step(a[i:i + 1])
                     assert (rew[i], term[i], trunc[i]) == (r_rew[0], r_term[0], r_trunc[0])
@@ -302,7 +302,7 @@ def test_disabled_raises_until_reset_and_reset_continues_after_a_life_loss(engin
             np.testing.assert_array_equal(obs, r_obs)
             if term[0]:
                 break
-        assert term[0] and not pool._backend.end_of_game[0]  # a life lost, the game goes on
+        assert term[0] and not pool._engine.end_of_game[0]  # a life lost, the game goes on
         with pytest.raises(EpisodeEndedError):
             pool.step(np.array([1]))
         obs, _ = pool.reset(env_id=[0])
@@ -317,14 +317,14 @@ def test_disabled_reset_after_game_over_starts_a_new_game(engine):
     rng = np.random.default_rng(0)
     with envs.make("Breakout-v5", num_envs=2, seed=0, autoreset="disabled",
                    episodic_life=False, engine=engine) as pool:
-        assert pool._backend.group_size == (2 if engine == "ale" else 1)
+        assert pool._engine.group_size == (2 if engine == "ale" else 1)
         pool.reset()
         term = np.zeros(2, bool)
         while not term.any():
             a = rng.integers(0, 4, 2)
             obs, rew, term, trunc, info = pool.step(a)
         i = int(np.flatnonzero(term)[0])
-        assert pool._backend.end_of_game[i]
+        assert pool._engine.end_of_game[i]
         with pytest.raises(ValueError):
             pool.step(np.zeros(2, np.int64))
         obs, _ = pool.reset(env_id=[i])
@@ -366,7 +366,7 @@ def test_episode_totals_are_unclipped_game_score_and_steps_across_lives(clipped_
             clipped_sum += c_rew[0]
             assert ret >= clipped_sum
             prev_ret, prev_len = ret, length
-            prev_end, prev_eog = term[0] or trunc[0], bool(raw._backend.end_of_game[0])
+            prev_end, prev_eog = term[0] or trunc[0], bool(raw._engine.end_of_game[0])
         assert big_reward and life_losses >= 1 and ret > clipped_sum
 
 
@@ -399,7 +399,7 @@ def test_matches_envpool_step_for_step(task, kwargs, steps):
                 np.testing.assert_array_equal(trunc, e_trunc, err_msg=f"step {t}")
                 np.testing.assert_array_equal(rew, e_rew, err_msg=f"step {t}")
                 for i in range(n):
-                    if term[i] and pool._backend.end_of_game[i]:
+                    if term[i] and pool._engine.end_of_game[i]:
                         # a game over mid frame-skip: the newest frame max-pools different
                         # screens (module docstring); the older ones must agree
                         np.testing.assert_array_equal(obs[i][:-1], e_obs[i][:-1])
@@ -525,7 +525,7 @@ def test_native_engine_options_and_unavailable_core_are_explained(monkeypatch):
 def test_native_core_rejects_bad_ids_and_actions_before_queueing_anything():
     with envs.make("Pong-v5", num_envs=2, seed=0, engine="native") as pool:
         pool.reset()
-        core = pool._backend._core
+        core = pool._engine._core
         n = pool.action_space.n
         with pytest.raises(ValueError, match="action index out of range"):
             core.send(np.array([0, 1]), np.array([0, n]))
@@ -558,7 +558,7 @@ def test_native_core_closed_from_another_thread_while_waiting_raises_not_crashes
     pool = envs.make("Pong-v5", num_envs=n, seed=1, engine="native", num_workers=2,
                      frame_skip=256)
     pool.reset()
-    core, got = pool._backend._core, {}
+    core, got = pool._engine._core, {}
 
     def wait(key: str, count: int) -> None:
         try:

@@ -14,7 +14,7 @@ import pytest
 
 import gmi_drl.envs as envs
 from gmi_drl.envs import mujoco_threads as mt
-from gmi_drl.envs.backend import LocalBackend
+from gmi_drl.envs.engine import LocalEngine
 
 REASON = mt.unavailable_reason()
 needs_core = pytest.mark.skipif(REASON is not None, reason=f"thread engine: {REASON}")
@@ -58,8 +58,8 @@ def test_equals_numpy_engine(task_id, autoreset):
     for engine in ("threads", "numpy"):
         with envs.make(task_id, num_envs=4, num_workers=2, seed=5, autoreset=autoreset,
                        engine=engine) as pool:
-            want = mt.MujocoThreadBackend if engine == "threads" else LocalBackend
-            assert type(pool._backend) is want
+            want = mt.MujocoThreadEngine if engine == "threads" else LocalEngine
+            assert type(pool._engine) is want
             runs.append(_run(pool, 300, seed=1))
     _assert_same(*runs)
     ends = sum(int((r[2] | r[3]).sum()) for r in runs[0] if len(r) > 1)
@@ -101,9 +101,9 @@ def test_engine_option():
     with pytest.raises(ValueError, match="engine='gpu' must be one of"):
         envs.make("Hopper-v5", num_envs=2, engine="gpu")
     with envs.make("Hopper-v5", num_envs=2, engine="numpy") as pool:
-        assert type(pool._backend) is LocalBackend
+        assert type(pool._engine) is LocalEngine
     with envs.make("Hopper-v5", num_envs=2) as pool:  # auto
-        assert (type(pool._backend) is mt.MujocoThreadBackend) == (REASON is None)
+        assert (type(pool._engine) is mt.MujocoThreadEngine) == (REASON is None)
 
 
 @needs_core

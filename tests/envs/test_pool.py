@@ -31,7 +31,7 @@ def test_generic_path_matches_gymnasium_step_for_step():
     ref_obs = [r.reset(seed=seed + i)[0] for i, r in enumerate(refs)]
     with envs.make("CartPoleGeneric-test", num_envs=n, num_workers=2, seed=seed,
                    autoreset="same_step") as pool:
-        assert len({int(p.pid) for p in pool._backend._procs}) == 2  # really the worker path
+        assert len({int(p.pid) for p in pool._engine._procs}) == 2  # really the worker path
         obs, _ = pool.reset()
         np.testing.assert_array_equal(obs, np.stack(ref_obs))
         for _ in range(steps):

@@ -1,6 +1,6 @@
-"""Where a pool's environments run: the `Backend` contract and the in-process backend.
+"""Where a pool's environments run: the `Engine` contract and the in-process engine.
 
-A backend owns the per-env state slots (`Slots`) and steps envs when actions are sent; the pool
+An engine owns the per-env state slots (`Slots`) and steps envs when actions are sent; the pool
 front end (`gmi_drl.envs.pool.EnvPool`) validates input and assembles batches from the slots.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 from gmi_drl.envs.stepper import Slots, Stepper
 
 
-class Backend(abc.ABC):
+class Engine(abc.ABC):
     """Runs the sub-environments of one pool.
 
     Attributes:
@@ -40,7 +40,7 @@ class Backend(abc.ABC):
     def wait(self, min_count: int = 1) -> np.ndarray:
         """Block until at least one sent env finishes; return finished ids in completion order.
 
-        ``min_count`` is how many the pool still needs for its batch: a backend may wait for that
+        ``min_count`` is how many the pool still needs for its batch: an engine may wait for that
         many before returning (fewer wake-ups), or return earlier.
 
         Raises:
@@ -56,7 +56,7 @@ class Backend(abc.ABC):
         """Stop every worker and free every buffer. Idempotent."""
 
 
-class LocalBackend(Backend):
+class LocalEngine(Engine):
     """Steps a `Stepper` synchronously in the caller's process, at `send` time.
 
     For native batched environments (NumPy classic control, MuJoCo on its own thread pool), where
