@@ -56,16 +56,6 @@ class FlatParams:
         """P, the number of parameters."""
         return self.data.numel()
 
-    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{name: view}``: ``flat (P,)`` cut into the shapes of the parameters (no copy); what
-        ``torch.func.functional_call`` takes to run the module on another parameter vector."""
-        out, offset = {}, 0
-        for name, p in zip(self.names, self.params):
-            n = p.numel()
-            out[name] = flat[offset:offset + n].view(p.shape)
-            offset += n
-        return out
-
     def zero_grad(self) -> None:
         self.grad.zero_()
 

@@ -75,9 +75,13 @@ class GradStep:
         self.params = FlatParams(module)
         self.fused = compile and self.reducer.world_size == 1 and self._fusable()
         self.optimizer = FlatAdam(self._stepped(), lr, eps=eps, traced=self.fused)
-        self._compiled, self._signature = None, None
+        self._compiled, self._compiled_ok = None, False
         if compile:
             self._bound = _Bound(module, loss)
+            # the flat vector's cut as plain Python values: the graph reads no parameter tensor
+            self._layout = (tuple(f"inner.{n}" for n in self.params.names),
+                            tuple(p.numel() for p in self.params.params),
+                            tuple(tuple(p.shape) for p in self.params.params))
             body = self._fused_body if self.fused else self._grad_body
             options = {"cpp_wrapper": True} if self.params.data.device.type == "cpu" else None
             self._compiled = torch.compile(body, dynamic=False, options=options)
@@ -147,16 +151,8 @@ class GradStep:
 
     def _try_compiled(self, batch) -> tuple[torch.Tensor, ...] | None:
         """The compiled body's ``aux``; ``None`` when compiling failed on this platform (no C++
-        compiler, an unsupported op): the step then runs eagerly from now on, with a warning.
-
-        After the first call, calls whose minibatch has the first call's shapes, dtypes,
-        devices and strides skip torch.compile's guard evaluation (a tenth of a small step's
-        time on a CPU): everything else the graph reads is this object's own tensors, which
-        never change identity or shape, so the guards could only pass."""
-        if self._signature is not None:
-            if _signature(batch) == self._signature:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._compiled(*batch)
+        compiler, an unsupported op): the step then runs eagerly from now on, with a warning."""
+        if self._compiled_ok:
             return self._compiled(*batch)
         try:
             aux = self._compiled(*batch)
@@ -169,11 +165,13 @@ class GradStep:
             self.optimizer = FlatAdam(self._stepped(), state["lr"], eps=self.optimizer.eps)
             self.optimizer.load_state_dict(state)
             return None
-        self._signature = _signature(batch)
+        self._compiled_ok = True
         return aux
 
     def _loss_at(self, theta: torch.Tensor, *batch):
-        weights = {f"inner.{name}": view for name, view in self.params.views(theta).items()}
+        names, sizes, shapes = self._layout
+        weights = {name: part.view(shape)
+                   for name, part, shape in zip(names, theta.split(sizes), shapes)}
         return torch.func.functional_call(self._bound, weights, batch)
 
     def _grad_body(self, *batch):
@@ -274,11 +272,6 @@ class StaleSyncGradStep(GradStep):
         w.grad.copy_(torch.from_numpy(mean))
         clip_grad_norm_(w.grad, self.max_grad_norm)
         self.optimizer.step()
-
-
-def _signature(batch) -> tuple:
-    """What of a minibatch a compiled graph is specialised on."""
-    return tuple((t.shape, t.dtype, t.device, t.stride()) for t in batch)
 
 
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,

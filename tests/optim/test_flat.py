@@ -51,10 +51,7 @@ def test_parameters_and_grads_are_views_of_the_flat_buffers():
     assert all((p == 0).all() for p in net.parameters())
     net.load_state_dict(_net(2).state_dict())  # loading copies into the views
     assert flat.data.abs().sum() > 0
-    views = flat.views(flat.data)
-    assert list(views) == [name for name, _ in net.named_parameters()]
-    for (name, p), v in zip(net.named_parameters(), views.values()):
-        assert v.shape == p.shape and torch.equal(v, p)
+    assert flat.names == [name for name, _ in net.named_parameters()] and flat.numel == 7 * 5 + 7 + 2 * 7 + 2
 
 
 @pytest.mark.parametrize("traced", [False, True])
