@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
-    modes = [("async", 16, 8), ("sync", 8, 8)]
+    modes = [("partial batch", 16, 8), ("full batch", 8, 8)]
     rows = []
     for task in args.tasks:
         for mode, n, b in modes:

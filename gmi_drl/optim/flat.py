@@ -60,24 +60,22 @@ class FlatParams:
         self.grad.zero_()
 
 
-def clip_grad_norm_(grad: torch.Tensor, max_norm: float, traced: bool = False) -> torch.Tensor | float:
+def clip_grad_norm_(grad: torch.Tensor, max_norm: float) -> float:
     """Scale ``grad (P,)`` in place so its L2 norm is at most ``max_norm`` (the factor of
     ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``); returns the norm
-    before clipping.
-
-    Eagerly (``traced=False``) the factor is computed on the host (a device sync on a GPU; the
-    cheapest form on a CPU) and the norm returned as a float. ``traced=True`` keeps the factor a
-    0-d tensor, for `torch.compile` graphs (no sync, no recompilation), and returns a tensor.
-    """
-    norm = torch.linalg.vector_norm(grad)
-    if traced:
-        grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm
-    value = float(norm)
+    before clipping. The factor is computed on the host: a device sync on a GPU, the cheapest
+    form on a CPU; `clip_factor` is the form for compiled graphs."""
+    value = float(torch.linalg.vector_norm(grad))
     coef = max_norm / (value + 1e-6)
     if coef < 1.0:
         grad.mul_(coef)
     return value
+
+
+def clip_factor(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_`'s factor as a 0-d tensor on ``grad``'s device (no sync, nothing
+    branches on it: what a `torch.compile` graph multiplies the gradient by)."""
+    return torch.clamp(max_norm / (torch.linalg.vector_norm(grad) + 1e-6), max=1.0)
 
 
 class FlatAdam:

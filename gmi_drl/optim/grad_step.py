@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
-from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_grad_norm_
+from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_factor, clip_grad_norm_
 from gmi_drl.telemetry.timer import timer
 
 log = logging.getLogger(__name__)
@@ -181,8 +181,7 @@ class GradStep:
 
     def _fused_body(self, *batch):
         grad, aux = torch.func.grad(self._loss_at, has_aux=True)(self.params.data, *batch)
-        norm = torch.linalg.vector_norm(grad)
-        self.optimizer.step(grad * torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
+        self.optimizer.step(grad * clip_factor(grad, self.max_grad_norm))
         return aux
 
     # ---- the weight update ----------------------------------------------------------------------
