@@ -35,6 +35,9 @@ from gmi_drl.telemetry.timer import timer
 
 log = logging.getLogger(__name__)
 
+RECOMPILE_LIMIT = 64
+"""graphs one process may compile for gradient steps (one per model and minibatch shape)"""
+
 Loss = Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
 """``loss(module, *batch) -> (loss, aux)``: a 0-d loss to minimise and a tuple of tensors to
 return to the caller (loss terms, per-sample statistics). A pure function of its arguments
@@ -155,7 +158,10 @@ class GradStep:
         if self._compiled_ok:
             return self._compiled(*batch)
         try:
-            aux = self._compiled(*batch)
+            # every GradStep of a process shares one code object; each new minibatch shape is one
+            # more graph of it, which dynamo's default limit (8) would turn eager
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                aux = self._compiled(*batch)
         except Exception as e:  # noqa: BLE001 - any compiler failure: fall back, say why
             first = str(e).splitlines()[0] if str(e) else ""
             log.warning("torch.compile failed (%s: %s); gradient steps run eagerly (--no-compile "
