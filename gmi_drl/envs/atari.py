@@ -102,7 +102,7 @@ import gymnasium as gym
 import numpy as np
 
 from gmi_drl.envs.engine import Engine
-from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
 from gmi_drl.envs.stepper import EpisodeEndedError, Slots
 
 # task id -> ale-py ROM id (EnvPool's naming: CamelCase of the ROM id, "-v5").
@@ -157,14 +157,15 @@ def register_tasks(register) -> None:
 
 
 def make_engine(task_id: str, *, num_envs: int, env_batch_size: int, num_threads: int,
-                 seed: int, autoreset: AutoresetMode, game: str, engine: str = "auto",
+                seeds: np.ndarray, autoreset: AutoresetMode, game: str, engine: str = "auto",
                  **options: Any) -> tuple[EnvSpec, "AtariEngine"]:
     """The registry's factory: ``(EnvSpec, AtariEngine)`` for ``num_envs`` envs of ROM ``game``.
 
     Args:
         task_id: the name put in the spec (``max_episode_steps=None``: the emulator applies the
             time limit).
-        num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
+        num_envs, env_batch_size, autoreset: as `gmi_drl.envs.make`. seeds: each env's first
+            seed (`gmi_drl.envs.spec.env_seeds`).
         num_threads: C++ emulator threads (of the native core, or of a pool that is one group).
         game: ale-py ROM id, e.g. ``"pong"`` (snake case).
         engine: ``"native"`` (`gmi_drl.envs.atari_native.NativeAtariEngine`: every env on one
@@ -185,7 +186,7 @@ def make_engine(task_id: str, *, num_envs: int, env_batch_size: int, num_threads
         if engine == "native" or (atari_native.core is not None
                                   and options.get("group_size") is None):
             cls = atari_native.NativeAtariEngine
-    engine = cls(game, num_envs, seed, autoreset, env_batch_size=env_batch_size,
+    engine = cls(game, num_envs, seeds, autoreset, env_batch_size=env_batch_size,
                   num_threads=num_threads, **options)
     spec = EnvSpec(task_id, engine.observation_space, engine.action_space, None)
     return spec, engine
@@ -241,7 +242,8 @@ class AtariEngine(Engine):
     Args:
         game: ale-py ROM id (``"pong"``).
         num_envs: sub-environments.
-        seed: env ``i`` is first reset with seed ``seed + i``.
+        seeds: ``(num_envs,)``, env ``i`` is first reset with seed ``seeds[i]`` (or an int ``s``:
+            ``s + i``).
         autoreset: the `AutoresetMode`.
         env_batch_size: the pool's (``None``: ``num_envs``).
         num_threads: emulator threads when the pool is one group (else one per group).
@@ -259,11 +261,11 @@ class AtariEngine(Engine):
 
     Raises:
         ValueError: unknown option (ale-py spellings are named with their equivalent), an option
-            out of range, an unknown ROM, ``seed + num_envs - 1`` outside ``[0, 2**31 - 1]``, or
+            out of range, an unknown ROM, a seed outside ``[0, 2**31 - 1]``, or
             a ``group_size`` that cannot work (the message says why).
     """
 
-    def __init__(self, game: str, num_envs: int, seed: int, autoreset: AutoresetMode, *,
+    def __init__(self, game: str, num_envs: int, seeds, autoreset: AutoresetMode, *,
                  env_batch_size: int | None = None, num_threads: int = 1,
                  **options: Any) -> None:
         import ale_py
@@ -278,9 +280,10 @@ class AtariEngine(Engine):
         rom = roms.get_rom_path(game) if game in roms.get_all_rom_ids() else None
         if rom is None:
             errors.append(f"game={game!r} is not an ale-py ROM id (snake case, e.g. 'ms_pacman')")
-        if not 0 <= seed <= 2**31 - num_envs:
-            errors.append(f"seed={seed} gives env seeds outside [0, 2**31 - 1] for "
-                          f"num_envs={num_envs}")
+        seeds = env_seeds(seeds, num_envs)
+        if seeds.min() < 0 or seeds.max() > 2**31 - 1:
+            errors.append(f"env seeds {seeds.min()}..{seeds.max()} are outside [0, 2**31 - 1] "
+                          "(ALE's random_seed)")
         self.group_size = self._plan_groups(opts["group_size"], num_envs, batch, errors)
         if errors:
             raise ValueError("invalid Atari pool: " + "; ".join(errors))
@@ -314,7 +317,7 @@ class AtariEngine(Engine):
         self.extra_info = {"lives": self.lives}
         # Per-env state. Lists where single items are read per step, arrays where a group of
         # several envs is updated at once.
-        self._first_seed: list[int | None] = [seed + i for i in range(num_envs)]
+        self._first_seed: list[int | None] = seeds.tolist()
         self._num_unreset = num_envs          # envs whose first reset is still to come
         self._fresh = [False] * num_envs      # reset by a sibling's first reset, untouched since
         self._num_fresh = 0

@@ -27,7 +27,7 @@ from gymnasium.utils import seeding
 from gmi_drl.envs import classic_control
 from gmi_drl.envs.engine import LocalEngine
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
 from gmi_drl.envs.stepper import EpisodeEndedError, Slots, Stepper
 
 try:
@@ -54,11 +54,12 @@ class CartPoleNativePool(EnvPool):
     until the next ``reset``/``recv``/``step`` call, as in `EnvPool`.
 
     Args:
-        num_envs, env_batch_size, seed, autoreset: as `gmi_drl.envs.make`.
+        num_envs, env_batch_size, autoreset: as `gmi_drl.envs.make`. seeds: each env's first
+            seed, or an int ``s`` for ``s + i`` (`gmi_drl.envs.spec.env_seeds`).
         sutton_barto_reward: as the Gymnasium constructor argument.
     """
 
-    def __init__(self, num_envs: int, env_batch_size: int, seed: int, autoreset: AutoresetMode,
+    def __init__(self, num_envs: int, env_batch_size: int, seeds, autoreset: AutoresetMode,
                  sutton_barto_reward: bool = False) -> None:
         if UNAVAILABLE is not None:
             raise ValueError(f"engine='native' cannot run: {UNAVAILABLE}")
@@ -68,7 +69,7 @@ class CartPoleNativePool(EnvPool):
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.num_envs, self.env_batch_size = num_envs, env_batch_size
         self.autoreset = AutoresetMode(autoreset)
-        self._pending_seeds: list[int | None] = [seed + i for i in range(num_envs)]
+        self._pending_seeds: list[int | None] = env_seeds(seeds, num_envs).tolist()
         self._rngs: list[np.random.Generator | None] = [None] * num_envs
         self._closed = False
         self._core = _cartpole_pool.CartPolePool(
@@ -96,7 +97,7 @@ class CartPoleNativePool(EnvPool):
         return self._rngs[i].uniform(low=-0.05, high=0.05, size=(DRAW_BLOCK, 4))
 
 
-def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seed: int,
+def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seeds: np.ndarray,
               autoreset: AutoresetMode, engine: str = "auto", **kwargs: Any) -> EnvPool:
     """The registry's pool factory of CartPole-v1.
 
@@ -114,10 +115,9 @@ def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seed: int,
     if unknown:
         raise ValueError(f"unknown CartPole-v1 keyword(s) {sorted(unknown)}")
     if engine == "native" or (engine == "auto" and UNAVAILABLE is None):
-        return CartPoleNativePool(num_envs, env_batch_size, seed, autoreset, **kwargs)
+        return CartPoleNativePool(num_envs, env_batch_size, seeds, autoreset, **kwargs)
     env = classic_control.CartPole(num_envs, num_threads, **kwargs)
     spec = EnvSpec(TASK_ID, env.observation_space, env.action_space, MAX_EPISODE_STEPS)
     slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-    seeds = seed + np.arange(num_envs, dtype=np.int64)
     engine = LocalEngine(Stepper(env, slots, autoreset, MAX_EPISODE_STEPS, seeds))
     return EnvPool(spec, engine, num_envs, env_batch_size, autoreset)

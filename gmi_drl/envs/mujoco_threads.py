@@ -154,8 +154,8 @@ class MujocoThreadEngine(Engine):
             self._has_next[i] = True
 
 
-def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: int, seed: int,
-                 autoreset: AutoresetMode, engine: str = "auto",
+def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: int,
+                seeds: np.ndarray, autoreset: AutoresetMode, engine: str = "auto",
                  **kwargs: Any) -> tuple[EnvSpec, Engine]:
     """The registry's engine factory for the four tasks: the thread engine or the NumPy one.
 
@@ -170,7 +170,6 @@ def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: i
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
     cls, max_episode_steps = TASKS[task_id]
-    seeds = seed + np.arange(num_envs, dtype=np.int64)
     if engine != "numpy":
         probe = cls(num_envs=1, num_threads=1, **kwargs)
         if engine == "threads" or unavailable_reason(probe) is None:

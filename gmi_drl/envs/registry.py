@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from gmi_drl.envs.engine import Engine, LocalEngine
 from gmi_drl.envs.batched import BatchedEnv, GymnasiumBatch
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
 from gmi_drl.envs.stepper import Slots, Stepper
 from gmi_drl.envs.workers import ProcessEngine
 
@@ -35,7 +35,8 @@ class TaskEntry:
     Exactly one of ``batched``, ``engine``, ``pool`` and ``env_fn`` is set:
         batched: ``batched(num_envs, num_threads, **kwargs) -> BatchedEnv``, stepped in-process
             (vectorised NumPy tasks).
-        engine: ``engine(num_envs, env_batch_size, num_threads, seed, autoreset, **kwargs)``
+        engine: ``engine(num_envs, env_batch_size, num_threads, seeds, autoreset, **kwargs)``
+            (``seeds``: `env_seeds`)
             returning ``(EnvSpec, Engine)``, for engines with their own autoreset.
         pool: the same arguments, returning a whole `EnvPool` (a pool in C++).
         env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
@@ -87,7 +88,7 @@ def list_tasks() -> list[str]:
 
 
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
-         num_workers: int | None = None, seed: int = 0,
+         num_workers: int | None = None, seed: int | Sequence[int] = 0,
          autoreset: str | AutoresetMode = "next_step", **task_kwargs: Any) -> EnvPool:
     """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id``.
 
@@ -99,8 +100,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
             cores this process may use, at most ``num_envs``; ``0`` steps the generic path in
             this process (no worker processes: what the serial placement uses).
-        seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``);
-            later resets continue that env's generator.
+        seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``),
+            or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
+            continue that env's generator.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
         **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``).
 
@@ -131,16 +133,19 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         else:
             errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
                           "nor a Gymnasium id")
+    try:
+        seeds = env_seeds(seed, num_envs)
+    except ValueError as e:
+        errors.append(str(e))
     if errors:
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
-    seeds = seed + np.arange(num_envs, dtype=np.int64)
     if entry.pool is not None:
         return entry.pool(num_envs=num_envs, env_batch_size=batch, num_threads=max(workers, 1),
-                          seed=seed, autoreset=mode, **kwargs)
+                          seeds=seeds, autoreset=mode, **kwargs)
     if entry.engine is not None:
         spec, engine = entry.engine(num_envs=num_envs, env_batch_size=batch,
-                                    num_threads=max(workers, 1), seed=seed, autoreset=mode,
+                                    num_threads=max(workers, 1), seeds=seeds, autoreset=mode,
                                     **kwargs)
     elif entry.batched is not None:
         env = entry.batched(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)

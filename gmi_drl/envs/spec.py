@@ -7,9 +7,12 @@ API returns single-env Gymnasium spaces.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
+from typing import Sequence
 
 import gymnasium as gym
+import numpy as np
 
 
 class AutoresetMode(str, enum.Enum):
@@ -46,3 +49,27 @@ class EnvSpec:
     observation_space: gym.spaces.Space
     action_space: gym.spaces.Space
     max_episode_steps: int | None
+
+
+def env_seeds(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
+    """``(num_envs,) int64``: the seed of each env's first reset. An int ``s`` gives ``s + i`` to
+    env ``i`` (Gymnasium's vector convention); a sequence gives its ``i``-th item.
+
+    Raises:
+        ValueError: a sequence of another length than ``num_envs``, or a seed that is no int.
+    """
+    try:
+        if isinstance(seed, (int, np.integer)):
+            return operator.index(seed) + np.arange(num_envs, dtype=np.int64)
+        seeds = np.array([operator.index(s) for s in seed], np.int64)
+    except TypeError:
+        raise ValueError(f"seed={seed!r} must be an int or a sequence of ints") from None
+    if seeds.shape != (num_envs,):
+        raise ValueError(f"seed has {len(seeds)} items, expected one per env ({num_envs})")
+    return seeds
+
+
+def random_seed(num_envs: int = 1) -> int:
+    """A fresh random seed ``s`` whose env seeds ``s .. s + num_envs - 1`` stay below ``2**31``
+    (every engine's range): what an unseeded Gymnasium or SB3 face starts from."""
+    return int(np.random.SeedSequence().generate_state(1)[0]) % (2**31 - num_envs)

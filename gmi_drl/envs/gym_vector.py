@@ -1,0 +1,181 @@
+"""A Gymnasium ``VectorEnv`` face over one gmi-drl pool: code written for
+``gymnasium.vector.SyncVectorEnv`` / ``AsyncVectorEnv`` runs on the engine unchanged.
+
+    envs = gmi_drl.envs.make_vec("Hopper-v5", num_envs=8)
+    envs = gymnasium.wrappers.vector.RecordEpisodeStatistics(envs)   # wrappers chain as usual
+    obs, info = envs.reset(seed=1)
+    obs, rewards, terminations, truncations, info = envs.step(envs.action_space.sample())
+
+Semantics follow ``gymnasium.make_vec(task_id, num_envs, vectorization_mode="sync")``: env ``i``
+of ``reset(seed=s)`` is seeded ``s + i`` (or ``seed[i]`` for a list), the autoreset modes are
+Gymnasium's (`gymnasium.vector.AutoresetMode`: next-step by default, same-step with
+``info["final_obs"]`` / ``info["final_info"]`` and their ``_``-masks, disabled with
+``options={"reset_mask": mask}``), rewards are float64 and the flags bool. Observations,
+rewards and flags equal ``gymnasium.make_vec``'s step for step on the same seeds (tested for
+classic control, MuJoCo and Atari against ale-py's vector env, the one ``gymnasium.make_vec``
+makes for ALE ids). What differs: ``info`` carries no per-step keys of Gymnasium's single envs
+(the pool computes observations, rewards and flags only; Atari pools add ``lives``), a
+``reset(seed=...)`` after the first one rebuilds the pool (engines take seeds at construction),
+Box actions are clipped to the action space (as Gymnasium's MuJoCo and classic-control envs do
+themselves; the pool itself refuses them), and ``render`` is not available (``gmi-drl eval
+--video`` renders a policy).
+
+Copies: with ``copy=True`` (the default, as Gymnasium users expect owned arrays) every returned
+array is a new one (one copy of the batch per call); with ``copy=False`` observations are this object's buffer and
+the flags the pool's, valid until the next ``step``/``reset`` (one copy of the observations per
+step instead of two).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode as GymAutoreset
+from gymnasium.vector.utils import batch_space
+
+from gmi_drl.envs.spec import env_seeds, random_seed
+
+_MODES = {GymAutoreset.NEXT_STEP: "next_step", GymAutoreset.SAME_STEP: "same_step",
+          GymAutoreset.DISABLED: "disabled"}
+_POOL_KEYS = {"env_id", "episode_return", "episode_length", "episode_end", "final_obs"}
+"""the pool's own info keys; any other (Atari's ``lives``) passes through"""
+
+
+class GymVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` envs of ``task_id`` as a `gymnasium.vector.VectorEnv` (module docstring).
+
+    Args:
+        task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
+        autoreset_mode: a `gymnasium.vector.AutoresetMode` (or its value, e.g. ``"SameStep"``).
+        num_workers: as `gmi_drl.envs.make`.
+        copy: return new arrays (True) or the pool's buffers (False).
+        episode_statistics: also put Gymnasium's ``info["episode"]`` (``r``, ``l``, ``t``) and
+            ``info["_episode"]`` where an episode ended (what ``RecordEpisodeStatistics`` adds;
+            leave False to chain that wrapper instead: it refuses existing statistics).
+        **task_kwargs: the task's keyword arguments.
+
+    Raises:
+        ValueError: an unknown task, mode or keyword (from `gmi_drl.envs.make`).
+    """
+
+    def __init__(self, task_id: str, num_envs: int,
+                 autoreset_mode: GymAutoreset | str = GymAutoreset.NEXT_STEP,
+                 num_workers: int | None = None, copy: bool = True,
+                 episode_statistics: bool = False, **task_kwargs: Any) -> None:
+        from gmi_drl.envs.registry import make
+
+        self._mode = GymAutoreset(autoreset_mode)
+        self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
+                                        autoreset=_MODES[self._mode], **task_kwargs)
+        self._seeds = env_seeds(random_seed(num_envs), num_envs)  # unseeded: random
+        self.pool = self._make(self._seeds)
+        self._fresh = True  # no env reset since the pool was built
+        self.num_envs, self.copy, self.episode_statistics = num_envs, copy, episode_statistics
+        self.single_observation_space = self.pool.observation_space
+        self.single_action_space = self.pool.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.metadata = {"autoreset_mode": self._mode, "render_modes": []}
+        self._clip = isinstance(self.single_action_space, gym.spaces.Box)
+        self._episode_start = np.zeros(num_envs)
+        space = self.single_observation_space
+        self._obs = np.zeros((num_envs, *space.shape), space.dtype)  # every env's latest
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every env (or those of ``options["reset_mask"]``); returns ``(obs (num_envs,
+        *obs_shape), info)``.
+
+        Raises:
+            ValueError: options other than ``reset_mask``; a bad mask; a seed list of another
+                length; seeds together with a mask (seeding rebuilds the whole pool).
+        """
+        self._check_open()
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if options:
+            raise ValueError(f"reset options {sorted(options)} are not supported (only "
+                             "reset_mask)")
+        if seed is not None:
+            if mask is not None:
+                raise ValueError("reset(seed=..., options={'reset_mask': ...}): seeding a subset "
+                                 "of the envs is not supported; seed all of them, or reset the "
+                                 "subset without a seed")
+            seeds = env_seeds([s if s is not None else random_seed(1) for s in seed]
+                              if isinstance(seed, (list, tuple)) else seed, self.num_envs)
+            super().reset(seed=int(seeds[0]))
+            if not (self._fresh and np.array_equal(seeds, self._seeds)):
+                self.pool.close()
+                self._seeds, self.pool = seeds, self._make(seeds)
+        self._fresh = False
+        ids = slice(None) if mask is None else self._mask_ids(mask)
+        obs, _ = self.pool.reset(None if mask is None else ids)
+        self._obs[ids] = obs
+        self._episode_start[ids] = time.perf_counter()
+        return (self._obs.copy() if self.copy else self._obs), {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                          dict[str, Any]]:
+        """One step of every env with ``actions`` (``action_space``-shaped).
+
+        Raises:
+            ValueError: actions of another shape or dtype (the message names the expected
+                shape); an env stepped after its episode ended with autoreset disabled.
+            RuntimeError: the env was closed.
+        """
+        self._check_open()
+        a = np.asarray(actions)
+        if self._clip and a.dtype.kind == "f" and a.shape == self.action_space.shape:
+            space = self.single_action_space  # (a wrong shape goes on to the pool's message)
+            a = np.clip(a, space.low, space.high).astype(space.dtype, copy=False)
+        obs, rewards, terminated, truncated, pool_info = self.pool.step(a)
+        np.copyto(self._obs, obs)
+        info = {k: v.copy() for k, v in pool_info.items() if k not in _POOL_KEYS}  # e.g. lives
+        ended = np.flatnonzero(pool_info["episode_end"])
+        if self._mode is GymAutoreset.SAME_STEP:
+            for i in np.flatnonzero(terminated | truncated):
+                info = self._add_info(info, {"final_obs": pool_info["final_obs"][i].copy(),
+                                             "final_info": {}}, int(i))
+        if len(ended):
+            now = time.perf_counter()
+            if self.episode_statistics:
+                for i in ended:
+                    stats = {"r": float(pool_info["episode_return"][i]),
+                             "l": int(pool_info["episode_length"][i]),
+                             "t": round(now - self._episode_start[i], 6)}
+                    info = self._add_info(info, {"episode": stats}, int(i))
+            self._episode_start[ended] = now
+        obs = self._obs
+        if self.copy:
+            obs, terminated, truncated = obs.copy(), terminated.copy(), truncated.copy()
+        return obs, rewards.copy(), terminated, truncated, info
+
+    def render(self):
+        raise NotImplementedError("gmi-drl pools do not render; `gmi-drl eval RUN_DIR --video` "
+                                  "records a policy's episode")
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.pool.close()
+
+    def __repr__(self) -> str:
+        return f"GymVectorEnv({self.pool.spec.task_id}, num_envs={self.num_envs})"
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    def _mask_ids(self, mask: Any) -> np.ndarray:
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ \
+                or mask.shape != (self.num_envs,) or not mask.any():
+            raise ValueError(f"options['reset_mask'] must be a bool array of shape "
+                             f"({self.num_envs},) with at least one True, got {mask!r}")
+        return np.flatnonzero(mask)
+
+
+def make_vec(task_id: str, num_envs: int, **kwargs: Any) -> GymVectorEnv:
+    """`GymVectorEnv` of ``task_id`` (keyword arguments as there): gmi-drl's answer to
+    ``gymnasium.make_vec(task_id, num_envs)``."""
+    return GymVectorEnv(task_id, num_envs, **kwargs)

@@ -1,0 +1,141 @@
+"""A Stable-Baselines3 ``VecEnv`` face over one gmi-drl pool (needs ``stable-baselines3``).
+
+    from stable_baselines3 import PPO
+    from gmi_drl.envs.sb3 import make_vec_env
+
+    model = PPO("MlpPolicy", make_vec_env("Hopper-v5", n_envs=8, seed=1)).learn(1_000_000)
+
+`step_async` sends the actions of every env to the pool and `step_wait` receives them, so the
+engine steps while SB3 waits (SB3's ``SubprocVecEnv`` contract, one process instead of one per
+env). The conventions are SB3's (as ``DummyVecEnv`` over ``Monitor``-wrapped envs): ``dones =
+terminated | truncated``, the pool resets an ended env in the same step and the ended episode's
+last observation is ``infos[i]["terminal_observation"]``, ``infos[i]["TimeLimit.truncated"]``
+says a time limit cut it, ``infos[i]["episode"]`` (``r``, ``l``, ``t``: return, length, seconds
+since this VecEnv started) marks an ended episode as ``Monitor`` does, rewards are float32.
+Observations, rewards and dones equal ``DummyVecEnv``'s step for step on the same seeds.
+Returned observations are copies (SB3 keeps them across steps); ``reset`` after ``seed(s)``
+builds the pool anew (engines take seeds at construction); ``env_method`` / ``set_attr`` have
+no per-env Python object to reach and raise.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
+
+from gmi_drl.envs.spec import env_seeds, random_seed
+
+
+class GmiVecEnv(VecEnv):
+    """``num_envs`` envs of ``task_id`` as a ``stable_baselines3`` ``VecEnv`` (module docstring).
+
+    Args:
+        task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
+        num_workers: as `gmi_drl.envs.make`. **task_kwargs: the task's keyword arguments.
+
+    Raises:
+        ValueError: an unknown task or keyword (from `gmi_drl.envs.make`).
+    """
+
+    def __init__(self, task_id: str, num_envs: int, num_workers: int | None = None,
+                 **task_kwargs: Any) -> None:
+        from gmi_drl.envs.registry import make
+
+        self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
+                                        autoreset="same_step", **task_kwargs)
+        self._pool_seeds = env_seeds(random_seed(num_envs), num_envs)
+        self.pool = self._make(self._pool_seeds)
+        self._fresh = True
+        super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
+        self._box = isinstance(self.action_space, gym.spaces.Box)
+        self._t_start = time.time()
+
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        """Seeds ``seed + i`` for the next `reset` (a random base when ``None``)."""
+        return super().seed(random_seed(self.num_envs) if seed is None else seed)
+
+    def reset(self) -> np.ndarray:
+        """Reset every env; ``(num_envs, *obs_shape)`` (a copy).
+
+        Raises:
+            ValueError: reset options were set (the pools take none).
+        """
+        if any(self._options):
+            raise ValueError(f"reset options {self._options} are not supported by gmi-drl pools")
+        if all(s is not None for s in self._seeds):
+            seeds = env_seeds(self._seeds, self.num_envs)
+            if not (self._fresh and np.array_equal(seeds, self._pool_seeds)):
+                self.pool.close()
+                self._pool_seeds, self.pool = seeds, self._make(seeds)
+        self._fresh = False
+        obs, _ = self.pool.reset()
+        self._reset_seeds()
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        return obs.copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Send one action per env (``action_space``-shaped per env; Box actions clipped).
+
+        Raises:
+            ValueError: actions of another shape or dtype (the expected shape named).
+        """
+        a = np.asarray(actions)
+        space = self.action_space
+        if self._box and a.dtype.kind == "f" and a.shape == (self.num_envs, *space.shape):
+            a = np.clip(a, space.low, space.high).astype(space.dtype, copy=False)
+        self.pool.send(a)
+
+    def step_wait(self):
+        """``(obs, rewards (n,) float32, dones (n,) bool, infos)`` of the actions sent."""
+        obs, rewards, terminated, truncated, info = self.pool.recv()
+        dones = terminated | truncated
+        cut = truncated & ~terminated
+        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": bool(c)} for c in cut]
+        if dones.any():
+            final, now = info["final_obs"], round(time.time() - self._t_start, 6)
+            for i in np.flatnonzero(dones):
+                infos[i]["terminal_observation"] = final[i].copy()
+            for i in np.flatnonzero(info["episode_end"]):
+                infos[i]["episode"] = {"r": round(float(info["episode_return"][i]), 6),
+                                       "l": int(info["episode_length"][i]), "t": now}
+        return obs.copy(), rewards.astype(np.float32), dones, infos
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """``render_mode`` (``None``: pools do not render); anything else raises.
+
+        Raises:
+            AttributeError: the envs of a pool are no Python objects with attributes.
+        """
+        if attr_name == "render_mode":
+            return [None for _ in self._get_indices(indices)]
+        raise AttributeError(f"gmi-drl pools have no per-env attribute {attr_name!r}")
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        raise AttributeError(f"gmi-drl pools have no per-env attribute {attr_name!r} to set")
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None,
+                   **method_kwargs) -> list[Any]:
+        raise AttributeError(f"gmi-drl pools have no per-env method {method_name!r}")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
+                       indices: VecEnvIndices = None) -> list[bool]:
+        return [False for _ in self._get_indices(indices)]
+
+
+def make_vec_env(task_id: str, n_envs: int = 1, seed: int | None = None,
+                 num_workers: int | None = None, **task_kwargs: Any) -> GmiVecEnv:
+    """`GmiVecEnv` of ``n_envs`` envs, seeded ``seed + i`` at the first reset (SB3's
+    ``make_vec_env`` convention); gmi-drl's answer to ``stable_baselines3.common.env_util
+    .make_vec_env``."""
+    env = GmiVecEnv(task_id, n_envs, num_workers=num_workers, **task_kwargs)
+    if seed is not None:
+        env.seed(seed)
+    return env
+
