@@ -80,6 +80,10 @@ class GymVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": self._mode, "render_modes": []}
         self._clip = isinstance(self.single_action_space, gym.spaces.Box)
+        if self._clip:
+            act = self.single_action_space
+            self._low, self._high, self._dtype = act.low, act.high, act.dtype
+            self._batch_shape = (num_envs, *act.shape)
         self._episode_start = np.zeros(num_envs)
         space = self.single_observation_space
         self._obs = np.zeros((num_envs, *space.shape), space.dtype)  # every env's latest
@@ -128,30 +132,34 @@ class GymVectorEnv(gym.vector.VectorEnv):
         """
         self._check_open()
         a = np.asarray(actions)
-        if self._clip and a.dtype.kind == "f" and a.shape == self.action_space.shape:
-            space = self.single_action_space  # (a wrong shape goes on to the pool's message)
-            a = np.clip(a, space.low, space.high).astype(space.dtype, copy=False)
+        if self._clip and a.shape == self._batch_shape and a.dtype.kind == "f":
+            # (a wrong shape goes on to the pool, whose message names the expected one)
+            a = np.minimum(np.maximum(a, self._low), self._high).astype(self._dtype, copy=False)
         obs, rewards, terminated, truncated, pool_info = self.pool.step(a)
         np.copyto(self._obs, obs)
         info = {k: v.copy() for k, v in pool_info.items() if k not in _POOL_KEYS}  # e.g. lives
-        ended = np.flatnonzero(pool_info["episode_end"])
-        if self._mode is GymAutoreset.SAME_STEP:
+        if self._mode is GymAutoreset.SAME_STEP and np.count_nonzero(terminated | truncated):
             for i in np.flatnonzero(terminated | truncated):
                 info = self._add_info(info, {"final_obs": pool_info["final_obs"][i].copy(),
                                              "final_info": {}}, int(i))
-        if len(ended):
-            now = time.perf_counter()
-            if self.episode_statistics:
-                for i in ended:
-                    stats = {"r": float(pool_info["episode_return"][i]),
-                             "l": int(pool_info["episode_length"][i]),
-                             "t": round(now - self._episode_start[i], 6)}
-                    info = self._add_info(info, {"episode": stats}, int(i))
-            self._episode_start[ended] = now
+        if np.count_nonzero(pool_info["episode_end"]):  # (a third of ndarray.any's cost)
+            self._episode_ended(pool_info, info)
         obs = self._obs
         if self.copy:
             obs, terminated, truncated = obs.copy(), terminated.copy(), truncated.copy()
         return obs, rewards.copy(), terminated, truncated, info
+
+    def _episode_ended(self, pool_info: dict[str, Any], info: dict[str, Any]) -> None:
+        """Restart the episode clocks of the envs whose episode ended; add Gymnasium's
+        ``episode`` statistics to ``info`` where asked to."""
+        ended, now = np.flatnonzero(pool_info["episode_end"]), time.perf_counter()
+        if self.episode_statistics:
+            for i in ended:
+                stats = {"r": float(pool_info["episode_return"][i]),
+                         "l": int(pool_info["episode_length"][i]),
+                         "t": round(now - self._episode_start[i], 6)}
+                info.update(self._add_info(info, {"episode": stats}, int(i)))
+        self._episode_start[ended] = now
 
     def render(self):
         raise NotImplementedError("gmi-drl pools do not render; `gmi-drl eval RUN_DIR --video` "
