@@ -30,7 +30,7 @@ def run(task: str, num_gmis: int, envs: int, total: int, seed: int, run_dir: str
     if num_steps:
         cfg.algo.num_steps = num_steps
     cfg.total_timesteps, cfg.run_dir = total, run_dir
-    cfg.log.tensorboard, cfg.log.checkpoint_every = False, 0
+    cfg.log.tensorboard, cfg.checkpoint.every = False, 0
     return train(cfg)
 
 

@@ -62,7 +62,7 @@ def _run(args: Args, mode: str, run_dir: Path) -> tuple[float, float]:
     cfg = preset("auto", args.task)
     cfg.total_timesteps, cfg.seed, cfg.run_dir = args.total_timesteps, args.seed, str(run_dir)
     cfg.placement = "serial"
-    cfg.log.tensorboard, cfg.log.checkpoint_every, cfg.log.gpu_util_interval_s = False, 0, 0.0
+    cfg.log.tensorboard, cfg.checkpoint.every, cfg.log.gpu_util_interval_s = False, 0, 0.0
     for k, v in MODES[mode].items():
         setattr(cfg.profile, k, v)
     gc.collect()  # no garbage of the previous run (a profiled run's report) is collected in this

@@ -48,7 +48,7 @@ def run_method(rack, method: str, a, out: Path) -> dict:
     cfg.gmi.reduction = "ring" if method == "ring" else "switch"
     cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
     cfg.gmi.staleness = a.staleness if method == "stale-sync" else 0
-    cfg.log.tensorboard, cfg.log.checkpoint_every = False, 0
+    cfg.log.tensorboard, cfg.checkpoint.every = False, 0
     cfg.run_dir = str(out / method)
     daemon = None
     if method != "ring":

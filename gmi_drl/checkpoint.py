@@ -1,15 +1,23 @@
-"""Checkpoint files: atomic writes, safe loads (``weights_only=True``), clear errors.
+"""Checkpoint files: atomic writes, the last few kept, safe loads (``weights_only=True``), clear
+errors.
 
 A checkpoint is a dict of tensors and plain data: ``format``, ``version``, ``config`` (the
 resolved `TrainConfig` as a dict), ``global_step``, ``iteration``, and one entry per stateful
 component: ``algo`` (the algorithm's `state_dict`, its weights under ``modules``),
 ``obs_norm``, ``reward_norm``, ``action_rng``, ``rng`` and the episode history.
+
+A run keeps its checkpoints as ``RUN_DIR/checkpoints/iteration-<k>.pt`` (``k``: iterations
+done), the newest ``checkpoint.keep`` of them. Loading a run directory takes the newest one that
+loads: a corrupt newest file (a full disk, a copy cut short) costs the iterations since the one
+before it, not the run.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +25,18 @@ import torch
 
 FORMAT = "gmi-drl-checkpoint"
 VERSION = 2
+_NAME = re.compile(r"iteration-(\d+)\.pt")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt, of another format, or does not fit the model."""
+
+
+def checkpoint_name(iteration: int) -> str:
+    """The file name of the checkpoint taken after ``iteration`` iterations."""
+    return f"iteration-{iteration:07d}.pt"
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
@@ -36,33 +52,99 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint directory of a run directory (``RUN_DIR/checkpoints``), or ``path`` itself
+    when it holds no ``checkpoints`` folder."""
+    path = Path(path)
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def list_checkpoints(path: str | Path) -> list[Path]:
+    """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first."""
+    directory = checkpoint_dir(path)
+    if not directory.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def prune_checkpoints(path: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints of a run directory; returns the deleted."""
+    old = list_checkpoints(path)[keep:]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory (its ``checkpoints/latest.pt``).
+    """A checkpoint file, or the newest checkpoint of a run directory.
 
     Raises:
         CheckpointError: neither exists.
     """
     path = Path(path)
+    if path.is_file():
+        return path
     if path.is_dir():
-        path = path / "checkpoints" / "latest.pt"
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path} (give a run directory or a .pt file)")
-    return path
+        found = list_checkpoints(path)
+        if found:
+            return found[0]
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(path)} (no iteration-*.pt)")
+    raise CheckpointError(f"no checkpoint at {path} (give a run directory or a .pt file)")
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by `save_checkpoint` (``torch.load(weights_only=True)``: no code
-    in the file is executed).
+    """Load a checkpoint file, or the newest loadable checkpoint of a run directory (see
+    `find_loadable`). ``torch.load(weights_only=True)``: no code in a file is executed.
 
     Raises:
-        CheckpointError: the file is missing, truncated/corrupt, not a gmi-drl checkpoint, or of
-            an unsupported version.
+        CheckpointError: no checkpoint, or every one is truncated/corrupt, not a gmi-drl
+            checkpoint, or of an unsupported version.
     """
-    path = resolve_checkpoint(path)
+    return find_loadable(path)[1]
+
+
+def find_loadable(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """``(file, state)``: ``path`` itself when it is a file, else the newest checkpoint of the
+    run directory ``path`` that loads (an older one, with a warning, when newer ones are
+    corrupt).
+
+    Raises:
+        CheckpointError: as `load_checkpoint`.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        file = resolve_checkpoint(path)
+        return file, _load_file(file)
+    errors = []
+    for candidate in list_checkpoints(path) or [resolve_checkpoint(path)]:
+        try:
+            state = _load_file(candidate)
+        except CheckpointError as e:
+            errors.append(str(e))
+            continue
+        if errors:
+            log.warning("%s; continuing from %s instead", "; ".join(errors), candidate.name)
+        return candidate, state
+    if len(errors) == 1:
+        raise CheckpointError(errors[0])
+    raise CheckpointError(f"none of the {len(errors)} checkpoints in {checkpoint_dir(path)} "
+                          f"loads; the newest: {errors[0]}")
+
+
+def _load_file(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint: {e}") from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} is corrupt or not a gmi-drl checkpoint (it holds more "
+                              "than tensors and plain data; it is not loaded, as that could run "
+                              "code)") from None
+    except EOFError:
+        raise CheckpointError(f"{path} is empty or cut short") from None
+    except Exception as e:  # noqa: BLE001 - arbitrary bytes fail the unpickler in arbitrary ways
+        reason = str(e).split(". ")[0].strip() or type(e).__name__
+        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint "
+                              f"({type(e).__name__}: {reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a gmi-drl checkpoint (no format={FORMAT!r} entry)")
     if state.get("version") != VERSION:

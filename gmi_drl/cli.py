@@ -8,6 +8,10 @@
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
     gmi-drl bench env|train|update|reduce|switch|gmi|learning|profile [benchmark flags]
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
+
+An expected failure (a GMI or env worker that dies, a checkpoint that does not load, a switch
+that does not answer, an invalid config) prints what happened and the next command; the
+traceback goes to the run's ``train.log``, or also to the terminal with ``--debug``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -29,6 +34,9 @@ USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
   gmi-drl bench {env,train,update,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
+  --debug (anywhere): tracebacks of expected failures on the terminal too (they always go to
+  RUN_DIR/train.log), and gmi-drl's debug log
+
 'gmi-drl train ppo --help' lists every training flag."""
 
 
@@ -37,7 +45,7 @@ class EvalArgs:
     """Evaluate a checkpoint: mean and std of the episode return."""
 
     path: Annotated[str, tyro.conf.Positional]
-    """run directory (uses checkpoints/latest.pt) or a checkpoint file"""
+    """run directory (its newest checkpoint that loads) or a checkpoint file"""
     episodes: int = 10
     """episodes to run"""
     deterministic: bool = True
@@ -70,11 +78,12 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
-def _train(args: list[str]) -> int:
+def _train(args: list[str], debug: bool = False) -> int:
     from gmi_drl.algos import ALGORITHMS
     from gmi_drl.checkpoint import CheckpointError, resolve_checkpoint
     from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, validate
-    from gmi_drl.telemetry.progress import Progress, format_progress
+    from gmi_drl.runner.run import RunStopped
+    from gmi_drl.telemetry.progress import ProgressPrinter
     from gmi_drl.train import train
 
     if not args or args[0] not in ALGORITHMS:
@@ -101,18 +110,17 @@ def _train(args: list[str]) -> int:
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
-    last_print = [float("-inf")]
-
-    def show(p: Progress) -> None:  # at most one line per 2 s, and always the last one
-        if p.elapsed_s - last_print[0] >= 2.0 or p.global_step >= p.total_steps:
-            last_print[0] = p.elapsed_s
-            print(format_progress(p), flush=True)
-
     try:
-        result = train(cfg, on_progress=show)
+        result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        if debug:
+            traceback.print_exception(e.__cause__, file=sys.stderr)
+        print(f"gmi-drl train: {e.reason}\n  {e.next_step}   (traceback: {e.log_path})",
+              file=sys.stderr)
+        return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {result.wall_s:.1f} s, "
@@ -120,7 +128,7 @@ def _train(args: list[str]) -> int:
     return 0
 
 
-def _eval(args: list[str]) -> int:
+def _eval(args: list[str], debug: bool = False) -> int:
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.evaluate import evaluate
 
@@ -128,6 +136,8 @@ def _eval(args: list[str]) -> int:
     try:
         report = evaluate(a.path, a.episodes, a.deterministic, a.seed, a.num_envs, a.video)
     except (CheckpointError, ValueError) as e:
+        if debug:
+            traceback.print_exc()
         print(f"gmi-drl eval: {e}", file=sys.stderr)
         return 2
     r = report.returns
@@ -138,7 +148,7 @@ def _eval(args: list[str]) -> int:
     return 0
 
 
-def _profile(args: list[str]) -> int:
+def _profile(args: list[str], debug: bool = False) -> int:
     from gmi_drl.telemetry.report import write_report
 
     if not args or args[0] != "report":
@@ -149,13 +159,15 @@ def _profile(args: list[str]) -> int:
     try:
         files = write_report(a.run_dir)
     except (FileNotFoundError, ValueError) as e:
+        if debug:
+            traceback.print_exc()
         print(f"gmi-drl profile report: {e}", file=sys.stderr)
         return 2
     print("\n".join(f"wrote {p}" for p in files if p is not None))
     return 0
 
 
-def _switch(args: list[str]) -> int:
+def _switch(args: list[str], debug: bool = False) -> int:
     from gmi_drl.comm.switch.cli import main as switch_main
 
     return switch_main(args)
@@ -166,7 +178,7 @@ BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "update": "p
               "learning": "learning", "profile": "profile_overhead"}
 
 
-def _bench(args: list[str]) -> int:
+def _bench(args: list[str], debug: bool = False) -> int:
     import runpy
     from pathlib import Path
 
@@ -186,7 +198,11 @@ def _bench(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gmi-drl`` script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if debug:
+        logging.getLogger("gmi_drl").setLevel(logging.DEBUG)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -195,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:])
+    return commands[argv[0]](argv[1:], debug)
 
 
 if __name__ == "__main__":

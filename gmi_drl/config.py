@@ -56,13 +56,22 @@ class NormConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """When a run saves its state, and how many saves it keeps (``RUN_DIR/checkpoints/``)."""
+
+    every: int = 10
+    """iterations between checkpoints (0: only at the end)"""
+    keep: int = 3
+    """checkpoints kept, newest first (resuming falls back to an older one if the newest is
+    corrupt)"""
+
+
+@dataclass
 class LogConfig:
     """What a run writes, and how often."""
 
     log_every: int = 1
     """iterations between metric rows and progress lines"""
-    checkpoint_every: int = 10
-    """iterations between checkpoints (0: only at the end)"""
     tensorboard: bool = True
     """also write TensorBoard event files"""
     timeline_detail_events: int = 20_000
@@ -137,6 +146,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     gmi: GMIConfig = field(default_factory=GMIConfig)
     profile: ProfilerConfig = field(default_factory=ProfilerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -305,7 +315,9 @@ def validate(cfg: TrainConfig) -> None:
     need(m.activation in ACTIVATIONS,
          f"model.activation={m.activation!r} must be one of {sorted(ACTIVATIONS)}")
     need(lg.log_every >= 1, f"log.log_every={lg.log_every} must be >= 1")
-    need(lg.checkpoint_every >= 0, f"log.checkpoint_every={lg.checkpoint_every} must be >= 0")
+    ck = cfg.checkpoint
+    need(ck.every >= 0, f"checkpoint.every={ck.every} must be >= 0 (0: only at the end)")
+    need(ck.keep >= 1, f"checkpoint.keep={ck.keep} must be >= 1")
     need(lg.timeline_detail_events >= 0,
          f"log.timeline_detail_events={lg.timeline_detail_events} must be >= 0")
     need(lg.gpu_util_interval_s >= 0,
@@ -421,7 +433,8 @@ def _is_host_port(text: str) -> bool:
 
 
 _NESTED = {"env": EnvConfig, "model": ModelConfig, "norm": NormConfig, "log": LogConfig,
-           "gmi": GMIConfig, "profile": ProfilerConfig, "ray": RayConfig}
+           "checkpoint": CheckpointConfig, "gmi": GMIConfig, "profile": ProfilerConfig,
+           "ray": RayConfig}
 
 
 def to_dict(cfg: TrainConfig) -> dict:

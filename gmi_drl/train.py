@@ -13,14 +13,21 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
+from gmi_drl.envs.workers import EnvWorkerError
+from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopSpec
 from gmi_drl.runner.placement import make_placement
-from gmi_drl.runner.run import Run
+from gmi_drl.runner.run import Run, RunStopped
 from gmi_drl.telemetry.progress import Progress
 
 TARGET = "gmi_drl.runner.loop:gmi_main"
 """the GMI target every placement runs"""
+
+STOPS = (GMIError, EnvWorkerError, SwitchError, KeyboardInterrupt)
+"""the failures a started run expects (a GMI or env worker that dies, hangs or raises, a switch
+that does not answer, Ctrl-C): `train` raises them as `RunStopped`"""
 
 
 class TrainResult(NamedTuple):
@@ -52,14 +59,21 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
 
     Raises:
         ConfigError: invalid config (every field named). CheckpointError: bad ``--resume`` file.
-        GMIError: a GMI raised, died or hung.
+        RunStopped: the run started and stopped on an expected failure (`STOPS`), its cause
+            chained; any other exception leaves as it is (CheckpointError: the checkpoint
+            resumed from does not fit this run). Either way its traceback is in
+            ``RUN_DIR/train.log``.
     """
     validate(cfg)
     run = Run.create(cfg)
     placement = make_placement(run.config, _reduced_floats(run.config))
-    run.start()
-    with run.telemetry():
-        results = placement.launch(TARGET, LoopSpec(run, on_progress))
+    try:
+        with run.log_file():
+            run.start()
+            with run.telemetry():
+                results = placement.launch(TARGET, LoopSpec(run, on_progress))
+    except STOPS as e:
+        raise RunStopped(run, e) from e
     digests = tuple(r.weights_digest for r in results)
     text = placement.describe()
     if len(digests) > 1:

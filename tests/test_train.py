@@ -35,7 +35,7 @@ def test_ppo_learns_cartpole_within_budget(tmp_path):
     assert result.episode_returns[-20:].mean() >= 250, result.episode_returns[-20:]
     run = tmp_path / "run"
     for name in ("config.json", "metrics.csv", "timeline.json", "summary.md", "learning_curve.png",
-                 "checkpoints/latest.pt"):
+                 "train.log", "checkpoints/iteration-0000160.pt"):
         assert (run / name).exists(), name
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     names = {r["name"] for r in rows}
@@ -61,10 +61,10 @@ def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     for _ in range(2):
         first.algo.collect(first.pool)
         first.algo.update()
-    run.save_checkpoint(first.state_dict(global_step=2 * 128, iteration=2))
+    saved = run.save_checkpoint(first.state_dict(global_step=2 * 128, iteration=2))
     other = copy.deepcopy(cfg)
     other.seed = 99  # different initial weights and envs on purpose
-    second = Trainer(Run(run.run_dir, other, run.checkpoint_path), 0, IdentityReducer())
+    second = Trainer(Run(run.run_dir, other, saved), 0, IdentityReducer())
     np.testing.assert_array_equal(second.obs_norm.rms.mean, first.obs_norm.rms.mean)
     np.testing.assert_array_equal(second.reward_norm.returns, first.reward_norm.returns)
     assert second.first_iteration == 2
@@ -106,11 +106,50 @@ def test_resume_continues_the_run(tmp_path):
     assert lr[2] == pytest.approx(1e-3 * (1 - 2 / 4))
 
 
-def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
+def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, caplog):
+    cfg = _quick_cfg(tmp_path)
+    cfg.total_timesteps, cfg.checkpoint.every, cfg.checkpoint.keep = 4 * 256, 1, 2
+    train(cfg)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-0000003.pt",
+                                                       "iteration-0000004.pt"]
+    newest = ckpts / "iteration-0000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a copy cut short
+    with caplog.at_level("WARNING", logger="gmi_drl.checkpoint"):
+        assert load_checkpoint(tmp_path / "run")["iteration"] == 3
+    assert "iteration-0000004.pt is corrupt" in caplog.text
+    assert "continuing from iteration-0000003.pt" in caplog.text
+    again = _quick_cfg(tmp_path)
+    again.run_dir, again.resume, again.total_timesteps = None, str(tmp_path / "run"), 5 * 256
+    again.checkpoint = cfg.checkpoint
+    assert Run.create(again).resume_from == ckpts / "iteration-0000003.pt"
+    assert train(again).global_step == 5 * 256
+    assert load_checkpoint(newest)["iteration"] == 4  # rewritten by the resumed run
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-0000004.pt",
+                                                       "iteration-0000005.pt"]
+    for p in ckpts.iterdir():
+        p.write_bytes(b"junk\n")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path / "run")
+    assert str(err.value).startswith("none of the 2 checkpoints in ")
+    assert "iteration-0000005.pt is corrupt" in str(err.value)
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint at all", b"junk\n", b"", "half"])
+def test_a_corrupt_checkpoint_is_one_clear_line(tmp_path, content):
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(CheckpointError, match="corrupt"):
+    if content == "half":
+        torch.save({"weights": torch.zeros(1000)}, bad)
+        content = bad.read_bytes()[:2000]
+    bad.write_bytes(content)
+    with pytest.raises(CheckpointError, match="corrupt|cut short") as err:
         load_checkpoint(bad)
+    text = str(err.value)
+    assert text.startswith(str(bad)) and "\n" not in text
+    assert "weights_only" not in text  # torch's advice to load it unsafely is not passed on
+
+
+def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
     torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a gmi-drl checkpoint"):
         load_checkpoint(tmp_path / "other.pt")

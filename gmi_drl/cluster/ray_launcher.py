@@ -55,6 +55,7 @@ from gmi_drl.cluster.placement import STRATEGY, actor_env, actor_resources, bund
 from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.backends import BackendKind
 from gmi_drl.gmi.context import GMIContext, ReductionGroup
+from gmi_drl.errors import exception_line
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.gmi.layout import Layout
 
@@ -131,7 +132,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             except GMIError as e:
                 if restarts >= max_restarts:
                     if restarts:
-                        raise GMIError(f"{e}\n(after {restarts} restart(s))") from None
+                        raise GMIError(f"{e.summary} (after {restarts} restart(s))",
+                                       e.details, e.exception) from None
                     raise
                 restarts += 1
                 log.warning("%s\nrestarting all %d GMIs (restart %d of %d)", e, layout.num_gmis,
@@ -259,12 +261,13 @@ def _collect(refs, nodes, timeout_s: float | None = None, poll_s: float = 1.0,
                     ray.get(ref)
                 except ray.exceptions.RayError as e:
                     failures.append((pending[ref], e))
-        raise GMIError(_failure_message(failures, nodes, what))
+        raise GMIError(*_failure_message(failures, nodes, what))
     return [results[k] for k in range(len(refs))]
 
 
-def _failure_message(failures, nodes, what: str) -> str:
-    """The deaths first (the likely causes), then those that raised, with their tracebacks."""
+def _failure_message(failures, nodes, what: str) -> tuple[str, str, str]:
+    """`GMIError`'s ``(summary, details, exception)``: the first death (the likely cause) or
+    else the first that raised, in one line; then every failure with its traceback."""
     died = [(k, e) for k, e in failures if isinstance(e, ray.exceptions.RayActorError)]
     raised = [(k, e) for k, e in failures if not isinstance(e, ray.exceptions.RayActorError)]
     parts = []
@@ -272,12 +275,14 @@ def _failure_message(failures, nodes, what: str) -> str:
         where = (f" (Ray actor pid {nodes[k].pid} on {nodes[k]})" if nodes is not None
                  else " (while starting)")
         if isinstance(e, ray.exceptions.RayActorError):
-            parts.append((f"{what} {k}{where} died: {_death_cause(str(e))}", ""))
+            parts.append((f"{what} {k}{where} died: {_death_cause(str(e))}", "", ""))
         else:
-            parts.append((f"{what} {k}{where} raised", ":\n" + _ANSI.sub("", str(e))))
-    (head, detail), others = parts[0], parts[1:]
-    return (f"{head}; the run was stopped{detail}"
-            + "".join(f"\nalso: {h}{d}" for h, d in others))
+            tb = _ANSI.sub("", str(e))
+            line = exception_line(tb)
+            parts.append((f"{what} {k}{where} raised {line}", tb, line))
+    head, _, exception = parts[0]
+    details = "\n".join(h + (f":\n{d}" if d else "") for h, d, _ in parts)
+    return head + "; the run was stopped", details, exception
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -27,6 +27,7 @@ import numpy as np
 from gmi_drl.envs.engine import Engine
 from gmi_drl.envs.batched import BatchedEnv
 from gmi_drl.envs.spec import AutoresetMode
+from gmi_drl.errors import exception_line
 from gmi_drl.envs.stepper import Slots, Stepper
 
 _STEP, _RESET, _CLOSE = 1, 2, 3
@@ -270,7 +271,7 @@ class ProcessEngine(Engine):
             self._running[w] = None
             if self._ctrl[w, _STATUS] == _ERROR:
                 bad, tb = self._err[w].recv()
-                self._fail(f"env_id {bad} (worker {w}) raised:\n{tb}")
+                self._fail(f"env_id {bad} (worker {w}) raised {exception_line(tb)}:\n{tb}")
             if cmd == _STEP:
                 self._completed.append(ids)
             else:

@@ -31,6 +31,7 @@ import traceback
 from typing import Any, Sequence
 
 from gmi_drl.comm.reduction import Reduction
+from gmi_drl.errors import exception_line
 from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
 from gmi_drl.gmi.context import GMIContext, ReductionGroup, shm_group_sizes
 from gmi_drl.gmi.devices import Machine
@@ -40,10 +41,27 @@ log = logging.getLogger(__name__)
 
 
 class GMIError(RuntimeError):
-    """A GMI raised, died or hung; the run was stopped."""
+    """A GMI raised, died or hung; the run was stopped.
+
+    Attributes:
+        summary: one line: which GMI, what happened (for a GMI that raised, its exception).
+        details: the GMI's traceback, or ``""``.
+        exception: the exception a GMI raised, in one line (``"EnvWorkerError: ..."``), or
+            ``""`` (it died or hung).
+    """
+
+    def __init__(self, summary: str, details: str = "", exception: str = "") -> None:
+        super().__init__(summary + (f":\n{details}" if details else ""))
+        self.summary, self.details, self.exception = summary, details, exception
+
+    @classmethod
+    def raised(cls, gmi_id: int, tb: str) -> "GMIError":
+        """GMI ``gmi_id`` raised; ``tb`` is its formatted traceback."""
+        line = exception_line(tb)
+        return cls(f"GMI {gmi_id} raised {line}; the run was stopped", tb, line)
 
 
-def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns):
+def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns, controller):
     os.environ.update(env)  # before anything imports CUDA
     if affinity:
         os.sched_setaffinity(0, affinity)
@@ -53,10 +71,14 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns
 
     torch.set_num_threads(threads)
 
-    def beat():
+    def beat():  # and end this GMI when the controller is gone (killed: no one would stop it)
         while True:
             beats[gmi_id] = time.time()
             time.sleep(0.5)
+            try:
+                os.kill(controller, 0)
+            except ProcessLookupError:
+                os._exit(70)
 
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
     try:
@@ -117,7 +139,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
 
     Raises:
         ValueError: ``switch_addrs`` / ``netns`` not one per GMI.
-        GMIError: a GMI raised (its traceback is in the message), died, or hung.
+        GMIError: a GMI raised (its traceback in ``details``), died, or hung.
     """
     from gmi_drl.comm.shm import ShmGroup
 
@@ -150,7 +172,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
                 p.join(timeout=max(0.0, deadline - time.time()))
             return out
         except GMIError as e:
-            error = str(e)  # re-raised below, without frames that hold the queue and barriers
+            error = (e.summary, e.details, e.exception)  # re-raised below, without frames that hold the queue and barriers
     finally:
         _stop(procs, frozenset(prefixes or ()))
         results.close()
@@ -162,7 +184,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         if mps is not None:
             mps.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    raise GMIError(error)
+    raise GMIError(*error)
 
 
 def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_dir, netns,
@@ -173,7 +195,8 @@ def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_d
         ns = None if netns is None else netns[spec.gmi_id]
         ctx = GMIContext(spec.gmi_id, layout, payload, group)
         p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
-                          args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns))
+                          args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns,
+                                os.getpid()))
         prefix = prefixes.get(spec.gmi_id)
         if prefix is None:
             p.start()
@@ -221,7 +244,7 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:
             pass
         else:
             if status == "error":
-                raise GMIError(f"GMI {gmi_id} raised; the run was stopped:\n{value}")
+                raise GMIError.raised(gmi_id, value)
             done[gmi_id] = value
             continue
         now = time.time()
@@ -232,7 +255,7 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:
                 try:  # its last words may still be in the queue
                     status, gid, value = results.get(timeout=1.0)
                     if status == "error":
-                        raise GMIError(f"GMI {gid} raised; the run was stopped:\n{value}")
+                        raise GMIError.raised(gid, value)
                     done[gid] = value
                     continue
                 except queue.Empty:

@@ -27,7 +27,7 @@ from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.profiler import make_profiler
-from gmi_drl.telemetry.progress import Progress, format_progress
+from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.timeline import Timeline
 from gmi_drl.telemetry.timer import SectionStats, TimingTree, set_tree
 
@@ -39,7 +39,8 @@ class LoopSpec:
     Attributes:
         run: the run (directory, config, checkpoint to resume from).
         progress: called with a `Progress` by GMI 0 every ``log.log_every`` iterations, or
-            ``None``; placements that start processes pass `print_progress`.
+            ``None``; placements that start processes pass a `ProgressPrinter` instead of a
+            callback that cannot travel.
     """
 
     run: Run
@@ -65,11 +66,6 @@ class LoopResult(NamedTuple):
     their weights were identical after each update)"""
     phases: dict[str, SectionStats]
     """this GMI's timing tree"""
-
-
-def print_progress(p: Progress) -> None:
-    """The progress line, printed (GMI 0 of a run whose GMIs run in other processes)."""
-    print(format_progress(p), flush=True)
 
 
 def gmi_main(ctx) -> LoopResult:
@@ -201,7 +197,7 @@ class Trainer:
 
 def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
     """Iterations ``first .. num_iterations - 1`` of one GMI: collect -> update -> log, and a
-    checkpoint every ``log.checkpoint_every`` iterations and at the end (GMI 0). Each top-level
+    checkpoint every ``checkpoint.every`` iterations and at the end (GMI 0). Each top-level
     phase is ``prof.phase(name)`` (the algorithm opens its collection's phases itself);
     ``prof.iteration`` and ``tree.iteration`` bracket each iteration. Closes the trainer."""
     cfg, algo, prof = t.cfg, t.algo, t.profiler
@@ -223,7 +219,7 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                     if (k + 1) % cfg.log.log_every == 0 or last:
                         sps = (k + 1 - first) * batch / elapsed
                         _log(t, global_step, episodes, metrics, sps, elapsed, before, progress)
-                every = cfg.log.checkpoint_every
+                every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
                     with prof.phase("checkpoint"):
                         t.run.save_checkpoint(t.state_dict(global_step, k + 1))

@@ -135,7 +135,7 @@ class SerialPlacement:
             t.join()
         if errors:
             g = min(errors)
-            raise GMIError(f"GMI {g} raised; the run was stopped:\n{errors[g]}")
+            raise GMIError.raised(g, errors[g])
         return results
 
     def describe(self) -> str:
@@ -206,9 +206,11 @@ def _printing(payload):
     """The payload for GMIs in other processes: progress printed there, not called back."""
     import dataclasses
 
-    from gmi_drl.runner.loop import print_progress
+    from gmi_drl.telemetry.progress import ProgressPrinter
 
-    return dataclasses.replace(payload, progress=print_progress if payload.progress else None)
+    if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
+        return payload
+    return dataclasses.replace(payload, progress=ProgressPrinter())
 
 
 def _restarted(payload):

@@ -7,7 +7,8 @@ its timeline. Only the controller writes ``config.json`` and ``summary.md``.
 Directory layout::
 
     RUN_DIR/config.json  metrics.csv  events.*  timeline.json  summary.md  learning_curve.png
-    RUN_DIR/checkpoints/latest.pt     RUN_DIR/gmi-<k>/timeline.json (k > 0)
+    RUN_DIR/checkpoints/iteration-<k>.pt (the newest checkpoint.keep)  RUN_DIR/train.log
+    RUN_DIR/gmi-<k>/timeline.json (k > 0)
     RUN_DIR/profile/gmi-<k>/...       RUN_DIR/gpu_util.csv (where NVML sees a GPU)
 """
 
@@ -23,10 +24,46 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gmi_drl.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from gmi_drl.checkpoint import (checkpoint_name, find_loadable, list_checkpoints, load_checkpoint,
+                                prune_checkpoints, save_checkpoint)
 from gmi_drl.config import TrainConfig, to_dict
 
 log = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on an expected failure: a GMI or env worker died, hung or raised, the
+    switch did not answer, or an interrupt. The cause is chained (``__cause__``) and its
+    traceback is in the run's ``train.log``.
+
+    Attributes:
+        run_dir: the run directory. log_path: its ``train.log``.
+        reason: what happened, in one line.
+        next_step: what to run next, in one line: ``gmi-drl train ALGO --resume RUN_DIR`` when a
+            checkpoint was written.
+    """
+
+    def __init__(self, run: "Run", cause: BaseException) -> None:
+        from gmi_drl.gmi.launcher import GMIError
+
+        self.run_dir, self.log_path = run.run_dir, run.log_path
+        if isinstance(cause, KeyboardInterrupt):
+            self.reason = "interrupted; the run was stopped"
+        elif isinstance(cause, GMIError):
+            self.reason = cause.summary
+        else:
+            lines = str(cause).strip().splitlines()
+            self.reason = (f"{type(cause).__name__}: {lines[0]}" if lines
+                           else type(cause).__name__) + "; the run was stopped"
+        if isinstance(cause, GMIError) and cause.exception.startswith("CheckpointError"):
+            self.next_step = ("the checkpoint did not load into this run: resume with the run's "
+                              "own flags, or start a new run")
+        elif list_checkpoints(run.run_dir):
+            self.next_step = (f"continue with: gmi-drl train {run.config.algo_name} "
+                              f"--resume {run.run_dir}")
+        else:
+            self.next_step = "no checkpoint was written: run the same command again"
+        super().__init__(f"{self.reason} (traceback: {self.log_path})")
 
 
 @dataclass(frozen=True)
@@ -48,12 +85,14 @@ class Run:
         """Resolve the directory of ``cfg`` once: the resumed run's (``cfg.resume``, a run
         directory or checkpoint file), ``cfg.run_dir``, or ``runs/<task>-<algo>-<stamp>``.
 
+        Every GMI resumes from one file: the newest of the run that loads.
+
         Raises:
-            CheckpointError: ``cfg.resume`` names no checkpoint.
+            CheckpointError: ``cfg.resume`` names no checkpoint that loads.
         """
         cfg = copy.deepcopy(cfg)
         if cfg.resume is not None:
-            ckpt = resolve_checkpoint(cfg.resume)
+            ckpt, _ = find_loadable(cfg.resume)
             return cls(ckpt.parent.parent, cfg, ckpt)
         if cfg.run_dir is not None:
             return cls(Path(cfg.run_dir), cfg)
@@ -62,8 +101,13 @@ class Run:
         return cls(Path("runs") / name, cfg)
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.run_dir / "checkpoints" / "latest.pt"
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def log_path(self) -> Path:
+        """``train.log``: the controller's log and the traceback of a failure."""
+        return self.run_dir / "train.log"
 
     def gmi_dir(self, gmi_id: int) -> Path:
         """Where GMI ``gmi_id`` writes its own files (GMI 0: the run directory)."""
@@ -81,11 +125,15 @@ class Run:
         log.info("run directory: %s", self.run_dir)
 
     def restarted(self) -> "Run":
-        """This run continued from its latest checkpoint (from the start when none was written):
-        what a failed multi-GMI run restarts as."""
-        ckpt = self.checkpoint_path
-        log.warning("restarting every GMI from %s", ckpt if ckpt.exists() else "the start")
-        return Run(self.run_dir, self.config, ckpt if ckpt.exists() else None)
+        """This run continued from its newest checkpoint that loads (from the start when none
+        was written): what a failed multi-GMI run restarts as.
+
+        Raises:
+            CheckpointError: checkpoints were written and none loads.
+        """
+        ckpt = find_loadable(self.run_dir)[0] if list_checkpoints(self.run_dir) else None
+        log.warning("restarting every GMI from %s", ckpt or "the start")
+        return Run(self.run_dir, self.config, ckpt)
 
     def load_resume(self) -> dict | None:
         """The checkpoint to continue from, or ``None``.
@@ -95,9 +143,33 @@ class Run:
         """
         return load_checkpoint(self.resume_from) if self.resume_from is not None else None
 
-    def save_checkpoint(self, state: dict) -> None:
-        """Write ``state`` (with the config) atomically to ``checkpoints/latest.pt``."""
-        save_checkpoint(self.checkpoint_path, {"config": to_dict(self.config), **state})
+    def save_checkpoint(self, state: dict) -> Path:
+        """Write ``state`` (with the config) atomically to ``checkpoints/iteration-<k>.pt``
+        (``k = state["iteration"]``), then delete all but the newest ``checkpoint.keep``;
+        returns the file written."""
+        path = self.checkpoint_dir / checkpoint_name(int(state["iteration"]))
+        save_checkpoint(path, {"config": to_dict(self.config), **state})
+        prune_checkpoints(self.checkpoint_dir, self.config.checkpoint.keep)
+        return path
+
+    @contextlib.contextmanager
+    def log_file(self):
+        """Inside the block, gmi-drl's log records also go to ``train.log``, and an exception
+        leaving the block is written there with its traceback (then re-raised)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.log_path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        package = logging.getLogger("gmi_drl")
+        package.addHandler(handler)
+        try:
+            yield
+        except BaseException as e:
+            handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0,
+                                             "the run stopped", None, (type(e), e, e.__traceback__)))
+            raise
+        finally:
+            package.removeHandler(handler)
+            handler.close()
 
     @contextlib.contextmanager
     def telemetry(self):

@@ -37,3 +37,16 @@ def format_progress(p: Progress) -> str:
     ret = "  n/a" if math.isnan(p.recent_return) else f"{p.recent_return:.1f}"
     return (f"step {p.global_step:,}/{p.total_steps:,} ({pct:3.0f}%) | {p.sps:,.0f} sps | "
             f"return {ret} | {format_duration(p.elapsed_s)} elapsed | ETA {format_duration(eta)}")
+
+
+class ProgressPrinter:
+    """Prints the progress line at most once per ``interval_s`` seconds of the run, and always
+    the last one. Picklable: the CLI's printer travels to a GMI 0 in another process."""
+
+    def __init__(self, interval_s: float = 2.0) -> None:
+        self.interval_s, self._last = interval_s, -math.inf
+
+    def __call__(self, p: Progress) -> None:
+        if p.elapsed_s - self._last >= self.interval_s or p.global_step >= p.total_steps:
+            self._last = p.elapsed_s
+            print(format_progress(p), flush=True)

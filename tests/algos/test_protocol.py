@@ -4,7 +4,6 @@ across serial GMIs, with nothing in the runner changed."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,7 +97,7 @@ def _cfg(tmp_path, name, num_gmis=1, iterations=6):
     cfg.env.num_envs, cfg.gmi.num_gmis = 4, num_gmis
     cfg.placement, cfg.compile = "serial", False
     cfg.total_timesteps = iterations * cfg.batch_size
-    cfg.log.tensorboard, cfg.log.checkpoint_every = False, 2
+    cfg.log.tensorboard, cfg.checkpoint.every = False, 2
     cfg.run_dir = str(tmp_path / name)
     return cfg
 

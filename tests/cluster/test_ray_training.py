@@ -69,7 +69,7 @@ def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, 
 
 def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
     cfg = _cfg(tmp_path, "restart", 16, address=ray_cluster.address)
-    cfg.log.checkpoint_every = 2
+    cfg.checkpoint.every = 2
     cfg.ray.max_restarts = 1
     killed = []
     killer = threading.Thread(target=_kill_gmi_after_first_checkpoint,
@@ -97,7 +97,7 @@ def _kill_gmi_after_first_checkpoint(run_dir: Path, gmi_id: int, killed: list) -
     import ray
 
     deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "latest.pt").exists():
+    while not list((run_dir / "checkpoints").glob("iteration-*.pt")):
         if time.monotonic() > deadline:
             return
         time.sleep(0.02)

@@ -3,6 +3,8 @@
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,9 +18,10 @@ from gmi_drl.gmi.layout import plan
 pytestmark = pytest.mark.distributed
 
 
-def _children():
-    """Live child processes of this test process, except multiprocessing's resource tracker."""
-    me = os.getpid()
+def _children(me=None):
+    """Live child processes of ``me`` (this test process), except multiprocessing's resource
+    tracker."""
+    me = os.getpid() if me is None else me
     out = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -86,6 +89,10 @@ def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
         launch("tests.gmi.gmi_targets:fail_on_one", plan(3, m), m, payload=1)
     caught = time.time()
     assert "ValueError: GMI 1 failed on purpose" in str(err.value)
+    summary = err.value.summary  # what the CLI prints: one line, the GMI's exception named
+    assert summary.startswith("GMI 1 raised ValueError: GMI 1 failed on purpose at ")
+    assert summary.endswith("; the run was stopped") and "\n" not in summary
+    assert err.value.exception.startswith("ValueError: ") and "Traceback" in err.value.details
     failed_at = float(str(err.value).split("failed on purpose at ")[-1].split()[0])
     assert caught - failed_at < 5.0  # failure to a stopped run, all processes reaped
     assert not _children() - kids_before
@@ -122,7 +129,6 @@ def test_listing1_api_groups_allreduce_send_recv():
 
 
 CTRL_C_SCRIPT = """
-import sys
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import launch
 from gmi_drl.gmi.layout import plan
@@ -133,9 +139,6 @@ launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
 
 
 def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
-    import subprocess
-    import sys
-
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -171,3 +174,28 @@ def test_reduction_options_are_checked_before_any_process_starts():
                switch_addrs=["127.0.0.1:9"])
     with pytest.raises(ValueError, match="3 network namespaces for 2 GMIs"):
         launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, netns=["a", "b", "c"])
+
+
+def test_gmis_end_when_the_controller_is_killed():
+    """A controller killed with SIGKILL cannot stop its GMIs: each ends itself within a
+    heartbeat of noticing."""
+    shm_before = set(os.listdir("/dev/shm"))
+    controller = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
+                                  cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        deadline = time.time() + 60
+        while len(gmis := _children(controller.pid)) < 2:
+            assert time.time() < deadline, "the GMIs did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # past their imports, in the target
+    finally:
+        controller.kill()
+        controller.wait()
+    deadline = time.time() + 5
+    while any(os.path.exists(f"/proc/{pid}") for pid in gmis) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in gmis if os.path.exists(f"/proc/{pid}")], "orphaned GMIs still run"
+    deadline = time.time() + 5  # the resource tracker unlinks what the controller left
+    while not set(os.listdir("/dev/shm")) <= shm_before and time.time() < deadline:
+        time.sleep(0.1)
+    assert set(os.listdir("/dev/shm")) <= shm_before

@@ -48,6 +48,11 @@ from gmi_drl.comm.switch.protocol import Action, MemberType
 log = logging.getLogger(__name__)
 
 
+class SwitchError(RuntimeError):
+    """The switch refused this worker, or no complete group / result came in time: the switch
+    (or a worker of the group) is down or unreachable."""
+
+
 @dataclass(eq=False)
 class _Round:
     """One vector's trip through the switch. Segment ``i`` has stream index ``base + i``."""
@@ -91,7 +96,7 @@ class SwitchReducer(GradReducer):
 
     Raises:
         ValueError: ids out of range, or a bad address.
-        RuntimeError: the switch refused the Join (foreign job, bad token, full, different
+        SwitchError: the switch refused the Join (foreign job, bad token, full, different
             group size) or the group did not form within ``join_timeout_s``.
     """
 
@@ -139,6 +144,11 @@ class SwitchReducer(GradReducer):
                                     name=f"switch-heartbeat-{worker_id}")
         self._hb.start()
 
+    @property
+    def _where(self) -> str:
+        host, port = self._switch
+        return f"{host}:{port}"
+
     # ---- membership --------------------------------------------------------------------------
 
     def _send_join(self, now: float) -> None:
@@ -151,8 +161,8 @@ class SwitchReducer(GradReducer):
         while not (self._joined and self._ready):
             now = time.monotonic()
             if now > deadline:
-                raise RuntimeError(
-                    f"worker {self.rank}: no complete group at switch {self._switch} within "
+                raise SwitchError(
+                    f"worker {self.rank}: no complete group at switch {self._where} within "
                     f"{timeout_s} s (joined={self._joined}; are all {self.world_size} workers "
                     f"and the switches up?)")
             self._send_join(now)
@@ -198,12 +208,12 @@ class SwitchReducer(GradReducer):
         now = time.monotonic()
         if action == Action.JOIN_ACK:
             if self._joined and value.seg_floats != self._seg_floats and self._rounds:
-                raise RuntimeError(f"the switch came back with segment size {value.seg_floats}"
+                raise SwitchError(f"the switch came back with segment size {value.seg_floats}"
                                    f" != {self._seg_floats} with rounds in flight")
             self._joined = True
             self._seg_floats, self._window = value.seg_floats, value.window
         elif action == Action.JOIN_NACK:
-            raise RuntimeError(f"switch {self._switch} refused worker {self.rank}: "
+            raise SwitchError(f"switch {self._where} refused worker {self.rank}: "
                                f"{value.reason.name}: {value.text}")
         elif action == Action.READY:
             was = self._ready
@@ -369,7 +379,7 @@ class SwitchReducer(GradReducer):
         (``(n,) float32`` means) of the rounds completed since the last call, in begin order.
 
         Raises:
-            RuntimeError: rounds in flight got no result for ``timeout_s`` of the constructor
+            SwitchError: rounds in flight got no result for ``timeout_s`` of the constructor
                 (a switch or the group is gone), or the switch refused this worker.
         """
         now = time.monotonic()
@@ -383,8 +393,8 @@ class SwitchReducer(GradReducer):
             now = time.monotonic()
         if self._rounds and now - self._last_progress > self.timeout_s:
             r = self._rounds[0]
-            raise RuntimeError(
-                f"worker {self.rank}: no result from switch {self._switch} for {self.timeout_s} s"
+            raise SwitchError(
+                f"worker {self.rank}: no result from switch {self._where} for {self.timeout_s} s"
                 f" ({r.ndone}/{r.nseg} segments of round {r.number}); the group is broken")
         if now >= self._next_check:
             self._next_check = now + min(self._rto / 2, 0.02)
@@ -400,8 +410,8 @@ class SwitchReducer(GradReducer):
         (one round; call it with no other round in flight).
 
         Raises:
-            RuntimeError: no progress for ``timeout_s`` (a switch or the group is gone), rounds
-                of `begin` still in flight, or the switch refused this worker.
+            SwitchError: no progress for ``timeout_s`` (a switch or the group is gone), or the
+                switch refused this worker. RuntimeError: rounds of `begin` still in flight.
         """
         if self.in_flight:
             raise RuntimeError(f"allreduce_ with {self.in_flight} pipelined rounds in flight")

@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from gmi_drl.comm.switch.client import SwitchReducer
+from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 
 
 class StaleSyncPipeline:
@@ -184,8 +184,9 @@ class StaleSyncPipeline:
 
     def _raise(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"the switch pipeline of worker {self.reducer.rank} failed: "
-                               f"{self._error}") from self._error
+            cls = SwitchError if isinstance(self._error, SwitchError) else RuntimeError
+            raise cls(f"the switch pipeline of worker {self.reducer.rank} failed: "
+                      f"{self._error}") from self._error
 
     # ---- the LWU thread ------------------------------------------------------------------------
 

@@ -1,0 +1,145 @@
+"""Failures a user reads: an expected failure stops the run with one or two lines (what
+happened, the next command), the traceback in RUN_DIR/train.log (and on the terminal with
+--debug); the command it names goes on."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from gmi_drl import envs
+from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
+from gmi_drl.config import preset
+from gmi_drl.gmi.launcher import GMIError
+from gmi_drl.envs.workers import EnvWorkerError
+from gmi_drl.runner.run import RunStopped
+from gmi_drl.train import train
+
+
+class FailingEnv(gym.Env):
+    """A 3-d point that raises on its ``fail_at``-th step (counted over episodes)."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.fail_at, self.steps = fail_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("FailingEnv was told to fail here")
+        return np.zeros(3, np.float32), 1.0, self.steps % 10 == 0, False, {}
+
+
+envs.register("Failing-test", FailingEnv)
+
+
+def _cfg(tmp_path, fail_at: int):
+    cfg = preset("classic", "CartPole-v1")
+    cfg.env.task_id, cfg.env.num_envs, cfg.env.num_workers = "Failing-test", 2, 2
+    cfg.algo.num_steps, cfg.algo.num_minibatches, cfg.total_timesteps = 16, 2, 32 * 10
+    cfg.checkpoint.every, cfg.compile, cfg.log.tensorboard = 1, False, False
+    cfg.run_dir = str(tmp_path / "run")
+    envs.register("Failing-test", FailingEnv, fail_at=fail_at)
+    return cfg
+
+
+def test_a_failing_env_worker_stops_the_run_with_one_line_and_the_traceback_in_train_log(
+        tmp_path):
+    with pytest.raises(RunStopped) as err:
+        train(_cfg(tmp_path, fail_at=5))
+    stopped = err.value
+    assert isinstance(stopped.__cause__, EnvWorkerError)
+    assert stopped.reason.startswith("EnvWorkerError: env_id [")
+    assert "raised RuntimeError: FailingEnv was told to fail here" in stopped.reason
+    assert stopped.reason.endswith("; the run was stopped") and "\n" not in stopped.reason
+    assert stopped.next_step == "no checkpoint was written: run the same command again"
+    log = stopped.log_path.read_text()
+    assert stopped.log_path == tmp_path / "run" / "train.log"
+    assert "Traceback" in log and "FailingEnv was told to fail here" in log
+
+
+def test_a_run_stopped_after_a_checkpoint_names_the_resume_command(tmp_path):
+    with pytest.raises(RunStopped) as err:  # each env fails in iteration 3 (16 steps each)
+        train(_cfg(tmp_path, fail_at=40))
+    assert err.value.next_step == f"continue with: gmi-drl train ppo --resume {tmp_path / 'run'}"
+
+
+def _gmi_processes(pid: int) -> list[int]:
+    """The spawned children of ``pid`` (its GMIs; not the resource tracker)."""
+    kids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and "spawn_main" in cmd:
+            kids.append(int(entry))
+    return kids
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
+            "--gmi.num-gmis", "2", "--env.num-envs", "4", "--algo.num-steps", "32",
+            "--total-timesteps", "10000000", "--checkpoint.every", "1", "--no-compile",
+            "--log.no-tensorboard", "--run-dir", str(run)] + (["--debug"] if debug else [])
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((run / "checkpoints").glob("iteration-*.pt")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.2)
+        gmis = _gmi_processes(proc.pid)
+        assert len(gmis) == 2, gmis
+        os.kill(max(gmis), signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    last_two = lines[-2:]
+    assert last_two[0].startswith("gmi-drl train: GMI ")
+    assert last_two[0].endswith("was killed by signal 9 without a result; the run was stopped")
+    assert last_two[1].strip() == (f"continue with: gmi-drl train ppo --resume {run}   "
+                                   f"(traceback: {run / 'train.log'})")
+    assert ("Traceback" in err) == debug  # the terminal shows it only with --debug
+    assert "GMIError: GMI " in (run / "train.log").read_text()
+    if debug:
+        return
+    resumed = subprocess.run([sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--resume",
+                              str(run), "--total-timesteps", "1024"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "done: " in resumed.stdout
+
+
+def test_a_switch_that_does_not_answer_is_one_line_naming_it():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(SwitchError) as err:
+        SwitchReducer(f"127.0.0.1:{port}", 0, 2, join_timeout_s=0.5)
+    assert time.monotonic() - t0 < 5
+    tb = "".join(traceback.format_exception(err.value))
+    summary = GMIError.raised(0, tb).summary
+    assert summary.startswith(f"GMI 0 raised SwitchError: worker 0: no complete group at switch "
+                              f"127.0.0.1:{port} within 0.5 s")
+    assert "\n" not in summary
