@@ -19,7 +19,7 @@ from typing import Annotated, Callable, Literal, Union
 import gymnasium as gym
 import tyro
 
-from gmi_drl.algos import ALGORITHMS, ModelConfig, PPOConfig, algo_name
+from gmi_drl.algos import ALGORITHMS, DQNConfig, ModelConfig, PPOConfig, algo_name
 from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
 from gmi_drl.telemetry.profiler import ROLES, ProfilerConfig
 
@@ -248,9 +248,39 @@ def _ppo_demo() -> TrainConfig:
     return cfg
 
 
+def _dqn_classic() -> TrainConfig:
+    """CleanRL's ``dqn.py`` on CartPole-v1."""
+    return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=1), algo=DQNConfig(),
+                       model=ModelConfig(critic_hidden="120:84", activation="relu"),
+                       total_timesteps=500_000)
+
+
+def _dqn_cartpole_zoo() -> TrainConfig:
+    """RL-Zoo's ``dqn.yml`` CartPole-v1 entry."""
+    return TrainConfig(
+        env=EnvConfig(task_id="CartPole-v1", num_envs=1),
+        algo=DQNConfig(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                       learning_starts=1000, target_network_frequency=10, train_frequency=256,
+                       gradient_steps=128, exploration_fraction=0.16, end_e=0.04),
+        model=ModelConfig(critic_hidden="256:256", activation="relu"), total_timesteps=50_000)
+
+
+def _dqn_atari() -> TrainConfig:
+    """CleanRL's ``dqn_atari.py`` (Nature DQN), with a replay of 100k transitions per GMI (its
+    1M would hold 56 GB of frames stored twice)."""
+    return TrainConfig(
+        env=EnvConfig(task_id="Pong-v5", num_envs=1),
+        algo=DQNConfig(learning_rate=1e-4, buffer_size=100_000, batch_size=32, end_e=0.01,
+                       exploration_fraction=0.10, learning_starts=80_000, train_frequency=4,
+                       target_network_frequency=1000),
+        model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
+        torch_threads=os.cpu_count() or 1)
+
+
 PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
     "ppo": {"classic": _ppo_classic, "mujoco": _ppo_mujoco, "atari": _ppo_atari,
-            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo}}
+            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo},
+    "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 

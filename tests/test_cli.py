@@ -40,10 +40,24 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "algo.gamma=2.0" in err and "must be a multiple of" in err
     assert not (tmp_path / "runs").exists()  # validated before anything started
-    assert main(["train", "dqn"]) == 2 and "one of ['ppo']" in capsys.readouterr().err
+    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'dqn']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
+
+
+def test_dqn_through_the_cli_with_its_own_flags(tmp_path, capsys):
+    run = tmp_path / "dqn"
+    assert main(["train", "dqn", "--preset", "cartpole-zoo", "--total-timesteps", "1024",
+                 "--algo.learning-starts", "256", "--algo.gradient-steps", "4",
+                 "--algo.double-q", "--run-dir", str(run), "--log.no-tensorboard",
+                 "--no-compile"]) == 0
+    assert "done: 1,024 steps" in capsys.readouterr().out
+    saved = json.loads((run / "config.json").read_text())["algo"]["dqn"]
+    assert saved["learning_starts"] == 256 and saved["double_q"] is True
+    assert saved["train_frequency"] == 256  # the preset's, not the class default
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    assert "over 2 episodes" in capsys.readouterr().out
 
 
 def test_resume_through_the_cli(tmp_path, capsys):

@@ -58,9 +58,10 @@ def test_auto_preset_by_task_family():
 
 
 def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
-    cfg = tyro.cli(TrainConfig, default=preset("mujoco"),
-                   args=["--env.num-envs", "16", "--algo.learning-rate", "1e-3", "--seed", "7",
-                         "--norm.no-reward", "--gmi.reduction", "har"])
+    cfg = tyro.cli(TrainConfig, default=preset("mujoco"),  # as the CLI: the algorithm first
+                   args=["ppo", "--env.num-envs", "16", "--algo.learning-rate", "1e-3", "--seed",
+                         "7", "--norm.no-reward", "--gmi.reduction", "har"],
+                   config=(tyro.conf.CascadeSubcommandArgs,))
     assert (cfg.env.num_envs, cfg.algo.learning_rate, cfg.seed, cfg.algo.num_steps) == (16, 1e-3, 7, 2048)
     assert (cfg.norm.obs, cfg.norm.reward, cfg.gmi.reduction) == (True, False, "har")
     data = to_dict(cfg)

@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, ModelConfig
+from gmi_drl.algos.dqn import DQN, DQNConfig
 from gmi_drl.algos.ppo import PPO, PPOConfig
 
-ALGORITHMS: dict[str, tuple[type, type]] = {"ppo": (PPOConfig, PPO)}
+ALGORITHMS: dict[str, tuple[type, type]] = {"ppo": (PPOConfig, PPO), "dqn": (DQNConfig, DQN)}
 """``{name: (config class, learner class)}``; the learner is built as ``cls(config, ctx)``"""
 
 
@@ -30,5 +31,5 @@ def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm:
     return ALGORITHMS[algo_name(cfg)][1](cfg, ctx)
 
 
-__all__ = ["ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "ModelConfig", "PPO",
-           "PPOConfig", "algo_name", "build_algorithm"]
+__all__ = ["ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "DQN", "DQNConfig",
+           "ModelConfig", "PPO", "PPOConfig", "algo_name", "build_algorithm"]

@@ -93,28 +93,39 @@ class CompiledActing(TorchActing):
         return ActResult(*(self._out(v) for v in out)) if self._host else out
 
 
-def tanh_linears(mlp: nn.Module) -> list[nn.Linear] | None:
-    """The Linear layers of a tanh `MLP` with float32 CPU weights, or ``None`` for anything else."""
-    if not isinstance(mlp, MLP) or not all(isinstance(m, (nn.Linear, Tanh)) for m in mlp):
+def mlp_linears(mlp: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers of an `MLP` with one activation (tanh or ReLU) and float32 CPU weights,
+    or ``None`` for anything else."""
+    if not isinstance(mlp, MLP):
+        return None
+    kinds = {type(m) for m in mlp if not isinstance(m, nn.Linear)}
+    if len(kinds) > 1 or not kinds <= {Tanh, nn.ReLU}:
         return None
     if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in mlp.parameters()):
         return None
     return [m for m in mlp if isinstance(m, nn.Linear)]
 
 
-class NumpyTanhMLP:
-    """NumPy views of a tanh `MLP`'s weights (aliasing the tensors' memory, so in-place updates
+def tanh_linears(mlp: nn.Module) -> list[nn.Linear] | None:
+    """`mlp_linears` of a tanh `MLP` (or of one with a single layer), else ``None``."""
+    layers = mlp_linears(mlp)
+    return layers if layers is not None and not any(isinstance(m, nn.ReLU) for m in mlp) else None
+
+
+class NumpyMLP:
+    """NumPy views of an `MLP`'s weights (aliasing the tensors' memory, so in-place updates
     such as optimizer steps and ``load_state_dict`` are seen at once; re-homing the parameters
     breaks the alias, which `stale` detects).
 
     Raises:
-        ValueError: ``mlp`` is not a tanh MLP with float32 CPU weights.
+        ValueError: ``mlp`` is not a tanh or ReLU MLP with float32 CPU weights.
     """
 
     def __init__(self, mlp: nn.Module) -> None:
-        layers = tanh_linears(mlp)
+        layers = mlp_linears(mlp)
         if layers is None:
-            raise ValueError("NumpyTanhMLP needs a tanh MLP with float32 CPU weights")
+            raise ValueError("NumpyMLP needs a tanh or ReLU MLP with float32 CPU weights")
+        self.relu = any(isinstance(m, nn.ReLU) for m in mlp)
         self._first = layers[0].weight
         self._ptr = self._first.data_ptr()
         self.weights = [layer.weight.detach().numpy() for layer in layers]  # (out, in)
@@ -125,13 +136,16 @@ class NumpyTanhMLP:
         return self._first.data_ptr() != self._ptr
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """``(N, out)`` for ``x (N, in) float32``; the last layer has no tanh."""
+        """``(N, out)`` for ``x (N, in) float32``; the last layer has no activation."""
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             x = x @ w.T
             x += b
             if i < last:
-                np.tanh(x, out=x)
+                if self.relu:
+                    np.maximum(x, 0.0, out=x)
+                else:
+                    np.tanh(x, out=x)
         return x
 
 
@@ -165,7 +179,7 @@ class NumpyActing:
 
     def _views(self) -> None:
         model = self.model
-        self.actor, self.critic = NumpyTanhMLP(model.actor), NumpyTanhMLP(model.critic)
+        self.actor, self.critic = NumpyMLP(model.actor), NumpyMLP(model.critic)
         self.gaussian = isinstance(model.head, DiagGaussianHead)
         if self.gaussian:
             self.logstd = model.head.logstd.detach().numpy()  # (1, A)

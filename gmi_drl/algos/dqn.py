@@ -1,0 +1,355 @@
+"""Deep Q-Network: Q-learning with experience replay and a target network.
+
+Source: Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature
+DQN): Algorithm 1 (replay, epsilon-greedy, the target network updated every C steps) and the
+Huber loss on the TD error; van Hasselt et al. 2016 (Double DQN, eq. 4) with ``double_q``. The
+defaults and the schedule (train every ``train_frequency`` env steps after ``learning_starts``,
+target sync every ``target_network_frequency`` env steps) follow CleanRL's ``dqn.py``;
+``gradient_steps`` per iteration and ``tau`` follow Stable-Baselines3's DQN.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gmi_drl.algos.base import AlgoContext
+from gmi_drl.models.actor_critic import ActResult
+from gmi_drl.models.cnn import NatureCNN
+from gmi_drl.models.mlp import MLP
+from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
+from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.replay import ReplayBuffer
+from gmi_drl.telemetry.timer import timer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DQNConfig:
+    """DQN hyper-parameters (defaults: CleanRL ``dqn.py``)."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size"""
+    buffer_size: int = 10_000
+    """replay capacity of each GMI, transitions"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target update rate: 1 copies the online network, < 1 is a Polyak average"""
+    target_network_frequency: int = 500
+    """env steps of a GMI between target updates"""
+    batch_size: int = 128
+    """transitions per gradient step (each GMI samples its own)"""
+    start_e: float = 1.0
+    """exploration epsilon at the start"""
+    end_e: float = 0.05
+    """exploration epsilon at the end of the schedule"""
+    exploration_fraction: float = 0.5
+    """fraction of the run over which epsilon falls linearly from start_e to end_e"""
+    learning_starts: int = 10_000
+    """env steps of a GMI before the first gradient step (filling the buffer)"""
+    train_frequency: int = 10
+    """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
+    gradient_steps: int = 1
+    """gradient steps per iteration"""
+    double_q: bool = False
+    """Double DQN target: the online network picks the next action, the target rates it"""
+    loss: Literal["huber", "mse"] = "huber"
+    """TD loss: Huber (Nature DQN, SB3) or squared error (CleanRL)"""
+    max_grad_norm: float = 10.0
+    """global gradient norm bound (SB3's default)"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    save_replay: bool = False
+    """put the replay buffer in checkpoints (a resumed run then continues exactly; the files grow
+    by the buffer's size)"""
+
+    def steps_per_iteration(self, num_envs: int) -> int:
+        """``num_envs * train_frequency``."""
+        return num_envs * self.train_frequency
+
+    def validate(self, num_envs: int, num_gmis: int) -> list[str]:
+        """Every broken rule of these hyper-parameters."""
+        checks = [
+            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
+            (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
+            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
+            (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
+            (self.target_network_frequency >= 1,
+             f"algo.target_network_frequency={self.target_network_frequency} must be >= 1"),
+            (self.batch_size >= 1, f"algo.batch_size={self.batch_size} must be >= 1"),
+            (0 <= self.end_e <= self.start_e <= 1,
+             f"algo.start_e={self.start_e}, algo.end_e={self.end_e}: need 0 <= end_e <= "
+             "start_e <= 1"),
+            (0 < self.exploration_fraction <= 1,
+             f"algo.exploration_fraction={self.exploration_fraction} must be in (0, 1]"),
+            (self.learning_starts >= 0,
+             f"algo.learning_starts={self.learning_starts} must be >= 0"),
+            (self.train_frequency >= 1,
+             f"algo.train_frequency={self.train_frequency} must be >= 1"),
+            (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
+            (self.loss in ("huber", "mse"), f"algo.loss={self.loss!r} must be huber or mse"),
+            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
+            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
+        ]
+        return [msg for ok, msg in checks if not ok]
+
+
+class QNetwork(nn.Module):
+    """``Q(obs) -> (N, num_actions) float32``: an MLP on flat observations, or the Nature CNN
+    and a linear layer on stacked frames (Mnih et al. 2015, Methods "Model architecture")."""
+
+    def __init__(self, observation_space: gym.spaces.Box, num_actions: int, encoder: str,
+                 hidden: str, activation: str) -> None:
+        super().__init__()
+        if encoder == "nature_cnn":
+            cnn = NatureCNN(observation_space.shape[0])
+            self.net = nn.Sequential(cnn, nn.Linear(cnn.out_features, num_actions))
+        else:
+            n_in = int(np.prod(observation_space.shape))
+            self.net = nn.Sequential(nn.Flatten(),
+                                     MLP(f"{n_in}:{hidden}:{num_actions}", activation))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)
+
+
+def td_target(q_next_target: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor,
+              gamma: float, q_next_online: torch.Tensor | None = None) -> torch.Tensor:
+    """``r + gamma (1 - terminated) Q_target(s', a')`` for ``(B,)`` rewards and terminations
+    and ``(B, num_actions)`` next-state values: ``a' = argmax Q_target(s')`` (Nature DQN), or
+    ``argmax Q_online(s')`` when ``q_next_online`` is given (Double DQN, van Hasselt 2016 eq. 4).
+    Truncated episodes are stored with the state that followed and ``terminated = 0``: they
+    bootstrap."""
+    if q_next_online is None:
+        next_value = q_next_target.max(1).values
+    else:
+        next_value = q_next_target.gather(1, q_next_online.argmax(1, keepdim=True)).squeeze(1)
+    return rewards + gamma * (1.0 - terminated) * next_value
+
+
+def dqn_objective(q_network: nn.Module, obs: torch.Tensor, actions: torch.Tensor,
+                  rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor, *,
+                  target_network: nn.Module, gamma: float, double_q: bool,
+                  loss: str) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The TD loss of one replay minibatch in a `GradStep`'s shape (so the target's forward
+    joins the compiled step): ``Q(s, a)`` of the ``(B,) int64`` ``actions`` against `td_target`
+    (no gradient through it), Huber (delta 1) or mean squared error. Returns
+    ``(loss, (loss, mean Q(s, a)))``."""
+    q_next_target = target_network(next_obs).detach()
+    q_next_online = q_network(next_obs).detach() if double_q else None
+    target = td_target(q_next_target, rewards, terminated, gamma, q_next_online)
+    q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+    if loss == "huber":
+        value = F.smooth_l1_loss(q, target)
+    else:
+        value = F.mse_loss(q, target)
+    return value, (value.detach(), q.detach().mean())
+
+
+class EpsilonGreedy:
+    """The agent role of DQN: ``argmax_a Q(obs, a)``, or with probability ``epsilon`` an action
+    drawn uniformly (Q of an MLP on the CPU computed in NumPy on views of its weights) (the `gmi_drl.rollout.acting.Acting` protocol: ``logprob`` is 0 and
+    ``value`` is ``max_a Q``). Draws from the runner's generator: per call one uniform per env
+    for the coin and one integer per env for the random action."""
+
+    def __init__(self, q_network: QNetwork, num_actions: int, generator: torch.Generator,
+                 arrays: Arrays) -> None:
+        self.q_network, self.num_actions, self.generator = q_network, num_actions, generator
+        self._host = isinstance(arrays, HostArrays)
+        self.epsilon = 1.0
+        mlp = q_network.net[-1]
+        self._numpy = NumpyMLP(mlp) if self._host and mlp_linears(mlp) is not None else None
+
+    def _q(self, obs: Array) -> torch.Tensor:
+        if self._numpy is not None:  # small MLPs on the CPU: NumPy's per-op cost is lower
+            if self._numpy.stale():
+                self._numpy = NumpyMLP(self.q_network.net[-1])
+            flat = obs.reshape(len(obs), -1).astype(np.float32, copy=False)
+            return torch.from_numpy(self._numpy.forward(flat))
+        x = torch.from_numpy(obs) if self._host else obs
+        with torch.no_grad():
+            return self.q_network(x if x.dtype in (torch.uint8, torch.float32) else x.float())
+
+    def act(self, obs: Array, deterministic: bool = False) -> ActResult:
+        q = self._q(obs)
+        if self._host:
+            q = q.numpy()
+            action, value = q.argmax(1), q.max(1)
+        else:
+            value, action = q.max(1)
+        if not deterministic:
+            n = len(action)
+            coin = torch.rand(n, generator=self.generator)
+            random = torch.randint(self.num_actions, (n,), generator=self.generator)
+            if self._host:
+                action = np.where(coin.numpy() < self.epsilon, random.numpy(), action)
+            else:
+                explore = (coin < self.epsilon).to(action.device)
+                action = torch.where(explore, random.to(action.device), action)
+        zeros = np.zeros_like(value) if self._host else torch.zeros_like(value)
+        return ActResult(action, zeros, value)
+
+    def value(self, obs: Array) -> Array:
+        v = self._q(obs).max(1).values
+        return v.numpy() if self._host else v
+
+
+class DQN:
+    """The DQN learner (an `gmi_drl.algos.base.Algorithm`): ``collect`` steps every env
+    ``train_frequency`` times with epsilon-greedy actions into the replay buffer; ``update``
+    takes ``gradient_steps`` gradient steps on uniform minibatches once ``learning_starts`` env
+    steps are stored, and moves the target network every ``target_network_frequency`` steps.
+
+    Raises:
+        ValueError: a non-Discrete action space, or observation/reward normalisation (DQN
+            learns from raw rewards; normalise inside the task instead).
+    """
+
+    def __init__(self, cfg: DQNConfig, ctx: AlgoContext) -> None:
+        spec = ctx.spec
+        if not isinstance(spec.action_space, gym.spaces.Discrete):
+            raise ValueError(f"DQN needs a Discrete action space, {spec.task_id} has "
+                             f"{spec.action_space}")
+        if ctx.obs_norm is not None or ctx.reward_norm is not None:
+            raise ValueError("DQN does not use the runner's normalisers: run without "
+                             "--norm.obs / --norm.reward")
+        self.cfg, self.ctx = cfg, ctx
+        self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
+        n = int(spec.action_space.n)
+        m = ctx.model
+        self.q_network = QNetwork(spec.observation_space, n, m.encoder, m.critic_hidden,
+                                  m.activation).to(ctx.device)
+        self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
+        loss = functools.partial(dqn_objective, target_network=self.target_network,
+                                 gamma=cfg.gamma, double_q=cfg.double_q, loss=cfg.loss)
+        self.grad_step = ctx.make_grad_step(self.q_network, loss, cfg.learning_rate,
+                                            cfg.max_grad_norm, cfg.adam_eps)
+        self.acting = EpsilonGreedy(self.q_network, n, ctx.action_generator, ctx.arrays)
+        self.replay: ReplayBuffer | None = None  # allocated by the first collect
+        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling
+        self.total_steps = ctx.num_iterations * self.steps_per_iteration
+        self.env_steps, self.last_target_update, self.iteration = 0, 0, 0
+        self._obs: np.ndarray | None = None
+
+    def epsilon(self) -> float:
+        """The linear schedule at this GMI's env step (CleanRL's ``linear_schedule``)."""
+        cfg = self.cfg
+        duration = max(cfg.exploration_fraction * self.total_steps, 1.0)
+        slope = (cfg.end_e - cfg.start_e) / duration
+        return max(slope * self.env_steps + cfg.start_e, cfg.end_e)
+
+    def collect(self, pool) -> Episodes:
+        """``train_frequency`` steps of every env (phase ``rollout``), each transition stored
+        with the observation that followed it (the final one where an episode ended)."""
+        arrays, returns, lengths = self.ctx.arrays, [], []
+        with self.ctx.phase("rollout"):
+            if self._obs is None:
+                self._start(pool)
+            for _ in range(self.cfg.train_frequency):
+                self.acting.epsilon = self.epsilon()
+                with timer("inference"):
+                    action = arrays.to_pool(self.acting.act(arrays.from_pool(self._obs)).action)
+                with timer("env_step"):
+                    next_obs, reward, terminated, truncated, info = pool.step(action)
+                done = terminated | truncated
+                stored_next = next_obs
+                if done.any():
+                    stored_next = next_obs.copy()
+                    ended = np.flatnonzero(done)
+                    stored_next[ended] = info["final_obs"][ended]
+                    end = info["episode_end"]
+                    returns.append(info["episode_return"][end].copy())
+                    lengths.append(info["episode_length"][end].copy())
+                self.replay.add(self._obs, action, reward, stored_next, terminated)
+                self._obs[...] = next_obs
+                self.env_steps += len(action)
+        return Episodes.concat(returns, lengths)
+
+    def _start(self, pool) -> None:
+        spec, cfg = self.ctx.spec, self.cfg
+        if self.replay is None:
+            self.replay = ReplayBuffer(cfg.buffer_size, spec.observation_space,
+                                       spec.action_space, self.ctx.device)
+        log.info("DQN replay buffer: %d transitions, %.1f MB", cfg.buffer_size,
+                 self.replay.nbytes / 1e6)
+        obs, _ = pool.reset()
+        self._obs = obs.copy()
+
+    def update(self) -> dict[str, float]:
+        """``gradient_steps`` gradient steps once ``learning_starts`` env steps were taken
+        (none before); the target network first, when ``target_network_frequency`` env steps
+        passed since its last update. Returns ``losses/td_loss``, ``losses/q_values`` (means
+        over the steps), ``losses/epsilon`` and the gradient step's metrics."""
+        cfg, step = self.cfg, self.grad_step
+        self.iteration += 1
+        metrics = {"losses/epsilon": self.epsilon()}
+        if self.env_steps < cfg.learning_starts:
+            return metrics
+        if self.env_steps - self.last_target_update >= cfg.target_network_frequency:
+            self._update_target()
+        aux = []
+        for _ in range(cfg.gradient_steps):
+            loss, q = step(*self.replay.sample(cfg.batch_size, self.generator))
+            aux.append(torch.stack([loss, q]))
+        means = torch.stack(aux).mean(0).tolist()
+        return {**metrics, "losses/td_loss": means[0], "losses/q_values": means[1],
+                **step.drain()}
+
+    def _update_target(self) -> None:
+        online = list(self.q_network.parameters())
+        target = list(self.target_network.parameters())
+        with torch.no_grad():
+            if self.cfg.tau == 1.0:
+                torch._foreach_copy_(target, online)
+            else:
+                torch._foreach_lerp_(target, online, self.cfg.tau)
+        self.last_target_update = self.env_steps
+
+    def state_dict(self) -> dict:
+        """Both networks (``modules``), the optimizer, the sampling RNG, the counters and, with
+        ``save_replay``, the replay buffer (without it a resumed run refills the buffer, training
+        from the first iteration on what it holds)."""
+        state = {"modules": {"q_network": self.q_network.state_dict(),
+                             "target_network": self.target_network.state_dict()},
+                 "optimizers": {"q_network": self.grad_step.state_dict()},
+                 "generator": self.generator.get_state(), "iteration": self.iteration,
+                 "env_steps": self.env_steps, "last_target_update": self.last_target_update}
+        if self.cfg.save_replay and self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output.
+
+        Raises:
+            ValueError: the stored weights or optimizer do not fit this model.
+        """
+        try:
+            for name in ("q_network", "target_network"):
+                getattr(self, name).load_state_dict(state["modules"][name])
+        except RuntimeError as e:
+            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        self.grad_step.load_state_dict(state["optimizers"]["q_network"])
+        self.generator.set_state(state["generator"])
+        self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
+        self.last_target_update = int(state["last_target_update"])
+        if "replay" in state:
+            spec = self.ctx.spec
+            self.replay = ReplayBuffer(self.cfg.buffer_size, spec.observation_space,
+                                       spec.action_space, self.ctx.device)
+            self.replay.load_state_dict(state["replay"])
+
+    def close(self) -> None:
+        self.grad_step.close()
