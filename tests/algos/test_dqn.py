@@ -8,7 +8,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.nn import functional as F
 
 from gmi_drl import envs
 from gmi_drl.algos import AlgoContext, DQN, DQNConfig, ModelConfig
