@@ -5,7 +5,10 @@ Every field has a docstring (it becomes the ``--help`` text). Derived values (`b
 sizes and rules live in its config (`gmi_drl.algos.base.AlgoConfig`). PPO presets reproduce
 CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` = ``ppo_continuous_action.py``,
 ``atari`` = ``ppo_atari.py``; ``cartpole-zoo`` = RL-Zoo's ``CartPole-v1`` PPO entry (the
-Stable-Baselines3 comparison); ``demo`` = a short Hopper run.
+Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 presets are
+RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo. Every
+algorithm of the iSwitch paper (papers/001, §5.1) has an ``iswitch`` preset: its workload and a
+network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import Annotated, Callable, Literal, Union
 import gymnasium as gym
 import tyro
 
-from gmi_drl.algos import ALGORITHMS, DQNConfig, ModelConfig, PPOConfig, algo_name
+from gmi_drl.algos import (ALGORITHMS, A2CConfig, DDPGConfig, DQNConfig, ModelConfig, PPOConfig,
+                           TD3Config, algo_name)
+from gmi_drl.algos.ddpg import DeterministicPGConfig
 from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
 from gmi_drl.telemetry.profiler import ROLES, ProfilerConfig
 
@@ -277,10 +282,81 @@ def _dqn_atari() -> TrainConfig:
         torch_threads=os.cpu_count() or 1)
 
 
+def _dqn_iswitch() -> TrainConfig:
+    """iSwitch's DQN workload: Pong with the Nature DQN network (6.4 MiB of float32)."""
+    return _dqn_atari()
+
+
+def _ppo_iswitch() -> TrainConfig:
+    """iSwitch's PPO workload: Hopper with 64:64 actor and critic (40 KB)."""
+    cfg = _ppo_mujoco()
+    cfg.env.num_envs = 8
+    cfg.algo.num_steps = 256
+    return cfg
+
+
+def _a2c_classic() -> TrainConfig:
+    """RL-Zoo's ``a2c.yml`` CartPole-v1 entry."""
+    return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
+                       algo=A2CConfig(ent_coef=0.0), total_timesteps=500_000, log=_sparse_log())
+
+
+def _a2c_atari() -> TrainConfig:
+    """RL-Zoo's ``a2c.yml`` Atari entry (16 envs, 4 stacked frames, RMSprop eps 1e-5)."""
+    return TrainConfig(
+        env=EnvConfig(task_id="Breakout-v5", num_envs=16),
+        algo=A2CConfig(ent_coef=0.01, vf_coef=0.25), model=ModelConfig(encoder="nature_cnn"),
+        total_timesteps=10_000_000, torch_threads=os.cpu_count() or 1, log=_sparse_log())
+
+
+def _a2c_iswitch() -> TrainConfig:
+    """iSwitch's A2C workload: Qbert, the Nature CNN with a 256-unit layer (3.4 MiB)."""
+    cfg = _a2c_atari()
+    cfg.env.task_id, cfg.model.cnn_features = "Qbert-v5", 256
+    return cfg
+
+
+def _sparse_log() -> LogConfig:
+    """Metrics every 100 iterations: for algorithms whose iterations are a few env steps."""
+    return LogConfig(log_every=100)
+
+
+def _continuous(algo: DeterministicPGConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
+    return TrainConfig(env=EnvConfig(task_id=task_id, num_envs=1), algo=algo,
+                       model=ModelConfig(actor_hidden=hidden, critic_hidden=hidden,
+                                         activation="relu"),
+                       total_timesteps=total, log=LogConfig(log_every=1000),
+                       checkpoint=CheckpointConfig(every=50_000))
+
+
+def _pendulum(cls: type[DeterministicPGConfig]) -> Callable[[], TrainConfig]:
+    """RL-Zoo's ``ddpg.yml`` / ``td3.yml`` Pendulum-v1 entry."""
+    return lambda: _continuous(cls(gamma=0.98, buffer_size=200_000, learning_starts=10_000),
+                               "Pendulum-v1", "400:300", 20_000)
+
+
+def _halfcheetah(cls: type[DeterministicPGConfig]) -> Callable[[], TrainConfig]:
+    """RL-Zoo's ``ddpg.yml`` / ``td3.yml`` MuJoCo entry (HalfCheetah)."""
+    return lambda: _continuous(cls(learning_starts=10_000), "HalfCheetah-v5", "400:300",
+                               1_000_000)
+
+
+def _ddpg_iswitch() -> TrainConfig:
+    """iSwitch's DDPG workload: HalfCheetah, 128:128 actor and critic (157 KB together)."""
+    cfg = _halfcheetah(DDPGConfig)()
+    cfg.model.actor_hidden = cfg.model.critic_hidden = "128:128"
+    return cfg
+
+
 PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
     "ppo": {"classic": _ppo_classic, "mujoco": _ppo_mujoco, "atari": _ppo_atari,
-            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo},
-    "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo}}
+            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo, "iswitch": _ppo_iswitch},
+    "a2c": {"classic": _a2c_classic, "atari": _a2c_atari, "iswitch": _a2c_iswitch},
+    "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo,
+            "iswitch": _dqn_iswitch},
+    "ddpg": {"classic": _pendulum(DDPGConfig), "mujoco": _halfcheetah(DDPGConfig),
+             "iswitch": _ddpg_iswitch},
+    "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 
@@ -344,6 +420,7 @@ def validate(cfg: TrainConfig) -> None:
             errors.append(f"model.{name}={value!r} must be positive ints joined by ':' (e.g. '64:64')")
     need(m.activation in ACTIVATIONS,
          f"model.activation={m.activation!r} must be one of {sorted(ACTIVATIONS)}")
+    need(m.cnn_features >= 1, f"model.cnn_features={m.cnn_features} must be >= 1")
     need(lg.log_every >= 1, f"log.log_every={lg.log_every} must be >= 1")
     ck = cfg.checkpoint
     need(ck.every >= 0, f"checkpoint.every={ck.every} must be >= 0 (0: only at the end)")

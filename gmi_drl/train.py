@@ -78,7 +78,9 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     text = placement.describe()
     if len(digests) > 1:
         same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
-        text += (f"- weights identical on all {len(digests)} GMIs after every update: {same} "
+        n = run.config.log.log_every
+        when = "every update" if n == 1 else f"every {n} updates"
+        text += (f"- weights identical on all {len(digests)} GMIs after {when}: {same} "
                  f"(sha256 {digests[0][:16]}...)\n")
     run.write_summary(results[0], text)
     r = results[0]

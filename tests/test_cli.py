@@ -40,7 +40,7 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "algo.gamma=2.0" in err and "must be a multiple of" in err
     assert not (tmp_path / "runs").exists()  # validated before anything started
-    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'dqn']" in capsys.readouterr().err
+    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'a2c', 'dqn', 'ddpg', 'td3']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
@@ -56,6 +56,26 @@ def test_dqn_through_the_cli_with_its_own_flags(tmp_path, capsys):
     saved = json.loads((run / "config.json").read_text())["algo"]["dqn"]
     assert saved["learning_starts"] == 256 and saved["double_q"] is True
     assert saved["train_frequency"] == 256  # the preset's, not the class default
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    assert "over 2 episodes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algo, task", [("td3", "Pendulum-v1"), ("a2c", "CartPole-v1")])
+def test_off_policy_and_a2c_through_the_cli_resume_and_eval(tmp_path, capsys, algo, task):
+    run = tmp_path / algo
+    flags = ["--run-dir", str(run), "--log.no-tensorboard", "--no-compile",
+             "--model.actor-hidden", "16", "--model.critic-hidden", "16"]
+    extra = ["--algo.learning-starts", "100", "--algo.save-replay"] if algo == "td3" else []
+    assert main(["train", algo, "--env.task-id", task, "--total-timesteps", "400", *flags,
+                 *extra]) == 0
+    capsys.readouterr()
+    assert main(["train", algo, "--resume", str(run), "--total-timesteps", "800"]) == 0
+    assert "done: 800 steps" in capsys.readouterr().out
+    saved = json.loads((run / "config.json").read_text())["algo"][algo]
+    assert saved["learning_rate"] == (1e-3 if algo == "td3" else 7e-4)
+    if algo == "td3":
+        assert saved["policy_delay"] == 2 and saved["save_replay"] is True
+        assert load_checkpoint(run)["algo"]["replay"]["size"] == 800
     assert main(["eval", str(run), "--episodes", "2"]) == 0
     assert "over 2 episodes" in capsys.readouterr().out
 

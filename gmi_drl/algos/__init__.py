@@ -6,11 +6,16 @@
 
 from __future__ import annotations
 
+from gmi_drl.algos.a2c import A2C, A2CConfig
 from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, ModelConfig
+from gmi_drl.algos.ddpg import DDPG, DDPGConfig
 from gmi_drl.algos.dqn import DQN, DQNConfig
 from gmi_drl.algos.ppo import PPO, PPOConfig
+from gmi_drl.algos.td3 import TD3, TD3Config
 
-ALGORITHMS: dict[str, tuple[type, type]] = {"ppo": (PPOConfig, PPO), "dqn": (DQNConfig, DQN)}
+ALGORITHMS: dict[str, tuple[type, type]] = {
+    "ppo": (PPOConfig, PPO), "a2c": (A2CConfig, A2C), "dqn": (DQNConfig, DQN),
+    "ddpg": (DDPGConfig, DDPG), "td3": (TD3Config, TD3)}
 """``{name: (config class, learner class)}``; the learner is built as ``cls(config, ctx)``"""
 
 
@@ -31,5 +36,6 @@ def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm:
     return ALGORITHMS[algo_name(cfg)][1](cfg, ctx)
 
 
-__all__ = ["ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "DQN", "DQNConfig",
-           "ModelConfig", "PPO", "PPOConfig", "algo_name", "build_algorithm"]
+__all__ = ["A2C", "A2CConfig", "ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "DDPG",
+           "DDPGConfig", "DQN", "DQNConfig", "ModelConfig", "PPO", "PPOConfig", "TD3", "TD3Config",
+           "algo_name", "build_algorithm"]

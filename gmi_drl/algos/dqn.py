@@ -27,10 +27,10 @@ from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.cnn import NatureCNN
 from gmi_drl.models.mlp import MLP
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import ReplayBuffer
-from gmi_drl.telemetry.timer import timer
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,10 @@ class QNetwork(nn.Module):
     and a linear layer on stacked frames (Mnih et al. 2015, Methods "Model architecture")."""
 
     def __init__(self, observation_space: gym.spaces.Box, num_actions: int, encoder: str,
-                 hidden: str, activation: str) -> None:
+                 hidden: str, activation: str, cnn_features: int = 512) -> None:
         super().__init__()
         if encoder == "nature_cnn":
-            cnn = NatureCNN(observation_space.shape[0])
+            cnn = NatureCNN(observation_space.shape[0], cnn_features)
             self.net = nn.Sequential(cnn, nn.Linear(cnn.out_features, num_actions))
         else:
             n_in = int(np.prod(observation_space.shape))
@@ -230,18 +230,19 @@ class DQN:
         n = int(spec.action_space.n)
         m = ctx.model
         self.q_network = QNetwork(spec.observation_space, n, m.encoder, m.critic_hidden,
-                                  m.activation).to(ctx.device)
+                                  m.activation, m.cnn_features).to(ctx.device)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         loss = functools.partial(dqn_objective, target_network=self.target_network,
                                  gamma=cfg.gamma, double_q=cfg.double_q, loss=cfg.loss)
         self.grad_step = ctx.make_grad_step(self.q_network, loss, cfg.learning_rate,
                                             cfg.max_grad_norm, cfg.adam_eps)
+        self._target = FlatParams(self.target_network)
         self.acting = EpsilonGreedy(self.q_network, n, ctx.action_generator, ctx.arrays)
         self.replay: ReplayBuffer | None = None  # allocated by the first collect
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling
         self.total_steps = ctx.num_iterations * self.steps_per_iteration
         self.env_steps, self.last_target_update, self.iteration = 0, 0, 0
-        self._obs: np.ndarray | None = None
+        self._collector: ReplayCollector | None = None
 
     def epsilon(self) -> float:
         """The linear schedule at this GMI's env step (CleanRL's ``linear_schedule``)."""
@@ -251,31 +252,18 @@ class DQN:
         return max(slope * self.env_steps + cfg.start_e, cfg.end_e)
 
     def collect(self, pool) -> Episodes:
-        """``train_frequency`` steps of every env (phase ``rollout``), each transition stored
-        with the observation that followed it (the final one where an episode ended)."""
-        arrays, returns, lengths = self.ctx.arrays, [], []
+        """``train_frequency`` steps of every env (phase ``rollout``) into the replay buffer."""
         with self.ctx.phase("rollout"):
-            if self._obs is None:
+            if self._collector is None:
                 self._start(pool)
-            for _ in range(self.cfg.train_frequency):
-                self.acting.epsilon = self.epsilon()
-                with timer("inference"):
-                    action = arrays.to_pool(self.acting.act(arrays.from_pool(self._obs)).action)
-                with timer("env_step"):
-                    next_obs, reward, terminated, truncated, info = pool.step(action)
-                done = terminated | truncated
-                stored_next = next_obs
-                if done.any():
-                    stored_next = next_obs.copy()
-                    ended = np.flatnonzero(done)
-                    stored_next[ended] = info["final_obs"][ended]
-                    end = info["episode_end"]
-                    returns.append(info["episode_return"][end].copy())
-                    lengths.append(info["episode_length"][end].copy())
-                self.replay.add(self._obs, action, reward, stored_next, terminated)
-                self._obs[...] = next_obs
-                self.env_steps += len(action)
-        return Episodes.concat(returns, lengths)
+            return self._collector.collect(self.cfg.train_frequency, self._policy)
+
+    def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self.ctx.arrays
+        self.acting.epsilon = self.epsilon()
+        action = arrays.to_pool(self.acting.act(arrays.from_pool(obs)).action)
+        self.env_steps += len(action)
+        return action, action
 
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
@@ -284,8 +272,7 @@ class DQN:
                                        spec.action_space, self.ctx.device)
         log.info("DQN replay buffer: %d transitions, %.1f MB", cfg.buffer_size,
                  self.replay.nbytes / 1e6)
-        obs, _ = pool.reset()
-        self._obs = obs.copy()
+        self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` gradient steps once ``learning_starts`` env steps were taken
@@ -308,13 +295,7 @@ class DQN:
                 **step.drain()}
 
     def _update_target(self) -> None:
-        online = list(self.q_network.parameters())
-        target = list(self.target_network.parameters())
-        with torch.no_grad():
-            if self.cfg.tau == 1.0:
-                torch._foreach_copy_(target, online)
-            else:
-                torch._foreach_lerp_(target, online, self.cfg.tau)
+        soft_update_(self._target, self.grad_step.params, self.cfg.tau)
         self.last_target_update = self.env_steps
 
     def state_dict(self) -> dict:

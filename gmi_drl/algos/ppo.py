@@ -188,8 +188,8 @@ class PPO:
         self.cfg, self.ctx = cfg, ctx
         m, spec = ctx.model, ctx.spec
         self.model = build_actor_critic(spec.observation_space, spec.action_space, m.encoder,
-                                        m.actor_hidden, m.critic_hidden,
-                                        m.activation).to(ctx.device)
+                                        m.actor_hidden, m.critic_hidden, m.activation,
+                                        m.cnn_features).to(ctx.device)
         loss = functools.partial(ppo_objective, clip_coef=cfg.clip_coef,
                                  clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef,
                                  ent_coef=cfg.ent_coef)

@@ -82,13 +82,14 @@ class ActorCritic(nn.Module):
 
 def build_actor_critic(observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                        encoder: str = "mlp", actor_hidden: str = "64:64",
-                       critic_hidden: str = "64:64", activation: str = "tanh") -> ActorCritic:
+                       critic_hidden: str = "64:64", activation: str = "tanh",
+                       cnn_features: int = 512) -> ActorCritic:
     """Build CleanRL's PPO networks for a single-env observation and action space.
 
     ``encoder="mlp"``: separate actor ``"<obs>:<actor_hidden>:<A>"`` and critic
     ``"<obs>:<critic_hidden>:1"`` MLPs (``ppo.py``, ``ppo_continuous_action.py``), flat obs only.
     ``encoder="nature_cnn"``: a shared `NatureCNN` trunk with linear policy and value outputs
-    (``ppo_atari.py``), obs ``(C, 84, 84)``. Output layers use orthogonal gain 0.01 (policy) and
+    (``ppo_atari.py``), obs ``(C, 84, 84)``, its last layer ``cnn_features`` wide. Output layers use orthogonal gain 0.01 (policy) and
     1.0 (value).
 
     Raises:
@@ -111,7 +112,7 @@ def build_actor_critic(observation_space: gym.spaces.Box, action_space: gym.spac
     if encoder == "nature_cnn":
         if len(shape) != 3 or shape[1:] != (84, 84):
             raise ValueError(f"encoder 'nature_cnn' needs observations (C, 84, 84), got {shape}")
-        trunk = NatureCNN(shape[0])
+        trunk = NatureCNN(shape[0], cnn_features)
         actor = layer_init(nn.Linear(trunk.out_features, n_out), 0.01)
         critic = layer_init(nn.Linear(trunk.out_features, 1), 1.0)
         return ActorCritic(trunk, actor, critic, head)

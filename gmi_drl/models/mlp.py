@@ -57,6 +57,8 @@ class MLP(nn.Sequential):
         layers: e.g. ``"11:64:64:3"`` (input size first, output size last).
         activation: ``"tanh"``, ``"relu"`` or ``"elu"``, after every hidden layer.
         out_gain: orthogonal-init gain of the last layer (CleanRL: 0.01 policy, 1.0 value).
+        orthogonal: orthogonal weights and zero biases (`layer_init`; PPO, A2C, DQN); ``False``
+            keeps torch's default init (what DDPG/TD3 implementations use).
 
     Input ``(N, in)`` float32, output ``(N, out)`` float32.
 
@@ -64,14 +66,18 @@ class MLP(nn.Sequential):
         ValueError: a bad layer string or an unknown activation.
     """
 
-    def __init__(self, layers: str, activation: str = "tanh", out_gain: float = 1.0) -> None:
+    def __init__(self, layers: str, activation: str = "tanh", out_gain: float = 1.0,
+                 orthogonal: bool = True) -> None:
         sizes = parse_layers(layers)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} must be one of {sorted(ACTIVATIONS)}")
         modules: list[nn.Module] = []
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
-            modules.append(layer_init(nn.Linear(n_in, n_out), out_gain if last else math.sqrt(2)))
+            linear = nn.Linear(n_in, n_out)
+            if orthogonal:
+                layer_init(linear, out_gain if last else math.sqrt(2))
+            modules.append(linear)
             if not last:
                 modules.append(ACTIVATIONS[activation]())
         super().__init__(*modules)

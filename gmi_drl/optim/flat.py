@@ -1,4 +1,5 @@
-"""Parameters and gradients of a module as views into two contiguous buffers, and Adam on them.
+"""Parameters and gradients of a module as views into two contiguous buffers, and optimizers on
+them (Adam, RMSprop).
 
 With every parameter a view of one ``data`` tensor and every gradient a view of one ``grad``
 tensor, zeroing gradients, the global gradient norm, a gradient allreduce and the whole Adam
@@ -6,6 +7,8 @@ step are each one or a few vectorised ops instead of a Python loop over paramete
 per-minibatch fixed cost that dominates small-network training on a CPU. Every quantity that
 changes between steps (step count, learning rate) can live in a one-element tensor
 (``traced=True``), so the same step runs inside a `torch.compile` graph without recompiling.
+`make_flat_optimizer` builds one by name; every optimizer has the same small interface (``lr``,
+``steps``, ``step(grad)``, ``state_dict``), so a gradient step never names one.
 """
 
 from __future__ import annotations
@@ -58,6 +61,23 @@ class FlatParams:
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+
+
+def soft_update_(target: FlatParams, online: FlatParams, tau: float) -> None:
+    """``target <- tau online + (1 - tau) target`` over the whole flat vector in one op (a
+    copy when ``tau == 1``): a target network's update (Lillicrap et al. 2016, Algorithm 1;
+    Mnih et al. 2015 with ``tau = 1``).
+
+    Raises:
+        ValueError: the two hold different numbers of parameters.
+    """
+    if target.numel != online.numel:
+        raise ValueError(f"target has {target.numel} parameters, online {online.numel}")
+    with torch.no_grad():
+        if tau == 1.0:
+            target.data.copy_(online.data)
+        else:
+            target.data.lerp_(online.data, tau)
 
 
 def clip_grad_norm_(grad: torch.Tensor, max_norm: float) -> float:
@@ -148,7 +168,10 @@ class FlatAdam:
                 "exp_avg_sq": self.exp_avg_sq.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Raises ``ValueError`` when the stored moments have another size."""
+        """Raises ``ValueError`` when the stored moments have another size or come from
+        another optimizer."""
+        if "exp_avg" not in state:
+            raise ValueError("optimizer state is not Adam's (another --algo optimizer?)")
         if state["exp_avg"].shape != self.exp_avg.shape:
             raise ValueError(f"optimizer state for {state['exp_avg'].numel()} parameters, this "
                              f"model has {self.exp_avg.numel()}")
@@ -159,3 +182,76 @@ class FlatAdam:
         self.lr = float(state["lr"])
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
+
+
+class FlatRMSprop:
+    """RMSprop (Tieleman & Hinton 2012) on a `FlatParams`: ``torch.optim.RMSprop``'s update without
+    momentum or centring (``v = alpha v + (1 - alpha) g^2``; ``theta -= lr g / (sqrt(v) + eps)``),
+    the optimizer of A2C in Mnih et al. 2016 and Stable-Baselines3.
+
+    Args:
+        flat: the parameters. lr: step size. alpha: smoothing constant. eps: added to the root.
+        traced: keep the learning rate in a tensor (see `FlatAdam`).
+    """
+
+    def __init__(self, flat: FlatParams, lr: float, alpha: float = 0.99, eps: float = 1e-8,
+                 traced: bool = False) -> None:
+        self.flat, self.alpha, self.eps, self.traced = flat, alpha, eps, traced
+        self.square_avg = torch.zeros_like(flat.data)
+        self._lr: torch.Tensor | float = lr
+        self._steps: torch.Tensor | int = 0
+        if traced:
+            self._lr = torch.full((1,), lr, dtype=torch.float32, device=flat.data.device)
+            self._steps = torch.zeros(1, dtype=torch.float64, device=flat.data.device)
+
+    lr = FlatAdam.lr
+    steps = FlatAdam.steps
+
+    def step(self, grad: torch.Tensor | None = None) -> None:
+        """One RMSprop step from ``grad`` (default: ``flat.grad``) into ``flat.data`` (in place)."""
+        grad = self.flat.grad if grad is None else grad
+        self.square_avg.mul_(self.alpha).addcmul_(grad, grad, value=1 - self.alpha)
+        denom = self.square_avg.sqrt().add_(self.eps)
+        if self.traced:
+            self._steps.add_(1.0)
+            self.flat.data.sub_(grad / denom * self._lr)
+        else:
+            self._steps += 1
+            self.flat.data.addcdiv_(grad, denom, value=-self._lr)
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "lr": self.lr, "square_avg": self.square_avg.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises ``ValueError`` when the stored average has another size or comes from
+        another optimizer."""
+        if "square_avg" not in state:
+            raise ValueError("optimizer state is not RMSprop's (another --algo optimizer?)")
+        if state["square_avg"].shape != self.square_avg.shape:
+            raise ValueError(f"optimizer state for {state['square_avg'].numel()} parameters, "
+                             f"this model has {self.square_avg.numel()}")
+        if self.traced:
+            self._steps.fill_(float(state["steps"]))
+        else:
+            self._steps = int(state["steps"])
+        self.lr = float(state["lr"])
+        self.square_avg.copy_(state["square_avg"])
+
+
+OPTIMIZERS = ("adam", "rmsprop")
+"""names `make_flat_optimizer` knows"""
+
+
+def make_flat_optimizer(name: str, flat: FlatParams, lr: float, eps: float,
+                        traced: bool = False) -> FlatAdam | FlatRMSprop:
+    """``"adam"`` (`FlatAdam`, betas 0.9/0.999) or ``"rmsprop"`` (`FlatRMSprop`, alpha 0.99)
+    on ``flat``.
+
+    Raises:
+        ValueError: another name.
+    """
+    if name == "adam":
+        return FlatAdam(flat, lr, eps=eps, traced=traced)
+    if name == "rmsprop":
+        return FlatRMSprop(flat, lr, eps=eps, traced=traced)
+    raise ValueError(f"optimizer {name!r} must be one of {OPTIMIZERS}")

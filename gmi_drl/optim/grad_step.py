@@ -1,6 +1,7 @@
 """`GradStep`: how a gradient becomes a weight update, for one optimised module.
 
-A gradient step owns the module's flat parameters (`FlatParams`), its optimizer (`FlatAdam`),
+A gradient step owns the module's flat parameters (`FlatParams`), its optimizer (`FlatAdam` or
+`FlatRMSprop`, by name),
 gradient-norm clipping and the `GradReducer` the gradient leaves through. An algorithm hands it
 a loss once, at construction, and then calls it with one minibatch per step; it never touches
 the reducer or the optimizer itself. Two variants:
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
-from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_factor, clip_grad_norm_
+from gmi_drl.optim.flat import FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer
 from gmi_drl.telemetry.timer import timer
 
 log = logging.getLogger(__name__)
@@ -61,23 +62,25 @@ class GradStep:
     Args:
         module: the optimised module; its parameters are re-homed into one flat buffer.
         loss: see `Loss`.
-        lr: Adam's step size (settable later through `lr`). max_grad_norm: global norm bound.
-        eps: Adam's epsilon.
+        lr: the optimizer's step size (settable later through `lr`). max_grad_norm: global
+            norm bound (``inf``: no clipping). eps: the optimizer's epsilon.
         reducer: the trainers' group (`IdentityReducer` when ``None``: one trainer).
         compile: compile the gradient (and, with one trainer, the whole step).
+        optimizer: ``"adam"`` or ``"rmsprop"`` (`gmi_drl.optim.flat.make_flat_optimizer`).
 
     Raises:
-        ValueError: the module has no parameters.
+        ValueError: the module has no parameters; an unknown optimizer.
     """
 
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, optimizer: str = "adam") -> None:
         self.module, self.loss, self.max_grad_norm = module, loss, max_grad_norm
         self.reducer = reducer or IdentityReducer()
         self.params = FlatParams(module)
         self.fused = compile and self.reducer.world_size == 1 and self._fusable()
-        self.optimizer = FlatAdam(self._stepped(), lr, eps=eps, traced=self.fused)
+        self.optimizer_name = optimizer
+        self.optimizer = make_flat_optimizer(optimizer, self._stepped(), lr, eps, self.fused)
         self._compiled, self._compiled_ok = None, False
         if compile:
             self._bound = _Bound(module, loss)
@@ -168,7 +171,8 @@ class GradStep:
                         "skips the attempt)", type(e).__name__, first)
             state = self.optimizer.state_dict()
             self._compiled, self.fused = None, False
-            self.optimizer = FlatAdam(self._stepped(), state["lr"], eps=self.optimizer.eps)
+            self.optimizer = make_flat_optimizer(self.optimizer_name, self._stepped(),
+                                                 state["lr"], self.optimizer.eps)
             self.optimizer.load_state_dict(state)
             return None
         self._compiled_ok = True
@@ -224,13 +228,14 @@ class StaleSyncGradStep(GradStep):
 
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
-                 compile: bool = False, staleness_bound: int = 0) -> None:
+                 compile: bool = False, optimizer: str = "adam",
+                 staleness_bound: int = 0) -> None:
         import copy
 
         from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
 
         self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
-        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile)
+        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer)
         self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
         self._counts_before: Counter[int] = Counter()
 
@@ -272,7 +277,7 @@ class StaleSyncGradStep(GradStep):
 
     def _apply_mean(self, mean) -> None:
         """The LWU thread: the synchronous path's step on ``θ`` with the aggregated mean gradient
-        ``(P,) float32`` (NumPy): clip the norm, one Adam step."""
+        ``(P,) float32`` (NumPy): clip the norm, one optimizer step."""
         w = self._weights
         w.grad.copy_(torch.from_numpy(mean))
         clip_grad_norm_(w.grad, self.max_grad_norm)
@@ -281,9 +286,9 @@ class StaleSyncGradStep(GradStep):
 
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                    eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
-                   staleness_bound: int | None = None) -> GradStep:
+                   staleness_bound: int | None = None, optimizer: str = "adam") -> GradStep:
     """A `GradStep`, or a `StaleSyncGradStep` when ``staleness_bound`` is an int (see there)."""
     if staleness_bound is None:
-        return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile)
-    return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile,
+        return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer)
+    return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
                              staleness_bound)

@@ -1,8 +1,9 @@
-"""Synchronous rollout collection from an `EnvPool` into a `RolloutBuffer`."""
+"""Synchronous collection from an `EnvPool`: rollouts into a `RolloutBuffer` (on-policy
+algorithms) and transitions into a `ReplayBuffer` (off-policy algorithms)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.arrays import Array, Arrays
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+from gmi_drl.rollout.replay import ReplayBuffer
 from gmi_drl.rollout.storage import RolloutBuffer
 from gmi_drl.telemetry.timer import timer
 
@@ -53,8 +55,7 @@ class Collector:
 
     def __init__(self, pool, acting: Acting, arrays: Arrays, obs_norm: ObsNormalizer | None,
                  reward_norm: RewardNormalizer | None) -> None:
-        if pool.env_batch_size != pool.num_envs or pool.autoreset.value != "same_step":
-            raise ValueError(f"Collector needs a full-batch pool in same_step mode, got {pool!r}")
+        _check_pool(pool)
         self.pool, self.acting, self.arrays = pool, acting, arrays
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
         space = pool.action_space
@@ -119,3 +120,58 @@ class Collector:
                     rows.final_values[t, arrays.from_pool(cut)] = self.acting.value(final)
         rows.last_values[...] = self.acting.value(self.next_obs)
         return Episodes.concat(ep_returns, ep_lengths)
+
+
+def _check_pool(pool) -> None:
+    if pool.env_batch_size != pool.num_envs or pool.autoreset.value != "same_step":
+        raise ValueError(f"collection needs a full-batch pool in same_step mode, got {pool!r}")
+
+
+Policy = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""``policy(obs) -> (env_action, stored_action)``: ``obs (num_envs, *obs_shape)`` as the pool
+returned it; the action the pool steps and the one the replay stores (they differ where the
+learner acts in a rescaled space)."""
+
+
+class ReplayCollector:
+    """Steps a pool with a policy and appends every transition to a replay buffer.
+
+    Each transition is stored with the observation that followed it: the final observation
+    where an episode ended (``info["final_obs"]`` of a ``same_step`` pool), so a truncated
+    episode bootstraps from its real last state, and ``terminated`` marks the ends that do not.
+
+    Args:
+        pool: an `EnvPool` with ``env_batch_size == num_envs`` and ``same_step`` autoreset.
+        replay: where transitions go.
+
+    Raises:
+        ValueError: the pool returns partial batches or is not in ``same_step`` mode.
+    """
+
+    def __init__(self, pool, replay: ReplayBuffer) -> None:
+        _check_pool(pool)
+        self.pool, self.replay = pool, replay
+        self.obs: np.ndarray | None = None
+
+    def collect(self, num_steps: int, policy: Policy) -> Episodes:
+        """``num_steps`` steps of every env (blocks); returns the episodes that ended."""
+        if self.obs is None:
+            self.obs = self.pool.reset()[0].copy()
+        returns, lengths = [], []
+        for _ in range(num_steps):
+            with timer("inference"):
+                env_action, stored_action = policy(self.obs)
+            with timer("env_step"):
+                next_obs, reward, terminated, truncated, info = self.pool.step(env_action)
+            done = terminated | truncated
+            stored_next = next_obs
+            if done.any():
+                stored_next = next_obs.copy()
+                ended = np.flatnonzero(done)
+                stored_next[ended] = info["final_obs"][ended]
+                end = info["episode_end"]
+                returns.append(info["episode_return"][end].copy())
+                lengths.append(info["episode_length"][end].copy())
+            self.replay.add(self.obs, stored_action, reward, stored_next, terminated)
+            self.obs[...] = next_obs
+        return Episodes.concat(returns, lengths)

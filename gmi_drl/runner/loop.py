@@ -62,8 +62,9 @@ class LoopResult(NamedTuple):
     episode_wall_s: np.ndarray
     """``(k,) float64`` loop seconds at that point (0 for episodes before a resume)"""
     weights_digest: str
-    """sha256 chained over the weights after every update of this loop (equal on all GMIs iff
-    their weights were identical after each update)"""
+    """sha256 chained over the weights after every logged update of this loop (every
+    ``log.log_every`` iterations and the last; equal on all GMIs iff their weights were
+    identical then)"""
     phases: dict[str, SectionStats]
     """this GMI's timing tree"""
 
@@ -211,12 +212,12 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                 episodes = algo.collect(t.pool)
                 with prof.phase("update"):
                     metrics = algo.update()
-                    _digest(chain, algo.state_dict()["modules"])
                 global_step, last = (k + 1) * batch, k + 1 == n_iter
                 with prof.phase("log"):
                     elapsed = time.perf_counter() - t0
                     t.record(episodes, global_step, elapsed)
                     if (k + 1) % cfg.log.log_every == 0 or last:
+                        _digest(chain, algo.state_dict()["modules"])
                         sps = (k + 1 - first) * batch / elapsed
                         _log(t, global_step, episodes, metrics, sps, elapsed, before, progress)
                 every = cfg.checkpoint.every

@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from gmi_drl.optim.flat import FlatAdam, FlatParams, clip_factor, clip_grad_norm_
+from gmi_drl.optim.flat import (FlatAdam, FlatParams, FlatRMSprop, clip_factor, clip_grad_norm_,
+                                make_flat_optimizer)
 
 
 def _net(seed):
@@ -70,3 +71,31 @@ def test_optimizer_state_round_trip(traced):
     torch.testing.assert_close(other.exp_avg_sq, fopt.exp_avg_sq)
     with pytest.raises(ValueError, match="optimizer state for"):
         FlatAdam(FlatParams(nn.Linear(2, 2)), lr=1e-3).load_state_dict(fopt.state_dict())
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_flat_rmsprop_equals_torch_rmsprop(traced):
+    ref, net = _net(4), _net(4)
+    opt = torch.optim.RMSprop(ref.parameters(), lr=7e-4, alpha=0.99, eps=1e-5, foreach=False)
+    flat = FlatParams(net)
+    fopt = make_flat_optimizer("rmsprop", flat, 7e-4, 1e-5, traced)
+    assert isinstance(fopt, FlatRMSprop)
+    initial = flat.data.clone()
+    for step in range(20):
+        opt.zero_grad()
+        _loss(ref, step).backward()
+        opt.step()
+        flat.zero_grad()
+        _loss(net, step).backward()
+        fopt.step()
+    assert (flat.data - initial).abs().max() > 1e-3
+    for p, q in zip(ref.parameters(), net.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    other = FlatRMSprop(FlatParams(_net(4)), lr=1.0, traced=not traced)
+    other.load_state_dict(fopt.state_dict())
+    assert other.steps == 20 and other.lr == pytest.approx(7e-4)
+    torch.testing.assert_close(other.square_avg, fopt.square_avg)
+    with pytest.raises(ValueError, match="not Adam's"):
+        FlatAdam(FlatParams(_net(4)), lr=1e-3).load_state_dict(fopt.state_dict())
+    with pytest.raises(ValueError, match="must be one of"):
+        make_flat_optimizer("sgd", flat, 1e-3, 1e-8)

@@ -49,13 +49,17 @@ class _TimesTwo(GradReducer):
             t.mul_(2.0).div_(2.0)
 
 
-@pytest.mark.parametrize("space", [gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(4)])
+@pytest.mark.parametrize("space,optimizer", [(gym.spaces.Box(-1, 1, (3,)), "adam"),
+                                             (gym.spaces.Discrete(4), "adam"),
+                                             (gym.spaces.Discrete(4), "rmsprop")])
 @pytest.mark.parametrize("reducer", [None, "group"])
-def test_compiled_steps_equal_eager_steps(space, reducer):
+def test_compiled_steps_equal_eager_steps(space, optimizer, reducer):
     eager_red = _TimesTwo() if reducer else None
     comp_red = _TimesTwo() if reducer else None
-    eager = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, eager_red, compile=False)
-    compiled = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, comp_red, compile=True)
+    eager = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, eager_red, compile=False,
+                     optimizer=optimizer)
+    compiled = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, comp_red, compile=True,
+                        optimizer=optimizer)
     assert compiled.fused is (reducer is None)
     torch.testing.assert_close(eager.params.data, compiled.params.data, rtol=0, atol=0)
     initial = eager.params.data.clone()

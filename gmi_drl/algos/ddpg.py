@@ -1,0 +1,399 @@
+"""Deep Deterministic Policy Gradient: an actor-critic for continuous actions, learned off-policy
+from a replay buffer with target networks.
+
+Source: Lillicrap et al. 2016, "Continuous control with deep reinforcement learning",
+Algorithm 1 (the critic regressed on ``r + gamma Q'(s', mu'(s'))``, the actor ascending
+``Q(s, mu(s))``, soft target updates with ``tau``); Gaussian exploration noise and the schedule
+(uniform random actions for ``learning_starts`` steps, then ``gradient_steps`` per
+``train_frequency`` env steps) as Stable-Baselines3's DDPG and TD3. `gmi_drl.algos.td3` adds the
+three changes of Fujimoto et al. 2018 on the same code: twin critics, target policy smoothing
+and delayed policy updates (DDPG is that learner with one critic, no smoothing and no delay,
+as in Stable-Baselines3).
+
+Actions are learned in ``[-1, 1]^A`` (the actor ends in tanh) and rescaled to the task's bounds
+when stepped; the replay stores the rescaled-to-``[-1, 1]`` action.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from gmi_drl.algos.base import AlgoContext
+from gmi_drl.models.actor_critic import ActResult
+from gmi_drl.models.mlp import MLP
+from gmi_drl.optim.flat import FlatParams, soft_update_
+from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
+from gmi_drl.rollout.collector import Episodes, ReplayCollector
+from gmi_drl.rollout.replay import ReplayBuffer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeterministicPGConfig:
+    """What DDPG and TD3 share (defaults: Stable-Baselines3's). `DDPGConfig` and
+    `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
+    always names its own algorithm."""
+
+    learning_rate: float = 1e-3
+    """Adam step size of the actor and the critic"""
+    buffer_size: int = 1_000_000
+    """replay capacity of each GMI, transitions"""
+    learning_starts: int = 100
+    """env steps of a GMI taken with uniform random actions before the first gradient step"""
+    batch_size: int = 256
+    """transitions per gradient step (each GMI samples its own)"""
+    tau: float = 0.005
+    """soft update rate of the target networks"""
+    gamma: float = 0.99
+    """discount factor"""
+    train_frequency: int = 1
+    """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
+    gradient_steps: int = 1
+    """gradient steps of the critic per iteration"""
+    exploration_noise: float = 0.1
+    """std of the Gaussian noise added to the actor's action in [-1, 1] units"""
+    max_grad_norm: float = math.inf
+    """global gradient norm bound of each network (inf: none, as Stable-Baselines3)"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    save_replay: bool = False
+    """put the replay buffer in checkpoints (a resumed run then continues exactly; the files grow
+    by the buffer's size)"""
+
+    # DDPG's values of TD3's terms (TD3Config makes them fields)
+    n_critics = 1
+    policy_delay = 1
+    target_policy_noise = 0.0
+    target_noise_clip = 0.0
+
+    def steps_per_iteration(self, num_envs: int) -> int:
+        """``num_envs * train_frequency``."""
+        return num_envs * self.train_frequency
+
+    def validate(self, num_envs: int, num_gmis: int) -> list[str]:
+        """Every broken rule of these hyper-parameters."""
+        checks = [
+            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
+            (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
+            (self.learning_starts >= 0,
+             f"algo.learning_starts={self.learning_starts} must be >= 0"),
+            (self.batch_size >= 1, f"algo.batch_size={self.batch_size} must be >= 1"),
+            (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
+            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
+            (self.train_frequency >= 1,
+             f"algo.train_frequency={self.train_frequency} must be >= 1"),
+            (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
+            (self.exploration_noise >= 0,
+             f"algo.exploration_noise={self.exploration_noise} must be >= 0"),
+            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
+            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
+            (self.n_critics >= 1, f"algo.n_critics={self.n_critics} must be >= 1"),
+            (self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay} must be >= 1"),
+            (self.target_policy_noise >= 0,
+             f"algo.target_policy_noise={self.target_policy_noise} must be >= 0"),
+            (self.target_noise_clip >= 0,
+             f"algo.target_noise_clip={self.target_noise_clip} must be >= 0"),
+        ]
+        return [msg for ok, msg in checks if not ok]
+
+
+@dataclass
+class DDPGConfig(DeterministicPGConfig):
+    """DDPG hyper-parameters (defaults: Stable-Baselines3's DDPG)."""
+
+
+class DeterministicActor(nn.Module):
+    """``mu(obs) = tanh(MLP(obs))``: ``(N, obs_dim) -> (N, A)`` in ``[-1, 1]``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: str, activation: str) -> None:
+        super().__init__()
+        self.mlp = MLP(f"{obs_dim}:{hidden}:{action_dim}", activation, orthogonal=False)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mlp(obs))
+
+
+class QCritics(nn.Module):
+    """``n`` independent critics ``Q_i(obs, action)``, each an MLP on the concatenation:
+    ``(N, obs_dim), (N, A) -> (n, N)``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: str, activation: str,
+                 n: int) -> None:
+        super().__init__()
+        self.q = nn.ModuleList(MLP(f"{obs_dim + action_dim}:{hidden}:1", activation,
+                                   orthogonal=False) for _ in range(n))
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, actions], 1)
+        return torch.stack([q(x).squeeze(-1) for q in self.q])
+
+    def q1(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The first critic only, ``(N,)``: what the actor ascends."""
+        return self.q[0](torch.cat([obs, actions], 1)).squeeze(-1)
+
+
+def critic_target(q_next: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor,
+                  gamma: float) -> torch.Tensor:
+    """``r + gamma (1 - terminated) min_i Q'_i(s', a')`` for ``q_next (n, B)`` (with one critic
+    the minimum is DDPG's target; with two, TD3's clipped double-Q, Fujimoto et al. eq. 10)."""
+    return rewards + gamma * (1.0 - terminated) * q_next.min(0).values
+
+
+def smoothed_target_action(next_action: torch.Tensor, noise: torch.Tensor, scale: float,
+                           clip: float) -> torch.Tensor:
+    """TD3's target policy smoothing (Fujimoto et al. eq. 14): ``clip(mu'(s') + clip(scale
+    noise, -clip, clip), -1, 1)`` for standard normal ``noise (B, A)``."""
+    return (next_action + (noise * scale).clamp(-clip, clip)).clamp(-1.0, 1.0)
+
+
+def critic_objective(critics: QCritics, obs: torch.Tensor, actions: torch.Tensor,
+                     rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
+                     noise: torch.Tensor | None = None, *, actor_target: nn.Module,
+                     critics_target: nn.Module, gamma: float, target_policy_noise: float,
+                     target_noise_clip: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The critics' loss on one replay minibatch in a `GradStep`'s shape: the sum over critics
+    of the mean squared error to `critic_target` (no gradient through the target; the target
+    networks' forwards join the compiled step). ``noise`` (standard normal, ``(B, A)``) smooths
+    the target action when ``target_policy_noise > 0``. Returns ``(loss, (loss, mean Q_1))``."""
+    next_action = actor_target(next_obs)
+    if noise is not None and target_policy_noise > 0:
+        next_action = smoothed_target_action(next_action, noise, target_policy_noise,
+                                             target_noise_clip)
+    target = critic_target(critics_target(next_obs, next_action), rewards, terminated,
+                           gamma).detach()
+    q = critics(obs, actions)
+    loss = ((q - target) ** 2).mean(1).sum()
+    return loss, (loss.detach(), q[0].detach().mean())
+
+
+def actor_objective(actor: DeterministicActor, obs: torch.Tensor, *,
+                    critics: QCritics) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
+    """``-mean Q_1(s, mu(s))`` (the deterministic policy gradient, Silver et al. 2014), with the
+    critics' weights held constant: no gradient reaches them. Returns ``(loss, (loss,))``."""
+    weights = {name: p.detach() for name, p in critics.named_parameters()}
+    q = torch.func.functional_call(critics, weights, (obs, actor(obs)), strict=True)
+    loss = -q[0].mean()
+    return loss, (loss.detach(),)
+
+
+class GaussianExploration:
+    """The agent role of DDPG/TD3: ``clip(mu(obs) + exploration_noise N(0, 1), -1, 1)``
+    rescaled to the task's action bounds (the `gmi_drl.rollout.acting.Acting` protocol;
+    ``logprob`` and ``value`` of `act` are 0: a deterministic policy has neither, and Q is only
+    computed by `value`). The actor of an MLP on the CPU runs in NumPy on views of its weights.
+    Draws one standard normal per action dimension per env from the runner's generator.
+
+    Raises:
+        ValueError: an action space without finite bounds.
+    """
+
+    def __init__(self, actor: DeterministicActor, critics: QCritics, space: gym.spaces.Box,
+                 noise: float, generator: torch.Generator, arrays: Arrays) -> None:
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise ValueError(f"DDPG/TD3 need finite action bounds, got {space}")
+        self.actor, self.critics, self.noise, self.generator = actor, critics, noise, generator
+        self.arrays = arrays
+        self._host = isinstance(arrays, HostArrays)
+        self._numpy = (NumpyMLP(actor.mlp) if self._host and mlp_linears(actor.mlp) is not None
+                       else None)
+        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.dtype = space.dtype
+        self._bounds = (self.low, self.high) if self._host else tuple(
+            torch.as_tensor(x, device=arrays.device) for x in (self.low, self.high))
+
+    def scaled(self, obs: Array, deterministic: bool = False) -> Array:
+        """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
+        if self._numpy is not None:
+            if self._numpy.stale():
+                self._numpy = NumpyMLP(self.actor.mlp)
+            action = np.tanh(self._numpy.forward(obs.reshape(len(obs), -1).astype(
+                np.float32, copy=False)))
+        else:
+            x = torch.from_numpy(obs) if self._host else obs
+            with torch.no_grad():
+                action = self.actor(x.float())
+            action = action.numpy() if self._host else action
+        if deterministic or self.noise == 0:
+            return action
+        noise = torch.randn(action.shape, generator=self.generator)
+        if self._host:
+            action += self.noise * noise.numpy()
+            return np.clip(action, -1.0, 1.0, out=action)
+        return (action + self.noise * noise.to(action.device)).clamp_(-1.0, 1.0)
+
+    def to_env(self, scaled: Array) -> Array:
+        """``[-1, 1]`` actions rescaled to ``[low, high]`` (arrays of `arrays`' kind)."""
+        low, high = self._bounds
+        return low + (scaled + 1.0) * 0.5 * (high - low)
+
+    def act(self, obs: Array, deterministic: bool = False) -> ActResult:
+        action = self.to_env(self.scaled(obs, deterministic))
+        zeros = self.arrays.full((len(action),), 0.0)
+        return ActResult(action, zeros, zeros)
+
+    def value(self, obs: Array) -> Array:
+        x = torch.from_numpy(obs) if self._host else obs
+        with torch.no_grad():
+            x = x.float()
+            q = self.critics.q1(x, self.actor(x))
+        return q.numpy() if self._host else q
+
+
+class DDPG:
+    """The DDPG learner (an `gmi_drl.algos.base.Algorithm`), and TD3's through the config's
+    ``n_critics``, ``policy_delay`` and target smoothing terms.
+
+    ``collect`` steps every env ``train_frequency`` times into the replay buffer (uniform random
+    actions for the first ``learning_starts`` env steps); ``update`` takes ``gradient_steps``
+    critic steps, and after every ``policy_delay``-th one an actor step and the soft update of
+    both target networks. Actor and critics each have their own `GradStep` (each a collective
+    over the trainers); the targets live beside them as flat vectors.
+
+    Raises:
+        ValueError: a non-Box action space or one without finite bounds; observation or reward
+            normalisation (off-policy learners here learn from raw values).
+    """
+
+    def __init__(self, cfg: DeterministicPGConfig, ctx: AlgoContext) -> None:
+        spec = ctx.spec
+        if not isinstance(spec.action_space, gym.spaces.Box):
+            raise ValueError(f"{type(self).__name__} needs a Box action space, {spec.task_id} "
+                             f"has {spec.action_space}")
+        if ctx.obs_norm is not None or ctx.reward_norm is not None:
+            raise ValueError(f"{type(self).__name__} does not use the runner's normalisers: run "
+                             "without --norm.obs / --norm.reward")
+        self.cfg, self.ctx = cfg, ctx
+        self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
+        obs_dim = int(np.prod(spec.observation_space.shape))
+        self.action_dim = act_dim = int(np.prod(spec.action_space.shape))
+        m = ctx.model
+        self.actor = DeterministicActor(obs_dim, act_dim, m.actor_hidden,
+                                        m.activation).to(ctx.device)
+        self.critics = QCritics(obs_dim, act_dim, m.critic_hidden, m.activation,
+                                cfg.n_critics).to(ctx.device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        critic_loss = functools.partial(
+            critic_objective, actor_target=self.actor_target,
+            critics_target=self.critics_target, gamma=cfg.gamma,
+            target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip)
+        self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
+                                              cfg.max_grad_norm, cfg.adam_eps)
+        self.actor_step = ctx.make_grad_step(
+            self.actor, functools.partial(actor_objective, critics=self.critics),
+            cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
+        self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
+                         (FlatParams(self.critics_target), self.critic_step.params))
+        self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
+                                          cfg.exploration_noise, ctx.action_generator,
+                                          ctx.arrays)
+        self.replay: ReplayBuffer | None = None  # allocated by the first collect
+        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, smoothing
+        self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
+        self._collector: ReplayCollector | None = None
+
+    def collect(self, pool) -> Episodes:
+        """``train_frequency`` steps of every env (phase ``rollout``) into the replay buffer."""
+        with self.ctx.phase("rollout"):
+            if self._collector is None:
+                self._start(pool)
+            return self._collector.collect(self.cfg.train_frequency, self._policy)
+
+    def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        arrays, acting = self.ctx.arrays, self.acting
+        if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as SB3
+            u = torch.rand((len(obs), self.action_dim), generator=self.ctx.action_generator)
+            scaled = u.numpy() * 2.0 - 1.0
+        else:
+            scaled = arrays.to_pool(acting.scaled(arrays.from_pool(obs)))
+        self.env_steps += len(obs)
+        env_action = acting.low + (scaled + 1.0) * 0.5 * (acting.high - acting.low)
+        return env_action.astype(acting.dtype, copy=False), scaled
+
+    def _start(self, pool) -> None:
+        spec, cfg = self.ctx.spec, self.cfg
+        if self.replay is None:
+            self.replay = ReplayBuffer(cfg.buffer_size, spec.observation_space,
+                                       spec.action_space, self.ctx.device)
+        log.info("%s replay buffer: %d transitions, %.1f MB", type(self).__name__,
+                 cfg.buffer_size, self.replay.nbytes / 1e6)
+        self._collector = ReplayCollector(pool, self.replay)
+
+    def update(self) -> dict[str, float]:
+        """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none
+        before), each ``policy_delay``-th followed by an actor step and the soft target updates.
+        Returns ``losses/critic_loss``, ``losses/q_values`` (means over the critic steps),
+        ``losses/actor_loss`` (mean over the actor steps, when any) and the steps' metrics."""
+        cfg = self.cfg
+        self.iteration += 1
+        if self.env_steps < cfg.learning_starts:
+            return {}
+        smooth = cfg.target_policy_noise > 0
+        critic_aux, actor_aux = [], []
+        for _ in range(cfg.gradient_steps):
+            batch = self.replay.sample(cfg.batch_size, self.generator)
+            if smooth:
+                noise = torch.randn(batch.actions.shape, generator=self.generator)
+                batch = (*batch, noise.to(batch.actions.device))
+            critic_aux.append(torch.stack(self.critic_step(*batch)))
+            self.critic_updates += 1
+            if self.critic_updates % cfg.policy_delay == 0:
+                actor_aux.append(self.actor_step(batch[0])[0])
+                for target, online in self._targets:
+                    soft_update_(target, online, cfg.tau)
+        means = torch.stack(critic_aux).mean(0).tolist()
+        metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1],
+                   **self.critic_step.drain(), **self.actor_step.drain()}
+        if actor_aux:
+            metrics["losses/actor_loss"] = float(torch.stack(actor_aux).mean())
+        return metrics
+
+    def state_dict(self) -> dict:
+        """The four networks (``modules``), both optimizers, the sampling RNG, the counters and,
+        with ``save_replay``, the replay buffer."""
+        state = {"modules": {name: getattr(self, name).state_dict() for name in
+                             ("actor", "critics", "actor_target", "critics_target")},
+                 "optimizers": {"actor": self.actor_step.state_dict(),
+                                "critics": self.critic_step.state_dict()},
+                 "generator": self.generator.get_state(), "iteration": self.iteration,
+                 "env_steps": self.env_steps, "critic_updates": self.critic_updates}
+        if self.cfg.save_replay and self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output.
+
+        Raises:
+            ValueError: the stored weights or optimizers do not fit this model.
+        """
+        try:
+            for name, weights in state["modules"].items():
+                getattr(self, name).load_state_dict(weights)
+        except (RuntimeError, AttributeError) as e:
+            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        self.actor_step.load_state_dict(state["optimizers"]["actor"])
+        self.critic_step.load_state_dict(state["optimizers"]["critics"])
+        self.generator.set_state(state["generator"])
+        self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
+        self.critic_updates = int(state["critic_updates"])
+        if "replay" in state:
+            spec = self.ctx.spec
+            self.replay = ReplayBuffer(self.cfg.buffer_size, spec.observation_space,
+                                       spec.action_space, self.ctx.device)
+            self.replay.load_state_dict(state["replay"])
+
+    def close(self) -> None:
+        self.actor_step.close()
+        self.critic_step.close()

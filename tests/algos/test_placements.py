@@ -1,0 +1,71 @@
+"""Every algorithm on every placement: GMIs as threads and as processes, each gradient reducer
+(mpr, mrr, har, ring, the aggregation switch, synchronous and stale-sync), all GMIs ending with
+identical weights after every update and every env step counted."""
+
+import pytest
+
+from gmi_drl.config import preset
+from gmi_drl.train import train
+
+TASKS = {"a2c": "CartPole-v1", "dqn": "CartPole-v1", "ddpg": "Pendulum-v1",
+         "td3": "Pendulum-v1", "ppo": "CartPole-v1"}
+
+
+def _cfg(tmp_path, algo, num_gmis, name):
+    cfg = preset("classic", TASKS[algo], algo=algo)
+    cfg.env.num_envs, cfg.compile = 2, False
+    cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
+    cfg.log.log_every, cfg.log.tensorboard = 1, False
+    cfg.gmi.num_gmis = num_gmis
+    a = cfg.algo
+    if algo in ("dqn", "ddpg", "td3"):
+        a.learning_starts, a.batch_size, a.train_frequency, a.gradient_steps = 8, 16, 4, 3
+    if algo == "ppo":
+        a.num_steps = 16
+    cfg.total_timesteps = 6 * cfg.batch_size
+    cfg.run_dir = str(tmp_path / name)
+    return cfg
+
+
+def _check(result, cfg):
+    assert len(result.weight_digests) == cfg.gmi.num_gmis
+    assert len(set(result.weight_digests)) == 1
+    assert result.global_step == 6 * cfg.batch_size
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", ["a2c", "ddpg", "td3"])
+def test_serial_gmis_hold_identical_weights(tmp_path, algo):
+    cfg = _cfg(tmp_path, algo, 2, "serial")
+    cfg.placement = "serial"
+    _check(train(cfg), cfg)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo, num_gmis, num_devices, reduction", [
+    ("a2c", 3, 2, "har"), ("td3", 2, 2, "mrr"), ("ddpg", 2, None, "ring"),
+    ("dqn", 2, None, "mpr")])
+def test_gmi_processes_hold_identical_weights(tmp_path, algo, num_gmis, num_devices, reduction):
+    cfg = _cfg(tmp_path, algo, num_gmis, reduction)
+    cfg.gmi.num_devices, cfg.gmi.reduction = num_devices, reduction
+    result = train(cfg)
+    _check(result, cfg)
+    assert f"gradient reduction: `{reduction}`" in (result.run_dir / "summary.md").read_text()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo, staleness", [("td3", 0), ("a2c", 1), ("dqn", 2)])
+def test_the_aggregation_switch_reduces_every_algorithm(tmp_path, algo, staleness):
+    from tests.comm.switch.harness import Switch
+
+    switch = Switch("--mtu", "1500")
+    try:
+        cfg = _cfg(tmp_path, algo, 2, "switch")
+        cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", switch.addr
+        cfg.gmi.staleness = staleness
+        result = train(cfg)
+        stats = switch.stats()
+    finally:
+        assert switch.stop() == 0, switch.stderr
+    _check(result, cfg)
+    assert stats["segments_completed"] > 0
