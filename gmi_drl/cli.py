@@ -6,7 +6,7 @@
     gmi-drl train ppo --gmi.num-gmis 4 --placement ray [--ray.address auto|HOST:PORT]
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
-    gmi-drl bench env|train|dqn|update|reduce|switch|gmi|learning|profile [benchmark flags]
+    gmi-drl bench env|train|algos|update|reduce|switch|gmi|learning|profile [benchmark flags]
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
 
 An expected failure (a GMI or env worker that dies, a checkpoint that does not load, a switch
@@ -31,7 +31,7 @@ USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,dqn,update,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
+  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
   --debug (anywhere): tracebacks of expected failures on the terminal too (they always go to
@@ -173,7 +173,7 @@ def _switch(args: list[str], debug: bool = False) -> int:
     return switch_main(args)
 
 
-BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "dqn": "dqn_throughput",
+BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "algos": "algo_throughput",
               "update": "ppo_update",
               "reduce": "reduce", "switch": "switch", "gmi": "gmi_scaling",
               "learning": "learning", "profile": "profile_overhead"}

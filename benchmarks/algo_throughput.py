@@ -1,0 +1,168 @@
+"""Training throughput of each algorithm against Stable-Baselines3 with the same
+hyper-parameters, one invocation.
+
+    .venv/bin/python benchmarks/algo_throughput.py                     # dqn, a2c, ddpg; 3 repeats
+    .venv/bin/python benchmarks/algo_throughput.py --algos td3 --repeats 5
+
+Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
+
+- ``dqn``: CartPole-v1, 1 env, 256:256 ReLU, lr 2.3e-3, batch 64, replay 100k, learning starts
+  1,000, train every 256 steps with 128 gradient steps, target every 10 steps; 10,000 steps.
+- ``a2c``: CartPole-v1, 8 envs, 5 steps, 64:64 tanh actor and critic, RMSprop 7e-4; 50,000 steps.
+- ``ddpg`` / ``td3``: HalfCheetah-v5, 1 env, 400:300 ReLU, lr 1e-3, batch 256, learning starts
+  1,000 (RL-Zoo: 10,000; fewer, so the run measures training), Gaussian noise 0.1; 3,000 steps.
+
+Train steps/s = env steps / wall time of the training call. gmi-drl's *steady* steps/s leaves
+out the iterations up to the end of the first logged iteration after ``learning_starts`` (its
+one-time ``torch.compile``), from the run's metrics.csv. Runs alternate (gmi-drl, SB3, ...), each
+in a fresh process; medians and their ratios are printed. Target (issue 13): >= 3x SB3.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    task_id: str
+    steps: int
+    learning_starts: int
+    gmi: str
+    """lines that set ``cfg`` from ``preset(...)``"""
+    sb3: str
+    """an SB3 model named ``m``"""
+
+
+CASES = {
+    "dqn": Case("CartPole-v1", 10_000, 1000, 'cfg = preset("cartpole-zoo", algo="dqn")', """
+from stable_baselines3 import DQN
+m = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64,
+        buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
+        train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED)"""),
+    "a2c": Case("CartPole-v1", 50_000, 0, 'cfg = preset("classic", algo="a2c")', """
+from stable_baselines3 import A2C
+from stable_baselines3.common.env_util import make_vec_env
+m = A2C("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=SEED), ent_coef=0.0,
+        seed=SEED)"""),
+    "ddpg": Case("HalfCheetah-v5", 3_000, 1000, """cfg = preset("mujoco", algo="ddpg")
+cfg.algo.learning_starts = 1000""", """
+import numpy as np
+from stable_baselines3 import DDPG
+from stable_baselines3.common.noise import NormalActionNoise
+env = gym.make("HalfCheetah-v5")
+m = DDPG("MlpPolicy", env, learning_starts=1000, learning_rate=1e-3, batch_size=256,
+         action_noise=NormalActionNoise(np.zeros(6), 0.1 * np.ones(6)),
+         policy_kwargs=dict(net_arch=[400, 300]), seed=SEED)"""),
+    "td3": Case("HalfCheetah-v5", 3_000, 1000, """cfg = preset("mujoco", algo="td3")
+cfg.algo.learning_starts = 1000""", """
+import numpy as np
+from stable_baselines3 import TD3
+from stable_baselines3.common.noise import NormalActionNoise
+env = gym.make("HalfCheetah-v5")
+m = TD3("MlpPolicy", env, learning_starts=1000, learning_rate=1e-3, batch_size=256,
+        action_noise=NormalActionNoise(np.zeros(6), 0.1 * np.ones(6)),
+        policy_kwargs=dict(net_arch=[400, 300]), seed=SEED)"""),
+}
+
+
+@dataclass
+class Args:
+    algos: tuple[str, ...] = ("dqn", "a2c", "ddpg")
+    """cases to run (dqn, a2c, ddpg, td3)"""
+    repeats: int = 3
+    """runs per framework and case (median reported)"""
+    scale: float = 1.0
+    """multiply every case's env steps by this"""
+
+
+GMI = """
+import json, time
+from gmi_drl.config import preset
+from gmi_drl.train import train
+{setup}
+cfg.total_timesteps, cfg.seed, cfg.run_dir = {steps}, {seed}, {run_dir!r}
+cfg.log.tensorboard, cfg.log.log_every = False, max(1, {log_every})
+t0 = time.perf_counter(); r = train(cfg); wall = time.perf_counter() - t0
+print(json.dumps({{"steps": r.global_step, "wall": wall}}))
+"""
+
+SB3 = """
+import json, time, torch
+torch.set_num_threads(1)
+import gymnasium as gym
+{model}
+t0 = time.perf_counter(); m.learn({steps}); wall = time.perf_counter() - t0
+print(json.dumps({{"steps": {steps}, "wall": wall}}))
+"""
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"benchmark run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _steady_sps(run_dir: Path, learning_starts: int) -> float:
+    """Env steps per second between the first logged row past ``learning_starts`` (so its
+    compile is behind it) and the last one; each row's ``perf/sps`` is steps / seconds since the
+    loop started, which gives the elapsed seconds at that row."""
+    elapsed = {int(r["global_step"]): int(r["global_step"]) / float(r["value"])
+               for r in csv.DictReader(open(run_dir / "metrics.csv"))
+               if r["name"] == "perf/sps" and float(r["value"]) > 0}
+    steps = sorted(s for s in elapsed if s > learning_starts)
+    if len(steps) < 2:
+        return float("nan")
+    return (steps[-1] - steps[0]) / (elapsed[steps[-1]] - elapsed[steps[0]])
+
+
+def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, float]:
+    steps = int(case.steps * args.scale)
+    gmi, steady, sb3 = [], [], []
+    for seed in range(1, args.repeats + 1):
+        run_dir = tmp / f"{name}-{seed}"
+        # about 20 logged rows per run: the steady figure needs a few after learning_starts
+        r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
+                            log_every=f"{steps // 20} // cfg.batch_size"))
+        gmi.append(r["steps"] / r["wall"])
+        steady.append(_steady_sps(run_dir, case.learning_starts))
+        s = _run(SB3.format(model=case.sb3.replace("SEED", str(seed)), steps=steps))
+        sb3.append(s["steps"] / s["wall"])
+        print(f"{name} seed {seed}: gmi-drl {gmi[-1]:,.0f} (steady {steady[-1]:,.0f}) | "
+              f"SB3 {sb3[-1]:,.0f} steps/s", flush=True)
+    return statistics.median(gmi), statistics.median(steady), statistics.median(sb3)
+
+
+def main(args: Args) -> None:
+    unknown = [a for a in args.algos if a not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown --algos {unknown}: choose from {list(CASES)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.algos:
+            case = CASES[name]
+            rows.append((name, case, *_case(name, case, args, Path(tmp))))
+    print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
+          f"median of {args.repeats}")
+    print("| algo | task | env steps | gmi-drl | gmi-drl steady | SB3 | ratio | steady ratio "
+          "(target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, case, g, gs, s in rows:
+        print(f"| {name} | {case.task_id} | {int(case.steps * args.scale):,} | {g:,.0f} | "
+              f"{gs:,.0f} | {s:,.0f} | {g / s:.2f} | {gs / s:.2f} |")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
