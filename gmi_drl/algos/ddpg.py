@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 import math
 from dataclasses import dataclass
 
@@ -35,8 +34,6 @@ from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import ReplayBuffer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -324,10 +321,7 @@ class DDPG:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = ReplayBuffer(cfg.buffer_size, spec.observation_space,
-                                       spec.action_space, self.ctx.device)
-        log.info("%s replay buffer: %d transitions, %.1f MB", type(self).__name__,
-                 cfg.buffer_size, self.replay.nbytes / 1e6)
+            self.replay = ReplayBuffer.for_spec(cfg.buffer_size, spec, self.ctx.device)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -389,10 +383,8 @@ class DDPG:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
         if "replay" in state:
-            spec = self.ctx.spec
-            self.replay = ReplayBuffer(self.cfg.buffer_size, spec.observation_space,
-                                       spec.action_space, self.ctx.device)
-            self.replay.load_state_dict(state["replay"])
+            self.replay = ReplayBuffer.for_spec(self.cfg.buffer_size, self.ctx.spec,
+                                                self.ctx.device, state["replay"])
 
     def close(self) -> None:
         self.actor_step.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,8 +30,6 @@ from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import ReplayBuffer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -268,10 +265,7 @@ class DQN:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = ReplayBuffer(cfg.buffer_size, spec.observation_space,
-                                       spec.action_space, self.ctx.device)
-        log.info("DQN replay buffer: %d transitions, %.1f MB", cfg.buffer_size,
-                 self.replay.nbytes / 1e6)
+            self.replay = ReplayBuffer.for_spec(cfg.buffer_size, spec, self.ctx.device)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -327,10 +321,8 @@ class DQN:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.last_target_update = int(state["last_target_update"])
         if "replay" in state:
-            spec = self.ctx.spec
-            self.replay = ReplayBuffer(self.cfg.buffer_size, spec.observation_space,
-                                       spec.action_space, self.ctx.device)
-            self.replay.load_state_dict(state["replay"])
+            self.replay = ReplayBuffer.for_spec(self.cfg.buffer_size, self.ctx.spec,
+                                                self.ctx.device, state["replay"])
 
     def close(self) -> None:
         self.grad_step.close()

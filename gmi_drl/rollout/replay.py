@@ -9,11 +9,14 @@ so a truncated episode is bootstrapped from its real last state).
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class ReplayBatch(NamedTuple):
@@ -68,6 +71,21 @@ class ReplayBuffer:
         self._tensors = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated)
         self._host = [t.numpy() for t in self._tensors] if d.type == "cpu" else None
         self.pos, self.size = 0, 0
+
+    @classmethod
+    def for_spec(cls, capacity: int, spec, device: torch.device | str,
+                 state: dict | None = None) -> "ReplayBuffer":
+        """A buffer for the spaces of ``spec`` (an `gmi_drl.envs.spec.EnvSpec`), holding
+        ``state`` (`state_dict` output) when given; logs its size in bytes.
+
+        Raises:
+            ValueError: as the constructor and `load_state_dict`.
+        """
+        buf = cls(capacity, spec.observation_space, spec.action_space, device)
+        log.info("replay buffer: %d transitions, %.1f MB", capacity, buf.nbytes / 1e6)
+        if state is not None:
+            buf.load_state_dict(state)
+        return buf
 
     @property
     def nbytes(self) -> int:
