@@ -33,7 +33,7 @@ from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import ReplayBuffer
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
 
 
 @dataclass
@@ -295,7 +295,7 @@ class DDPG:
         self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
                                           cfg.exploration_noise, ctx.action_generator,
                                           ctx.arrays)
-        self.replay: ReplayBuffer | None = None  # allocated by the first collect
+        self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, smoothing
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
         self._collector: ReplayCollector | None = None
@@ -321,7 +321,7 @@ class DDPG:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = ReplayBuffer.for_spec(cfg.buffer_size, spec, self.ctx.device)
+            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -383,8 +383,8 @@ class DDPG:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
         if "replay" in state:
-            self.replay = ReplayBuffer.for_spec(self.cfg.buffer_size, self.ctx.spec,
-                                                self.ctx.device, state["replay"])
+            self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
+                                      self.ctx.device, state["replay"])
 
     def close(self) -> None:
         self.actor_step.close()

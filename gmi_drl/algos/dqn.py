@@ -29,7 +29,7 @@ from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import ReplayBuffer
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
 
 
 @dataclass
@@ -235,7 +235,7 @@ class DQN:
                                             cfg.max_grad_norm, cfg.adam_eps)
         self._target = FlatParams(self.target_network)
         self.acting = EpsilonGreedy(self.q_network, n, ctx.action_generator, ctx.arrays)
-        self.replay: ReplayBuffer | None = None  # allocated by the first collect
+        self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling
         self.total_steps = ctx.num_iterations * self.steps_per_iteration
         self.env_steps, self.last_target_update, self.iteration = 0, 0, 0
@@ -265,7 +265,7 @@ class DQN:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = ReplayBuffer.for_spec(cfg.buffer_size, spec, self.ctx.device)
+            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -321,8 +321,8 @@ class DQN:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.last_target_update = int(state["last_target_update"])
         if "replay" in state:
-            self.replay = ReplayBuffer.for_spec(self.cfg.buffer_size, self.ctx.spec,
-                                                self.ctx.device, state["replay"])
+            self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
+                                      self.ctx.device, state["replay"])
 
     def close(self) -> None:
         self.grad_step.close()

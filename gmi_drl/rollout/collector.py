@@ -11,7 +11,7 @@ import numpy as np
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.arrays import Array, Arrays
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
-from gmi_drl.rollout.replay import ReplayBuffer
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer
 from gmi_drl.rollout.storage import RolloutBuffer
 from gmi_drl.telemetry.timer import timer
 
@@ -148,7 +148,7 @@ class ReplayCollector:
         ValueError: the pool returns partial batches or is not in ``same_step`` mode.
     """
 
-    def __init__(self, pool, replay: ReplayBuffer) -> None:
+    def __init__(self, pool, replay: ReplayBuffer | FrameReplayBuffer) -> None:
         _check_pool(pool)
         self.pool, self.replay = pool, replay
         self.obs: np.ndarray | None = None

@@ -1,10 +1,13 @@
-"""A uniform experience-replay buffer for off-policy algorithms (DQN; Mnih et al. 2015, §Methods
-"experience replay").
+"""Uniform experience replay for off-policy algorithms (DQN; Mnih et al. 2015, §Methods
+"experience replay"), in two layouts behind one interface (`make_replay` picks):
 
-Preallocated torch tensors on the learner's device, written through NumPy views on the CPU.
-Observations keep the pool's dtype (Atari frames stay ``uint8``); each transition stores its
-observation and the observation that followed it (the final observation where an episode ended,
-so a truncated episode is bootstrapped from its real last state).
+- `ReplayBuffer`: each transition stores its observation and the one that followed it
+  (preallocated tensors on the learner's device, written through NumPy views on the CPU).
+- `FrameReplayBuffer`: for frame stacks (Atari's ``uint8 (stack, H, W)``), each frame is
+  stored once per env stream, not once per stack and transition; stacks are rebuilt at sampling.
+
+Both store, where an episode ended, the final observation as the next one, so a truncated
+episode is bootstrapped from its real last state.
 """
 
 from __future__ import annotations
@@ -55,37 +58,16 @@ class ReplayBuffer:
         if obs_dtype != torch.uint8:
             obs_dtype = torch.float32
         shape = (capacity, *observation_space.shape)
-        if isinstance(action_space, gym.spaces.Discrete):
-            act_shape, act_dtype = (capacity,), torch.int64
-        elif isinstance(action_space, gym.spaces.Box):
-            act_shape, act_dtype = (capacity, *action_space.shape), torch.float32
-        else:
-            raise ValueError(f"replay of {type(action_space).__name__} actions is not supported "
-                             "(Discrete or Box)")
+        act_shape, act_dtype = _action_layout(action_space)
         d = self.device
         self.obs = torch.zeros(shape, dtype=obs_dtype, device=d)
         self.next_obs = torch.zeros(shape, dtype=obs_dtype, device=d)
-        self.actions = torch.zeros(act_shape, dtype=act_dtype, device=d)
+        self.actions = torch.zeros((capacity, *act_shape), dtype=act_dtype, device=d)
         self.rewards = torch.zeros(capacity, dtype=torch.float32, device=d)
         self.terminated = torch.zeros(capacity, dtype=torch.float32, device=d)
         self._tensors = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated)
         self._host = [t.numpy() for t in self._tensors] if d.type == "cpu" else None
-        self.pos, self.size = 0, 0
-
-    @classmethod
-    def for_spec(cls, capacity: int, spec, device: torch.device | str,
-                 state: dict | None = None) -> "ReplayBuffer":
-        """A buffer for the spaces of ``spec`` (an `gmi_drl.envs.spec.EnvSpec`), holding
-        ``state`` (`state_dict` output) when given; logs its size in bytes.
-
-        Raises:
-            ValueError: as the constructor and `load_state_dict`.
-        """
-        buf = cls(capacity, spec.observation_space, spec.action_space, device)
-        log.info("replay buffer: %d transitions, %.1f MB", capacity, buf.nbytes / 1e6)
-        if state is not None:
-            buf.load_state_dict(state)
-        return buf
+        self.pos, self.size, self.added = 0, 0, 0
 
     @property
     def nbytes(self) -> int:
@@ -108,6 +90,24 @@ class ReplayBuffer:
                 dst.index_copy_(0, index, src)
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
+        self.added += n
+
+    def indices(self) -> np.ndarray:
+        """``(size,) int64``: the held transitions, numbered in the order they were added
+        (0 = the first ever added); what `get` takes."""
+        return np.arange(self.added - self.size, self.added, dtype=np.int64)
+
+    def get(self, index: np.ndarray) -> ReplayBatch:
+        """The transitions numbered ``index`` (`indices`), ``(B,) int64``.
+
+        Raises:
+            IndexError: a transition that is not held.
+        """
+        index = np.asarray(index, np.int64)
+        if index.size and (index.min() < self.added - self.size or index.max() >= self.added):
+            raise IndexError(f"transitions {self.added - self.size}..{self.added - 1} are held")
+        idx = torch.from_numpy(index % self.capacity).to(self.device)
+        return ReplayBatch(*(t.index_select(0, idx) for t in self._tensors))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
         """``batch_size`` transitions drawn uniformly with replacement from those held.
@@ -123,7 +123,7 @@ class ReplayBuffer:
     def state_dict(self) -> dict:
         """The held transitions (``size`` rows of each tensor, on the CPU) and the write
         position."""
-        return {"pos": self.pos, "size": self.size,
+        return {"pos": self.pos, "size": self.size, "added": self.added,
                 "tensors": [t[:self.size].cpu() for t in self._tensors]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -141,3 +141,263 @@ class ReplayBuffer:
         for dst, src in zip(self._tensors, stored):
             dst[:size].copy_(src)
         self.pos, self.size = int(state["pos"]), size
+        # checkpoints written before ``added`` existed: the smallest count that fits ``pos``
+        self.added = int(state.get("added", size + (self.pos - size) % self.capacity))
+
+
+class FrameReplayBuffer:
+    """Replay of frame-stacked observations that stores each frame once.
+
+    Observations are stacks ``(K, *frame_shape)`` along axis 0 whose next stack, inside an
+    episode, is the previous one shifted by one new frame (Atari's ``uint8 (4, 84, 84)``). Each
+    env has a circular stream of single frames; a transition holds the stream positions of the
+    newest frames of its observation and next observation, and both stacks are the ``K`` frames
+    ending there. A step appends one frame per env (the next observation's newest); a stack
+    that does not continue its stream (the first observation of an episode, a final
+    observation that is not a shift) appends its ``K`` frames. So memory is about one frame
+    per transition instead of ``2K`` (`ReplayBuffer`), and any input is stored exactly: what
+    continues is found by comparing contents, not assumed.
+
+    The streams hold ``slots + slots // 4 + 2K`` frames, ``slots = ceil(capacity / num_envs)``
+    transitions per env. Episodes shorter than about ``4K`` steps append frames faster than
+    that; then the oldest transitions whose frames were overwritten are no longer sampled
+    (`size` counts only those that can be).
+
+    Args:
+        capacity: transitions held (rounded up to a multiple of ``num_envs``).
+        observation_space: ``Box`` of ``uint8 (K, *frame_shape)`` stacks.
+        action_space: the task's single-env action space (Discrete or Box).
+        num_envs: transitions per `add` (one per env, in env order).
+        device: where frames and sampled batches live.
+
+    Raises:
+        ValueError: ``capacity < 1`` or ``num_envs < 1``; observations that are not ``uint8``
+            arrays of at least two dims; an action space that is neither Discrete nor Box.
+    """
+
+    def __init__(self, capacity: int, observation_space: gym.spaces.Box,
+                 action_space: gym.spaces.Space, num_envs: int,
+                 device: torch.device | str = "cpu") -> None:
+        if capacity < 1 or num_envs < 1:
+            raise ValueError(f"replay capacity={capacity} and num_envs={num_envs} must be >= 1")
+        shape = observation_space.shape
+        if observation_space.dtype != np.uint8 or len(shape) < 2:
+            raise ValueError(f"frame replay stores uint8 frame stacks (K, *frame_shape), got "
+                             f"{observation_space}: use ReplayBuffer")
+        self.num_envs, self.stack, self.device = num_envs, shape[0], torch.device(device)
+        self.slots = -(-capacity // num_envs)
+        self.capacity = self.slots * num_envs
+        self.frame_slots = self.slots + self.slots // 4 + 2 * self.stack
+        act_shape, act_dtype = _action_layout(action_space)
+        d, e, n = self.device, num_envs, self.slots
+        self.frames = torch.zeros((e, self.frame_slots, *shape[1:]), dtype=torch.uint8, device=d)
+        self.actions = torch.zeros((e, n, *act_shape), dtype=act_dtype, device=d)
+        self.rewards = torch.zeros((e, n), dtype=torch.float32, device=d)
+        self.terminated = torch.zeros((e, n), dtype=torch.float32, device=d)
+        self._rows = (self.actions, self.rewards, self.terminated)
+        self._host = self.frames.numpy() if d.type == "cpu" else None
+        # stream positions (frames appended so far, never wrapped) of each transition's stacks
+        self.obs_end = np.zeros((e, n), np.int64)
+        self.next_end = np.zeros((e, n), np.int64)
+        self.head = np.zeros(e, np.int64)  # frames appended to each env's stream
+        self.first_valid = np.zeros(e, np.int64)  # oldest transition whose frames are held
+        self.steps = 0  # transitions added per env
+        self._last_next = np.zeros((e, *shape), np.uint8)
+        self._last_end = np.full(e, -1, np.int64)  # stream end of _last_next; -1: none
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffer holds (all of it is allocated up front)."""
+        tensors = (self.frames, *self._rows)
+        return (sum(t.numel() * t.element_size() for t in tensors) + self.obs_end.nbytes
+                + self.next_end.nbytes + self._last_next.nbytes)
+
+    def _lower(self) -> np.ndarray:
+        """``(num_envs,)``: the oldest sampleable transition of each env (per-env count)."""
+        return np.maximum(self.first_valid, self.steps - self.slots)
+
+    @property
+    def size(self) -> int:
+        """Transitions that can be sampled."""
+        return int((self.steps - self._lower()).sum())
+
+    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
+        """Append one transition per env (arrays with a leading ``num_envs`` dim, env order).
+
+        Raises:
+            ValueError: a batch of another size than ``num_envs``.
+        """
+        obs, next_obs = np.asarray(obs), np.asarray(next_obs)
+        e, k = self.num_envs, self.stack
+        if len(obs) != e:
+            raise ValueError(f"frame replay takes one transition per env ({e}), got {len(obs)}")
+        continues = (self._last_end >= 0) & _rows_equal(obs, self._last_next)
+        shifts = _rows_equal(next_obs[:, :-1], obs[:, 1:])
+        if continues.all() and shifts.all():  # the common step: one new frame per env
+            obs_end = self._last_end
+            self._write(np.arange(e), self.head, next_obs[:, -1])
+            self.head += 1
+        else:
+            obs_end = np.empty(e, np.int64)
+            for i in range(e):
+                if continues[i]:
+                    obs_end[i] = self._last_end[i]
+                else:
+                    self._append(i, obs[i])
+                    obs_end[i] = self.head[i] - 1
+                self._append(i, next_obs[i, -1:] if shifts[i] else next_obs[i])
+        slot = self.steps % self.slots
+        self.obs_end[:, slot], self.next_end[:, slot] = obs_end, self.head - 1
+        for dst, src in zip(self._rows, (actions, rewards, terminated)):
+            dst[:, slot] = torch.as_tensor(np.asarray(src)).to(self.device, dst.dtype)
+        self.steps += 1
+        self._last_next[...] = next_obs
+        self._last_end = self.head - 1
+        self._evict()
+
+    def _append(self, env: int, frames: np.ndarray) -> None:
+        n = len(frames)
+        self._write(np.full(n, env), self.head[env] + np.arange(n), frames)
+        self.head[env] += n
+
+    def _write(self, env: np.ndarray, pos: np.ndarray, frames: np.ndarray) -> None:
+        slot = pos % self.frame_slots
+        if self._host is not None:
+            self._host[env, slot] = frames
+        else:
+            index = (torch.from_numpy(env).to(self.device), torch.from_numpy(slot).to(self.device))
+            self.frames.index_put_(index, torch.from_numpy(np.ascontiguousarray(frames))
+                                   .to(self.device))
+
+    def _evict(self) -> None:
+        """Advance ``first_valid`` past transitions whose oldest frame was overwritten."""
+        oldest_held = self.head - self.frame_slots
+        envs = np.arange(self.num_envs)
+        while True:
+            lower = self._lower()
+            stale = lower < self.steps
+            start = self.obs_end[envs, lower % self.slots] - self.stack + 1
+            stale &= start < oldest_held
+            if not stale.any():
+                return
+            self.first_valid = np.where(stale, lower + 1, self.first_valid)
+
+    def indices(self) -> np.ndarray:
+        """``(size,) int64``: the sampleable transitions, numbered ``step * num_envs + env`` in
+        the order they were added; what `get` takes."""
+        lower, e = self._lower(), self.num_envs
+        ids = [np.arange(lo, self.steps) * e + i for i, lo in enumerate(lower)]
+        return np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+
+    def get(self, index: np.ndarray) -> ReplayBatch:
+        """The transitions numbered ``index`` (`indices`), ``(B,) int64``, stacks rebuilt.
+
+        Raises:
+            IndexError: a transition that cannot be sampled.
+        """
+        index = np.asarray(index, np.int64)
+        env, step = index % self.num_envs, index // self.num_envs
+        if index.size and ((step < self._lower()[env]) | (step >= self.steps)).any():
+            raise IndexError("a transition that is not held (see indices())")
+        return self._gather(env, step % self.slots)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
+        """``batch_size`` transitions drawn uniformly with replacement from the sampleable ones.
+
+        Raises:
+            ValueError: the buffer is empty.
+        """
+        lower = self._lower()
+        counts = self.steps - lower
+        total = int(counts.sum())
+        if total == 0:
+            raise ValueError("sample from an empty replay buffer")
+        u = torch.randint(total, (batch_size,), generator=generator).numpy()
+        ends = np.cumsum(counts)
+        env = np.searchsorted(ends, u, side="right")
+        step = lower[env] + u - (ends[env] - counts[env])
+        return self._gather(env, step % self.slots)
+
+    def _gather(self, env: np.ndarray, slot: np.ndarray) -> ReplayBatch:
+        k = self.stack
+        offsets = np.arange(1 - k, 1)
+        ends = np.concatenate([self.obs_end[env, slot], self.next_end[env, slot]])
+        f = self.frame_slots
+        flat = np.tile(env, 2)[:, None] * f + (ends[:, None] + offsets) % f
+        frames = self.frames.view(-1, *self.frames.shape[2:])  # (num_envs * frame_slots, ...)
+        stacks = frames.index_select(0, torch.from_numpy(flat.ravel()).to(self.device))
+        obs, next_obs = stacks.view(2 * len(env), k, *stacks.shape[1:]).split(len(env))
+        row = torch.from_numpy(env * self.slots + slot).to(self.device)
+        actions, rewards, terminated = (t.view(-1, *t.shape[2:]).index_select(0, row)
+                                        for t in self._rows)
+        return ReplayBatch(obs, actions, rewards, next_obs, terminated)
+
+    _COUNTERS = ("obs_end", "next_end", "head", "first_valid", "_last_next", "_last_end")
+
+    def state_dict(self) -> dict:
+        """Everything held (frames and rows on the CPU) and the stream counters."""
+        return {"layout": "frames", "steps": self.steps, "frames": self.frames.cpu(),
+                "rows": [t.cpu() for t in self._rows],
+                **{name: getattr(self, name).copy() for name in self._COUNTERS}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output.
+
+        Raises:
+            ValueError: the state is not a frame replay of this capacity, ``num_envs`` and
+                these spaces.
+        """
+        if state.get("layout") != "frames" or state["frames"].shape != self.frames.shape or any(
+                s.shape != t.shape for s, t in zip(state["rows"], self._rows)):
+            raise ValueError(f"stored replay does not fit a frame replay of capacity "
+                             f"{self.capacity} over {self.num_envs} envs with these spaces")
+        self.frames.copy_(state["frames"])
+        for dst, src in zip(self._rows, state["rows"]):
+            dst.copy_(src)
+        for name in self._COUNTERS:
+            getattr(self, name)[...] = state[name]
+        self.steps = int(state["steps"])
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(N,) bool``: whether row ``i`` of ``a`` equals row ``i`` of ``b``."""
+    return (a == b).reshape(len(a), -1).all(1)
+
+
+def _action_layout(action_space: gym.spaces.Space) -> tuple[tuple[int, ...], torch.dtype]:
+    if isinstance(action_space, gym.spaces.Discrete):
+        return (), torch.int64
+    if isinstance(action_space, gym.spaces.Box):
+        return tuple(action_space.shape), torch.float32
+    raise ValueError(f"replay of {type(action_space).__name__} actions is not supported "
+                     "(Discrete or Box)")
+
+
+def is_frame_stack(space: gym.spaces.Space) -> bool:
+    """Whether observations of ``space`` are image frame stacks (``uint8 (K, H, W[, C])``,
+    ``K > 1``), which `make_replay` stores once per frame."""
+    shape = getattr(space, "shape", None) or ()
+    return getattr(space, "dtype", None) == np.uint8 and len(shape) >= 3 and shape[0] > 1
+
+
+def make_replay(capacity: int, spec, num_envs: int, device: torch.device | str,
+                state: dict | None = None) -> ReplayBuffer | FrameReplayBuffer:
+    """The replay for the task ``spec`` (an `gmi_drl.envs.spec.EnvSpec`): a
+    `FrameReplayBuffer` for frame stacks (`is_frame_stack`), a `ReplayBuffer` otherwise;
+    holding ``state`` (`state_dict` output) when given. Logs its size in bytes.
+
+    Raises:
+        ValueError: as the constructors and ``load_state_dict``.
+    """
+    obs_space, act_space = spec.observation_space, spec.action_space
+    if is_frame_stack(obs_space):
+        buf = FrameReplayBuffer(capacity, obs_space, act_space, num_envs, device)
+        naive = buf.capacity * 2 * int(np.prod(obs_space.shape))
+        log.info("replay buffer: %d transitions, %.1f MB (frames stored once; %.1f MB as "
+                 "stacks)", buf.capacity, buf.nbytes / 1e6, naive / 1e6)
+    else:
+        buf = ReplayBuffer(capacity, obs_space, act_space, device)
+        log.info("replay buffer: %d transitions, %.1f MB", capacity, buf.nbytes / 1e6)
+    if state is not None:
+        buf.load_state_dict(state)
+    return buf

@@ -1,0 +1,134 @@
+"""The frame replay (each Atari frame stored once) against the naive replay that stores every
+stack twice: same transitions after wrap-around, eviction and episode resets; sampling,
+checkpoints and bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from gmi_drl import envs
+from gmi_drl.envs.spec import EnvSpec
+from gmi_drl.rollout.collector import ReplayCollector
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
+
+
+class _Both:
+    """Adds every transition to a frame replay and to a naive one."""
+
+    def __init__(self, *buffers):
+        self.buffers = buffers
+
+    def add(self, *transition):
+        for b in self.buffers:
+            b.add(*transition)
+
+
+def _assert_same(frame: FrameReplayBuffer, naive: ReplayBuffer, index: np.ndarray) -> None:
+    got, want = frame.get(index), naive.get(index)
+    for name, a, b in zip(want._fields, got, want):
+        assert torch.equal(a, b), name
+
+
+def test_frame_replay_of_an_atari_pool_equals_the_naive_replay_after_wrap_and_resets():
+    # short episodes (truncated after 25 steps) put many resets, with stacks of repeated
+    # first frames, into the streams; 2 envs x 60 slots wrap after 60 steps
+    with envs.make("Pong-v5", num_envs=2, seed=3, autoreset="same_step", img_height=42,
+                   img_width=42, max_episode_steps=25) as pool:
+        frame = FrameReplayBuffer(120, pool.observation_space, pool.action_space, 2)
+        naive = ReplayBuffer(120, pool.observation_space, pool.action_space)
+        rng = np.random.default_rng(0)
+        policy = lambda obs: (a := rng.integers(0, 6, len(obs)), a)  # noqa: E731
+        episodes = ReplayCollector(pool, _Both(frame, naive)).collect(150, policy)
+    assert len(episodes.returns) >= 10 and frame.steps == 150
+    held = frame.indices()
+    assert frame.size == len(held) == 120 and np.array_equal(held, naive.indices())
+    _assert_same(frame, naive, held)
+    # one frame per step plus a stack per episode, against two stacks per transition
+    assert frame.nbytes < naive.nbytes / 4
+    # a sample is made of held transitions
+    batch = frame.sample(64, torch.Generator().manual_seed(0))
+    assert batch.obs.shape == (64, 4, 42, 42) and batch.obs.dtype == torch.uint8
+    rows = {(o.numpy().tobytes(), n.numpy().tobytes()) for o, n in
+            zip(naive.get(held).obs, naive.get(held).next_obs)}
+    assert all((o.numpy().tobytes(), n.numpy().tobytes()) in rows
+               for o, n in zip(batch.obs, batch.next_obs))
+
+
+def _stream(rng, steps, num_envs, stack=3, shape=(2, 2), reset_every=(1, 4)):
+    """Frame-stacked transitions with episodes of 1-3 steps and final observations that
+    sometimes do not continue their stack (what a naive stacker could get wrong)."""
+    obs = rng.integers(0, 255, (num_envs, stack, *shape), np.uint8)
+    left = rng.integers(*reset_every, num_envs)
+    for _ in range(steps):
+        nxt = np.concatenate([obs[:, 1:], rng.integers(0, 255, (num_envs, 1, *shape),
+                                                       np.uint8)], 1)
+        left -= 1
+        done = left == 0
+        odd = done & (rng.random(num_envs) < 0.5)
+        nxt[odd] = rng.integers(0, 255, (int(odd.sum()), stack, *shape), np.uint8)
+        yield obs, rng.integers(0, 5, num_envs), rng.normal(size=num_envs).astype(np.float32), \
+            nxt, done & (rng.random(num_envs) < 0.5)
+        obs = nxt.copy()
+        if done.any():
+            obs[done] = rng.integers(0, 255, (int(done.sum()), stack, *shape), np.uint8)
+            left[done] = rng.integers(*reset_every, int(done.sum()))
+
+
+def test_frame_replay_evicts_transitions_whose_frames_were_overwritten_and_samples_the_rest():
+    space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
+    frame = FrameReplayBuffer(40, space, gym.spaces.Discrete(5), 2)
+    naive = ReplayBuffer(40, space, gym.spaces.Discrete(5))
+    rng = np.random.default_rng(1)
+    for t in _stream(rng, 100, 2):
+        frame.add(*t)
+        naive.add(*t)
+    held = frame.indices()
+    # 1-3 step episodes append up to 3 frames more per reset than the 26 extra slots hold
+    assert 0 < frame.size == len(held) < naive.size
+    assert set(held) <= set(naive.indices()) and held.max() == naive.indices().max()
+    _assert_same(frame, naive, held)
+    with pytest.raises(IndexError):
+        frame.get(np.setdiff1d(naive.indices(), held)[:1])
+    # uniform over the sampleable transitions: all of them drawn, nothing else
+    batch = frame.sample(4000, torch.Generator().manual_seed(2))
+    want = naive.get(held)
+    keys = {o.numpy().tobytes() + n.numpy().tobytes(): i
+            for i, (o, n) in enumerate(zip(want.obs, want.next_obs))}
+    drawn = [keys[o.numpy().tobytes() + n.numpy().tobytes()]
+             for o, n in zip(batch.obs, batch.next_obs)]
+    assert sorted(set(drawn)) == list(range(len(held)))
+
+
+def test_frame_replay_checkpoint_restores_the_same_samples_and_refuses_another_layout():
+    space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
+    spec = EnvSpec("Frames-v0", space, gym.spaces.Discrete(5), None)
+    buf = make_replay(50, spec, 2, "cpu")
+    assert isinstance(buf, FrameReplayBuffer)
+    stream = _stream(np.random.default_rng(3), 60, 2, reset_every=(5, 20))
+    for _, t in zip(range(30), stream):
+        buf.add(*t)
+    restored = make_replay(50, spec, 2, "cpu", buf.state_dict())
+    for t in stream:  # both go on from the same state
+        buf.add(*t)
+        restored.add(*t)
+    a = buf.sample(32, torch.Generator().manual_seed(4))
+    b = restored.sample(32, torch.Generator().manual_seed(4))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="does not fit"):
+        make_replay(50, spec, 5, "cpu", buf.state_dict())  # another num_envs
+    with pytest.raises(ValueError, match="does not fit"):
+        make_replay(50, spec, 2, "cpu", ReplayBuffer(50, space, spec.action_space).state_dict())
+    with pytest.raises(ValueError, match="one transition per env"):
+        buf.add(*(x[:1] for x in next(_stream(np.random.default_rng(0), 1, 2))))
+    with pytest.raises(ValueError, match="empty"):
+        FrameReplayBuffer(4, space, spec.action_space, 2).sample(1, torch.Generator())
+
+
+def test_make_replay_keeps_vectors_and_single_frames_in_the_naive_layout():
+    vec = EnvSpec("V-v0", gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), None)
+    one = EnvSpec("F-v0", gym.spaces.Box(0, 255, (1, 8, 8), np.uint8), gym.spaces.Discrete(2),
+                  None)
+    assert all(type(make_replay(8, s, 2, "cpu")) is ReplayBuffer for s in (vec, one))
+    with pytest.raises(ValueError, match="uint8 frame stacks"):
+        FrameReplayBuffer(8, vec.observation_space, vec.action_space, 2)
