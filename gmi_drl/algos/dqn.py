@@ -157,7 +157,8 @@ def dqn_objective(q_network: nn.Module, obs: torch.Tensor, actions: torch.Tensor
 
 class EpsilonGreedy:
     """The agent role of DQN: ``argmax_a Q(obs, a)``, or with probability ``epsilon`` an action
-    drawn uniformly (Q of an MLP on the CPU computed in NumPy on views of its weights) (the `gmi_drl.rollout.acting.Acting` protocol: ``logprob`` is 0 and
+    drawn uniformly (Q of an MLP on the CPU computed in NumPy on views of its weights; the
+    `gmi_drl.rollout.acting.Acting` protocol: ``logprob`` is 0 and
     ``value`` is ``max_a Q``). Draws from the runner's generator: per call one uniform per env
     for the coin and one integer per env for the random action."""
 
@@ -197,6 +198,19 @@ class EpsilonGreedy:
                 action = torch.where(explore, random.to(action.device), action)
         zeros = np.zeros_like(value) if self._host else torch.zeros_like(value)
         return ActResult(action, zeros, value)
+
+    def explore(self, obs: Array) -> Array:
+        """Epsilon-greedy actions ``(N,) int64`` (the draws of `act`); on the CPU, Q is
+        computed only for the rows that exploit (none while epsilon is 1)."""
+        if not self._host:
+            return self.act(obs).action
+        n = len(obs)
+        coin = torch.rand(n, generator=self.generator).numpy()
+        action = torch.randint(self.num_actions, (n,), generator=self.generator).numpy()
+        greedy = np.flatnonzero(coin >= self.epsilon)
+        if len(greedy):
+            action[greedy] = self._q(obs[greedy]).numpy().argmax(1)
+        return action
 
     def value(self, obs: Array) -> Array:
         v = self._q(obs).max(1).values
@@ -258,7 +272,7 @@ class DQN:
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         arrays = self.ctx.arrays
         self.acting.epsilon = self.epsilon()
-        action = arrays.to_pool(self.acting.act(arrays.from_pool(obs)).action)
+        action = arrays.to_pool(self.acting.explore(arrays.from_pool(obs)))
         self.env_steps += len(action)
         return action, action
 

@@ -11,9 +11,10 @@ import torch
 
 from gmi_drl import envs
 from gmi_drl.algos import AlgoContext, DQN, DQNConfig, ModelConfig
-from gmi_drl.algos.dqn import QNetwork, dqn_objective, td_target
+from gmi_drl.algos.dqn import EpsilonGreedy, QNetwork, dqn_objective, td_target
 from gmi_drl.config import preset
 from gmi_drl.optim.grad_step import make_grad_step
+from gmi_drl.rollout.arrays import HostArrays
 from gmi_drl.rollout.replay import ReplayBuffer
 from gmi_drl.train import train
 
@@ -50,6 +51,22 @@ def test_dqn_loss_is_the_td_error_of_the_taken_actions(loss):
     torch.testing.assert_close(value, expected)
     torch.testing.assert_close(aux_loss, expected.detach())
     torch.testing.assert_close(q_mean, chosen.mean().detach())
+
+
+@pytest.mark.parametrize("encoder,shape", [("mlp", (3,)), ("nature_cnn", (4, 84, 84))])
+@pytest.mark.parametrize("epsilon", [0.0, 0.4, 1.0])
+def test_exploring_draws_the_actions_of_act_computing_q_only_where_it_exploits(
+        encoder, shape, epsilon):
+    dtype = np.uint8 if encoder == "nature_cnn" else np.float32
+    space = gym.spaces.Box(0, 255, shape, dtype)
+    q = QNetwork(space, 6, encoder, "16", "relu", 32)
+    obs = np.random.default_rng(0).integers(0, 255, (16, *shape)).astype(dtype)
+    a = EpsilonGreedy(q, 6, torch.Generator().manual_seed(5), HostArrays())
+    b = EpsilonGreedy(q, 6, torch.Generator().manual_seed(5), HostArrays())
+    a.epsilon = b.epsilon = epsilon
+    np.testing.assert_array_equal(a.explore(obs), b.act(obs).action)
+    if epsilon == 0.0:
+        np.testing.assert_array_equal(a.explore(obs), b.act(obs, deterministic=True).action)
 
 
 def test_replay_wraps_and_samples_like_a_naive_list():
