@@ -2,6 +2,7 @@
 (mpr, mrr, har, ring, the aggregation switch, synchronous and stale-sync), all GMIs ending with
 identical weights after every update and every env step counted."""
 
+import numpy as np
 import pytest
 
 from gmi_drl.config import preset
@@ -11,7 +12,8 @@ TASKS = {"a2c": "CartPole-v1", "dqn": "CartPole-v1", "ddpg": "Pendulum-v1",
          "td3": "Pendulum-v1", "ppo": "CartPole-v1"}
 
 
-def _cfg(tmp_path, algo, num_gmis, name):
+def small_cfg(tmp_path, algo, num_gmis, name):
+    """A few updates of ``algo`` on ``num_gmis`` GMIs of 2 envs each (6 iterations)."""
     cfg = preset("classic", TASKS[algo], algo=algo)
     cfg.env.num_envs, cfg.compile = 2, False
     cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
@@ -36,9 +38,29 @@ def _check(result, cfg):
 @pytest.mark.distributed
 @pytest.mark.parametrize("algo", ["a2c", "ddpg", "td3"])
 def test_serial_gmis_hold_identical_weights(tmp_path, algo):
-    cfg = _cfg(tmp_path, algo, 2, "serial")
+    cfg = small_cfg(tmp_path, algo, 2, "serial")
     cfg.placement = "serial"
     _check(train(cfg), cfg)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", ["a2c", "dqn", "td3"])
+def test_serial_gmis_learn_exactly_as_gmi_processes(tmp_path, algo):
+    """GMIs as threads and as processes, reducing through shared memory: the same final
+    weights and the same episodes (with two GMIs the mean is (a + b) / 2 in float32 whichever
+    reducer forms it). Pendulum's episodes are 200 steps: TD3 runs 60 iterations."""
+    runs = {}
+    for placement in ("serial", "local"):
+        cfg = small_cfg(tmp_path, algo, 2, placement)
+        cfg.placement = placement
+        cfg.total_timesteps = (60 if algo == "td3" else 6) * cfg.batch_size
+        runs[placement] = train(cfg)
+        assert len(set(runs[placement].weight_digests)) == 1
+    serial, local = runs["serial"], runs["local"]
+    assert serial.weight_digests == local.weight_digests
+    assert serial.global_step == local.global_step == cfg.total_timesteps
+    assert len(serial.episode_returns) > 0
+    np.testing.assert_array_equal(serial.episode_returns, local.episode_returns)
 
 
 @pytest.mark.distributed
@@ -46,7 +68,7 @@ def test_serial_gmis_hold_identical_weights(tmp_path, algo):
     ("a2c", 3, 2, "har"), ("td3", 2, 2, "mrr"), ("ddpg", 2, None, "ring"),
     ("dqn", 2, None, "mpr")])
 def test_gmi_processes_hold_identical_weights(tmp_path, algo, num_gmis, num_devices, reduction):
-    cfg = _cfg(tmp_path, algo, num_gmis, reduction)
+    cfg = small_cfg(tmp_path, algo, num_gmis, reduction)
     cfg.gmi.num_devices, cfg.gmi.reduction = num_devices, reduction
     result = train(cfg)
     _check(result, cfg)
@@ -60,7 +82,7 @@ def test_the_aggregation_switch_reduces_every_algorithm(tmp_path, algo, stalenes
 
     switch = Switch("--mtu", "1500")
     try:
-        cfg = _cfg(tmp_path, algo, 2, "switch")
+        cfg = small_cfg(tmp_path, algo, 2, "switch")
         cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", switch.addr
         cfg.gmi.staleness = staleness
         result = train(cfg)

@@ -1,4 +1,5 @@
-"""Multi-GMI PPO through the Ray launcher on a real two-node local cluster."""
+"""Multi-GMI training (PPO, and every other algorithm) through the Ray launcher on a real
+two-node local cluster."""
 
 import csv
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from gmi_drl.config import preset
 from gmi_drl.train import train
+from tests.algos.test_placements import small_cfg
 from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -64,6 +66,31 @@ def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, 
     summary = (ray_run.run_dir / "summary.md").read_text()
     assert "placement: Ray, 2 node(s)" in summary and "gradient reduction: `har`" in summary
     assert "identical on all 2 GMIs after every update: yes" in summary
+    assert_nothing_left(ray_cluster)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "a2c", "td3"])
+def test_every_algorithm_across_two_nodes_learns_exactly_as_the_local_launcher(
+        ray_cluster, tmp_path, algo):
+    """As PPO above: one GMI per node (HAR) against two emulated devices; the same weights and
+    episodes, TD3's two gradient steps (actor and critics) included."""
+    runs = {}
+    for placement in ("ray", "local"):
+        cfg = small_cfg(tmp_path, algo, 2, placement)
+        cfg.total_timesteps = (60 if algo == "td3" else 12) * cfg.batch_size
+        cfg.placement = placement
+        if placement == "ray":
+            cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, NODE_CPUS
+        else:
+            cfg.gmi.num_devices = 2
+        runs[placement] = train(cfg)
+    ray_run, local = runs["ray"], runs["local"]
+    assert len(set(ray_run.weight_digests)) == 1
+    assert ray_run.weight_digests == local.weight_digests
+    assert ray_run.global_step == local.global_step == cfg.total_timesteps
+    assert len(ray_run.episode_returns) > 0
+    np.testing.assert_array_equal(ray_run.episode_returns, local.episode_returns)
+    assert "gradient reduction: `har`" in (ray_run.run_dir / "summary.md").read_text()
     assert_nothing_left(ray_cluster)
 
 
