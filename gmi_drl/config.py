@@ -97,14 +97,17 @@ class GMIConfig:
     value emulates devices as groups of processes"""
     backend: Literal["auto", "cpu", "cuda_shared", "cuda_mps", "mig"] = "auto"
     """GMI backend (auto: GMI-DRL §3's rule: MPS for training, CPU core sets without a GPU)"""
-    reduction: Literal["auto", "mpr", "mrr", "har", "ring", "switch"] = "auto"
+    reduction: Literal["auto", "mpr", "mrr", "har", "ring", "switch", "ps"] = "auto"
     """how GMIs average gradients: auto (GMI-DRL Algorithm 1 picks mpr, mrr or har from the
     layout), one of those three forced, ring (one gloo/NCCL ring over all GMIs: the iSwitch
-    paper's AllReduce baseline) or switch (the iSwitch aggregation switch at gmi.switch_addr,
-    started with `gmi-drl switch serve`)"""
+    paper's AllReduce baseline), switch (the iSwitch aggregation switch at gmi.switch_addr,
+    started with `gmi-drl switch serve`) or ps (a parameter server at gmi.ps_addr, started with
+    `python -m gmi_drl.comm.ps`: the iSwitch paper's PS baseline)"""
     switch_addr: str | None = None
     """HOST:PORT of the aggregation switch (gmi.reduction switch), or one per GMI joined by ','
     (each GMI's own switch port, as in a rack)"""
+    ps_addr: str | None = None
+    """HOST:PORT of the parameter server (gmi.reduction ps)"""
     staleness: int = 0
     """staleness bound S of stale-sync training through the switch (iSwitch §4.1): a
     minibatch gradient may be computed on weights that miss the last S aggregated steps, so
@@ -119,6 +122,16 @@ class GMIConfig:
         """``switch_addr`` for each GMI (one address given: the same for all)."""
         addrs = tuple(a.strip() for a in (self.switch_addr or "").split(",") if a.strip())
         return addrs * self.num_gmis if len(addrs) == 1 else addrs
+
+    @property
+    def service_addrs(self) -> tuple[str, ...]:
+        """The ``HOST:PORT`` each GMI aggregates through: its switch (``switch``), the
+        parameter server (``ps``); none for the other reductions."""
+        if self.reduction == "switch":
+            return self.switch_addrs
+        if self.reduction == "ps":
+            return (self.ps_addr or "",) * self.num_gmis
+        return ()
 
     @property
     def netns_list(self) -> tuple[str, ...] | None:
@@ -460,6 +473,10 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
         need(len(addrs) == max(g.num_gmis, 1) and all(":" in a for a in addrs),
              f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT, or one HOST:PORT per GMI "
              f"joined by ',' ({g.num_gmis}), when gmi.reduction is switch")
+    if g.reduction == "ps":
+        need(_is_host_port(g.ps_addr or ""), f"gmi.ps_addr={g.ps_addr!r} must be HOST:PORT when "
+             "gmi.reduction is ps (start the server with `python -m gmi_drl.comm.ps --bind "
+             "HOST:PORT --workers N`)")
     if g.netns is not None:
         names = g.netns_list
         need(len(names) == g.num_gmis, f"gmi.netns={g.netns!r} must name one network namespace "
@@ -486,10 +503,10 @@ def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> 
         need(not changed, f"{', '.join(changed)} set but placement={cfg.placement!r}; add "
              "--placement ray")
     if cfg.placement == "serial":
-        need(g.reduction in ("auto", "mpr", "switch"),
+        need(g.reduction in ("auto", "mpr", "switch", "ps"),
              f"gmi.reduction={g.reduction!r} with placement='serial': GMIs in one process "
-             "reduce through shared memory (auto, mpr) or the switch; the others need a "
-             "process per GMI (--placement local)")
+             "reduce through shared memory (auto, mpr), the switch or a parameter server; the "
+             "others need a process per GMI (--placement local)")
         need(g.netns is None, "gmi.netns needs a process per GMI (--placement local)")
         need(cfg.profile.tool == "none" or cfg.profile.all_ranks is False
              and len(cfg.profile.ranks) == 1,

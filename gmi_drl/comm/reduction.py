@@ -1,8 +1,9 @@
-"""The reduction of a run: how trainers average gradients. One choice, five ways.
+"""The reduction of a run: how trainers average gradients. One choice, six ways.
 
 ``mpr``, ``mrr`` and ``har`` are GMI-DRL §4.1's layout-aware strategies, and ``auto`` picks one
 of them with its Algorithm 1 (`select_reduction`); ``ring`` is one gloo/NCCL ring over all
-trainers (the iSwitch paper's AllReduce baseline); ``switch`` aggregates in the network (iSwitch).
+trainers (the iSwitch paper's AllReduce baseline); ``switch`` aggregates in the network (iSwitch);
+``ps`` sends every gradient to a parameter server (iSwitch's PS baseline).
 A run resolves the choice into its layout once (`gmi_drl.gmi.layout.plan`); the launchers build
 each trainer's `GradReducer` from that.
 """
@@ -21,6 +22,7 @@ class Reduction(str, enum.Enum):
     HAR = "har"  # hierarchical: within a device via host memory, leaders across devices (Fig. 4c)
     RING = "ring"  # one ring over every trainer (torch.distributed)
     SWITCH = "switch"  # the iSwitch aggregation switch
+    PS = "ps"  # a parameter server (iSwitch's PS baseline, `gmi_drl.comm.ps`)
 
 
 def select_reduction(mpl: Sequence[Sequence[int]]) -> Reduction:

@@ -25,13 +25,14 @@ class ReductionGroup:
         shm_groups: shared-memory blocks (`gmi_drl.comm.shm.ShmGroup`): one of every GMI for
             ``mpr``, one per device for ``har`` (`shm_group_sizes`); none otherwise.
         init_method: torch.distributed rendezvous of ``mrr``, ``har`` and ``ring``.
-        switch_addrs: ``switch``: GMI k's switch ``HOST:PORT`` at index k.
+        service_addrs: ``switch`` / ``ps``: the ``HOST:PORT`` GMI k aggregates through (its
+            switch port, or the parameter server) at index k.
         job_id: the run's name at the switch (the same on every GMI).
     """
 
     shm_groups: tuple = ()
     init_method: str = ""
-    switch_addrs: tuple[str, ...] = ()
+    service_addrs: tuple[str, ...] = ()
     job_id: str = "gmi-drl"
 
 
@@ -87,13 +88,18 @@ def _ring(g: int, layout: Layout, group: ReductionGroup):
 
 def _switch(g: int, layout: Layout, group: ReductionGroup):
     from gmi_drl.comm.switch.client import SwitchReducer
-    return SwitchReducer(group.switch_addrs[g], worker_id=g, num_workers=layout.num_gmis,
+    return SwitchReducer(group.service_addrs[g], worker_id=g, num_workers=layout.num_gmis,
                          job_id=group.job_id)
+
+
+def _ps(g: int, layout: Layout, group: ReductionGroup):
+    from gmi_drl.comm.ps import PSReducer
+    return PSReducer(group.service_addrs[g], g, layout.num_gmis)
 
 
 REDUCERS: dict[Reduction, Callable[[int, Layout, ReductionGroup], Any]] = {
     Reduction.MPR: _mpr, Reduction.MRR: _mrr, Reduction.HAR: _har, Reduction.RING: _ring,
-    Reduction.SWITCH: _switch}
+    Reduction.SWITCH: _switch, Reduction.PS: _ps}
 """``{reduction: builder(gmi_id, layout, group) -> GradReducer}``"""
 
 

@@ -116,7 +116,7 @@ def _enter_netns(name: str) -> None:
 
 def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
-           poll_s: float = 0.2, switch_addrs: Sequence[str] = (),
+           poll_s: float = 0.2, service_addrs: Sequence[str] = (),
            netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
            exit_timeout_s: float = 5.0) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
@@ -128,8 +128,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         payload: a picklable argument every GMI receives.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         heartbeat_timeout_s: a GMI silent this long counts as hung.
-        switch_addrs: with the ``switch`` reduction, the ``HOST:PORT`` of GMI k's switch at
-            index k.
+        service_addrs: with the ``switch`` / ``ps`` reductions, the ``HOST:PORT`` GMI k
+            aggregates through (its switch, the parameter server) at index k.
         netns: network namespace of GMI k at index k (root; e.g. the worker hosts of an
             emulated rack, `gmi_drl.comm.switch.netns.Rack`); ``None``: this process's.
         prefixes: per GMI id, a command its Python interpreter runs under (e.g. the
@@ -138,22 +138,23 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             before it is terminated (a profiler running it writes its report then).
 
     Raises:
-        ValueError: ``switch_addrs`` / ``netns`` not one per GMI.
+        ValueError: ``service_addrs`` / ``netns`` not one per GMI.
         GMIError: a GMI raised (its traceback in ``details``), died, or hung.
     """
     from gmi_drl.comm.shm import ShmGroup
 
     mpctx = mp.get_context("spawn")
     n = layout.num_gmis
-    if layout.reduction is Reduction.SWITCH and n > 1 and len(switch_addrs) != n:
-        raise ValueError(f"{len(switch_addrs)} switch addresses for {n} GMIs")
+    if layout.reduction in (Reduction.SWITCH, Reduction.PS) and n > 1 and \
+            len(service_addrs) != n:
+        raise ValueError(f"{len(service_addrs)} {layout.reduction.value} addresses for {n} GMIs")
     if netns is not None and len(netns) != n:
         raise ValueError(f"{len(netns)} network namespaces for {n} GMIs")
     made = [ShmGroup.create(size, reducer_capacity) for size in shm_group_sizes(layout)]
     owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
     group = ReductionGroup(tuple(g for g, _ in made), f"file://{tmp}/rendezvous",
-                           tuple(switch_addrs), f"gmi-drl-{os.getpid()}")
+                           tuple(service_addrs), f"gmi-drl-{os.getpid()}")
     del made
     mps = None
     if layout.backend is BackendKind.CUDA_MPS:

@@ -32,7 +32,8 @@ _ALGORITHM_1 = {
     Reduction.MRR: "even layout with GMIs per device <= devices (Algorithm 1, line 17)"}
 _CHOSEN = {
     Reduction.RING: "one ring over all GMIs (gmi.reduction ring: the AllReduce baseline)",
-    Reduction.SWITCH: "through the iSwitch aggregation switch (gmi.reduction switch)"}
+    Reduction.SWITCH: "through the iSwitch aggregation switch (gmi.reduction switch)",
+    Reduction.PS: "through a parameter server (gmi.reduction ps: the PS baseline)"}
 
 
 @dataclass(frozen=True)

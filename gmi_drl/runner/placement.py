@@ -78,6 +78,8 @@ def _notes(cfg: TrainConfig, num_gmis: int) -> str:
         how = (f"stale-sync, staleness bound S = {g.staleness} (iSwitch §4.1)" if g.staleness
                else "synchronous")
         text += f"- gradients reduced through the aggregation switch at {g.switch_addr}, {how}\n"
+    if g.reduction == "ps":
+        text += f"- gradients reduced through the parameter server at {g.ps_addr}\n"
     if g.netns is not None:
         text += f"- GMI k in network namespace k of {g.netns}\n"
     return text
@@ -91,8 +93,9 @@ class SerialPlacement:
     """
 
     def __init__(self, cfg: TrainConfig, layout: Layout, capacity: int) -> None:
-        if layout.num_gmis > 1 and layout.reduction not in (Reduction.MPR, Reduction.SWITCH):
-            raise ValueError(f"serial placement reduces in process (mpr, switch), not "
+        if layout.num_gmis > 1 and layout.reduction not in (Reduction.MPR, Reduction.SWITCH,
+                                                            Reduction.PS):
+            raise ValueError(f"serial placement reduces in process (mpr, switch, ps), not "
                              f"{layout.reduction.value}")
         self.cfg, self.layout, self.capacity = cfg, layout, capacity
         if cfg.profile.tool == "nsys":
@@ -107,7 +110,7 @@ class SerialPlacement:
 
         lay, n = self.layout, self.layout.num_gmis
         made = [ShmGroup.create(size, self.capacity) for size in shm_group_sizes(lay)]
-        group = ReductionGroup(tuple(g for g, _ in made), "", self.cfg.gmi.switch_addrs,
+        group = ReductionGroup(tuple(g for g, _ in made), "", self.cfg.gmi.service_addrs,
                                f"gmi-drl-serial-{id(self)}")
         try:
             if n == 1:
@@ -161,7 +164,7 @@ class LocalPlacement:
         g = self.cfg.gmi
         return launch(target, self.layout, self.machine, payload=_printing(payload),
                       reducer_capacity=self.capacity,
-                      switch_addrs=g.switch_addrs if g.reduction == "switch" else (),
+                      service_addrs=g.service_addrs,
                       netns=g.netns_list, prefixes=self.prefixes,
                       exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
 

@@ -171,7 +171,7 @@ def test_reduction_options_are_checked_before_any_process_starts():
         plan(2, m, reduction="bogus")
     with pytest.raises(ValueError, match="1 switch addresses for 2 GMIs"):
         launch("tests.gmi.gmi_targets:allreduce_rank", plan(2, m, reduction="switch"), m,
-               switch_addrs=["127.0.0.1:9"])
+               service_addrs=["127.0.0.1:9"])
     with pytest.raises(ValueError, match="3 network namespaces for 2 GMIs"):
         launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, netns=["a", "b", "c"])
 
