@@ -1,63 +1,101 @@
-"""PPO on Hopper-v5 with 4 GMIs in an emulated rack: gradients through the iSwitch switch against
-a gloo ring allreduce, at equal steps and seeds (the paper's PPO/Hopper setting, §5.1, §6).
+"""iSwitch Fig. 12 / Table 3 in an emulated rack: the four workloads (DQN Pong, A2C Qbert, PPO
+Hopper, DDPG HalfCheetah; papers/001_cde5f59cc39915cf.txt §5.1) trained by 4 GMIs whose
+gradients go through the aggregation switch (synchronous and stale-sync), a parameter server and
+a gloo ring, at equal steps and seeds.
 
 The rack (root; `gmi_drl.comm.switch.netns.Rack`): worker namespaces ``w0..w3``, each with its
-own veth link to the switch namespace ``sw``, both directions of every link shaped by ``tc
-tbf`` (``--rate-mbit``, MTU ``--mtu``). GMI ``k`` runs in ``wk`` (the launcher's ``netns``
-option: it joins the namespace before it opens a socket), the switch daemon in ``sw``; the
-ring's TCP traffic crosses the same links, forwarded by ``sw``'s IP stack. Methods:
+own veth link to the switch namespace ``sw``, and a parameter-server namespace ``ps`` on the same
+switch; both directions of every link shaped by ``tc tbf`` (``--rate-mbit``, MTU ``--mtu``).
+GMI ``k`` runs in ``wk`` (the launcher's ``netns`` option), the switch daemon in ``sw``, the
+parameter server (`gmi_drl.comm.ps`) in ``ps``; the ring's TCP traffic crosses the same links.
+Methods:
 
-- ``switch``: synchronous, `SwitchReducer.allreduce_` per minibatch;
-- ``stale-sync``: the switch with staleness bound ``--staleness`` (iSwitch §4.1);
+- ``switch``: synchronous, `SwitchReducer.allreduce_` per gradient step;
+- ``S=1``, ``S=2``: the switch with staleness bound S (iSwitch §4.1, stale-sync);
+- ``ps``: `PSReducer` (every gradient to the server and the mean back, over its one link);
 - ``ring``: one gloo ring over the 4 GMIs (``--gmi.reduction ring``).
 
-Every method trains the same config and seed: the mujoco preset (CleanRL's
-``ppo_continuous_action.py``) with ``--envs`` envs per GMI and ``--num-steps`` steps per env per
-rollout, for ``--steps`` env steps over all GMIs. Writes ``<out>/curves.csv`` (per update:
-method, global_step, GMI 0's mean episodic return of the episodes that ended in it),
-``<out>/curves.png``, each run's directory, and prints the table: GMI 0's mean return over its
-last 20 episodes, env steps/s over the loop, and the share of the loop the trainer waited for
-aggregation (``perf/update/allreduce``: the collective, or, stale-sync, the time blocked by
-the staleness bound and the final drain of each update).
+Workloads (each GMI's share of the run; the presets' models, whose sizes match the paper's):
 
-    sudo .venv/bin/python benchmarks/switch_training.py --out runs/switch-hopper
+| workload | preset | per GMI | model |
+|---|---|---|---|
+| dqn-pong | dqn iswitch (Pong-v5) | 1 env, learning starts at 200 steps | 6.44 MiB |
+| a2c-qbert | a2c iswitch (Qbert-v5) | 16 envs x 5 steps | 3.37 MiB |
+| ppo-hopper | ppo mujoco (Hopper-v5) | 4 envs x 512 steps | 40.5 kB |
+| ddpg-halfcheetah | ddpg iswitch (HalfCheetah-v5) | 1 env, learning starts at 100 steps | 157.2 kB |
+
+Per method it prints the time per training iteration (median over the iterations after the
+first one with a gradient step: env steps, acting, the gradient steps and their aggregation),
+the end-to-end time of the whole budget (``--iterations`` training iterations after the warm-up),
+the share of the loop spent waiting for aggregation, GMI 0's mean return of its last 20 episodes
+and whether all GMIs ended with identical weights; then each method's speed-up over ``ps``.
+
+    sudo .venv/bin/python benchmarks/switch_training.py --workloads dqn-pong ppo-hopper
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-SWITCH_PORT = 9999
+SWITCH_PORT, PS_PORT = 9999, 9998
+METHODS = ("switch", "S=1", "S=2", "ps", "ring")
 
 
-def run_method(rack, method: str, a, out: Path) -> dict:
+def workload_config(name: str, a):
+    """The `TrainConfig` of workload ``name`` for ``a.workers`` GMIs, before the rack's
+    settings; and the env steps per GMI before its first gradient step."""
     from gmi_drl.config import preset
+
+    if name == "ppo-hopper":
+        cfg = preset("mujoco", "Hopper-v5")
+        cfg.env.num_envs, cfg.algo.num_steps = 4, 512
+        warmup = 0
+    elif name == "ddpg-halfcheetah":
+        cfg = preset("iswitch", algo="ddpg")
+        cfg.algo.learning_starts = warmup = 100
+    elif name == "dqn-pong":
+        cfg = preset("iswitch", algo="dqn")
+        cfg.algo.learning_starts = warmup = 200
+    else:
+        cfg = preset("iswitch", algo="a2c")
+        warmup = 0
+    cfg.gmi.num_gmis = a.workers
+    per_iteration = cfg.batch_size  # env steps of one iteration over all GMIs
+    warmup_iterations = -(-warmup * a.workers // per_iteration)
+    cfg.total_timesteps = (warmup_iterations + a.iterations[name]) * per_iteration
+    cfg.seed = a.seed
+    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
+    return cfg, warmup_iterations
+
+
+def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
     from gmi_drl.train import train
 
-    cfg = preset("mujoco", "Hopper-v5")
-    cfg.env.num_envs, cfg.algo.num_steps = a.envs, a.num_steps
-    cfg.total_timesteps, cfg.seed = a.steps, a.seed
-    cfg.gmi.num_gmis = a.workers
+    cfg, warmup_iterations = workload_config(workload, a)
     cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
-    cfg.gmi.reduction = "ring" if method == "ring" else "switch"
+    cfg.gmi.reduction = {"ring": "ring", "ps": "ps"}.get(method, "switch")
     cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
-    cfg.gmi.staleness = a.staleness if method == "stale-sync" else 0
-    cfg.log.tensorboard, cfg.checkpoint.every = False, 0
-    cfg.run_dir = str(out / method)
+    cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
+    cfg.gmi.staleness = int(method[2:]) if method.startswith("S=") else 0
+    cfg.run_dir = str(out / workload / method)
     daemon = None
-    if method != "ring":
+    if method in ("switch", "S=1", "S=2"):
         daemon = rack.popen("sw", [sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
                                    f"0.0.0.0:{SWITCH_PORT}", "--mtu", str(a.mtu),
                                    "--stats-interval", "0", "--member-timeout", "120"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    elif method == "ps":
+        daemon = rack.popen("ps", [sys.executable, "-m", "gmi_drl.comm.ps", "--bind",
+                                   f"0.0.0.0:{PS_PORT}", "--workers", str(a.workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if daemon is not None:
         assert daemon.stdout.readline().startswith("listening on")
-    load = os.getloadavg()[0]
     try:
         result = train(cfg)
     finally:
@@ -65,47 +103,35 @@ def run_method(rack, method: str, a, out: Path) -> dict:
             daemon.terminate()
             daemon.communicate(timeout=20)
     rows = list(csv.DictReader(open(Path(cfg.run_dir) / "metrics.csv")))
-    curve = [(int(r["global_step"]), float(r["value"])) for r in rows
-             if r["name"] == "env/episodic_return"]
+    # seconds since the loop began at each logged iteration: global_step / perf/sps
+    elapsed = sorted((int(r["global_step"]), int(r["global_step"]) / float(r["value"]))
+                     for r in rows if r["name"] == "perf/sps" and float(r["value"]) > 0)
+    timed = [t for _, t in elapsed[warmup_iterations:]]  # from the first gradient step's end
+    per_iteration = statistics.median(b - a_ for a_, b in zip(timed, timed[1:]))
     waited = sum(float(r["value"]) for r in rows if r["name"] == "perf/update/allreduce_s")
-    return {"curve": curve, "final": float(result.episode_returns[-20:].mean()),
-            "sps": result.global_step / result.wall_s, "share": waited / result.wall_s,
-            "wall": result.wall_s, "identical": len(set(result.weight_digests)) == 1,
-            "load": (load, os.getloadavg()[0])}
-
-
-def plot(results: dict, out: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for method, r in results.items():
-        steps, ret = zip(*r["curve"])
-        ax.plot(steps, ret, label=method)
-    ax.set_xlabel("global_step (env steps, all GMIs)")
-    ax.set_ylabel("episodic return (GMI 0)")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
+    returns = result.episode_returns
+    return {"iteration_s": per_iteration, "wall": result.wall_s,
+            "share": waited / result.wall_s,
+            "final": float(returns[-20:].mean()) if len(returns) else float("nan"),
+            "identical": len(set(result.weight_digests)) == 1}
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/switch-hopper")
-    p.add_argument("--methods", nargs="+", default=["switch", "ring", "stale-sync"],
-                   choices=["switch", "ring", "stale-sync"])
+    p.add_argument("--out", default="runs/switch-training")
+    p.add_argument("--workloads", nargs="+", default=["dqn-pong", "a2c-qbert", "ppo-hopper",
+                                                       "ddpg-halfcheetah"],
+                   choices=["dqn-pong", "a2c-qbert", "ppo-hopper", "ddpg-halfcheetah"])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--envs", type=int, default=4, help="envs per GMI")
-    p.add_argument("--num-steps", type=int, default=512, help="steps per env per rollout")
-    p.add_argument("--steps", type=int, default=245_760, help="env steps over all GMIs")
-    p.add_argument("--staleness", type=int, default=2, help="S of the stale-sync method")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every workload's training iterations by this")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-mbit", type=float, default=100.0)
     p.add_argument("--mtu", type=int, default=9000)
     a = p.parse_args(argv)
+    base = {"dqn-pong": 40, "a2c-qbert": 40, "ppo-hopper": 3, "ddpg-halfcheetah": 200}
+    a.iterations = {k: max(2, round(v * a.scale)) for k, v in base.items()}
 
     from gmi_drl.comm.switch.netns import Rack, netns_available
 
@@ -114,29 +140,27 @@ def main(argv=None) -> None:
         sys.exit(f"benchmarks/switch_training.py {why}")
     out = Path(a.out) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
-    results = {}
-    with Rack(a.workers, None, a.rate_mbit, a.mtu, with_ps=False) as rack:
-        for method in a.methods:
-            print(f"training {method} ...", flush=True)
-            results[method] = run_method(rack, method, a, out)
-    with open(out / "curves.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["method", "global_step", "episodic_return"])
-        for method, r in results.items():
-            w.writerows((method, s, v) for s, v in r["curve"])
-    batch = a.workers * a.envs * a.num_steps
-    title = (f"PPO Hopper-v5, {a.workers} GMIs x {a.envs} envs, batch {batch}, seed {a.seed}, "
-             f"links {a.rate_mbit:g} Mbit/s tbf, MTU {a.mtu}")
-    plot(results, out, title)
-    print(f"\n{title}; {a.steps} steps; one seed")
-    print(f"{'method':>14} | {'final return':>12} | {'steps/s':>8} | {'wall s':>7} | "
-          f"{'agg. share':>10} | identical weights | load avg (start, end)")
-    names = {"switch": "switch (sync)", "ring": "gloo ring", "stale-sync": f"switch S={a.staleness}"}
-    for method, r in results.items():
-        print(f"{names[method]:>14} | {r['final']:12.1f} | {r['sps']:8.0f} | {r['wall']:7.1f} | "
-              f"{r['share']:9.1%} | {'yes' if r['identical'] else 'NO':>17} | "
-              f"{r['load'][0]:.2f}, {r['load'][1]:.2f}")
-    print(f"\nwrote {out / 'curves.csv'}, {out / 'curves.png'}")
+    results: dict[str, dict[str, dict]] = {}
+    with Rack(a.workers, None, a.rate_mbit, a.mtu, with_ps=True) as rack:
+        for workload in a.workloads:
+            results[workload] = {}
+            for method in a.methods:
+                print(f"{workload}: training {method} ...", flush=True)
+                results[workload][method] = run_method(rack, workload, method, a, out)
+    print(f"\n{a.workers} GMIs, links {a.rate_mbit:g} Mbit/s tbf, MTU {a.mtu}, seed {a.seed}; "
+          f"training iterations {a.iterations}")
+    print("| workload | method | s / iteration | end-to-end s | aggregation share | "
+          "final return | identical weights | speed-up over ps (iteration, end-to-end) |\n"
+          "|---|---|---:|---:|---:|---:|---|---|")
+    for workload, by_method in results.items():
+        ps = by_method.get("ps")
+        for method, r in by_method.items():
+            vs = (f"{ps['iteration_s'] / r['iteration_s']:.2f}x, {ps['wall'] / r['wall']:.2f}x"
+                  if ps else "-")
+            print(f"| {workload} | {method} | {r['iteration_s']:.3f} | {r['wall']:.1f} | "
+                  f"{r['share']:.1%} | {r['final']:.1f} | {'yes' if r['identical'] else 'NO'} | "
+                  f"{vs} |")
+    print(f"\nrun directories under {out}")
 
 
 if __name__ == "__main__":

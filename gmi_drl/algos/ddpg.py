@@ -30,6 +30,7 @@ from gmi_drl.algos.base import AlgoContext
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams, soft_update_
+from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
@@ -292,6 +293,9 @@ class DDPG:
             cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
         self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
                          (FlatParams(self.critics_target), self.critic_step.params))
+        # Stale-sync steps compute on local copies that workers hold at different versions
+        # until the drain; targets follow the drained weights, so they stay identical on all.
+        self._stale_sync = isinstance(self.critic_step, StaleSyncGradStep)
         self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
                                           cfg.exploration_noise, ctx.action_generator,
                                           ctx.arrays)
@@ -326,7 +330,9 @@ class DDPG:
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none
-        before), each ``policy_delay``-th followed by an actor step and the soft target updates.
+        before), each ``policy_delay``-th followed by an actor step and the soft target updates
+        (stale-sync: the ``n`` of one update applied after its drain, as one with
+        ``tau_n = 1 - (1 - tau)^n``, so every GMI's targets follow the same weights).
         Returns ``losses/critic_loss``, ``losses/q_values`` (means over the critic steps),
         ``losses/actor_loss`` (mean over the actor steps, when any) and the steps' metrics."""
         cfg = self.cfg
@@ -335,6 +341,7 @@ class DDPG:
             return {}
         smooth = cfg.target_policy_noise > 0
         critic_aux, actor_aux = [], []
+        deferred = 0  # stale-sync: soft target updates applied after the drain
         for _ in range(cfg.gradient_steps):
             batch = self.replay.sample(cfg.batch_size, self.generator)
             if smooth:
@@ -344,14 +351,23 @@ class DDPG:
             self.critic_updates += 1
             if self.critic_updates % cfg.policy_delay == 0:
                 actor_aux.append(self.actor_step(batch[0])[0])
-                for target, online in self._targets:
-                    soft_update_(target, online, cfg.tau)
+                if self._stale_sync:
+                    deferred += 1
+                else:
+                    self._update_targets(cfg.tau)
         means = torch.stack(critic_aux).mean(0).tolist()
         metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1],
                    **self.critic_step.drain(), **self.actor_step.drain()}
+        if deferred:
+            # n soft updates towards the drained weights, in one: tau_n = 1 - (1 - tau)^n
+            self._update_targets(1.0 - (1.0 - cfg.tau) ** deferred)
         if actor_aux:
             metrics["losses/actor_loss"] = float(torch.stack(actor_aux).mean())
         return metrics
+
+    def _update_targets(self, tau: float) -> None:
+        for target, online in self._targets:
+            soft_update_(target, online, tau)
 
     def state_dict(self) -> dict:
         """The four networks (``modules``), both optimizers, the sampling RNG, the counters and,

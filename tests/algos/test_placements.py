@@ -76,7 +76,7 @@ def test_gmi_processes_hold_identical_weights(tmp_path, algo, num_gmis, num_devi
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo, staleness", [("td3", 0), ("a2c", 1), ("dqn", 2)])
+@pytest.mark.parametrize("algo, staleness", [("td3", 1), ("ddpg", 2), ("a2c", 1), ("dqn", 2)])
 def test_the_aggregation_switch_reduces_every_algorithm(tmp_path, algo, staleness):
     from tests.comm.switch.harness import Switch
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import weakref
 from collections import Counter, deque
 from typing import Callable
 
@@ -47,21 +48,97 @@ import torch
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 
 
+class _Engine:
+    """The LWU thread of one reducer, shared by every pipeline on it (a learner with several
+    optimised modules, e.g. DDPG's actor and critics, has one pipeline per module): it begins
+    rounds in push order across the pipelines, which is the same on every worker, and hands each
+    result to the pipeline that pushed it."""
+
+    def __init__(self, reducer: SwitchReducer) -> None:
+        self.reducer = reducer
+        self.cond = threading.Condition()
+        self.pipes: list[StaleSyncPipeline] = []
+        self.pending: deque[tuple[StaleSyncPipeline, np.ndarray]] = deque()
+        self.owners: deque[StaleSyncPipeline] = deque()  # of the rounds begun, in order
+        self.error: BaseException | None = None
+        self.stop = False       # the thread returns once every pushed gradient is applied
+        self.abandon = False    # ... returns now
+        self.thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = None  # a socket pair that wakes the thread
+
+    def applied_all(self) -> bool:
+        return all(p.version == p.pushed for p in self.pipes)
+
+    def wake(self) -> None:
+        """Start the thread if it is not running, and wake it."""
+        if self.thread is None:
+            self.stop = self.abandon = False
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self.thread = threading.Thread(target=self._lwu, daemon=True,
+                                           name=f"switch-lwu-{self.reducer.rank}")
+            self.thread.start()
+        self._wake_w.send(b"\0")
+
+    def join(self) -> None:
+        if self.thread is None:
+            return
+        self._wake_w.send(b"\0")
+        self.thread.join()
+        self.thread = None
+        self._wake_r.close()
+        self._wake_w.close()
+        self._wake_r = self._wake_w = None
+
+    def _lwu(self) -> None:
+        red = self.reducer
+        try:
+            while True:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                with self.cond:
+                    new, self.pending = self.pending, deque()
+                    stop = self.abandon or (self.stop and self.applied_all())
+                if stop:
+                    return
+                for pipe, vec in new:
+                    red.begin(vec)
+                    self.owners.append(pipe)
+                for mean in red.pump(0.5, self._wake_r):
+                    with self.cond:
+                        pipe = self.owners.popleft()
+                        pipe._apply(mean)
+                        pipe.version += 1
+                        self.cond.notify_all()
+        except BaseException as e:  # handed to the trainer's thread, which raises it
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+
+_ENGINES: "weakref.WeakKeyDictionary[SwitchReducer, _Engine]" = weakref.WeakKeyDictionary()
+
+
 class StaleSyncPipeline:
     """One worker's LGC/GA/LWU pipeline with staleness bound ``S`` (see the module docstring).
 
     The trainer's thread calls, per gradient: `fetch` (wait for the bound, copy ``θ`` into the
     weights it computes on), compute the gradient, `push` (hand it over, returns at once). Before
     it reads or saves the weights as a whole (a rollout, a checkpoint) it calls `drain`. The LWU
-    thread runs from the first `push` to `drain`.
+    thread runs from the first `push` to the `drain` that finds every pipeline of the reducer
+    drained. Several pipelines may share a reducer (one per optimised module): their rounds go
+    to the switch in push order, each with its own versions and bound.
 
     Args:
-        reducer: the switch client; the LWU thread owns it between the first `push` and `drain`
-            (the caller must not use it then).
+        reducer: the switch client; the LWU thread owns it between the first `push` and the
+            last `drain` (the caller must not use it then).
         staleness_bound: ``S >= 0``, in updates.
         apply: the local weight update, ``apply(mean)`` with ``mean`` the aggregated gradient
             ``(P,) float32`` (the mean over workers, valid during the call); it updates ``θ`` in
-            place. Called on the LWU thread, in round order, holding the pipeline's lock.
+            place. Called on the LWU thread, in round order, holding the pipelines' lock.
 
     Raises:
         ValueError: ``staleness_bound < 0``, or ``reducer`` is not a `SwitchReducer` (only the
@@ -81,18 +158,18 @@ class StaleSyncPipeline:
             raise ValueError("stale-sync training needs the switch reducer (it keeps several "
                              f"rounds in flight); got {type(reducer).__name__}")
         self.reducer, self.staleness_bound, self._apply = reducer, staleness_bound, apply
-        self._cond = threading.Condition()
+        engine = _ENGINES.get(reducer)
+        if engine is None:
+            engine = _ENGINES[reducer] = _Engine(reducer)
+        self._engine = engine
+        self._cond = engine.cond
+        with self._cond:
+            engine.pipes.append(self)
         self.version = 0
         self.pushed = 0
         self.staleness_counts: Counter[int] = Counter()
         self._copied = -1        # version of θ_local
         self._computing = None   # version the gradient being computed started from
-        self._pending: deque[np.ndarray] = deque()
-        self._error: BaseException | None = None
-        self._stop = False       # the LWU thread returns once every pushed gradient is applied
-        self._abandon = False    # ... returns now
-        self._thread: threading.Thread | None = None
-        self._wake_r = self._wake_w = None  # a socket pair that wakes the LWU thread
 
     # ---- the trainer's thread (LGC) ------------------------------------------------------------
 
@@ -106,7 +183,7 @@ class StaleSyncPipeline:
         """
         need = self.pushed - self.staleness_bound
         with self._cond:
-            while self.version < need and self._error is None:
+            while self.version < need and self._engine.error is None:
                 self._cond.wait()
             self._raise()
             if self._copied != self.version:
@@ -129,35 +206,33 @@ class StaleSyncPipeline:
         with self._cond:
             self._raise()
             self.staleness_counts[self.pushed - self._computing] += 1
-            self._pending.append(vec)
+            self._engine.pending.append((self, vec))
             self.pushed += 1
+            self._engine.wake()
         self._computing = None
-        if self._thread is None:
-            self._stop = self._abandon = False
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self._thread = threading.Thread(target=self._lwu, daemon=True,
-                                            name=f"switch-lwu-{self.reducer.rank}")
-            self._thread.start()
-        self._wake_w.send(b"\0")
 
     def drain(self, copy: Callable[[], None]) -> None:
-        """Wait until every pushed gradient is aggregated and applied, stop the LWU thread, and
-        run ``copy()`` (``θ_local ← θ``) if ``θ`` changed. Blocking; the reducer is the caller's
-        again afterwards.
+        """Wait until every gradient this pipeline pushed is aggregated and applied, and run
+        ``copy()`` (``θ_local ← θ``) if ``θ`` changed; once every pipeline of the reducer is
+        drained, stop the LWU thread. Blocking; the reducer is the caller's again after the
+        last pipeline's drain.
 
         Raises:
             RuntimeError: the LWU thread failed.
         """
+        engine = self._engine
         with self._cond:
-            while self.version < self.pushed and self._error is None:
+            while self.version < self.pushed and engine.error is None:
                 self._cond.wait()
-            self._stop = True
-        self._join()
+            last = engine.applied_all()
+            engine.stop = last
+        if last or engine.error is not None:
+            engine.join()
         self._raise()
-        if self._copied != self.version:
-            copy()
-            self._copied = self.version
+        with self._cond:
+            if self._copied != self.version:
+                copy()
+                self._copied = self.version
 
     @property
     def max_staleness(self) -> int:
@@ -169,49 +244,12 @@ class StaleSyncPipeline:
         drained pipeline has no thread). Idempotent; the reducer stays open (its owner closes
         it)."""
         with self._cond:
-            self._abandon = True
-        self._join()
-
-    def _join(self) -> None:
-        if self._thread is None:
-            return
-        self._wake_w.send(b"\0")
-        self._thread.join()
-        self._thread = None
-        self._wake_r.close()
-        self._wake_w.close()
-        self._wake_r = self._wake_w = None
+            self._engine.abandon = True
+        self._engine.join()
 
     def _raise(self) -> None:
-        if self._error is not None:
-            cls = SwitchError if isinstance(self._error, SwitchError) else RuntimeError
+        error = self._engine.error
+        if error is not None:
+            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
             raise cls(f"the switch pipeline of worker {self.reducer.rank} failed: "
-                      f"{self._error}") from self._error
-
-    # ---- the LWU thread ------------------------------------------------------------------------
-
-    def _lwu(self) -> None:
-        red = self.reducer
-        try:
-            while True:
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except BlockingIOError:
-                    pass
-                with self._cond:
-                    new, self._pending = self._pending, deque()
-                    stop = self._abandon or (self._stop and self.version == self.pushed)
-                if stop:
-                    return
-                for vec in new:
-                    red.begin(vec)
-                for mean in red.pump(0.5, self._wake_r):
-                    with self._cond:
-                        self._apply(mean)
-                        self.version += 1
-                        self._cond.notify_all()
-        except BaseException as e:  # handed to the trainer's thread, which raises it
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+                      f"{error}") from error
