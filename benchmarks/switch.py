@@ -10,8 +10,8 @@ and a parameter-server namespace on the same switch. With more than 4 workers th
 
 - ``switch``: `SwitchReducer` through the aggregation daemon(s) running in the switch namespaces;
 - ``ring``: torch.distributed gloo ``all_reduce`` between the workers (TCP through the switch);
-- ``ps``: a parameter server (TCP): every worker sends its vector, the server sums in rank
-  order, divides and sends the mean back to every worker.
+- ``ps``: the parameter server `gmi_drl.comm.ps` (TCP): every worker sends its vector, the
+  server sums in rank order, divides and sends the mean back to every worker.
 
 Per iteration the aggregation time is the slowest worker's ``allreduce`` call; the table shows its
 median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations, and the
@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -79,13 +77,10 @@ def worker_main(a) -> None:
                                 world_size=a.world, timeout=datetime.timedelta(seconds=300))
         reduce = lambda t: (dist.all_reduce(t), t.div_(a.world))  # noqa: E731
     else:
-        host, port = a.addr.rsplit(":", 1)
-        sock = _connect(host, int(port))
-        sock.sendall(a.rank.to_bytes(4, "big"))
+        from gmi_drl.comm.ps import PSReducer
 
-        def reduce(t):
-            sock.sendall(t.numpy().data)
-            _recv_into(sock, memoryview(t.numpy()).cast("B"))
+        red = PSReducer(a.addr, a.rank, a.world, timeout_s=120)
+        reduce = lambda t: red.allreduce_([t])  # noqa: E731
     out = {}
     for label in labels:
         n = SIZES[label] // 4
@@ -103,69 +98,12 @@ def worker_main(a) -> None:
         out[label] = times
     retx = red.retransmits if a.method == "switch" else 0
     print(json.dumps({"rank": a.rank, "times": out, "retransmits": retx}), flush=True)
-    if a.method == "switch":
+    if a.method in ("switch", "ps"):
         red.close()
     elif a.method == "ring":
         import torch.distributed as dist
 
         dist.destroy_process_group()
-
-
-def _connect(host: str, port: int) -> socket.socket:
-    for _ in range(600):
-        try:
-            s = socket.create_connection((host, port))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return s
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"no parameter server at {host}:{port}")
-
-
-def _recv_into(sock: socket.socket, mv: memoryview) -> None:
-    got = 0
-    while got < len(mv):
-        k = sock.recv_into(mv[got:])
-        if k == 0:
-            raise RuntimeError("connection closed")
-        got += k
-
-
-def ps_main(a) -> None:
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("0.0.0.0", PS_PORT))
-    srv.listen(a.world)
-    conns = {}
-    while len(conns) < a.world:
-        c, _ = srv.accept()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rank = bytearray(4)
-        _recv_into(c, memoryview(rank))
-        conns[int.from_bytes(rank, "big")] = c
-    srv.close()
-    for label in a.sizes.split(","):
-        n = SIZES[label] // 4
-        bufs = np.zeros((a.world, n), np.float32)
-        acc = np.zeros(n, np.float32)
-        for _ in range(WARMUP + _iters(label, a.iters_scale)):
-            th = [threading.Thread(target=_recv_into, args=(conns[r], memoryview(bufs[r]).cast("B")))
-                  for r in range(a.world)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-            acc[:] = bufs[0]
-            for r in range(1, a.world):
-                acc += bufs[r]
-            acc /= np.float32(a.world)
-            th = [threading.Thread(target=conns[r].sendall, args=(acc.data,)) for r in range(a.world)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-    for c in conns.values():
-        c.close()
 
 
 # ---- the driver --------------------------------------------------------------------------------
@@ -189,7 +127,10 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
             for h in helpers:
                 h.stdout.readline()  # "listening on ..."
         elif method == "ps":
-            helpers.append(rack.popen("ps", [*py, "_ps", "--world", str(world), *common]))
+            helpers.append(rack.popen("ps", [*py[:1], "-m", "gmi_drl.comm.ps", "--bind",
+                                             f"0.0.0.0:{PS_PORT}", "--workers", str(world)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+            helpers[-1].stdout.readline()  # "listening on ..."
         procs = []
         for r in range(world):
             if method == "switch":
@@ -358,7 +299,7 @@ def driver(a) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("role", nargs="?", default="driver",
-                   choices=["driver", "_worker", "_ps", "_stale_sync_worker"])
+                   choices=["driver", "_worker", "_stale_sync_worker"])
     p.add_argument("--mode", choices=["reduce", "stale-sync"], default="reduce")
     p.add_argument("--workers", type=int, nargs="+", default=[4])
     p.add_argument("--per-tor", type=int, default=3)
@@ -385,7 +326,7 @@ def main(argv=None) -> None:
     if a.role == "driver":
         (stale_sync_driver if a.mode == "stale-sync" else driver)(a)
     else:
-        {"_worker": worker_main, "_ps": ps_main, "_stale_sync_worker": stale_sync_worker_main}[a.role](a)
+        {"_worker": worker_main, "_stale_sync_worker": stale_sync_worker_main}[a.role](a)
 
 
 if __name__ == "__main__":
