@@ -135,7 +135,7 @@ def main(argv=None) -> None:
     p.add_argument("--rate-mbit", type=float, default=100.0)
     p.add_argument("--mtu", type=int, default=9000)
     a = p.parse_args(argv)
-    base = {"dqn-pong": 40, "a2c-qbert": 40, "ppo-hopper": 3, "ddpg-halfcheetah": 200}
+    base = {"dqn-pong": 40, "a2c-qbert": 20, "ppo-hopper": 3, "ddpg-halfcheetah": 200}
     a.iterations = {k: max(2, round(v * a.scale)) for k, v in base.items()}
 
     from gmi_drl.comm.switch.netns import Rack, netns_available
