@@ -212,20 +212,22 @@ class PSReducer(GradReducer):
     Args:
         addr: the server's ``HOST:PORT``.
         rank, world_size: this worker and the group size.
-        timeout_s: longest wait for the mean of a round (or for the group to form), seconds.
+        timeout_s: longest wait for the mean of a round, seconds.
+        join_timeout_s: how long to retry reaching the server, seconds.
 
     Raises:
         ValueError: a bad address or rank.
-        RuntimeError: no server answered within ``timeout_s``, or it refused this worker
+        RuntimeError: no server answered within ``join_timeout_s``, or it refused this worker
             (the reason is in the message).
     """
 
-    def __init__(self, addr: str, rank: int, world_size: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, addr: str, rank: int, world_size: int, timeout_s: float = 600.0,
+                 join_timeout_s: float = 60.0) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.addr, self.rank, self.world_size = addr, rank, world_size
         host, port = parse_addr(addr)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + join_timeout_s
         while True:
             try:
                 self._sock = socket.create_connection((host, port), timeout=timeout_s)

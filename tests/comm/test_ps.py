@@ -119,7 +119,7 @@ import os; os._exit(1)
 
 def test_no_server_is_a_clear_error():
     with pytest.raises(RuntimeError, match="no parameter server at 127.0.0.1:9"):
-        PSReducer("127.0.0.1:9", 0, 2, timeout_s=0.5)
+        PSReducer("127.0.0.1:9", 0, 2, join_timeout_s=0.5)
 
 
 @pytest.mark.distributed
