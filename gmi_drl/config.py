@@ -22,8 +22,8 @@ from typing import Annotated, Callable, Literal, Union
 import gymnasium as gym
 import tyro
 
-from gmi_drl.algos import (ALGORITHMS, A2CConfig, DDPGConfig, DQNConfig, ModelConfig, PPOConfig,
-                           TD3Config, algo_name)
+from gmi_drl.algos import (ALGORITHMS, A2CConfig, A3CConfig, APPOConfig, DDPGConfig, DQNConfig,
+                           ModelConfig, PPOConfig, TD3Config, algo_name, is_async)
 from gmi_drl.algos.ddpg import DeterministicPGConfig
 from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
 from gmi_drl.telemetry.profiler import ROLES, ProfilerConfig
@@ -116,6 +116,14 @@ class GMIConfig:
     """network namespaces, one per GMI joined by ',' (root): GMI k opens its sockets in the
     k-th, e.g. a worker host of an emulated rack (`gmi_drl.comm.switch.netns.Rack`); None: this
     process's"""
+    template: Literal["auto", "sync_training", "async_training"] = "auto"
+    """GMI template (GMI-DRL §5.1): sync_training (holistic GMIs: PPO, A2C, DQN, DDPG, TD3) or
+    async_training (decoupled serving and trainer GMIs, experience through channels: APPO,
+    A3C); auto: the algorithm's"""
+    serving_gmis: int = 1
+    """async_training: serving GMIs (simulator + agent), each with env.num_envs envs"""
+    trainer_gmis: int = 1
+    """async_training: trainer GMIs; several reduce gradients among themselves (gmi.reduction)"""
 
     @property
     def switch_addrs(self) -> tuple[str, ...]:
@@ -137,6 +145,27 @@ class GMIConfig:
     def netns_list(self) -> tuple[str, ...] | None:
         """``netns`` split per GMI, or None."""
         return None if self.netns is None else tuple(n.strip() for n in self.netns.split(","))
+
+
+@dataclass
+class AsyncConfig:
+    """Experience sharing of the async_training template (GMI-DRL §4.2)."""
+
+    channel: Literal["multi", "uni"] = "multi"
+    """multi: one channel per field (MCC, the paper's design); uni: each env step's whole
+    experience tuple as one message (UCC, the paper's Fig. 5(b) baseline)"""
+    fragments_per_transfer: int = 1
+    """fragments the compressor joins into one transfer (multi)"""
+    channel_slots: int = 4
+    """transfers each channel holds before back-pressure"""
+    backpressure: Literal["block", "drop_oldest"] = "block"
+    """what a serving GMI does when a channel is full: wait (counted as blocked seconds) or
+    overwrite the oldest transfer (counted as dropped)"""
+    max_policy_lag: int | None = None
+    """drop (and count) fragments whose policy_version is more than this many versions behind
+    the trainer's; None: keep every fragment"""
+    timeout_s: float = 120.0
+    """a trainer that receives no experience for this long stops the run"""
 
 
 @dataclass
@@ -168,6 +197,8 @@ class TrainConfig:
     gmi: GMIConfig = field(default_factory=GMIConfig)
     profile: ProfilerConfig = field(default_factory=ProfilerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    async_: Annotated[AsyncConfig, tyro.conf.arg(name="async")] = field(
+        default_factory=AsyncConfig)
     placement: Literal["serial", "local", "ray"] = "local"
     """where the GMIs run: serial (all in this process, one thread each, env workers in-process
     too: for debugging), local (one process per GMI on this machine; one GMI runs in this
@@ -198,9 +229,23 @@ class TrainConfig:
         return algo_name(self.algo)
 
     @property
+    def is_async(self) -> bool:
+        """Whether the run uses the async_training template (its algorithm's, unless
+        gmi.template says otherwise; `validate` refuses a mismatch)."""
+        if self.gmi.template == "auto":
+            return is_async(self.algo)
+        return self.gmi.template == "async_training"
+
+    @property
+    def num_trainers(self) -> int:
+        """GMIs that update weights: every GMI (sync), the trainer GMIs (async)."""
+        return self.gmi.trainer_gmis if self.is_async else self.gmi.num_gmis
+
+    @property
     def batch_size(self) -> int:
-        """Env steps (samples) per iteration over all GMIs."""
-        return self.algo.steps_per_iteration(self.env.num_envs) * self.gmi.num_gmis
+        """Env steps (samples) per iteration over all GMIs (async: trained on, over every
+        trainer GMI)."""
+        return self.algo.steps_per_iteration(self.env.num_envs) * self.num_trainers
 
     @property
     def num_iterations(self) -> int:
@@ -361,6 +406,51 @@ def _ddpg_iswitch() -> TrainConfig:
     return cfg
 
 
+def _appo_classic() -> TrainConfig:
+    """CartPole-v1: 8 envs per serving GMI, fragments of 32 steps, 2 per batch."""
+    return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
+                       algo=APPOConfig(num_steps=32, fragments_per_batch=2, learning_rate=1e-3,
+                                       gamma=0.98, num_minibatches=2, update_epochs=4),
+                       total_timesteps=200_000, log=LogConfig(log_every=10))
+
+
+def _appo_mujoco() -> TrainConfig:
+    """Hopper-v5 with Sample Factory's MuJoCo choices (64:64 tanh, normalised observations and
+    returns, Adam 3e-4, clip 0.2), batches of 4 fragments of 8 envs x 64 steps."""
+    return TrainConfig(env=EnvConfig(task_id="Hopper-v5", num_envs=8),
+                       algo=APPOConfig(num_steps=64, fragments_per_batch=4, num_minibatches=4,
+                                       update_epochs=4, ent_coef=0.0),
+                       norm=NormConfig(obs=True, reward=True), total_timesteps=1_000_000,
+                       log=LogConfig(log_every=5))
+
+
+def _appo_atari() -> TrainConfig:
+    """Atari with the Nature CNN: 8 envs per serving GMI, fragments of 32 steps."""
+    return TrainConfig(env=EnvConfig(task_id="Breakout-v5", num_envs=8),
+                       algo=APPOConfig(num_steps=32, fragments_per_batch=2, learning_rate=2.5e-4,
+                                       clip_coef=0.1, ent_coef=0.01, num_minibatches=2,
+                                       update_epochs=2),
+                       model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
+                       torch_threads=os.cpu_count() or 1)
+
+
+def _a3c_classic() -> TrainConfig:
+    """CartPole-v1 with A2C's RL-Zoo settings (8 envs x 5 steps, RMSprop 7e-4, no entropy
+    bonus), one fragment per update."""
+    return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
+                       algo=A3CConfig(num_steps=5, fragments_per_batch=1, ent_coef=0.0),
+                       total_timesteps=500_000, log=_sparse_log())
+
+
+def _a3c_atari() -> TrainConfig:
+    """Atari with the Nature CNN and RL-Zoo's A2C Atari values (16 envs x 5 steps)."""
+    return TrainConfig(env=EnvConfig(task_id="Breakout-v5", num_envs=16),
+                       algo=A3CConfig(num_steps=5, fragments_per_batch=1, ent_coef=0.01,
+                                      vf_coef=0.25),
+                       model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
+                       torch_threads=os.cpu_count() or 1, log=_sparse_log())
+
+
 PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
     "ppo": {"classic": _ppo_classic, "mujoco": _ppo_mujoco, "atari": _ppo_atari,
             "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo, "iswitch": _ppo_iswitch},
@@ -369,7 +459,9 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
             "iswitch": _dqn_iswitch},
     "ddpg": {"classic": _pendulum(DDPGConfig), "mujoco": _halfcheetah(DDPGConfig),
              "iswitch": _ddpg_iswitch},
-    "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)}}
+    "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)},
+    "appo": {"classic": _appo_classic, "mujoco": _appo_mujoco, "atari": _appo_atari},
+    "a3c": {"classic": _a3c_classic, "atari": _a3c_atari}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 
@@ -485,14 +577,52 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
         need(not missing, f"gmi.netns: no network namespace {missing} (make them with "
              "`ip netns add`, or `gmi_drl.comm.switch.netns.Rack`)")
         need(os.geteuid() == 0, "gmi.netns needs root (joining a network namespace)")
-    need(g.reduction == "auto" or g.num_gmis >= 2,
-         f"gmi.reduction={g.reduction!r} reduces between GMIs: needs gmi.num_gmis >= 2, "
-         f"not {g.num_gmis}")
+    need(g.reduction == "auto" or cfg.num_trainers >= 2,
+         f"gmi.reduction={g.reduction!r} reduces between GMIs: needs "
+         f"{'gmi.trainer_gmis' if cfg.is_async else 'gmi.num_gmis'} >= 2, not {cfg.num_trainers}")
+    _validate_template(cfg, need)
     need(g.staleness >= 0, f"gmi.staleness={g.staleness} must be >= 0")
     need(g.staleness == 0 or g.reduction == "switch",
          f"gmi.staleness={g.staleness} needs gmi.reduction switch, not {g.reduction!r} "
          "(stale-sync training keeps aggregation rounds in flight at the switch; other "
          "reductions are synchronous collectives)")
+
+
+def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
+    g, a, name = cfg.gmi, cfg.async_, algo_name(cfg.algo)
+    own = "async_training" if is_async(cfg.algo) else "sync_training"
+    need(g.template in ("auto", own), f"gmi.template={g.template!r}: {name} runs in the {own} "
+         "template (sync_training: ppo, a2c, dqn, ddpg, td3; async_training: appo, a3c)")
+    if not cfg.is_async:
+        changed = [f"async.{f.name}" for f in dataclasses.fields(AsyncConfig)
+                   if getattr(a, f.name) != f.default]
+        changed += [f"gmi.{n}" for n in ("serving_gmis", "trainer_gmis") if getattr(g, n) != 1]
+        need(not changed, f"{', '.join(changed)} set, but {name} runs in the sync_training "
+             "template; use appo or a3c")
+        return
+    need(g.num_gmis == 1, f"gmi.num_gmis={g.num_gmis} is the holistic GMIs of sync_training; "
+         "an async_training run has gmi.serving_gmis and gmi.trainer_gmis")
+    need(g.serving_gmis >= 1, f"gmi.serving_gmis={g.serving_gmis} must be >= 1")
+    need(g.trainer_gmis >= 1, f"gmi.trainer_gmis={g.trainer_gmis} must be >= 1")
+    need(g.reduction in ("auto", "mpr", "mrr", "har", "ring"),
+         f"gmi.reduction={g.reduction!r}: trainer GMIs of an async_training run reduce with "
+         "auto, mpr, mrr, har or ring")
+    need(cfg.placement != "ray", "placement='ray' runs the sync_training template; an "
+         "async_training run places its GMIs with --placement local or serial")
+    need(cfg.placement != "serial" or g.serving_gmis == g.trainer_gmis == 1,
+         f"placement='serial' runs one serving and one trainer role in one process, not "
+         f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")
+    need(cfg.profile.tool == "none", f"profile.tool={cfg.profile.tool!r}: capture ranges are "
+         "per sync_training iteration; an async_training run writes its timeline.json only")
+    need(a.fragments_per_transfer >= 1,
+         f"async.fragments_per_transfer={a.fragments_per_transfer} must be >= 1")
+    need(a.channel_slots >= 1, f"async.channel_slots={a.channel_slots} must be >= 1")
+    need(a.channel == "multi" or a.backpressure == "block",
+         f"async.backpressure={a.backpressure!r} with async.channel uni: a dropped step message "
+         "would split a fragment; use block")
+    need(a.max_policy_lag is None or a.max_policy_lag >= 0,
+         f"async.max_policy_lag={a.max_policy_lag} must be >= 0 or None")
+    need(a.timeout_s > 0, f"async.timeout_s={a.timeout_s} must be > 0")
 
 
 def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
@@ -558,7 +688,7 @@ def _is_host_port(text: str) -> bool:
 
 _NESTED = {"env": EnvConfig, "model": ModelConfig, "norm": NormConfig, "log": LogConfig,
            "checkpoint": CheckpointConfig, "gmi": GMIConfig, "profile": ProfilerConfig,
-           "ray": RayConfig}
+           "ray": RayConfig, "async_": AsyncConfig}
 
 
 def to_dict(cfg: TrainConfig) -> dict:

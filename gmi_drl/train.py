@@ -17,7 +17,7 @@ from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.gmi.launcher import GMIError
-from gmi_drl.runner.loop import LoopSpec
+from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
 from gmi_drl.runner.run import Run, RunStopped
 from gmi_drl.telemetry.progress import Progress
@@ -74,13 +74,15 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                 results = placement.launch(TARGET, LoopSpec(run, on_progress))
     except STOPS as e:
         raise RunStopped(run, e) from e
+    results = [r for r in results if isinstance(r, LoopResult)]  # trainers (async: not serving)
     digests = tuple(r.weights_digest for r in results)
     text = placement.describe()
     if len(digests) > 1:
         same = "yes" if len(set(digests)) == 1 else "NO (a bug: please report it)"
         n = run.config.log.log_every
         when = "every update" if n == 1 else f"every {n} updates"
-        text += (f"- weights identical on all {len(digests)} GMIs after {when}: {same} "
+        who = "trainer GMIs" if run.config.is_async else "GMIs"
+        text += (f"- weights identical on all {len(digests)} {who} after {when}: {same} "
                  f"(sha256 {digests[0][:16]}...)\n")
     run.write_summary(results[0], text)
     r = results[0]
@@ -91,7 +93,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
 def _reduced_floats(cfg: TrainConfig) -> int:
     """The most float32 values one allreduce of the run carries: every weight of the algorithm
     (built once on the CPU, untrained), or 1 when no GMI shares memory with another."""
-    if cfg.gmi.num_gmis == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
+    if cfg.num_trainers == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
         return 1
     import functools
 

@@ -40,7 +40,7 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "algo.gamma=2.0" in err and "must be a multiple of" in err
     assert not (tmp_path / "runs").exists()  # validated before anything started
-    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'a2c', 'dqn', 'ddpg', 'td3']" in capsys.readouterr().err
+    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'a2c', 'dqn', 'ddpg', 'td3', 'appo', 'a3c']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2

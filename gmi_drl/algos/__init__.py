@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 from gmi_drl.algos.a2c import A2C, A2CConfig
+from gmi_drl.algos.a3c import A3C, A3CConfig
+from gmi_drl.algos.appo import APPO, APPOConfig
 from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, ModelConfig
 from gmi_drl.algos.ddpg import DDPG, DDPGConfig
 from gmi_drl.algos.dqn import DQN, DQNConfig
@@ -15,8 +17,15 @@ from gmi_drl.algos.td3 import TD3, TD3Config
 
 ALGORITHMS: dict[str, tuple[type, type]] = {
     "ppo": (PPOConfig, PPO), "a2c": (A2CConfig, A2C), "dqn": (DQNConfig, DQN),
-    "ddpg": (DDPGConfig, DDPG), "td3": (TD3Config, TD3)}
+    "ddpg": (DDPGConfig, DDPG), "td3": (TD3Config, TD3), "appo": (APPOConfig, APPO),
+    "a3c": (A3CConfig, A3C)}
 """``{name: (config class, learner class)}``; the learner is built as ``cls(config, ctx)``"""
+
+
+def is_async(cfg: AlgoConfig) -> bool:
+    """Whether the algorithm learns in the ``async_training`` template (APPO, A3C: trainer
+    GMIs learn from what serving GMIs send) rather than in holistic GMIs."""
+    return getattr(cfg, "template", "sync_training") == "async_training"
 
 
 def algo_name(cfg: AlgoConfig) -> str:
@@ -36,6 +45,6 @@ def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm:
     return ALGORITHMS[algo_name(cfg)][1](cfg, ctx)
 
 
-__all__ = ["A2C", "A2CConfig", "ALGORITHMS", "AlgoConfig", "AlgoContext", "Algorithm", "DDPG",
+__all__ = ["A2C", "A2CConfig", "A3C", "A3CConfig", "ALGORITHMS", "APPO", "APPOConfig", "AlgoConfig", "AlgoContext", "Algorithm", "DDPG",
            "DDPGConfig", "DQN", "DQNConfig", "ModelConfig", "PPO", "PPOConfig", "TD3", "TD3Config",
-           "algo_name", "build_algorithm"]
+           "algo_name", "build_algorithm", "is_async"]

@@ -19,10 +19,14 @@ class Template(str, enum.Enum):
 
     SERVING = "serving"  # TCG: simulator + agent per GMI, no cross-GMI traffic per step
     SYNC_TRAINING = "sync_training"  # TCG_EX, "holistic GMI": simulator + agent + trainer
+    ASYNC_TRAINING = "async_training"  # decoupled: serving GMIs and trainer GMIs, channels
 
 
 ROLES = {Template.SERVING: ("simulator", "agent"),
-         Template.SYNC_TRAINING: ("simulator", "agent", "trainer")}
+         Template.SYNC_TRAINING: ("simulator", "agent", "trainer"),
+         Template.ASYNC_TRAINING: ("simulator", "agent", "trainer")}
+"""the roles a template's GMIs hold (async_training: each GMI holds the trainer role or the
+other two; `gmi_drl.runner.async_placement` says which)"""
 
 
 _ALGORITHM_1 = {
@@ -55,15 +59,17 @@ class Layout:
     def device_of(self, gmi_id: int) -> int:
         return next(d for d, gmis in enumerate(self.mpl) if gmi_id in gmis)
 
-    def describe(self) -> str:
-        """Markdown lines for `summary.md`: template, layout, backend and reduction, with the
-        reasons."""
-        reduction = (f"`{self.reduction.value}`: {self.reduction_reason}" if self.num_gmis > 1
-                     else "none (one GMI)")
-        return (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
+    def describe(self, reduction: bool = True) -> str:
+        """Markdown lines for `summary.md`: template, layout, backend and (``reduction``) the
+        reduction, with the reasons."""
+        text = (f"- template: `{self.template.value}` (roles {', '.join(ROLES[self.template])})\n"
                 f"- layout `mpl`: `{[list(g) for g in self.mpl]}`\n"
-                f"- backend: `{self.backend.value}`: {self.backend_reason}\n"
-                f"- gradient reduction: {reduction}\n")
+                f"- backend: `{self.backend.value}`: {self.backend_reason}\n")
+        if reduction:
+            how = (f"`{self.reduction.value}`: {self.reduction_reason}" if self.num_gmis > 1
+                   else "none (one GMI)")
+            text += f"- gradient reduction: {how}\n"
+        return text
 
 
 def resolve_reduction(choice: str, mpl) -> tuple[Reduction, str]:
@@ -102,7 +108,7 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
         ValueError: fewer GMIs than devices, a bad backend override, or a reduction the layout
             cannot run.
     """
-    kind, reason = choose_backend(machine, template is Template.SYNC_TRAINING, backend)
+    kind, reason = choose_backend(machine, template is not Template.SERVING, backend)
     devices = num_devices or max(1, len(machine.gpus))
     if num_gmis < devices:
         raise ValueError(f"num_gmis={num_gmis} < devices={devices}: every device needs a GMI")

@@ -54,6 +54,10 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
     from gmi_drl.gmi.layout import plan
 
     machine, g = discover(), cfg.gmi
+    if cfg.is_async:
+        from gmi_drl.runner.async_placement import AsyncPlacement
+
+        return AsyncPlacement(cfg, machine, capacity)
     backend = None if g.backend == "auto" else g.backend
     if backend is None and g.num_gmis == 1 and machine.gpus:
         backend = "cuda_shared"  # one GMI shares no GPU: no MPS

@@ -1,0 +1,107 @@
+"""Asynchronous advantage actor-critic in GA3C form: serving GMIs act, trainer GMIs learn.
+
+Sources: Mnih et al. 2016, Algorithm S3 (n-step returns bootstrapped from ``V(s_{t+n})``, the
+policy gradient ``log pi(a|s) A`` with an entropy bonus, RMSprop); Babaeizadeh et al. 2017,
+"GA3C" (papers/002 ref. [2]): agents queue experience to a central trainer on the GPU instead of
+each holding a copy of the network, and the policy lag this leaves is not corrected. Here the
+agents are serving GMIs and the queues are the experience channels; returns are the n-step
+returns of each fragment (V-trace with every ratio 1, `gmi_drl.rollout.vtrace`), the loss is
+A2C's (`gmi_drl.algos.a2c.a2c_loss`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from gmi_drl.algos.a2c import a2c_loss
+from gmi_drl.algos.appo import APPO, _evaluate, _normalized
+from gmi_drl.models.actor_critic import ActorCritic
+from gmi_drl.optim.flat import OPTIMIZERS
+from gmi_drl.rollout.vtrace import vtrace
+
+
+@dataclass
+class A3CConfig:
+    """A3C hyper-parameters (defaults: Mnih et al. 2016's t_max 5, RMSprop; SB3's A2C values)."""
+
+    num_steps: int = 5
+    """T: steps per env in one fragment (t_max, the n of the n-step return)"""
+    fragments_per_batch: int = 4
+    """fragments in one trainer batch (F); one gradient step per batch"""
+    learning_rate: float = 7e-4
+    """optimizer step size"""
+    gamma: float = 0.99
+    """discount factor"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient norm bound"""
+    normalize_advantage: bool = False
+    """normalise the advantages of each batch"""
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """RMSprop (alpha 0.99) or Adam"""
+    optimizer_eps: float = 1e-5
+    """the optimizer's epsilon"""
+
+    template = "async_training"
+    num_minibatches = 1
+    update_epochs = 1
+
+    def steps_per_iteration(self, num_envs: int) -> int:
+        """Samples of one trainer update: ``fragments_per_batch * num_envs * num_steps``."""
+        return self.fragments_per_batch * num_envs * self.num_steps
+
+    def validate(self, num_envs: int, num_gmis: int) -> list[str]:
+        """Every broken rule of these hyper-parameters."""
+        checks = [
+            (self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1"),
+            (self.fragments_per_batch >= 1,
+             f"algo.fragments_per_batch={self.fragments_per_batch} must be >= 1"),
+            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
+            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
+            (self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0"),
+            (self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0"),
+            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
+            (self.optimizer in OPTIMIZERS,
+             f"algo.optimizer={self.optimizer!r} must be one of {OPTIMIZERS}"),
+            (self.optimizer_eps > 0, f"algo.optimizer_eps={self.optimizer_eps} must be > 0"),
+        ]
+        return [msg for ok, msg in checks if not ok]
+
+
+def a3c_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminated, truncated,
+                  final_values, last_obs, *, gamma: float, ent_coef: float, vf_coef: float,
+                  normalize_advantage: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A3C's loss on ``M`` trajectories (`appo_objective`'s arguments): n-step returns ``R``
+    of each fragment under the current critic, advantages ``R - V``, `a2c_loss`. The
+    behaviour log-probabilities only give the ratio reported (GA3C corrects nothing)."""
+    logprob, entropy, values, boot = _evaluate(model, obs, actions, last_obs)
+    vt = vtrace(torch.zeros_like(rewards), rewards, values.detach(), boot.detach(), terminated,
+                truncated, final_values, gamma)
+    adv = _normalized(vt.pg_advantages) if normalize_advantage else vt.pg_advantages
+    loss, pg, v, ent = a2c_loss(logprob.reshape(-1), adv.reshape(-1), values.reshape(-1),
+                                vt.vs.reshape(-1), entropy.reshape(-1), ent_coef, vf_coef)
+    return loss, (pg.detach(), v.detach(), ent.detach(), (logprob - logprobs).detach())
+
+
+class A3C(APPO):
+    """The A3C learner: APPO's trainer role with `a3c_objective` and one gradient step per
+    batch, RMSprop by default."""
+
+    @property
+    def optimizer(self) -> str:
+        return self.cfg.optimizer
+
+    def objective(self):
+        c = self.cfg
+        return functools.partial(a3c_objective, gamma=c.gamma, ent_coef=c.ent_coef,
+                                 vf_coef=c.vf_coef, normalize_advantage=c.normalize_advantage)
+
+    def optimizer_eps(self) -> float:
+        return self.cfg.optimizer_eps

@@ -1,0 +1,128 @@
+"""Weights published by a trainer and read by serving GMIs without blocking (GMI-DRL §4.2:
+serving GMIs never wait for an update).
+
+A shared-memory double buffer under a seqlock: the trainer writes the buffer readers are not
+pointed at, bumping that buffer's sequence number to odd before and to even after, then points
+readers at it. A reader copies the newest buffer and keeps the copy only if the sequence number
+was even and unchanged across the copy, so it never keeps a torn read; it retries otherwise
+(only when the trainer lapped it twice during one copy). Every publication carries its
+``policy_version``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Sequence
+
+import numpy as np
+
+_HEADER = 128  # line 0: latest buffer index; line 1: per buffer (seq, version) x 2
+
+
+def _nbytes(arrays: Sequence[np.ndarray]) -> int:
+    return sum(a.nbytes for a in arrays)
+
+
+@dataclass(frozen=True)
+class WeightStoreHandle:
+    """Picklable: the block's name and the payload's size in bytes."""
+
+    name: str
+    nbytes: int
+
+
+class WeightStore:
+    """One side of a weight store (`create` it in the parent, `attach` in each GMI).
+
+    The payload is a fixed sequence of arrays (weights, normaliser statistics), the same shapes
+    and dtypes on both sides, copied in order.
+    """
+
+    def __init__(self, handle: WeightStoreHandle, shm: shared_memory.SharedMemory,
+                 owner: bool = False) -> None:
+        self.handle, self._shm, self._owner = handle, shm, owner
+        buf = np.frombuffer(shm.buf, np.uint8, count=_HEADER + 2 * handle.nbytes)
+        head = buf[:_HEADER].view(np.int64)
+        self._latest, self._seq, self._version = head[0:1], head[8:16:2], head[9:16:2]
+        self._bufs = [buf[_HEADER + i * handle.nbytes:_HEADER + (i + 1) * handle.nbytes]
+                      for i in range(2)]
+
+    @classmethod
+    def create(cls, nbytes: int) -> "WeightStore":
+        """A zeroed store of ``nbytes`` payload bytes, version 0 (nothing published)."""
+        shm = shared_memory.SharedMemory(create=True, size=_HEADER + 2 * max(nbytes, 1))
+        np.frombuffer(shm.buf, np.uint8, count=_HEADER)[:] = 0
+        return cls(WeightStoreHandle(shm.name, nbytes), shm, owner=True)
+
+    @classmethod
+    def attach(cls, handle: WeightStoreHandle) -> "WeightStore":
+        return cls(handle, shared_memory.SharedMemory(name=handle.name))
+
+    @property
+    def version(self) -> int:
+        """The newest published version (0: none yet)."""
+        return int(self._version[int(self._latest[0])])
+
+    def publish(self, arrays: Sequence[np.ndarray], version: int) -> None:
+        """Make ``arrays`` (in order) the newest weights, as ``version`` (the one writer).
+
+        Raises:
+            ValueError: the arrays do not add up to the store's size.
+        """
+        if _nbytes(arrays) != self.handle.nbytes:
+            raise ValueError(f"{_nbytes(arrays)} bytes published into a store of "
+                             f"{self.handle.nbytes}")
+        i = 1 - int(self._latest[0])
+        self._seq[i] += 1  # odd: being written
+        _pack(arrays, self._bufs[i])
+        self._version[i] = version
+        self._seq[i] += 1
+        self._latest[0] = i
+
+    def read_into(self, arrays: Sequence[np.ndarray], newer_than: int = -1) -> int | None:
+        """Copy the newest weights into ``arrays`` when their version is above
+        ``newer_than``; returns that version, or ``None`` (nothing newer: ``arrays``
+        untouched). Never returns a torn copy; never blocks on the writer."""
+        while True:
+            i = int(self._latest[0])
+            s1 = int(self._seq[i])
+            version = int(self._version[i])
+            if s1 % 2 or version <= newer_than:
+                if s1 % 2:  # the writer lapped the readers' buffer: read the other one
+                    os.sched_yield()
+                    continue
+                return None
+            scratch = self._bufs[i].copy()
+            if int(self._seq[i]) == s1:
+                _unpack(scratch, arrays)
+                return version
+
+    def close(self) -> None:
+        if self._shm is None:
+            return
+        self._bufs = self._latest = self._seq = self._version = None
+        try:
+            self._shm.close()
+        except BufferError:  # a caller still holds a view
+            self._shm.close = lambda: None
+        if self._owner:
+            self._shm.unlink()
+        self._shm = None
+
+
+def _pack(arrays: Sequence[np.ndarray], out: np.ndarray) -> None:
+    offset = 0
+    for a in arrays:
+        n = a.nbytes
+        out[offset:offset + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        offset += n
+
+
+def _unpack(src: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
+    offset = 0
+    for a in arrays:
+        n = a.nbytes
+        a.reshape(-1).view(np.uint8)[...] = src[offset:offset + n]
+        offset += n

@@ -1,0 +1,352 @@
+"""The loop of the ``async_training`` template: trainer GMIs and serving GMIs, each its own
+loop, joined by the experience channels and the weight store (GMI-DRL §4.2, §5.1).
+
+`async_main` is the GMI target: GMIs ``0 .. trainer_gmis - 1`` are trainers (`trainer_main`),
+the rest serve (`serving_main`). `serial_main` runs one trainer and one serving role in one
+thread, alternating, with the same objects (the serial mode: debugging and tests).
+
+A trainer's iteration is one update from one batch; ``global_step`` counts the env steps
+trained on (over every trainer). The run ends when trainer 0 has done ``num_iterations``
+updates: it stops the channels, and the serving GMIs return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
+from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
+from gmi_drl.rollout.collector import Episodes
+from gmi_drl.runner.loop import LoopResult, _digest
+from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
+from gmi_drl.runner.run import Run
+from gmi_drl.telemetry.metrics import MetricsWriter
+from gmi_drl.telemetry.progress import Progress
+from gmi_drl.telemetry.timeline import Timeline
+from gmi_drl.telemetry.timer import SectionStats, TimingTree, set_tree
+
+
+@dataclass(frozen=True)
+class AsyncSpec:
+    """The payload every GMI of an async run receives (picklable).
+
+    Attributes:
+        run: the run. channels: the experience channels' plan (with the block's name).
+        weights: the weight store's handle.
+        trainer_layout: the trainer GMIs' own layout (their reduction), or ``None`` for one.
+        trainer_group: the trainers' `gmi_drl.gmi.context.ReductionGroup`, or ``None``.
+        progress: called by trainer 0 with a `Progress`, or ``None``.
+    """
+
+    run: Run
+    channels: ChannelPlan
+    weights: WeightStoreHandle
+    trainer_layout: object = None
+    trainer_group: object = None
+    progress: Callable[[Progress], None] | None = None
+
+
+class ServingResult(NamedTuple):
+    """What a serving GMI returns."""
+
+    env_steps: int
+    fragments: int
+    wall_s: float
+    policy_versions: int
+    """weight versions it picked up"""
+    phases: dict[str, SectionStats]
+
+
+def async_main(ctx) -> LoopResult | ServingResult:
+    """One GMI of an async run (every placement's target): trainer or serving by id."""
+    spec: AsyncSpec = ctx.payload
+    trainers = spec.run.config.gmi.trainer_gmis
+    if ctx.gmi_id < trainers:
+        return trainer_main(spec, ctx.gmi_id, spec.progress if ctx.gmi_id == 0 else None)
+    return serving_main(spec, ctx.gmi_id - trainers)
+
+
+def _task_spec(cfg):
+    from gmi_drl import envs
+
+    with envs.make(cfg.env.task_id, 1, num_workers=0) as probe:
+        return probe.spec
+
+
+def _setup_threads(cfg) -> None:
+    torch.set_num_threads(cfg.torch_threads)
+    threadpool_limits(cfg.torch_threads, user_api="blas")
+
+
+class Trainer:
+    """Trainer GMI ``rank``: learner, batcher, weight store, sinks, timer."""
+
+    def __init__(self, spec: AsyncSpec, rank: int, fabric: Fabric, store: WeightStore) -> None:
+        import functools
+
+        from gmi_drl.algos import AlgoContext, build_algorithm
+        from gmi_drl.checkpoint import CheckpointError
+        from gmi_drl.optim.grad_step import make_grad_step
+        from gmi_drl.rollout.arrays import arrays_for
+        from gmi_drl.rollout.normalize import ObsNormalizer
+
+        run, cfg = spec.run, spec.run.config
+        self.run, self.cfg, self.rank, self.fabric = run, cfg, rank, fabric
+        _setup_threads(cfg)
+        device = torch.device(cfg.device)
+        task = _task_spec(cfg)
+        self.obs_norm = (ObsNormalizer(task.observation_space.shape, cfg.norm.obs_clip,
+                                       arrays=arrays_for(device)) if cfg.norm.obs else None)
+        self.reducer = _trainer_reducer(spec, rank)
+        steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile)
+        self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
+                                        process_name=f"gmi-{rank} trainer"))
+        set_tree(self.tree)
+        torch.manual_seed(cfg.seed)
+        self.learner = build_algorithm(cfg.algo, AlgoContext(
+            task, cfg.env.num_envs, cfg.model, cfg.num_iterations, cfg.seed, steps,
+            torch.Generator(device).manual_seed(cfg.seed + 1), device, self.obs_norm, None,
+            cfg.compile))
+        self.first_iteration = 0
+        self.episode_steps: list[int] = []
+        self.episode_returns: list[float] = []
+        state = run.load_resume()
+        if state is not None:
+            try:
+                self._restore(state)
+            except (ValueError, KeyError) as err:
+                raise CheckpointError(f"checkpoint does not match this run: {err}") from None
+        self.episode_wall_s = [0.0] * len(self.episode_steps)
+        self.batcher = Batcher(fabric, rank, cfg.algo.fragments_per_batch, device)
+        self.role = TrainerRole(self.learner, self.batcher, store, publish=rank == 0,
+                                max_policy_lag=cfg.async_.max_policy_lag)
+        self.lags: list[np.ndarray] = []
+        self.gmi_dir = run.gmi_dir(rank)
+        self.gmi_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = (MetricsWriter(run.run_dir, cfg.log.tensorboard,
+                                     purge_step=self.first_iteration * cfg.batch_size or None)
+                       if rank == 0 else None)
+
+    def state_dict(self, global_step: int, iteration: int) -> dict:
+        return {"global_step": global_step, "iteration": iteration,
+                "algo": self.learner.state_dict(),
+                "obs_norm": self.obs_norm.state_dict() if self.obs_norm else None,
+                "reward_norm": None, "rng": torch.get_rng_state(),
+                "episode_steps": torch.tensor(self.episode_steps, dtype=torch.int64),
+                "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64)}
+
+    def _restore(self, state: dict) -> None:
+        self.learner.load_state_dict(state["algo"])
+        if (self.obs_norm is None) != (state["obs_norm"] is None):
+            raise ValueError("obs_norm differs between this config and the checkpoint")
+        if self.obs_norm is not None:
+            self.obs_norm.load_state_dict(state["obs_norm"])
+        self.first_iteration = int(state["iteration"])
+        self.episode_steps = state["episode_steps"].tolist()
+        self.episode_returns = state["episode_returns"].tolist()
+
+    def record(self, step: TrainStep, global_step: int, wall_s: float) -> None:
+        n = len(step.episodes.returns)
+        self.episode_steps += [global_step] * n
+        self.episode_returns += step.episodes.returns.tolist()
+        self.episode_wall_s += [wall_s] * n
+        self.lags.append(step.lags)
+
+    def close(self) -> None:
+        self.learner.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.reducer is not None:
+            self.reducer.close()
+        self.tree.timeline.write(self.gmi_dir / "timeline.json")
+        set_tree(TimingTree())
+
+
+def _trainer_reducer(spec: AsyncSpec, rank: int):
+    """The gradient reducer among trainer GMIs (the identity for one)."""
+    from gmi_drl.comm.reducer import IdentityReducer
+    from gmi_drl.gmi.context import REDUCERS
+
+    layout = spec.trainer_layout
+    if layout is None or layout.num_gmis == 1:
+        return IdentityReducer()
+    return REDUCERS[layout.reduction](rank, layout, spec.trainer_group)
+
+
+def trainer_main(spec: AsyncSpec, rank: int,
+                 progress: Callable[[Progress], None] | None) -> LoopResult:
+    """Trainer GMI ``rank``: ``num_iterations`` updates, each from one batch; trainer 0 logs,
+    checkpoints and publishes, and stops the channels at the end (or on any failure)."""
+    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
+    try:
+        t = Trainer(spec, rank, fabric, store)
+        return _train(t, progress, lambda block: t.role.step(block, t.cfg.async_.timeout_s),
+                      None)
+    finally:
+        fabric.stop()
+        fabric.close()
+        store.close()
+
+
+def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) -> LoopResult:
+    """The trainer's iterations; ``between()`` runs before each non-blocking step attempt
+    (serial mode: one serving fragment), else steps block."""
+    cfg, n_iter, first = t.cfg, t.cfg.num_iterations, t.first_iteration
+    batch, chain = cfg.batch_size, hashlib.sha256()
+    env_steps0, t0 = t.fabric.env_steps(), time.perf_counter()
+    try:
+        for k in range(first, n_iter):
+            before = t.tree.snapshot_s()
+            with t.tree.iteration(k):
+                if between is None:
+                    step = step_fn(True)
+                else:
+                    while (step := step_fn(False)) is None:
+                        between()
+                global_step, last = (k + 1) * batch, k + 1 == n_iter
+                elapsed = time.perf_counter() - t0
+                t.record(step, global_step, elapsed)
+                if (k + 1) % cfg.log.log_every == 0 or last:
+                    _digest(chain, t.learner.state_dict()["modules"])
+                    if t.rank == 0:
+                        _log(t, global_step, step, (k + 1 - first) * batch / elapsed,
+                             (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, before,
+                             progress)
+                every = cfg.checkpoint.every
+                if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
+                    t.run.save_checkpoint(t.state_dict(global_step, k + 1))
+    finally:
+        wall = time.perf_counter() - t0
+        t.close()
+    if t.rank == 0:
+        _write_lags(t)
+    return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
+                      np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
+                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats())
+
+
+def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,
+         elapsed_s: float, before: dict[str, float], progress) -> None:
+    metrics = dict(step.metrics)
+    if len(step.episodes.returns):
+        metrics["env/episodic_return"] = float(step.episodes.returns.mean())
+        metrics["env/episodic_length"] = float(step.episodes.lengths.mean())
+    metrics["perf/sps"] = sps  # trained samples per second (TTOP)
+    metrics["perf/env_sps"] = env_sps  # env steps of every serving GMI per second
+    metrics.update(t.fabric.stats())
+    for path, total in t.tree.snapshot_s().items():
+        metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
+    t.writer.log(global_step, metrics)
+    if progress is not None:
+        recent = np.mean(t.episode_returns[-20:]) if t.episode_returns else np.nan
+        progress(Progress(global_step, t.cfg.num_iterations * t.cfg.batch_size, sps,
+                          float(recent), elapsed_s))
+
+
+def _write_lags(t: Trainer) -> None:
+    """``policy_lag.csv``: how many fragments were trained on at each policy lag."""
+    if not t.lags:
+        return
+    values, counts = np.unique(np.concatenate(t.lags), return_counts=True)
+    lines = ["policy_lag,fragments"] + [f"{v},{c}" for v, c in zip(values, counts)]
+    (t.run.run_dir / "policy_lag.csv").write_text("\n".join(lines) + "\n")
+
+
+class Server:
+    """Serving GMI ``index``: pool, policy copy, normalisers, dispenser, timer."""
+
+    def __init__(self, spec: AsyncSpec, index: int, fabric: Fabric, store: WeightStore,
+                 in_process: bool = False) -> None:
+        from gmi_drl import envs
+        from gmi_drl.algos.appo import build_model
+        from gmi_drl.rollout.acting import make_acting
+        from gmi_drl.rollout.arrays import HostArrays
+        from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+
+        cfg = spec.run.config
+        self.cfg, self.index, self.fabric = cfg, index, fabric
+        _setup_threads(cfg)
+        e, n = cfg.env, cfg.norm
+        trainers = cfg.gmi.trainer_gmis
+        self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
+                                        process_name=f"gmi-{trainers + index} serving"))
+        if not in_process:
+            set_tree(self.tree)
+        self.pool = envs.make(e.task_id, e.num_envs,
+                              num_workers=0 if in_process else e.num_workers,
+                              seed=cfg.seed + index * e.num_envs, autoreset="same_step")
+        torch.manual_seed(cfg.seed)
+        model = build_model(self.pool.spec, cfg.model)
+        acting = make_acting(model, torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1)),
+                             HostArrays(), cfg.compile)
+        obs_norm = (ObsNormalizer(self.pool.observation_space.shape, n.obs_clip) if n.obs
+                    else None)
+        reward_norm = (RewardNormalizer(e.num_envs, cfg.algo.gamma, n.reward_clip) if n.reward
+                       else None)
+        self.role = ServingRole(self.pool, model, acting, obs_norm, reward_norm,
+                                Dispenser(fabric, index), store)
+        self.gmi_dir = spec.run.gmi_dir(trainers + index)
+        self.fragments, self.versions = 0, 0
+
+    def collect(self) -> Episodes:
+        before = self.role.policy_version
+        episodes = self.role.collect()
+        self.versions += self.role.policy_version != before
+        self.fragments += 1
+        self.fabric.add_env_steps(self.index, self.fabric.plan.num_steps * self.cfg.env.num_envs)
+        return episodes
+
+    def close(self, write_timeline: bool = True) -> None:
+        self.pool.close()
+        if write_timeline:
+            self.gmi_dir.mkdir(parents=True, exist_ok=True)
+            self.tree.timeline.write(self.gmi_dir / "timeline.json")
+            set_tree(TimingTree())
+
+
+def serving_main(spec: AsyncSpec, index: int) -> ServingResult:
+    """Serving GMI ``index``: fragments until the trainers stop the channels."""
+    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
+    server, t0 = None, time.perf_counter()
+    try:
+        server = Server(spec, index, fabric, store)
+        fabric.set_alive(index, True)
+        while not fabric.stopped():
+            try:
+                server.collect()
+            except ChannelClosed:
+                break
+        return ServingResult(server.role.env_steps, server.fragments, time.perf_counter() - t0,
+                             server.versions, server.tree.stats())
+    finally:
+        fabric.set_alive(index, False)
+        if server is not None:
+            server.close()
+        fabric.close()
+        store.close()
+
+
+def serial_main(spec: AsyncSpec) -> list:
+    """One trainer and one serving role in this thread: a fragment, then every update it
+    completes, until ``num_iterations`` updates; the same objects as the processes use."""
+    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
+    server = None
+    try:
+        server = Server(spec, 0, fabric, store, in_process=True)
+        t = Trainer(spec, 0, fabric, store)
+        result = _train(t, spec.progress, t.role.step, server.collect)
+        return [result, ServingResult(server.role.env_steps, server.fragments, result.wall_s,
+                                      server.versions, {})]
+    finally:
+        fabric.stop()
+        if server is not None:
+            server.close(write_timeline=False)
+        fabric.close()
+        store.close()

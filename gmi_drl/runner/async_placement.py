@@ -1,0 +1,136 @@
+"""The placement of an ``async_training`` run: trainer and serving GMIs, their channels and
+weight store (GMI-DRL §4.2, §5.1).
+
+It creates what the GMIs share before any starts (the experience channels' block, the weight
+store, the trainers' reduction group), runs `gmi_drl.runner.async_loop.async_main` once per GMI
+through the local launcher (one process each: trainers first, then serving GMIs) or
+`serial_main` in this process, and removes every shared-memory segment afterwards, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+from gmi_drl.config import ConfigError, TrainConfig
+from gmi_drl.gmi.layout import Template, plan
+
+TARGET = "gmi_drl.runner.async_loop:async_main"
+
+
+class AsyncPlacement:
+    """Trainer GMIs ``0 .. trainer_gmis - 1``, serving GMIs after them.
+
+    Raises (at construction):
+        ConfigError: the layout does not fit this machine.
+    """
+
+    def __init__(self, cfg: TrainConfig, machine, capacity: int) -> None:
+        g = cfg.gmi
+        backend = None if g.backend == "auto" else g.backend
+        try:
+            self.layout = plan(g.trainer_gmis + g.serving_gmis, machine,
+                               template=Template.ASYNC_TRAINING, backend=backend)
+            self.trainer_layout = (plan(g.trainer_gmis, machine, backend=backend,
+                                        num_devices=g.num_devices, reduction=g.reduction)
+                                   if g.trainer_gmis > 1 else None)
+        except ValueError as e:
+            raise ConfigError(f"invalid config:\n  gmi: {e}") from None
+        self.cfg, self.machine, self.capacity = cfg, machine, capacity
+        self.results: list = []
+
+    def channel_plan(self, task):
+        from gmi_drl.comm.channels import ChannelPlan
+        from gmi_drl.rollout.trajectory import fragment_fields
+
+        cfg, a = self.cfg, self.cfg.async_
+        fields = fragment_fields(task.observation_space, task.action_space, cfg.algo.num_steps,
+                                 cfg.env.num_envs)
+        return ChannelPlan(fields, cfg.algo.num_steps, cfg.env.num_envs, cfg.gmi.serving_gmis,
+                           cfg.gmi.trainer_gmis, a.channel, a.fragments_per_transfer,
+                           a.channel_slots, a.backpressure)
+
+    def launch(self, target: str, payload: Any) -> list[Any]:
+        """Run the GMIs (``target`` is the sync loop's: this placement runs its own); returns
+        trainer results first, then serving results."""
+        from gmi_drl.comm.channels import Fabric
+        from gmi_drl.comm.shm import ShmGroup
+        from gmi_drl.comm.weights import WeightStore
+        from gmi_drl.gmi.context import ReductionGroup, shm_group_sizes
+        from gmi_drl.runner.async_loop import AsyncSpec, _task_spec, serial_main
+
+        cfg = self.cfg
+        task = _task_spec(cfg)
+        fabric = Fabric.create(self.channel_plan(task))
+        store = WeightStore.create(_weight_bytes(cfg, task))
+        tmp = tempfile.mkdtemp(prefix="gmi-drl-async-")
+        made = ([ShmGroup.create(size, self.capacity)
+                 for size in shm_group_sizes(self.trainer_layout)]
+                if self.trainer_layout is not None else [])
+        try:
+            group = ReductionGroup(tuple(grp for grp, _ in made), f"file://{tmp}/rendezvous")
+            progress = payload.progress
+            if cfg.placement != "serial":
+                from gmi_drl.runner.placement import _printing
+
+                progress = _printing(payload).progress
+            spec = AsyncSpec(payload.run, fabric.plan, store.handle, self.trainer_layout, group,
+                             progress)
+            if cfg.placement == "serial":
+                self.results = serial_main(spec)
+            else:
+                from gmi_drl.gmi.launcher import launch
+
+                self.results = launch(TARGET, self.layout, self.machine, payload=spec,
+                                      reducer_capacity=1, exit_timeout_s=5.0)
+            return self.results
+        finally:
+            for _, owner in made:
+                ShmGroup.destroy(owner)
+            fabric.destroy()
+            store.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def describe(self) -> str:
+        """Markdown lines: the roles, the channels and what each serving GMI did."""
+        cfg, g, a = self.cfg, self.cfg.gmi, self.cfg.async_
+        n_tr = g.trainer_gmis
+        where = ("one trainer and one serving role in this process, alternating"
+                 if cfg.placement == "serial" else "one process per GMI")
+        text = (f"- placement: {cfg.placement}: {where}\n"
+                + self.layout.describe(reduction=False)
+                + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
+                f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")
+        lay = self.trainer_layout
+        text += ("- gradient reduction among trainer GMIs: "
+                 + (f"`{lay.reduction.value}`: {lay.reduction_reason}\n" if lay is not None
+                    else "none (one trainer GMI)\n"))
+        text += (f"- experience channels: {a.channel} "
+                 f"({'one per field (MCC)' if a.channel == 'multi' else 'one message per step (UCC)'}), "
+                 f"{a.fragments_per_transfer} fragment(s) of {cfg.algo.num_steps} steps per "
+                 f"transfer, {a.channel_slots} slots, back-pressure {a.backpressure}\n")
+        serving = self.results[n_tr:] if cfg.placement != "serial" else self.results[1:]
+        for k, r in enumerate(serving):
+            text += (f"- serving GMI {n_tr + k if cfg.placement != 'serial' else k}: "
+                     f"{r.env_steps:,} env steps in {r.fragments:,} fragments, "
+                     f"{r.policy_versions} weight versions picked up\n")
+        if a.max_policy_lag is not None:
+            text += f"- fragments more than {a.max_policy_lag} versions old were dropped\n"
+        return text
+
+
+def _weight_bytes(cfg: TrainConfig, task) -> int:
+    """Bytes `APPO.weights` publishes: the model's state and, with observation normalisation,
+    its mean and variance (float64)."""
+    import math
+
+    from gmi_drl.algos.appo import build_model
+
+    model = build_model(task, cfg.model)
+    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if cfg.norm.obs:
+        n += 2 * 8 * math.prod(task.observation_space.shape)
+    return n
+

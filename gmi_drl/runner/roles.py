@@ -1,0 +1,174 @@
+"""The two roles of the ``async_training`` template as objects (GMI-DRL §5.1, Fig. 6(b)): the
+same code runs in one process (serial mode: one of each, alternating) or one role per GMI
+process (`gmi_drl.runner.async_loop`).
+
+- `ServingRole` (simulator + agent): steps its pool with the newest published weights, writes
+  each fragment into its dispenser, and never waits for an update: it picks a newer
+  ``policy_version`` up between fragments when there is one.
+- `TrainerRole`: takes batches from its batcher, drops fragments older than the policy-lag
+  bound (counted), updates the learner and publishes the weights as the next version.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from gmi_drl.comm.channels import Batcher, Dispenser
+from gmi_drl.comm.weights import WeightStore
+from gmi_drl.rollout.acting import Acting
+from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+from gmi_drl.telemetry.timer import timer
+
+
+class ServingRole:
+    """Serving GMI ``serving``: a pool, a copy of the policy, a dispenser.
+
+    Args:
+        pool: a full-batch ``same_step`` `EnvPool` of ``B`` envs.
+        model: the policy's module (its tensors are overwritten by published weights).
+        acting: `make_acting` of ``model``.
+        obs_norm: the trainer's observation statistics (loaded with the weights, never
+            updated here), or ``None``.
+        reward_norm: this serving GMI's reward normaliser, or ``None``.
+        dispenser: where fragments go. store: where weights come from.
+    """
+
+    def __init__(self, pool, model: torch.nn.Module, acting: Acting,
+                 obs_norm: ObsNormalizer | None, reward_norm: RewardNormalizer | None,
+                 dispenser: Dispenser, store: WeightStore) -> None:
+        self.pool, self.acting, self.dispenser, self.store = pool, acting, dispenser, store
+        self.obs_norm, self.reward_norm = obs_norm, reward_norm
+        self.targets = [t.numpy() for t in model.state_dict().values()]
+        if obs_norm is not None:
+            self.targets += [obs_norm.rms.mean, obs_norm.rms.var]
+        self.policy_version = 0
+        space = pool.action_space
+        self._clip = (space.low, space.high, space.dtype) if isinstance(space, gym.spaces.Box) \
+            else None
+        self._obs: np.ndarray | None = None
+        self.env_steps = 0
+
+    def pull_weights(self) -> bool:
+        """Load the newest published weights if they are newer (never blocks)."""
+        version = self.store.read_into(self.targets, newer_than=self.policy_version)
+        if version is None:
+            return False
+        self.policy_version = version
+        return True
+
+    def _input(self, obs: np.ndarray) -> np.ndarray:
+        if self.obs_norm is not None:
+            return self.obs_norm(obs, update=False).astype(np.float32)
+        return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
+
+    def collect(self) -> Episodes:
+        """One fragment of ``T`` steps of every env into the dispenser (blocks only while its
+        channel is full); returns the episodes that ended."""
+        with timer("weights"):
+            self.pull_weights()
+        if self._obs is None:
+            self._obs = self.pool.reset()[0].copy()
+        d = self.dispenser
+        frag = d.begin(self.policy_version)
+        T = d.plan.num_steps
+        returns, lengths = [], []
+        for t in range(T):
+            frag["obs"][t] = self._obs
+            with timer("inference"):
+                action, logprob, _ = self.acting.act(self._input(self._obs))
+            frag["actions"][t] = action
+            frag["logprobs"][t] = logprob
+            env_action = action
+            if self._clip is not None:
+                low, high, dtype = self._clip
+                env_action = np.clip(action, low, high).astype(dtype, copy=False)
+            with timer("env_step"):
+                obs, reward, terminated, truncated, info = self.pool.step(env_action)
+            done = terminated | truncated
+            frag["rewards"][t] = (reward if self.reward_norm is None
+                                  else self.reward_norm(reward, done))
+            frag["terminated"][t], frag["truncated"][t] = terminated, truncated
+            frag["final_values"][t] = 0.0
+            end = info["episode_end"]  # Atari with episodic life: whole games only
+            frag["episode_end"][t] = end
+            frag["episode_return"][t] = np.where(end, info["episode_return"], 0.0)
+            frag["episode_length"][t] = np.where(end, info["episode_length"], 0)
+            if done.any():
+                returns.append(info["episode_return"][end].copy())
+                lengths.append(info["episode_length"][end].copy())
+                cut = np.flatnonzero(truncated & ~terminated)
+                if len(cut):
+                    frag["final_values"][t, cut] = self.acting.value(
+                        self._input(info["final_obs"][cut]))
+            self._obs[...] = obs
+            with timer("dispense"):
+                d.step_done(t, obs)
+        d.end()
+        self.env_steps += T * len(self._obs)
+        return Episodes.concat(returns, lengths)
+
+
+class TrainStep(NamedTuple):
+    """What one `TrainerRole.step` did."""
+
+    metrics: dict[str, float]
+    episodes: Episodes
+    """the episodes that ended in the batch's fragments"""
+    lags: np.ndarray
+    """``(F,) int64``: policy lag of each fragment trained on (trainer version minus the
+    fragment's, at the update)"""
+
+
+class TrainerRole:
+    """Trainer GMI: batcher -> learner update -> publish.
+
+    Args:
+        learner: `APPO` or `A3C` (``update(batch)``, ``policy_version``, ``weights()``).
+        batcher: this trainer's batcher.
+        store: where weights go (trainer 0 publishes; other trainers hold identical weights).
+        publish: whether this trainer publishes.
+        max_policy_lag: drop fragments more than this many versions old; ``None``: keep all.
+    """
+
+    def __init__(self, learner, batcher: Batcher, store: WeightStore, publish: bool = True,
+                 max_policy_lag: int | None = None) -> None:
+        self.learner, self.batcher, self.store = learner, batcher, store
+        self.publish, self.max_policy_lag = publish, max_policy_lag
+        if publish:
+            store.publish(learner.weights(), learner.policy_version)
+
+    def step(self, block: bool = True, timeout_s: float | None = None) -> TrainStep | None:
+        """One update from the next batch; ``None`` when ``block`` is false and no whole
+        batch is there yet.
+
+        Raises:
+            ChannelClosed: the run stopped while waiting. TimeoutError: no experience for
+            ``timeout_s`` seconds.
+        """
+        b = self.batcher
+        if self.max_policy_lag is not None:
+            b.min_version = self.learner.policy_version - self.max_policy_lag
+        with timer("batch"):
+            if not b.next(block, timeout_s):
+                return None
+        batch = b.batch
+        B = b.plan.num_envs
+        versions = batch["policy_version"][::B].numpy()
+        lags = self.learner.policy_version - versions
+        ends = batch["episode_end"]
+        episodes = Episodes(batch["episode_return"][ends].double().numpy(),
+                            batch["episode_length"][ends].long().numpy())
+        with timer("learn"):
+            metrics = self.learner.update(batch)
+        if self.publish:
+            with timer("publish"):
+                self.store.publish(self.learner.weights(), self.learner.policy_version)
+        metrics["async/policy_lag_mean"] = float(lags.mean())
+        metrics["async/policy_lag_max"] = float(lags.max())
+        metrics["async/stale_dropped"] = float(b.stale_dropped)
+        return TrainStep(metrics, episodes, lags)
