@@ -18,6 +18,11 @@ schedules, network sizes, envs):
 | ddpg-halfcheetah, td3-halfcheetah | mujoco | 300k | median final mean >= SB3's |
 | dqn-pong | dqn atari, Pong-v5 | 500k (2M frames) | >= 0 on 1 seed |
 | a2c-qbert | a2c iswitch (Qbert-v5) | 500k (2M frames) | curve beside SB3's (no target) |
+| appo-hopper | appo mujoco (2 serving GMIs x 8 envs, 1 trainer) | 1M | >= 1500 on 2/3 seeds |
+| a3c-cartpole | a3c classic (1 serving GMI x 8 envs, 1 trainer) | 500k | >= 475 on 3/3 seeds |
+
+SB3 has no APPO or A3C: those two cases run gmi-drl only and print each run's policy-lag
+distribution (``policy_lag.csv``).
 
 "mean(last 20)" is the mean return of the last 20 training episodes (whole games on Atari).
 Each row: the first env step and wall second at which it crossed the target, the final mean,
@@ -52,6 +57,10 @@ class Case:
     """mean(last 20) to reach; None: compare the final mean with SB3's"""
     need: int
     """seeds that must reach the target (0: no target)"""
+    sb3: bool = True
+    """SB3 implements the algorithm (APPO and A3C: no)"""
+    serving_gmis: int = 1
+    """async_training cases: serving GMIs"""
 
 
 CASES = {
@@ -63,6 +72,9 @@ CASES = {
     "td3-halfcheetah": Case("td3", "mujoco", "HalfCheetah-v5", 300_000, None, 0),
     "dqn-pong": Case("dqn", "atari", "Pong-v5", 500_000, 0.0, 1),
     "a2c-qbert": Case("a2c", "iswitch", None, 500_000, None, 0),
+    "appo-hopper": Case("appo", "mujoco", "Hopper-v5", 1_000_000, 1500.0, 2, sb3=False,
+                        serving_gmis=2),
+    "a3c-cartpole": Case("a3c", "classic", None, 500_000, 475.0, 3, sb3=False),
 }
 
 
@@ -96,7 +108,19 @@ def _config(case: Case, seed: int, steps: int, run_dir: Path) -> TrainConfig:
         cfg.env.num_envs, cfg.algo.num_steps = 8, 256
     cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(run_dir)
     cfg.log.tensorboard = False
+    if cfg.is_async:
+        cfg.gmi.serving_gmis = case.serving_gmis
     return cfg
+
+
+def _lags(run_dir: Path) -> str:
+    """An async run's policy-lag distribution: ``lag: share of fragments`` (policy_lag.csv)."""
+    path = run_dir / "policy_lag.csv"
+    if not path.exists():
+        return ""
+    rows = [tuple(map(int, line.split(","))) for line in path.read_text().splitlines()[1:]]
+    total = sum(c for _, c in rows)
+    return "policy lag: " + ", ".join(f"{lag}: {c / total:.1%}" for lag, c in rows)
 
 
 def _gmi(cfg: TrainConfig) -> Result:
@@ -243,7 +267,9 @@ def main(args: Args) -> None:
             cfg = _config(case, seed, steps, out_dir / f"{name}-seed{seed}")
             runs["gmi-drl"].append(_gmi(cfg))
             print(_row("gmi-drl", seed, runs["gmi-drl"][-1], case.target), flush=True)
-            if args.sb3:
+            if cfg.is_async:
+                print(f"  ({_lags(Path(cfg.run_dir))})", flush=True)
+            if args.sb3 and case.sb3:
                 runs["SB3"].append(_sb3(cfg, out_dir / f"sb3-{name}-seed{seed}.csv"))
                 print(_row("SB3", seed, runs["SB3"][-1], case.target), flush=True)
         medians = {who: statistics.median(map(_final, rs)) for who, rs in runs.items() if rs}

@@ -240,6 +240,7 @@ def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: flo
         metrics["env/episodic_length"] = float(step.episodes.lengths.mean())
     metrics["perf/sps"] = sps  # trained samples per second (TTOP)
     metrics["perf/env_sps"] = env_sps  # env steps of every serving GMI per second
+    metrics["async/env_steps"] = float(t.fabric.env_steps())  # collected so far (>= trained)
     metrics.update(t.fabric.stats())
     for path, total in t.tree.snapshot_s().items():
         metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)

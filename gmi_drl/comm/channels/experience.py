@@ -59,7 +59,7 @@ class Dispenser:
         self._uni = p.mode == "uni"
         self._local = {f.name: np.zeros(f.shape, f.dtype) for f in p.fields}
         self._trainer: int | None = None
-        self._filled = 0
+        self._filled = 0  # fragments in the open transfer
         self._views: dict[str, np.ndarray] | None = None
         self.fragments = 0
 
@@ -148,6 +148,7 @@ class Batcher:
                 shape = (F * p.num_envs, *f.shape[1:])
             self.batch[f.name] = torch.zeros(shape, dtype=dtype, device=device)
         self._next_source = 0
+        self._filled = 0  # fragments in the batch being stacked
         self._open: tuple[int, int, dict[str, np.ndarray], int] | None = None  # MCC transfer
         self._scratch = ({f.name: np.zeros((p.fragments_per_transfer, *f.shape), f.dtype)
                           for f in p.fields} if p.backpressure == "drop_oldest" else None)
@@ -172,8 +173,6 @@ class Batcher:
                 self._wait(timeout_s)
         self._filled = 0
         return True
-
-    _filled = 0
 
     def _wait(self, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

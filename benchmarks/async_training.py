@@ -1,0 +1,231 @@
+"""Asynchronous training (GMI-DRL §4.2, §5.1): channels, templates, and the async trainer users
+pick today, in one invocation.
+
+    .venv/bin/python benchmarks/async_training.py                         # every part, 3 repeats
+    .venv/bin/python benchmarks/async_training.py --parts channels --repeats 5
+    .venv/bin/python benchmarks/async_training.py --parts sample-factory --sf-python /tmp/sfvenv/bin/python
+
+Part ``channels`` (papers/002 Table 8): APPO with multi-channel (MCC: one channel per field,
+the compressor joining fragments into transfers) against uni-channel experience sharing (UCC:
+each env step's whole tuple as one message), on Hopper-v5 and on Pong-v5; runs alternate.
+PPS = env steps (agent predictions) per second of every serving GMI; TTOP = samples per second
+the trainer learned from; both steady (between the first and the last logged update, so the
+one-time compile is left out). Target: MCC TTOP >= 1.3x UCC.
+
+Part ``sync`` (papers/002 Fig. 11): APPO in the async_training template (2 serving GMIs x 8
+envs, 1 trainer GMI) against PPO in the sync_training template (2 holistic GMIs x 8 envs) on
+Hopper-v5, both 2,048 samples per update, 4 epochs of 4 minibatches: the same cores (every core
+of this machine), the same env count. Target: APPO env steps/s >= 1.3x sync PPO's.
+
+Part ``sample-factory``: Sample Factory 2.1.1's APPO (`sf_examples.mujoco.train_mujoco`) on
+Hopper with the same env count (2 workers x 8 envs), 1 learner, 64-step rollouts, batch 2,048,
+on CPU, run with the interpreter of its own venv (``--sf-python``; it needs gymnasium 0.29.1
+and numpy < 2, so it cannot share the project's: make it with ``python -m venv /tmp/sfvenv &&
+/tmp/sfvenv/bin/pip install sample-factory==2.1.1 'gymnasium[mujoco]==0.29.1' 'numpy<2'
+torch``). Its env is Hopper-v4 (gymnasium 0.29 has no v5; same model and dynamics). Its
+steady throughput is its env frames between its first and last throughput reports (every 5 s)
+over their time; whole run: its own final FPS figure, and gmi-drl's env steps over the
+``train`` call (process start-up included). Target: gmi-drl APPO env steps/s >= 1.0x Sample
+Factory's.
+
+Every figure is the median over ``--repeats`` runs (seeds 1..repeats).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import tyro
+
+from gmi_drl.config import TrainConfig, preset
+from gmi_drl.train import train
+
+
+@dataclass
+class Args:
+    parts: list[Literal["channels", "sync", "sample-factory"]] = field(
+        default_factory=lambda: ["channels", "sync", "sample-factory"])
+    """which comparisons to run"""
+    repeats: int = 3
+    """runs per configuration (median reported)"""
+    hopper_steps: int = 61_440
+    """env steps trained on per Hopper run (30 updates of 2,048)"""
+    pong_steps: int = 10_240
+    """env steps trained on per Pong run (20 updates of 512)"""
+    serving_gmis: int = 2
+    """serving GMIs of the APPO runs"""
+    sf_python: str = "/tmp/sfvenv/bin/python"
+    """the interpreter of Sample Factory's venv"""
+    sf_steps: int = 204_800
+    """env steps per run of the Sample Factory comparison (it reports every 5 s)"""
+    out_dir: str | None = None
+    """where the runs go (default: a new directory under the system's temp)"""
+
+
+@dataclass
+class Rates:
+    pps: float
+    """env steps of every serving GMI per second (steady)"""
+    ttop: float
+    """samples trained on per second (steady)"""
+    wall_s: float
+    env_steps: float
+    """env steps collected in the whole run"""
+
+
+def _steady(run_dir: Path) -> Rates:
+    """Steady rates from a run's metrics.csv: the change between the first and the last logged
+    update of ``global_step`` (TTOP) and of ``async/env_steps`` or ``global_step`` (PPS)."""
+    rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    by_name: dict[str, list[tuple[float, float, float]]] = {}
+    for step, wall, name, value in rows:
+        by_name.setdefault(name, []).append((float(step), float(wall), float(value)))
+    sps = by_name["perf/sps"]
+    (s0, w0, _), (s1, w1, _) = sps[0], sps[-1]
+    ttop = (s1 - s0) / (w1 - w0)
+    env = by_name.get("async/env_steps")
+    pps = (env[-1][2] - env[0][2]) / (env[-1][1] - env[0][1]) if env else ttop
+    return Rates(pps, ttop, w1, env[-1][2] if env else s1)
+
+
+def _appo(task: str, channel: str, steps: int, seed: int, serving: int, out: Path) -> TrainConfig:
+    cfg = preset("auto", task, "appo")
+    cfg.gmi.serving_gmis, cfg.async_.channel = serving, channel
+    cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(out)
+    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
+    return cfg
+
+
+def _ppo_sync(steps: int, seed: int, out: Path) -> TrainConfig:
+    cfg = preset("mujoco", "Hopper-v5", "ppo")
+    cfg.gmi.num_gmis, cfg.env.num_envs = 2, 8
+    cfg.algo.num_steps, cfg.algo.num_minibatches, cfg.algo.update_epochs = 128, 4, 4
+    cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(out)
+    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
+    return cfg
+
+
+def _run(cfg: TrainConfig) -> Rates:
+    train(cfg)
+    return _steady(Path(cfg.run_dir))
+
+
+def _median(rates: list[Rates], attr: str) -> float:
+    return statistics.median(getattr(r, attr) for r in rates)
+
+
+def part_channels(args: Args, out: Path) -> None:
+    print("\n## channels: MCC vs UCC (APPO, "
+          f"{args.serving_gmis} serving GMIs x 8 envs, 1 trainer GMI)\n")
+    print("| task | channel | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
+          "|---|---|---:|---:|---:|")
+    for task, steps in (("Hopper-v5", args.hopper_steps), ("Pong-v5", args.pong_steps)):
+        rates: dict[str, list[Rates]] = {"multi": [], "uni": []}
+        for seed in range(1, args.repeats + 1):
+            for channel in ("multi", "uni"):
+                cfg = _appo(task, channel, steps, seed, args.serving_gmis,
+                            out / f"channels-{task}-{channel}-{seed}")
+                rates[channel].append(_run(cfg))
+        for channel, rs in rates.items():
+            print(f"| {task} | {channel} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} "
+                  f"| {len(rs)} |")
+        ratio = _median(rates["multi"], "ttop") / _median(rates["uni"], "ttop")
+        pps = _median(rates["multi"], "pps") / _median(rates["uni"], "pps")
+        print(f"| {task} | MCC / UCC | {pps:.2f}x | {ratio:.2f}x (target >= 1.3) | |", flush=True)
+
+
+def part_sync(args: Args, out: Path) -> None:
+    print("\n## templates: APPO async_training vs PPO sync_training, Hopper-v5, 16 envs\n")
+    print("| template | env steps/s | trained samples/s | runs |\n|---|---:|---:|---:|")
+    rates: dict[str, list[Rates]] = {"async (APPO)": [], "sync (PPO)": []}
+    for seed in range(1, args.repeats + 1):
+        rates["async (APPO)"].append(_run(_appo("Hopper-v5", "multi", args.hopper_steps, seed,
+                                                args.serving_gmis, out / f"sync-appo-{seed}")))
+        rates["sync (PPO)"].append(_run(_ppo_sync(args.hopper_steps, seed,
+                                                  out / f"sync-ppo-{seed}")))
+    for name, rs in rates.items():
+        print(f"| {name} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} | {len(rs)} |")
+    ratio = _median(rates["async (APPO)"], "pps") / _median(rates["sync (PPO)"], "pps")
+    print(f"| async / sync | {ratio:.2f}x (target >= 1.3) | | |", flush=True)
+
+
+_SF_REPORT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\].*Total num frames: (\d+)")
+_SF_TOTAL = re.compile(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)")
+
+
+def _sample_factory(args: Args, seed: int, out: Path) -> tuple[float, float]:
+    """One Sample Factory APPO run on Hopper: ``(steady env frames/s between its first and
+    last throughput reports, its own whole-run FPS)``."""
+    cmd = [args.sf_python, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_hopper",
+           f"--experiment=hopper-{seed}", f"--train_dir={out}", f"--seed={seed}",
+           "--device=cpu", f"--num_workers={args.serving_gmis}", "--num_envs_per_worker=8",
+           "--worker_num_splits=1", "--rollout=64", "--batch_size=2048",
+           "--num_batches_per_epoch=4", "--num_epochs=4", "--serial_mode=False",
+           "--async_rl=True", f"--train_for_env_steps={args.hopper_steps}",
+           "--with_wandb=False", "--save_every_sec=100000", "--keep_checkpoints=1",
+           "--restart_behavior=overwrite"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"Sample Factory failed ({proc.returncode}):\n{text[-3000:]}")
+    reports = [(time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+                + int(m.group(2)) / 1000, int(m.group(3)))
+               for m in map(_SF_REPORT.search, text.splitlines()) if m]
+    reports = [r for r in reports if r[1] > 0]  # from its first frames on
+    total = _SF_TOTAL.search(text)
+    whole = float(total.group(2)) if total else float("nan")
+    if len(reports) < 2:
+        return float("nan"), whole
+    (t0, f0), (t1, f1) = reports[0], reports[-1]
+    return (f1 - f0) / (t1 - t0), whole
+
+
+def part_sample_factory(args: Args, out: Path) -> None:
+    print("\n## APPO vs Sample Factory 2.1.1 APPO, Hopper, "
+          f"{args.serving_gmis} x 8 envs, 1 learner, CPU, {args.sf_steps:,} env steps\n")
+    if not Path(args.sf_python).exists():
+        print(f"Sample Factory's interpreter {args.sf_python} does not exist; see this script's "
+              "docstring for its venv. Part skipped.")
+        return
+    print("| who | env steps/s, steady | env steps/s, whole run | runs |\n|---|---:|---:|---:|")
+    gmi, gmi_whole, sf, sf_whole = [], [], [], []
+    for seed in range(1, args.repeats + 1):
+        cfg = _appo("Hopper-v5", "multi", args.sf_steps, seed, args.serving_gmis,
+                    out / f"sf-gmi-{seed}")
+        t0 = time.perf_counter()
+        result = train(cfg)
+        rates = _steady(Path(cfg.run_dir))
+        gmi.append(rates.pps)
+        gmi_whole.append(rates.env_steps / (time.perf_counter() - t0))
+        del result
+        steady, whole = _sample_factory(args, seed, out / "sample-factory")
+        sf.append(steady)
+        sf_whole.append(whole)
+    med = statistics.median
+    print(f"| gmi-drl APPO | {med(gmi):,.0f} | {med(gmi_whole):,.0f} | {len(gmi)} |")
+    print(f"| Sample Factory APPO | {med(sf):,.0f} | {med(sf_whole):,.0f} | {len(sf)} |")
+    print(f"| gmi-drl / SF | {med(gmi) / med(sf):.2f}x (target >= 1.0) | "
+          f"{med(gmi_whole) / med(sf_whole):.2f}x | |", flush=True)
+
+
+def main(args: Args) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    out = Path(args.out_dir or tempfile.mkdtemp(prefix="bench-async-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"runs in {out}")
+    parts = {"channels": part_channels, "sync": part_sync,
+             "sample-factory": part_sample_factory}
+    for name in args.parts:
+        parts[name](args, out)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
