@@ -3,7 +3,7 @@ pick today, in one invocation.
 
     .venv/bin/python benchmarks/async_training.py                         # every part, 3 repeats
     .venv/bin/python benchmarks/async_training.py --parts channels --repeats 5
-    .venv/bin/python benchmarks/async_training.py --parts sample-factory --sf-python /tmp/sfvenv/bin/python
+    .venv/bin/python benchmarks/async_training.py --parts sample-factory --sf-python PYTHON
 
 Part ``channels`` (papers/002 Table 8): APPO with multi-channel (MCC: one channel per field,
 the compressor joining fragments into transfers) against uni-channel experience sharing (UCC:
@@ -11,6 +11,13 @@ each env step's whole tuple as one message), on Hopper-v5 and on Pong-v5; runs a
 PPS = env steps (agent predictions) per second of every serving GMI; TTOP = samples per second
 the trainer learned from; both steady (between the first and the last logged update, so the
 one-time compile is left out). Target: MCC TTOP >= 1.3x UCC.
+
+Part ``channel-only``: the channels alone, with real processes and the real fragment shapes
+of Hopper-v5 and Pong-v5 but no env and no learning: data-only serving processes copy each
+step's rows into the dispenser, one batcher stacks batches; samples per second it receives.
+On a CPU the Pong trainer (the Nature CNN) learns from ~50 samples/s, so the end-to-end Pong
+runs of ``channels`` are bound by it whatever the channel; this part shows what each channel
+design can carry.
 
 Part ``sync`` (papers/002 Fig. 11): APPO in the async_training template (2 serving GMIs x 8
 envs, 1 trainer GMI) against PPO in the sync_training template (2 holistic GMIs x 8 envs) on
@@ -51,19 +58,26 @@ from gmi_drl.train import train
 
 @dataclass
 class Args:
-    parts: list[Literal["channels", "sync", "sample-factory"]] = field(
-        default_factory=lambda: ["channels", "sync", "sample-factory"])
+    parts: list[Literal["channels", "channel-only", "sync", "sample-factory"]] = field(
+        default_factory=lambda: ["channel-only", "channels", "sync", "sample-factory"])
     """which comparisons to run"""
+    tasks: list[str] = field(default_factory=lambda: ["Hopper-v5", "Pong-v5"])
+    """tasks of the channels part (Pong's trainer is slow on a CPU: a few minutes per run)"""
+    channel_seconds: float = 5.0
+    """seconds each channel-only measurement lasts"""
     repeats: int = 3
     """runs per configuration (median reported)"""
-    hopper_steps: int = 61_440
-    """env steps trained on per Hopper run (30 updates of 2,048)"""
-    pong_steps: int = 10_240
-    """env steps trained on per Pong run (20 updates of 512)"""
+    hopper_steps: int = 204_800
+    """env steps trained on per Hopper run (100 updates of 2,048)"""
+    pong_steps: int = 5_120
+    """env steps trained on per Pong run (10 updates of 512)"""
     serving_gmis: int = 2
     """serving GMIs of the APPO runs"""
     sf_python: str = "/tmp/sfvenv/bin/python"
     """the interpreter of Sample Factory's venv"""
+    sf_worker_num_splits: int = 2
+    """Sample Factory's double-buffered sampling (its MuJoCo default 2: each worker steps half
+    its envs while the other half waits for actions); 1 turns it off"""
     sf_steps: int = 204_800
     """env steps per run of the Sample Factory comparison (it reports every 5 s)"""
     out_dir: str | None = None
@@ -127,7 +141,8 @@ def part_channels(args: Args, out: Path) -> None:
           f"{args.serving_gmis} serving GMIs x 8 envs, 1 trainer GMI)\n")
     print("| task | channel | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
           "|---|---|---:|---:|---:|")
-    for task, steps in (("Hopper-v5", args.hopper_steps), ("Pong-v5", args.pong_steps)):
+    for task in args.tasks:
+        steps = args.pong_steps if task.startswith("Pong") else args.hopper_steps
         rates: dict[str, list[Rates]] = {"multi": [], "uni": []}
         for seed in range(1, args.repeats + 1):
             for channel in ("multi", "uni"):
@@ -140,6 +155,100 @@ def part_channels(args: Args, out: Path) -> None:
         ratio = _median(rates["multi"], "ttop") / _median(rates["uni"], "ttop")
         pps = _median(rates["multi"], "pps") / _median(rates["uni"], "pps")
         print(f"| {task} | MCC / UCC | {pps:.2f}x | {ratio:.2f}x (target >= 1.3) | |", flush=True)
+
+
+def _serve_fragments(plan, serving: int, seconds: float) -> None:
+    """A serving GMI that only moves data: each step copies one row of every time-major field
+    (from fixed arrays, as a collector writes what the pool and policy returned) and hands the
+    step to the dispenser, for ``seconds``."""
+    import numpy as np
+
+    from gmi_drl.comm.channels import ChannelClosed, Dispenser, Fabric
+
+    fabric = Fabric.attach(plan)
+    disp = Dispenser(fabric, serving)
+    rows = {f.name: np.ones(f.shape[1:], f.dtype) for f in plan.fields if plan.time_major(f)}
+    next_obs = np.ones(plan.fields[0].shape[1:], plan.fields[0].dtype)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            frag = disp.begin(0)
+            for t in range(plan.num_steps):
+                for name, row in rows.items():
+                    frag[name][t] = row
+                disp.step_done(t, next_obs)
+            disp.end()
+    except ChannelClosed:
+        pass
+    finally:
+        fabric.close()
+
+
+def _channel_rate(task: str, channel: str, serving: int, seconds: float) -> float:
+    """Samples per second a trainer's batcher receives from ``serving`` data-only serving GMI
+    processes (8 envs each, APPO's fragments for ``task``), steady over ``seconds``."""
+    import multiprocessing as mp
+
+    from gmi_drl import envs
+    from gmi_drl.comm.channels import Batcher, ChannelPlan, Fabric
+    from gmi_drl.rollout.trajectory import fragment_fields
+
+    cfg = preset("auto", task, "appo")
+    with envs.make(task, 1, num_workers=0) as probe:
+        spec = probe.spec
+    T, B = cfg.algo.num_steps, 8
+    plan = ChannelPlan(fragment_fields(spec.observation_space, spec.action_space, T, B), T, B,
+                       serving, 1, channel)
+    fabric = Fabric.create(plan)
+    procs = [mp.get_context("spawn").Process(target=_serve_fragments,
+                                             args=(fabric.plan, s, seconds + 30))
+             for s in range(serving)]
+    try:
+        for p in procs:
+            p.start()
+        batcher = Batcher(fabric, 0, cfg.algo.fragments_per_batch)
+        batcher.next(timeout_s=60)  # every process is up
+        n0, t0 = batcher.fragments, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            batcher.next(timeout_s=60)
+        rate = (batcher.fragments - n0) * T * B / (time.perf_counter() - t0)
+    finally:
+        fabric.stop()
+        for p in procs:
+            p.join(10)
+            p.kill()
+        fabric.destroy()
+    return rate
+
+
+def part_channel_only(args: Args, out: Path) -> None:
+    print(f"\n## channels alone: samples/s into a trainer's batches ({args.serving_gmis} "
+          "data-only serving processes x 8 envs, APPO's fragments; no env, no learning)\n")
+    print("| task | bytes per step of 8 envs (MCC / UCC) | MCC samples/s | UCC samples/s "
+          "| MCC / UCC | runs |\n|---|---|---:|---:|---:|---:|")
+    for task in ("Hopper-v5", "Pong-v5"):
+        rates: dict[str, list[float]] = {"multi": [], "uni": []}
+        for _ in range(args.repeats):
+            for channel in ("multi", "uni"):
+                rates[channel].append(_channel_rate(task, channel, args.serving_gmis,
+                                                    args.channel_seconds))
+        m, u = statistics.median(rates["multi"]), statistics.median(rates["uni"])
+        print(f"| {task} | {_step_bytes(task)} | {m:,.0f} | {u:,.0f} | {m / u:.2f}x | "
+              f"{args.repeats} |", flush=True)
+
+
+def _step_bytes(task: str) -> str:
+    from gmi_drl import envs
+    from gmi_drl.comm.channels import ChannelPlan
+    from gmi_drl.rollout.trajectory import fragment_fields
+
+    T = preset("auto", task, "appo").algo.num_steps
+    with envs.make(task, 1, num_workers=0) as probe:
+        spec = probe.spec
+    fields = fragment_fields(spec.observation_space, spec.action_space, T, 8)
+    mcc = sum(f.nbytes for f in fields) / T
+    ucc = ChannelPlan(fields, T, 8, 1, 1, "uni").rings()[0][0]
+    return f"{mcc:,.0f} / {ucc:,.0f}"
 
 
 def part_sync(args: Args, out: Path) -> None:
@@ -167,7 +276,8 @@ def _sample_factory(args: Args, seed: int, out: Path) -> tuple[float, float]:
     cmd = [args.sf_python, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_hopper",
            f"--experiment=hopper-{seed}", f"--train_dir={out}", f"--seed={seed}",
            "--device=cpu", f"--num_workers={args.serving_gmis}", "--num_envs_per_worker=8",
-           "--worker_num_splits=1", "--rollout=64", "--batch_size=2048",
+           f"--worker_num_splits={args.sf_worker_num_splits}", "--rollout=64",
+           "--batch_size=2048",
            "--num_batches_per_epoch=4", "--num_epochs=4", "--serial_mode=False",
            "--async_rl=True", f"--train_for_env_steps={args.hopper_steps}",
            "--with_wandb=False", "--save_every_sec=100000", "--keep_checkpoints=1",
@@ -221,7 +331,7 @@ def main(args: Args) -> None:
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="bench-async-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs in {out}")
-    parts = {"channels": part_channels, "sync": part_sync,
+    parts = {"channels": part_channels, "channel-only": part_channel_only, "sync": part_sync,
              "sample-factory": part_sample_factory}
     for name in args.parts:
         parts[name](args, out)

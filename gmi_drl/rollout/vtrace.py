@@ -69,7 +69,8 @@ def vtrace(log_rhos: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
         clipped_rhos = rhos.clamp(max=rho_bar)
         cs = lam * rhos.clamp(max=c_bar)
         deltas = clipped_rhos * (rewards + discounts * next_values - values)
-        # v_s - V(x_s) = sum_{k >= s} (prod_{s <= j < k} g_j) delta_k, g_j = gamma_j c_j [j not an end]
+        # v_s - V(x_s) = sum_{k >= s} (prod_{s <= j < k} g_j) delta_k,
+        # g_j = gamma_j c_j where step j ends no episode, else 0
         g = discounts * cs * (~done).to(rewards.dtype)
         upper = torch.ones(T, T, *g.shape[1:], dtype=g.dtype, device=g.device)
         idx = torch.arange(T, device=g.device)

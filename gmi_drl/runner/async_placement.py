@@ -107,8 +107,8 @@ class AsyncPlacement:
         text += ("- gradient reduction among trainer GMIs: "
                  + (f"`{lay.reduction.value}`: {lay.reduction_reason}\n" if lay is not None
                     else "none (one trainer GMI)\n"))
-        text += (f"- experience channels: {a.channel} "
-                 f"({'one per field (MCC)' if a.channel == 'multi' else 'one message per step (UCC)'}), "
+        how = "one per field (MCC)" if a.channel == "multi" else "one message per step (UCC)"
+        text += (f"- experience channels: {a.channel} ({how}), "
                  f"{a.fragments_per_transfer} fragment(s) of {cfg.algo.num_steps} steps per "
                  f"transfer, {a.channel_slots} slots, back-pressure {a.backpressure}\n")
         serving = self.results[n_tr:] if cfg.placement != "serial" else self.results[1:]
