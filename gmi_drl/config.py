@@ -166,6 +166,9 @@ class AsyncConfig:
     the trainer's; None: keep every fragment"""
     timeout_s: float = 120.0
     """a trainer that receives no experience for this long stops the run"""
+    tolerate_serving_failures: bool = False
+    """a serving GMI that dies, raises or hangs is logged and the run goes on with the others
+    (local placement); False: any GMI failure stops the run"""
 
 
 @dataclass
@@ -623,6 +626,8 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     need(a.max_policy_lag is None or a.max_policy_lag >= 0,
          f"async.max_policy_lag={a.max_policy_lag} must be >= 0 or None")
     need(a.timeout_s > 0, f"async.timeout_s={a.timeout_s} must be > 0")
+    need(not a.tolerate_serving_failures or cfg.placement == "local",
+         "async.tolerate_serving_failures needs a process per GMI (--placement local)")
 
 
 def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:

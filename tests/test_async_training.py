@@ -136,3 +136,75 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
         validate(cfg)
     assert "gmi.num_gmis=2 is the holistic GMIs of sync_training" in str(err.value)
     assert "placement='serial' runs one serving and one trainer role" in str(err.value)
+
+
+def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "appo", "--gmi.serving-gmis", "2",
+         "--total-timesteps", "100000000", "--no-compile", "--log.no-tensorboard",
+         "--run-dir", str(run)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.csv").exists():  # the GMIs run
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "gmi-drl train: interrupted; the run was stopped" in err
+    deadline = time.monotonic() + 5  # the resource tracker exits right after its parent
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+        if not left.stdout.strip() and set(os.listdir("/dev/shm")) <= shm_before:
+            break
+        time.sleep(0.2)
+    assert left.stdout.strip() == "", f"processes left: {left.stdout}"
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_an_async_run_resumes_and_its_checkpoint_evaluates(tmp_path):
+    from gmi_drl.evaluate import evaluate
+
+    cfg = _appo(tmp_path, "first", total_timesteps=4 * 512, compile=False)
+    cfg.checkpoint.every = 2
+    first = train(cfg)
+    assert first.global_step == 2048
+    more = _appo(tmp_path, "unused", total_timesteps=8 * 512, compile=False)
+    more.run_dir, more.resume = None, str(first.run_dir)
+    resumed = train(more)
+    assert resumed.run_dir == first.run_dir and resumed.global_step == 4096
+    assert len(resumed.episode_returns) > len(first.episode_returns)  # continued, not restarted
+    report = evaluate(first.run_dir, episodes=3)
+    assert len(report.returns) == 3 and (report.returns > 0).all()
+
+
+def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "appo", "--gmi.serving-gmis", "2",
+         "--async.tolerate-serving-failures", "--total-timesteps", "200000", "--no-compile",
+         "--log.no-tensorboard", "--run-dir", str(run)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.csv").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.1)
+        gmis = sorted(_children(proc.pid))
+        assert len(gmis) == 3, gmis
+        os.kill(gmis[-1], signal.SIGKILL)  # serving GMI 2
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "done: 199,680 steps" in out
+    assert "GMI 2 was killed by signal 9 without a result; the run goes on without it" in err
+    summary = (run / "summary.md").read_text()
+    assert "serving GMI 2: failed during the run; the run went on without it" in summary
+    assert "serving GMI 1: " in summary

@@ -118,7 +118,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
            poll_s: float = 0.2, service_addrs: Sequence[str] = (),
            netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
-           exit_timeout_s: float = 5.0) -> list[Any]:
+           exit_timeout_s: float = 5.0, tolerate: frozenset[int] = frozenset()) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -136,6 +136,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             `gmi_drl.telemetry.profiler.nsys_command`); other GMIs run Python directly.
         exit_timeout_s: after every GMI returned, how long each may take to exit by itself
             before it is terminated (a profiler running it writes its report then).
+        tolerate: GMI ids whose failure (raised, died, hung) does not stop the run: it is
+            logged with the GMI id, and its result is ``None``.
 
     Raises:
         ValueError: ``service_addrs`` / ``netns`` not one per GMI.
@@ -167,7 +169,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         procs += _start(mpctx, layout, machine, target, payload, group, beats, results,
                         os.path.join(tmp, "mps") if mps else None, netns, prefixes or {}, tmp)
         try:
-            out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s)
+            out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s, tolerate)
             deadline = time.time() + exit_timeout_s
             for p in procs:
                 p.join(timeout=max(0.0, deadline - time.time()))
@@ -236,37 +238,47 @@ def _interpreter(mpctx, executable: str):
         mpctx.set_executable(previous)
 
 
-def _watch(procs, results, beats, heartbeat_timeout_s, poll_s) -> list[Any]:
+def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
+           tolerate: frozenset[int] = frozenset()) -> list[Any]:
     n, done = len(procs), {}
+
+    def failed(g: int, error: GMIError) -> None:
+        if g not in tolerate:
+            raise error
+        log.warning("%s; the run goes on without it", error.summary.removesuffix(
+            "; the run was stopped"))
+        if procs[g].is_alive():
+            procs[g].kill()
+        done[g] = None
+
+    def received(status: str, g: int, value) -> None:
+        if status == "error":
+            failed(g, GMIError.raised(g, value))
+        else:
+            done[g] = value
+
     while len(done) < n:
         try:
-            status, gmi_id, value = results.get(timeout=poll_s)
+            received(*results.get(timeout=poll_s))
+            continue
         except queue.Empty:
             pass
-        else:
-            if status == "error":
-                raise GMIError.raised(gmi_id, value)
-            done[gmi_id] = value
-            continue
         now = time.time()
         for g, p in enumerate(procs):
             if g in done:
                 continue
             if p.exitcode is not None:
                 try:  # its last words may still be in the queue
-                    status, gid, value = results.get(timeout=1.0)
-                    if status == "error":
-                        raise GMIError.raised(gid, value)
-                    done[gid] = value
+                    received(*results.get(timeout=1.0))
                     continue
                 except queue.Empty:
                     pass
                 code = p.exitcode
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                raise GMIError(f"GMI {g} {how} without a result; the run was stopped")
-            if now - beats[g] > heartbeat_timeout_s:
-                raise GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s (hung); "
-                               "the run was stopped")
+                failed(g, GMIError(f"GMI {g} {how} without a result; the run was stopped"))
+            elif now - beats[g] > heartbeat_timeout_s:
+                failed(g, GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s "
+                                   "(hung); the run was stopped"))
     return [done[g] for g in range(n)]
 
 

@@ -83,8 +83,12 @@ class AsyncPlacement:
             else:
                 from gmi_drl.gmi.launcher import launch
 
+                n_tr = cfg.gmi.trainer_gmis
+                tolerate = (frozenset(range(n_tr, n_tr + cfg.gmi.serving_gmis))
+                            if cfg.async_.tolerate_serving_failures else frozenset())
                 self.results = launch(TARGET, self.layout, self.machine, payload=spec,
-                                      reducer_capacity=1, exit_timeout_s=5.0)
+                                      reducer_capacity=1, exit_timeout_s=5.0,
+                                      tolerate=tolerate)
             return self.results
         finally:
             for _, owner in made:
@@ -113,9 +117,13 @@ class AsyncPlacement:
                  f"transfer, {a.channel_slots} slots, back-pressure {a.backpressure}\n")
         serving = self.results[n_tr:] if cfg.placement != "serial" else self.results[1:]
         for k, r in enumerate(serving):
-            text += (f"- serving GMI {n_tr + k if cfg.placement != 'serial' else k}: "
-                     f"{r.env_steps:,} env steps in {r.fragments:,} fragments, "
-                     f"{r.policy_versions} weight versions picked up\n")
+            gmi = n_tr + k if cfg.placement != "serial" else k
+            if r is None:
+                text += (f"- serving GMI {gmi}: failed during the run; the run went on without "
+                         "it (async.tolerate_serving_failures; its reason is in train.log)\n")
+                continue
+            text += (f"- serving GMI {gmi}: {r.env_steps:,} env steps in {r.fragments:,} "
+                     f"fragments, {r.policy_versions} weight versions picked up\n")
         if a.max_policy_lag is not None:
             text += f"- fragments more than {a.max_policy_lag} versions old were dropped\n"
         return text
