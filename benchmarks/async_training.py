@@ -73,6 +73,8 @@ class Args:
     """env steps trained on per Pong run (10 updates of 512)"""
     serving_gmis: int = 2
     """serving GMIs of the APPO runs"""
+    trainer_share: float | None = None
+    """gmi.trainer_share of the APPO runs (None: every GMI shares the cores)"""
     sf_python: str = "/tmp/sfvenv/bin/python"
     """the interpreter of Sample Factory's venv"""
     sf_worker_num_splits: int = 2
@@ -110,9 +112,11 @@ def _steady(run_dir: Path) -> Rates:
     return Rates(pps, ttop, w1, env[-1][2] if env else s1)
 
 
-def _appo(task: str, channel: str, steps: int, seed: int, serving: int, out: Path) -> TrainConfig:
+def _appo(task: str, channel: str, steps: int, seed: int, serving: int, out: Path,
+          trainer_share: float | None = None) -> TrainConfig:
     cfg = preset("auto", task, "appo")
     cfg.gmi.serving_gmis, cfg.async_.channel = serving, channel
+    cfg.gmi.trainer_share = trainer_share
     cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(out)
     cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
     return cfg
@@ -252,12 +256,14 @@ def _step_bytes(task: str) -> str:
 
 
 def part_sync(args: Args, out: Path) -> None:
-    print("\n## templates: APPO async_training vs PPO sync_training, Hopper-v5, 16 envs\n")
+    print("\n## templates: APPO async_training vs PPO sync_training, Hopper-v5, 16 envs "
+          f"(gmi.trainer_share {args.trainer_share})\n")
     print("| template | env steps/s | trained samples/s | runs |\n|---|---:|---:|---:|")
     rates: dict[str, list[Rates]] = {"async (APPO)": [], "sync (PPO)": []}
     for seed in range(1, args.repeats + 1):
         rates["async (APPO)"].append(_run(_appo("Hopper-v5", "multi", args.hopper_steps, seed,
-                                                args.serving_gmis, out / f"sync-appo-{seed}")))
+                                                args.serving_gmis, out / f"sync-appo-{seed}",
+                                                args.trainer_share)))
         rates["sync (PPO)"].append(_run(_ppo_sync(args.hopper_steps, seed,
                                                   out / f"sync-ppo-{seed}")))
     for name, rs in rates.items():

@@ -124,6 +124,10 @@ class GMIConfig:
     """async_training: serving GMIs (simulator + agent), each with env.num_envs envs"""
     trainer_gmis: int = 1
     """async_training: trainer GMIs; several reduce gradients among themselves (gmi.reduction)"""
+    trainer_share: float | None = None
+    """async_training: the share of the GPUs (with two or more) or CPU cores the trainer GMIs
+    get, the serving GMIs the rest; None: GPUs in proportion to the GMI counts, CPU cores shared
+    by every GMI"""
 
     @property
     def switch_addrs(self) -> tuple[str, ...]:
@@ -600,6 +604,7 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
         changed = [f"async.{f.name}" for f in dataclasses.fields(AsyncConfig)
                    if getattr(a, f.name) != f.default]
         changed += [f"gmi.{n}" for n in ("serving_gmis", "trainer_gmis") if getattr(g, n) != 1]
+        changed += ["gmi.trainer_share"] if g.trainer_share is not None else []
         need(not changed, f"{', '.join(changed)} set, but {name} runs in the sync_training "
              "template; use appo or a3c")
         return
@@ -607,6 +612,8 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
          "an async_training run has gmi.serving_gmis and gmi.trainer_gmis")
     need(g.serving_gmis >= 1, f"gmi.serving_gmis={g.serving_gmis} must be >= 1")
     need(g.trainer_gmis >= 1, f"gmi.trainer_gmis={g.trainer_gmis} must be >= 1")
+    need(g.trainer_share is None or 0 < g.trainer_share < 1,
+         f"gmi.trainer_share={g.trainer_share} must be in (0, 1) or None")
     need(g.reduction in ("auto", "mpr", "mrr", "har", "ring"),
          f"gmi.reduction={g.reduction!r}: trainer GMIs of an async_training run reduce with "
          "auto, mpr, mrr, har or ring")

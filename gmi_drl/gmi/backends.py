@@ -37,6 +37,8 @@ class GMISpec:
         memory_limit_bytes: MPS pinned device-memory limit, bytes (``None``: no limit).
         roles: subset of ``("simulator", "agent", "trainer")``.
         mig_uuid: ``MIG-<uuid>`` for the ``mig`` backend.
+        cpu_cores: for ``cpu``, the cores this GMI is pinned to, chosen by the layout (``None``:
+            an even share of the machine's cores by ``gmi_id``).
     """
 
     gmi_id: int
@@ -46,6 +48,7 @@ class GMISpec:
     memory_limit_bytes: int | None = None
     roles: tuple[str, ...] = ("simulator", "agent", "trainer")
     mig_uuid: str | None = None
+    cpu_cores: tuple[int, ...] | None = None
 
 
 def choose_backend(machine: Machine, training: bool,
@@ -97,10 +100,12 @@ def process_env(spec: GMISpec, machine: Machine, gmis_on_device: int,
         raise ValueError(f"GMI {spec.gmi_id}: compute_share={spec.compute_share} not in (0, 1]")
     cores = list(machine.cpu_cores)
     if spec.backend is BackendKind.CPU:
-        # the cores of this GMI: an even split of the machine among the GMIs of its "device"
-        per = max(1, len(cores) // max(1, gmis_on_device))
-        start = (spec.gmi_id % max(1, gmis_on_device)) * per % len(cores)
-        mine = set(cores[start:start + per]) or {cores[0]}
+        if spec.cpu_cores:  # the layout chose them
+            mine = set(spec.cpu_cores)
+        else:  # an even split of the machine among the GMIs of its "device"
+            per = max(1, len(cores) // max(1, gmis_on_device))
+            start = (spec.gmi_id % max(1, gmis_on_device)) * per % len(cores)
+            mine = set(cores[start:start + per]) or {cores[0]}
         env = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(mine))}
         return env, mine, len(mine)
     if not 0 <= spec.device < len(machine.gpus):

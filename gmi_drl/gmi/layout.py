@@ -132,3 +132,76 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
     mpl = tuple(mpl)
     return Layout(mpl, tuple(specs), template, kind, reason,
                   *resolve_reduction(reduction, mpl))
+
+
+def plan_async(num_trainers: int, num_serving: int, machine: Machine,
+               backend: str | None = None, trainer_share: float | None = None) -> Layout:
+    """The ``async_training`` template's layout (GMI-DRL §5.1, Fig. 6(b)): trainer GMIs
+    ``0 .. num_trainers - 1`` and serving GMIs after them, each role on its own device set.
+
+    On GPUs: with two or more, the trainers get the first ``trainer_share`` of them (default:
+    in proportion to the GMI counts; at least one each side) and the serving GMIs the rest; one
+    GPU is shared by every GMI (MPS splits it). On the CPU: with ``trainer_share``, the trainers
+    get that share of the cores (at least one, leaving one) and the serving GMIs the rest, each
+    role's GMIs splitting its set evenly; without it, every GMI gets an even share of the
+    machine's cores (the OS balances the roles' very unequal demands better than a fixed split
+    on a few cores: `docs/async.md`).
+
+    Raises:
+        ValueError: counts below 1, a ``trainer_share`` outside (0, 1), a bad backend.
+    """
+    if num_trainers < 1 or num_serving < 1:
+        raise ValueError(f"{num_trainers=} and {num_serving=} must both be >= 1")
+    if trainer_share is not None and not 0 < trainer_share < 1:
+        raise ValueError(f"trainer_share={trainer_share} must be in (0, 1)")
+    kind, reason = choose_backend(machine, True, backend)
+    trainers = tuple(range(num_trainers))
+    serving = tuple(range(num_trainers, num_trainers + num_serving))
+    n = num_trainers + num_serving
+    share = trainer_share if trainer_share is not None else num_trainers / n
+    specs: list[GMISpec] = []
+    if kind is BackendKind.CPU:
+        cores = machine.cpu_cores
+        if trainer_share is None or len(cores) < 2:
+            mpl = (trainers + serving,)
+            specs = [GMISpec(g, 0, kind, 1.0 / n, None, _async_roles(g, num_trainers))
+                     for g in range(n)]
+        else:
+            k = min(len(cores) - 1, max(1, round(len(cores) * share)))
+            mpl = (trainers, serving)
+            for d, (gmis, mine) in enumerate(((trainers, cores[:k]), (serving, cores[k:]))):
+                for i, g in enumerate(gmis):
+                    specs.append(GMISpec(g, d, kind, 1.0 / len(gmis), None,
+                                         _async_roles(g, num_trainers),
+                                         cpu_cores=_even_part(mine, i, len(gmis))))
+            reason += (f"; trainer GMIs on cores {list(cores[:k])}, serving GMIs on "
+                       f"{list(cores[k:])} (gmi.trainer_share {trainer_share})")
+    else:
+        gpus = len(machine.gpus)
+        devices: list[list[int]] = [[] for _ in range(gpus)]
+        if gpus < 2:
+            devices[0] = list(trainers + serving)
+        else:
+            k = min(gpus - 1, max(1, round(gpus * share)))
+            for j, g in enumerate(trainers):
+                devices[j % k].append(g)
+            for j, g in enumerate(serving):
+                devices[k + j % (gpus - k)].append(g)
+            reason += f"; trainer GMIs on GPUs 0..{k - 1}, serving GMIs on GPUs {k}..{gpus - 1}"
+        mpl = tuple(tuple(gmis) for gmis in devices)
+        specs = sorted((GMISpec(g, d, kind, 1.0 / len(gmis), None, _async_roles(g, num_trainers))
+                        for d, gmis in enumerate(mpl) for g in gmis), key=lambda x: x.gmi_id)
+    return Layout(tuple(mpl), tuple(specs), Template.ASYNC_TRAINING, kind, reason,
+                  Reduction.MPR, "the trainer GMIs reduce in their own layout")
+
+
+def _async_roles(gmi_id: int, num_trainers: int) -> tuple[str, ...]:
+    return ("trainer",) if gmi_id < num_trainers else ("simulator", "agent")
+
+
+def _even_part(cores: tuple[int, ...], i: int, parts: int) -> tuple[int, ...]:
+    """Part ``i`` of ``parts`` of ``cores`` (parts share cores when there are fewer cores)."""
+    n = len(cores)
+    if parts >= n:
+        return (cores[i % n],)
+    return tuple(cores[i * n // parts:(i + 1) * n // parts])

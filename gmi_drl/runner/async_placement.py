@@ -15,7 +15,7 @@ import tempfile
 from typing import Any
 
 from gmi_drl.config import ConfigError, TrainConfig
-from gmi_drl.gmi.layout import Template, plan
+from gmi_drl.gmi.layout import plan, plan_async
 
 TARGET = "gmi_drl.runner.async_loop:async_main"
 
@@ -31,8 +31,8 @@ class AsyncPlacement:
         g = cfg.gmi
         backend = None if g.backend == "auto" else g.backend
         try:
-            self.layout = plan(g.trainer_gmis + g.serving_gmis, machine,
-                               template=Template.ASYNC_TRAINING, backend=backend)
+            self.layout = plan_async(g.trainer_gmis, g.serving_gmis, machine, backend,
+                                     g.trainer_share)
             self.trainer_layout = (plan(g.trainer_gmis, machine, backend=backend,
                                         num_devices=g.num_devices, reduction=g.reduction)
                                    if g.trainer_gmis > 1 else None)

@@ -32,3 +32,30 @@ def test_a_forced_reduction_is_kept_when_the_layout_allows_it():
     with pytest.raises(ValueError, match="mrr needs"):
         plan(5, CPU, num_devices=2, reduction="mrr")
     assert "gradient reduction: none (one GMI)" in plan(1, CPU).describe()
+
+
+def test_async_layouts_give_each_role_its_own_device_set():
+    from gmi_drl.gmi.backends import BackendKind, process_env
+    from gmi_drl.gmi.devices import Gpu, Machine
+    from gmi_drl.gmi.layout import plan_async
+
+    cpu = Machine((), (0, 1, 2, 3), "no GPU: test")
+    shared = plan_async(1, 3, cpu)  # default on the CPU: every GMI an even share of the cores
+    assert shared.mpl == ((0, 1, 2, 3),) and all(s.cpu_cores is None for s in shared.specs)
+    split = plan_async(1, 3, cpu, trainer_share=0.25)
+    assert split.mpl == ((0,), (1, 2, 3))
+    assert [s.roles for s in split.specs] == [("trainer",)] + [("simulator", "agent")] * 3
+    pinned = [process_env(s, cpu, len(split.mpl[s.device]))[1] for s in split.specs]
+    assert pinned == [{0}, {1}, {2}, {3}]
+    assert "trainer GMIs on cores [0], serving GMIs on [1, 2, 3]" in split.describe()
+    two = plan_async(2, 2, Machine((), (0, 1, 2, 3, 4, 5), ""), trainer_share=0.5)
+    assert [s.cpu_cores for s in two.specs] == [(0,), (1, 2), (3,), (4, 5)]
+    gpus = tuple(Gpu(i, "A100", f"GPU-{i}", (8, 0), 40 << 30) for i in range(4))
+    four = plan_async(2, 6, Machine(gpus, (0, 1), ""))  # trainers: 2/8 of the GPUs, at least one
+    assert four.backend is BackendKind.CUDA_MPS
+    assert four.mpl == ((0, 1), (2, 5), (3, 6), (4, 7))
+    assert "trainer GMIs on GPUs 0..0, serving GMIs on GPUs 1..3" in four.describe()
+    one = plan_async(1, 2, Machine(gpus[:1], (0, 1), ""))  # one GPU: shared by every GMI
+    assert one.mpl == ((0, 1, 2),)
+    with pytest.raises(ValueError, match="trainer_share=1.0 must be in"):
+        plan_async(1, 1, cpu, trainer_share=1.0)
