@@ -78,18 +78,19 @@ def test_stale_fragments_are_dropped_and_counted(tmp_path):
 
 
 def _children(pid: int) -> list[int]:
+    """The spawned children of ``pid``, oldest first (trainer GMIs start before serving)."""
     kids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{entry}/cmdline") as f:
                 cmd = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and "spawn_main" in cmd:
-            kids.append(int(entry))
-    return kids
+        if int(fields[1]) == pid and "spawn_main" in cmd:
+            kids.append((int(fields[19]), int(entry)))  # start time, in clock ticks
+    return [p for _, p in sorted(kids)]
 
 
 def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_path):
@@ -105,7 +106,7 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
         while not list((run / "checkpoints").glob("iteration-*.pt")):
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.2)
-        gmis = sorted(_children(proc.pid))
+        gmis = _children(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # started last: serving GMI 2
         killed = time.monotonic()
@@ -196,7 +197,7 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
         while not (run / "metrics.csv").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.1)
-        gmis = sorted(_children(proc.pid))
+        gmis = _children(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # serving GMI 2
         out, err = proc.communicate(timeout=300)

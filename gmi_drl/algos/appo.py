@@ -118,7 +118,7 @@ def appo_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminat
     logprob, entropy, values, boot = _evaluate(model, obs, actions, last_obs)
     log_rhos = logprob - logprobs
     vt = vtrace(log_rhos.detach(), rewards, values.detach(), boot.detach(), terminated,
-                truncated, final_values, gamma, rho_bar, c_bar, 1.0, lam)
+                truncated, final_values, gamma, rho_bar=rho_bar, c_bar=c_bar, lam=lam)
     adv = _normalized(vt.pg_advantages) if norm_adv else vt.pg_advantages
     ratio = log_rhos.exp()
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
@@ -164,16 +164,19 @@ class APPO:
     def optimizer_eps(self) -> float:
         return self.cfg.adam_eps
 
-    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    def update(self, batch: dict[str, torch.Tensor],
+               update_obs_stats: bool = True) -> dict[str, float]:
         """``update_epochs`` passes of minibatch steps over ``batch`` (every trajectory whole);
-        the observations are normalised first when the run normalises them (the statistics
-        folded in here are the ones `weights` publishes). Returns ``losses/...`` means and the
-        gradient step's metrics."""
+        the observations are normalised first when the run normalises them, folding the batch
+        into the statistics when ``update_obs_stats`` (the trainer that publishes: its
+        statistics are the ones `weights` sends; other trainers take them, `set_obs_stats`).
+        Returns ``losses/...`` means and the gradient step's metrics."""
         cfg, step, norm = self.cfg, self.grad_step, self.ctx.obs_norm
         obs, last_obs = batch["obs"], batch["last_obs"]
         if norm is not None:
             T, N = obs.shape[:2]
-            obs = _float(norm(_as_array(obs.flatten(0, 1)))).view(T, N, *obs.shape[2:])
+            obs = _float(norm(_as_array(obs.flatten(0, 1)), update_obs_stats)).view(
+                T, N, *obs.shape[2:])
             last_obs = _float(norm(_as_array(last_obs), update=False))
         fields = (obs, batch["actions"], batch["logprobs"], batch["rewards"],
                   batch["terminated"], batch["truncated"], batch["final_values"], last_obs)
@@ -203,9 +206,18 @@ class APPO:
         state, then the observation normaliser's mean and variance (when the run has one)."""
         out = [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
         if self.ctx.obs_norm is not None:
-            rms = self.ctx.obs_norm.rms
-            out += [np.asarray(rms.mean, np.float64), np.asarray(rms.var, np.float64)]
+            rms = self.ctx.obs_norm.rms  # NumPy on the CPU, tensors on a device
+            out += [torch.as_tensor(x).cpu().numpy().astype(np.float64, copy=False)
+                    for x in (rms.mean, rms.var)]
         return out
+
+    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
+        """Take the observation statistics another trainer published (`weights`' last two
+        arrays); no-op without observation normalisation."""
+        norm = self.ctx.obs_norm
+        if norm is not None:
+            norm.rms.mean = norm.rms.arrays.from_torch(torch.from_numpy(mean.copy()))
+            norm.rms.var = norm.rms.arrays.from_torch(torch.from_numpy(var.copy()))
 
     def state_dict(self) -> dict:
         """Weights (``modules``), optimizer moments, the shuffling RNG, the update count and

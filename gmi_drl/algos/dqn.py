@@ -115,8 +115,10 @@ class QNetwork(nn.Module):
             self.net = nn.Sequential(cnn, nn.Linear(cnn.out_features, num_actions))
         else:
             n_in = int(np.prod(observation_space.shape))
+            # torch's default initialisation, as CleanRL's dqn.py and SB3's DQN have it
             self.net = nn.Sequential(nn.Flatten(),
-                                     MLP(f"{n_in}:{hidden}:{num_actions}", activation))
+                                     MLP(f"{n_in}:{hidden}:{num_actions}", activation,
+                                         orthogonal=False))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)

@@ -6,7 +6,9 @@ pointed at, bumping that buffer's sequence number to odd before and to even afte
 readers at it. A reader copies the newest buffer and keeps the copy only if the sequence number
 was even and unchanged across the copy, so it never keeps a torn read; it retries otherwise
 (only when the trainer lapped it twice during one copy). Every publication carries its
-``policy_version``.
+``policy_version``. Like the rings (`gmi_drl.comm.channels.ring`) and the MPR block, it relies
+on x86's store order (no fences from Python); on a weakly ordered CPU (aarch64) a reader could
+see a sequence number before the data.
 """
 
 from __future__ import annotations

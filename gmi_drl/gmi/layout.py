@@ -182,12 +182,15 @@ def plan_async(num_trainers: int, num_serving: int, machine: Machine,
         if gpus < 2:
             devices[0] = list(trainers + serving)
         else:
-            k = min(gpus - 1, max(1, round(gpus * share)))
+            k = min(gpus - 1, num_trainers, max(1, round(gpus * share)))
+            m = min(gpus - k, num_serving)  # GPUs beyond k + m hold no GMI and are left out
             for j, g in enumerate(trainers):
                 devices[j % k].append(g)
             for j, g in enumerate(serving):
-                devices[k + j % (gpus - k)].append(g)
-            reason += f"; trainer GMIs on GPUs 0..{k - 1}, serving GMIs on GPUs {k}..{gpus - 1}"
+                devices[k + j % m].append(g)
+            devices = devices[:k + m]
+            reason += (f"; trainer GMIs on GPUs 0..{k - 1}, serving GMIs on GPUs "
+                       f"{k}..{k + m - 1}")
         mpl = tuple(tuple(gmis) for gmis in devices)
         specs = sorted((GMISpec(g, d, kind, 1.0 / len(gmis), None, _async_roles(g, num_trainers))
                         for d, gmis in enumerate(mpl) for g in gmis), key=lambda x: x.gmi_id)

@@ -44,5 +44,5 @@ def fragment_fields(observation_space: gym.spaces.Box, action_space: gym.spaces.
             FieldSpec("episode_end", (T, B), "bool"),
             FieldSpec("episode_return", (T, B), "float32"),
             FieldSpec("episode_length", (T, B), "int32"),
-            FieldSpec("last_obs", (B, *obs), obs_dtype),
-            FieldSpec("policy_version", (1,), "int64"))
+            FieldSpec("last_obs", (B, *obs), obs_dtype, time_major=False),
+            FieldSpec("policy_version", (1,), "int64", time_major=False))

@@ -10,6 +10,7 @@ happened.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from typing import Any
@@ -63,14 +64,20 @@ class AsyncPlacement:
 
         cfg = self.cfg
         task = _task_spec(cfg)
-        fabric = Fabric.create(self.channel_plan(task))
-        store = WeightStore.create(_weight_bytes(cfg, task))
-        tmp = tempfile.mkdtemp(prefix="gmi-drl-async-")
-        made = ([ShmGroup.create(size, self.capacity)
-                 for size in shm_group_sizes(self.trainer_layout)]
-                if self.trainer_layout is not None else [])
-        try:
-            group = ReductionGroup(tuple(grp for grp, _ in made), f"file://{tmp}/rendezvous")
+        with contextlib.ExitStack() as made:  # whatever happens, every segment is unlinked
+            fabric = Fabric.create(self.channel_plan(task))
+            made.callback(fabric.destroy)
+            store = WeightStore.create(_weight_bytes(cfg, task))
+            made.callback(store.close)
+            tmp = tempfile.mkdtemp(prefix="gmi-drl-async-")
+            made.callback(shutil.rmtree, tmp, ignore_errors=True)
+            groups = []
+            for size in (shm_group_sizes(self.trainer_layout)
+                         if self.trainer_layout is not None else []):
+                grp, owner = ShmGroup.create(size, self.capacity)
+                made.callback(ShmGroup.destroy, owner)
+                groups.append(grp)
+            group = ReductionGroup(tuple(groups), f"file://{tmp}/rendezvous")
             progress = payload.progress
             if cfg.placement != "serial":
                 from gmi_drl.runner.placement import _printing
@@ -90,12 +97,6 @@ class AsyncPlacement:
                                       reducer_capacity=1, exit_timeout_s=5.0,
                                       tolerate=tolerate)
             return self.results
-        finally:
-            for _, owner in made:
-                ShmGroup.destroy(owner)
-            fabric.destroy()
-            store.close()
-            shutil.rmtree(tmp, ignore_errors=True)
 
     def describe(self) -> str:
         """Markdown lines: the roles, the channels and what each serving GMI did."""

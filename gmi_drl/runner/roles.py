@@ -130,7 +130,8 @@ class TrainerRole:
     Args:
         learner: `APPO` or `A3C` (``update(batch)``, ``policy_version``, ``weights()``).
         batcher: this trainer's batcher.
-        store: where weights go (trainer 0 publishes; other trainers hold identical weights).
+        store: where weights go (trainer 0 publishes; other trainers hold identical weights
+            and normalise observations with the statistics trainer 0 published last).
         publish: whether this trainer publishes.
         max_policy_lag: drop fragments more than this many versions old; ``None``: keep all.
     """
@@ -139,6 +140,9 @@ class TrainerRole:
                  max_policy_lag: int | None = None) -> None:
         self.learner, self.batcher, self.store = learner, batcher, store
         self.publish, self.max_policy_lag = publish, max_policy_lag
+        self._follow = (not publish and learner.ctx.obs_norm is not None)
+        self._scratch = [np.empty_like(a) for a in learner.weights()] if self._follow else []
+        self._seen = -1
         if publish:
             store.publish(learner.weights(), learner.policy_version)
 
@@ -158,13 +162,18 @@ class TrainerRole:
                 return None
         batch = b.batch
         B = b.plan.num_envs
-        versions = batch["policy_version"][::B].numpy()
+        versions = batch["policy_version"][::B].cpu().numpy()
         lags = self.learner.policy_version - versions
         ends = batch["episode_end"]
-        episodes = Episodes(batch["episode_return"][ends].double().numpy(),
-                            batch["episode_length"][ends].long().numpy())
+        episodes = Episodes(batch["episode_return"][ends].double().cpu().numpy(),
+                            batch["episode_length"][ends].long().cpu().numpy())
+        if self._follow:  # normalise as the publishing trainer (and the serving GMIs) do
+            version = self.store.read_into(self._scratch, newer_than=self._seen)
+            if version is not None:
+                self._seen = version
+                self.learner.set_obs_stats(self._scratch[-2], self._scratch[-1])
         with timer("learn"):
-            metrics = self.learner.update(batch)
+            metrics = self.learner.update(batch, update_obs_stats=not self._follow)
         if self.publish:
             with timer("publish"):
                 self.store.publish(self.learner.weights(), self.learner.policy_version)

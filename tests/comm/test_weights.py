@@ -30,7 +30,7 @@ def test_no_torn_read_under_a_hammering_publisher():
         proc.start()
         arrays = [np.zeros(s, np.float32) for s in SHAPES]
         have, reads, deadline = 0, 0, time.monotonic() + 60
-        while proc.is_alive() and time.monotonic() < deadline or reads == 0:
+        while (proc.is_alive() or reads == 0) and time.monotonic() < deadline:
             got = store.read_into(arrays, newer_than=have)
             if got is None:
                 continue

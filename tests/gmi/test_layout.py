@@ -55,6 +55,8 @@ def test_async_layouts_give_each_role_its_own_device_set():
     assert four.backend is BackendKind.CUDA_MPS
     assert four.mpl == ((0, 1), (2, 5), (3, 6), (4, 7))
     assert "trainer GMIs on GPUs 0..0, serving GMIs on GPUs 1..3" in four.describe()
+    few = plan_async(1, 1, Machine(gpus, (0, 1), ""))  # more GPUs than GMIs: no idle device
+    assert few.mpl == ((0,), (1,)) and "serving GMIs on GPUs 1..1" in few.describe()
     one = plan_async(1, 2, Machine(gpus[:1], (0, 1), ""))  # one GPU: shared by every GMI
     assert one.mpl == ((0, 1, 2),)
     with pytest.raises(ValueError, match="trainer_share=1.0 must be in"):

@@ -31,11 +31,13 @@ MODES = ("multi", "uni")
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of a fragment: its name, its shape within one fragment, its dtype."""
+    """One field of a fragment: its name, its shape within one fragment, its dtype, and
+    whether it is time-major (shape ``(T, B, ...)``: a row per step) or one per fragment."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    time_major: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -72,11 +74,12 @@ class ChannelPlan:
     def step_fields(self) -> tuple[FieldSpec, ...]:
         """The fields a step message of UCC carries: one time row of each time-major field,
         and every per-fragment field (each step repeats them)."""
-        return tuple(FieldSpec(f.name, f.shape[1:], f.dtype) if self.time_major(f) else f
+        return tuple(FieldSpec(f.name, f.shape[1:], f.dtype, False) if f.time_major else f
                      for f in self.fields)
 
-    def time_major(self, f: FieldSpec) -> bool:
-        return f.shape[:2] == (self.num_steps, self.num_envs)
+    @staticmethod
+    def time_major(f: FieldSpec) -> bool:
+        return f.time_major
 
     def rings(self) -> list[tuple[int, int]]:
         """``(slot_bytes, num_slots)`` of the rings of one (serving, trainer) pair, in order."""
@@ -108,6 +111,11 @@ class ChannelPlan:
                           ">= 1")
         if self.num_slots < 1:
             errors.append(f"async.channel_slots={self.num_slots} must be >= 1")
+        bad = [f.name for f in self.fields
+               if f.time_major and f.shape[:2] != (self.num_steps, self.num_envs)]
+        if bad:
+            errors.append(f"time-major fields {bad} must have shape (T={self.num_steps}, "
+                          f"B={self.num_envs}, ...)")
         if self.mode == "uni" and self.backpressure != "block":
             errors.append(f"async.backpressure={self.backpressure!r} with async.channel uni: a "
                           "dropped step message would split a fragment; use block")
@@ -134,7 +142,14 @@ class Fabric:
 
     @classmethod
     def create(cls, plan: ChannelPlan) -> "Fabric":
-        """Allocate and zero the block; the returned fabric owns it (`destroy`)."""
+        """Allocate and zero the block; the returned fabric owns it (`destroy`).
+
+        Raises:
+            ValueError: the plan breaks a rule of `ChannelPlan.validate`.
+        """
+        errors = plan.validate()
+        if errors:
+            raise ValueError("; ".join(errors))
         shm = shared_memory.SharedMemory(create=True, size=plan.nbytes)
         np.frombuffer(shm.buf, np.uint8, count=plan.nbytes)[:] = 0
         from dataclasses import replace
@@ -189,12 +204,14 @@ class Fabric:
         return sum(self.rings(s, trainer)[-1].queued() for s in range(self.plan.num_serving))
 
     def stats(self) -> dict[str, float]:
-        """Channel statistics over every pair: dropped slots, seconds writers blocked."""
+        """Channel statistics over every pair: fragments dropped (``drop_oldest``; UCC: step
+        messages), seconds writers blocked."""
         rings = [r for s in range(self.plan.num_serving) for k in range(self.plan.num_trainers)
                  for r in self.rings(s, k)]
         last = [self.rings(s, k)[-1] for s in range(self.plan.num_serving)
                 for k in range(self.plan.num_trainers)]  # rings in lockstep drop together
-        return {"channels/dropped": float(sum(r.dropped for r in last)),
+        per = self.plan.fragments_per_transfer if self.plan.mode == "multi" else 1
+        return {"channels/dropped": float(per * sum(r.dropped for r in last)),
                 "channels/blocked_s": float(sum(r.blocked_s for r in rings))}
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ published slot and releases it. Counters live in a 3-cache-line header (the writ
 reader's count, the statistics) and a sequence number per slot: the writer makes it odd before
 it writes a slot and even (``2 * (generation + 1)``) when the slot is published, so a reader can
 tell a slot that was overwritten while it read (x86's store order makes the data visible before
-the counter, as in `gmi_drl.comm.shm`).
+the counter, as in `gmi_drl.comm.shm`; a weakly ordered CPU such as aarch64 would need fences
+that Python cannot issue).
 
 Back-pressure, chosen per ring:
 
