@@ -86,7 +86,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
            max_restarts: int = 0, num_cpus_per_gmi: float = 1.0,
            placement_timeout_s: float = 120.0, reducer_capacity: int = 1 << 20,
            switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
-           on_restart: Callable[[GMIError], Any] | None = None) -> RayRun:
+           on_restart: Callable[[GMIError], Any] | None = None,
+           rendezvous: bool = False) -> RayRun:
     """Run ``target(ctx)`` in one Ray actor per GMI of ``layout``; blocks until all returned.
 
     Args:
@@ -106,6 +107,9 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             ``{"nsight": ...}``); its ``env_vars`` must not set the backend's variables.
         on_restart: called with the failure before each restart; returns the payload of the next
             attempt (``None``: keep the payload).
+        rendezvous: always give the GMIs ``tcp://<GMI 0's node IP>:<a port GMI 0 picked>`` as
+            ``ctx.reduction.init_method`` (HAR gets it anyway): what GMI 0 listens on and the
+            others connect to (the async template's bridge).
 
     Raises:
         GMIError: a GMI died or raised (its id, node and cause in the message) and no restart was
@@ -125,7 +129,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             try:
                 results, reduction, nodes = _attempt(
                     target, layout, payload, num_cpus_per_gmi, placement_timeout_s,
-                    reducer_capacity, switch_addr, runtime_envs)
+                    reducer_capacity, switch_addr, runtime_envs, rendezvous)
                 return RayRun(results, reduction, nodes, restarts)
             except PlacementError:
                 raise
@@ -158,7 +162,7 @@ def _connected(address: str | None, local_cpus: int):
 
 
 def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, reducer_capacity,
-             switch_addr, runtime_envs):
+             switch_addr, runtime_envs, rendezvous=False):
     name = f"gmi-drl-{uuid.uuid4().hex[:8]}"
     mps_dir = (os.path.join(tempfile.gettempdir(), f"{name}-mps")
                if layout.backend is BackendKind.CUDA_MPS else None)
@@ -182,7 +186,7 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
             len(gmis) if shared else None, reducer_capacity, mps_dir) for gmis in reduction.mpl],
             None, placement_timeout_s, what="node agent")
         init_method = ""
-        if reduction.reduction is Reduction.HAR:
+        if reduction.reduction is Reduction.HAR or rendezvous:
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
         addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()

@@ -179,14 +179,15 @@ class ParameterServer:
                 else:
                     acc += buf
             acc /= np.float32(self.num_workers)
+            # counted before the results go out: a worker that has its result sees the count
+            expected += 1
+            self.rounds += 1
+            self.bytes_in += nbytes * self.num_workers
             for rank, c in enumerate(conns):
                 try:
                     c.sendall(memoryview(acc).cast("B"))
                 except OSError as e:
                     raise GroupError(f"worker {rank}: {e}") from None
-            expected += 1
-            self.rounds += 1
-            self.bytes_in += nbytes * self.num_workers
 
     def close(self) -> None:
         """Stop accepting; `serve_forever` returns once the group it serves ends."""

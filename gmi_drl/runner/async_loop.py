@@ -38,8 +38,13 @@ class AsyncSpec:
     """The payload every GMI of an async run receives (picklable).
 
     Attributes:
-        run: the run. channels: the experience channels' plan (with the block's name).
-        weights: the weight store's handle.
+        run: the run. channels: the experience channels' plan (``shm``: with the block's name).
+        weights: ``shm``: the weight store's handle; ``tcp``: ``None``.
+        weight_bytes: bytes of one weight publication.
+        transport: ``shm``: every GMI attaches to one block and one store the placement made
+            (one host); ``tcp``: each GMI makes its own, and a bridge joins trainer 0 and each
+            serving GMI (`gmi_drl.comm.channels.bridge`; trainer 0 listens on the address in
+            ``ctx.reduction.init_method``).
         trainer_layout: the trainer GMIs' own layout (their reduction), or ``None`` for one.
         trainer_group: the trainers' `gmi_drl.gmi.context.ReductionGroup`, or ``None``.
         progress: called by trainer 0 with a `Progress`, or ``None``.
@@ -47,7 +52,9 @@ class AsyncSpec:
 
     run: Run
     channels: ChannelPlan
-    weights: WeightStoreHandle
+    weights: WeightStoreHandle | None
+    weight_bytes: int = 0
+    transport: str = "shm"
     trainer_layout: object = None
     trainer_group: object = None
     progress: Callable[[Progress], None] | None = None
@@ -68,9 +75,27 @@ def async_main(ctx) -> LoopResult | ServingResult:
     """One GMI of an async run (every placement's target): trainer or serving by id."""
     spec: AsyncSpec = ctx.payload
     trainers = spec.run.config.gmi.trainer_gmis
+    bridge = _bridge_address(ctx) if spec.transport == "tcp" else None
     if ctx.gmi_id < trainers:
-        return trainer_main(spec, ctx.gmi_id, spec.progress if ctx.gmi_id == 0 else None)
-    return serving_main(spec, ctx.gmi_id - trainers)
+        return trainer_main(spec, ctx.gmi_id, spec.progress if ctx.gmi_id == 0 else None,
+                            bridge)
+    return serving_main(spec, ctx.gmi_id - trainers, bridge)
+
+
+def _bridge_address(ctx) -> tuple[str, int]:
+    """``(host, port)`` of trainer 0's bridge: the launcher's rendezvous address."""
+    host, _, port = ctx.reduction.init_method.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
+def _own_channels(spec: AsyncSpec, num_serving: int | None = None):
+    """A fabric and a weight store of this GMI's own (``tcp``): all serving GMIs' channels to
+    the trainer, or (``num_serving=1``) a serving GMI's one channel."""
+    import dataclasses
+
+    plan = spec.channels if num_serving is None else dataclasses.replace(
+        spec.channels, num_serving=num_serving)
+    return Fabric.create(plan), WeightStore.create(spec.weight_bytes)
 
 
 def _task_spec(cfg):
@@ -180,17 +205,27 @@ def _trainer_reducer(spec: AsyncSpec, rank: int):
     return REDUCERS[layout.reduction](rank, layout, spec.trainer_group)
 
 
-def trainer_main(spec: AsyncSpec, rank: int,
-                 progress: Callable[[Progress], None] | None) -> LoopResult:
+def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None] | None,
+                 bridge: tuple[str, int] | None = None) -> LoopResult:
     """Trainer GMI ``rank``: ``num_iterations`` updates, each from one batch; trainer 0 logs,
-    checkpoints and publishes, and stops the channels at the end (or on any failure)."""
-    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
+    checkpoints and publishes, and stops the channels at the end (or on any failure). With a
+    ``bridge`` address, trainer 0 listens there for the serving GMIs of other hosts."""
+    from gmi_drl.comm.channels.bridge import BridgeServer
+
+    server = None
+    if bridge is not None:
+        fabric, store = _own_channels(spec)
+        server = BridgeServer(fabric, store, spec.weight_bytes, bridge)
+    else:
+        fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
     try:
         t = Trainer(spec, rank, fabric, store)
         return _train(t, progress, lambda block: t.role.step(block, t.cfg.async_.timeout_s),
                       None)
     finally:
         fabric.stop()
+        if server is not None:
+            server.close()
         fabric.close()
         store.close()
 
@@ -264,7 +299,7 @@ class Server:
     """Serving GMI ``index``: pool, policy copy, normalisers, dispenser, timer."""
 
     def __init__(self, spec: AsyncSpec, index: int, fabric: Fabric, store: WeightStore,
-                 in_process: bool = False) -> None:
+                 in_process: bool = False, slot: int | None = None) -> None:
         from gmi_drl import envs
         from gmi_drl.algos.appo import build_model
         from gmi_drl.rollout.acting import make_acting
@@ -273,6 +308,7 @@ class Server:
 
         cfg = spec.run.config
         self.cfg, self.index, self.fabric = cfg, index, fabric
+        self.slot = index if slot is None else slot  # its channels' index in ``fabric``
         _setup_threads(cfg)
         e, n = cfg.env, cfg.norm
         trainers = cfg.gmi.trainer_gmis
@@ -292,7 +328,7 @@ class Server:
         reward_norm = (RewardNormalizer(e.num_envs, cfg.algo.gamma, n.reward_clip) if n.reward
                        else None)
         self.role = ServingRole(self.pool, model, acting, obs_norm, reward_norm,
-                                Dispenser(fabric, index), store)
+                                Dispenser(fabric, self.slot), store)
         self.gmi_dir = spec.run.gmi_dir(trainers + index)
         self.fragments, self.versions = 0, 0
 
@@ -301,7 +337,7 @@ class Server:
         episodes = self.role.collect()
         self.versions += self.role.policy_version != before
         self.fragments += 1
-        self.fabric.add_env_steps(self.index, self.fabric.plan.num_steps * self.cfg.env.num_envs)
+        self.fabric.add_env_steps(self.slot, self.fabric.plan.num_steps * self.cfg.env.num_envs)
         return episodes
 
     def close(self, write_timeline: bool = True) -> None:
@@ -312,13 +348,24 @@ class Server:
             set_tree(TimingTree())
 
 
-def serving_main(spec: AsyncSpec, index: int) -> ServingResult:
-    """Serving GMI ``index``: fragments until the trainers stop the channels."""
-    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
+def serving_main(spec: AsyncSpec, index: int,
+                 bridge: tuple[str, int] | None = None) -> ServingResult:
+    """Serving GMI ``index``: fragments until the trainers stop the channels (or, over a
+    ``bridge``, close it)."""
+    from gmi_drl.comm.channels.bridge import BridgeClient
+
+    client, slot = None, index
+    if bridge is not None:
+        fabric, store = _own_channels(spec, num_serving=1)
+        slot = 0  # its own fabric holds only its channel
+    else:
+        fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
     server, t0 = None, time.perf_counter()
     try:
-        server = Server(spec, index, fabric, store)
-        fabric.set_alive(index, True)
+        if bridge is not None:
+            client = BridgeClient(fabric, store, spec.weight_bytes, index, bridge, local=slot)
+        server = Server(spec, index, fabric, store, slot=slot)
+        fabric.set_alive(slot, True)
         while not fabric.stopped():
             try:
                 server.collect()
@@ -327,9 +374,11 @@ def serving_main(spec: AsyncSpec, index: int) -> ServingResult:
         return ServingResult(server.role.env_steps, server.fragments, time.perf_counter() - t0,
                              server.versions, server.tree.stats())
     finally:
-        fabric.set_alive(index, False)
+        fabric.set_alive(slot, False)
         if server is not None:
             server.close()
+        if client is not None:
+            client.close()
         fabric.close()
         store.close()
 

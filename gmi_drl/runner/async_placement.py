@@ -64,6 +64,8 @@ class AsyncPlacement:
 
         cfg = self.cfg
         task = _task_spec(cfg)
+        if cfg.placement == "ray":
+            return self._launch_ray(payload, task)
         with contextlib.ExitStack() as made:  # whatever happens, every segment is unlinked
             fabric = Fabric.create(self.channel_plan(task))
             made.callback(fabric.destroy)
@@ -83,8 +85,8 @@ class AsyncPlacement:
                 from gmi_drl.runner.placement import _printing
 
                 progress = _printing(payload).progress
-            spec = AsyncSpec(payload.run, fabric.plan, store.handle, self.trainer_layout, group,
-                             progress)
+            spec = AsyncSpec(payload.run, fabric.plan, store.handle, store.handle.nbytes,
+                             "shm", self.trainer_layout, group, progress)
             if cfg.placement == "serial":
                 self.results = serial_main(spec)
             else:
@@ -98,14 +100,37 @@ class AsyncPlacement:
                                       tolerate=tolerate)
             return self.results
 
+    def _launch_ray(self, payload, task) -> list[Any]:
+        """One Ray actor per GMI; each makes its own channels, and trainer 0's bridge joins
+        them (`gmi_drl.comm.channels.bridge`) wherever Ray placed the GMIs."""
+        from gmi_drl.cluster.ray_launcher import launch
+        from gmi_drl.runner.async_loop import AsyncSpec
+        from gmi_drl.runner.placement import _printing
+
+        cfg, r = self.cfg, self.cfg.ray
+        spec = AsyncSpec(payload.run, self.channel_plan(task), None, _weight_bytes(cfg, task),
+                         "tcp", progress=_printing(payload).progress)
+        self._ray = launch(TARGET, self.layout, spec, address=r.address, max_restarts=0,
+                           num_cpus_per_gmi=r.num_cpus_per_gmi,
+                           placement_timeout_s=r.placement_timeout_s, reducer_capacity=1,
+                           rendezvous=True)
+        self.results = self._ray.results
+        return self.results
+
     def describe(self) -> str:
         """Markdown lines: the roles, the channels and what each serving GMI did."""
         cfg, g, a = self.cfg, self.cfg.gmi, self.cfg.async_
         n_tr = g.trainer_gmis
-        where = ("one trainer and one serving role in this process, alternating"
-                 if cfg.placement == "serial" else "one process per GMI")
-        text = (f"- placement: {cfg.placement}: {where}\n"
-                + self.layout.describe(reduction=False)
+        where = {"serial": "one trainer and one serving role in this process, alternating",
+                 "local": "one process per GMI",
+                 "ray": "one Ray actor per GMI; trainer 0's TCP bridge joins every serving "
+                        "GMI's channels to its own"}[cfg.placement]
+        text = f"- placement: {cfg.placement}: {where}\n"
+        if cfg.placement == "ray":
+            run = self._ray
+            text += "".join(f"- {run.nodes[gmis[0]]}: GMIs {list(gmis)}\n"
+                            for gmis in run.layout.mpl)
+        text += (self.layout.describe(reduction=False)
                 + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
                 f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")
         lay = self.trainer_layout

@@ -132,3 +132,24 @@ def _kill_gmi_after_first_checkpoint(run_dir: Path, gmi_id: int, killed: list) -
     if names:
         ray.kill(ray.get_actor(names[0]))
         killed.append(names[0])
+
+
+def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path):
+    """One trainer GMI and two serving GMIs as Ray actors on two nodes: each GMI makes its own
+    channels, trainer 0's TCP bridge joins them; the run learns, the weights reach every
+    serving GMI, and nothing is left."""
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
+    cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, 1
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 20_480, False, False
+    cfg.run_dir = str(tmp_path / "async")
+    result = train(cfg)
+    assert result.global_step == 20_480
+    assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
+    summary = (result.run_dir / "summary.md").read_text()
+    assert "one Ray actor per GMI; trainer 0's TCP bridge" in summary
+    assert summary.count("node ") >= 2 or summary.count("- node") >= 2, summary
+    for gmi in (1, 2):
+        line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))
+        assert "0 weight versions" not in line and " 0 env steps" not in line, line
+    assert_nothing_left(ray_cluster)
