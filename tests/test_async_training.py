@@ -12,6 +12,7 @@ import pytest
 
 from gmi_drl.config import ConfigError, preset, validate
 from gmi_drl.train import train
+from tests.test_failures import gmi_processes
 
 
 def _appo(tmp_path, name, algo="appo", **kw):
@@ -77,22 +78,6 @@ def test_stale_fragments_are_dropped_and_counted(tmp_path):
     assert dropped[-1] > 0
 
 
-def _children(pid: int) -> list[int]:
-    """The spawned children of ``pid``, oldest first (trainer GMIs start before serving)."""
-    kids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline") as f:
-                cmd = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if int(fields[1]) == pid and "spawn_main" in cmd:
-            kids.append((int(fields[19]), int(entry)))  # start time, in clock ticks
-    return [p for _, p in sorted(kids)]
-
-
 def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     run = tmp_path / "run"
@@ -106,7 +91,7 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
         while not list((run / "checkpoints").glob("iteration-*.pt")):
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.2)
-        gmis = _children(proc.pid)
+        gmis = gmi_processes(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # started last: serving GMI 2
         killed = time.monotonic()
@@ -117,7 +102,7 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
     assert proc.returncode == 1
     assert "gmi-drl train: GMI 2 was killed by signal 9 without a result" in err
     assert stopped_s < 5.0
-    assert not _children(proc.pid)
+    assert not gmi_processes(proc.pid)
     assert set(os.listdir("/dev/shm")) <= shm_before  # channels, weights, groups unlinked
 
 
@@ -197,7 +182,7 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
         while not (run / "metrics.csv").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.1)
-        gmis = _children(proc.pid)
+        gmis = gmi_processes(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # serving GMI 2
         out, err = proc.communicate(timeout=300)

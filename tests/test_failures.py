@@ -76,20 +76,21 @@ def test_a_run_stopped_after_a_checkpoint_names_the_resume_command(tmp_path):
     assert err.value.next_step == f"continue with: gmi-drl train ppo --resume {tmp_path / 'run'}"
 
 
-def _gmi_processes(pid: int) -> list[int]:
-    """The spawned children of ``pid`` (its GMIs; not the resource tracker)."""
+def gmi_processes(pid: int) -> list[int]:
+    """The spawned children of ``pid`` (its GMIs; not the resource tracker), oldest first (the
+    launcher starts GMIs in id order)."""
     kids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{entry}/cmdline") as f:
                 cmd = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and "spawn_main" in cmd:
-            kids.append(int(entry))
-    return kids
+        if int(fields[1]) == pid and "spawn_main" in cmd:
+            kids.append((int(fields[19]), int(entry)))  # start time, in clock ticks
+    return [p for _, p in sorted(kids)]
 
 
 @pytest.mark.parametrize("debug", [False, True])
@@ -106,9 +107,9 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
         while not list((run / "checkpoints").glob("iteration-*.pt")):
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.2)
-        gmis = _gmi_processes(proc.pid)
+        gmis = gmi_processes(proc.pid)
         assert len(gmis) == 2, gmis
-        os.kill(max(gmis), signal.SIGKILL)
+        os.kill(gmis[-1], signal.SIGKILL)  # the newest GMI
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from gmi_drl.algos.base import AlgoContext
+from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.optim.flat import OPTIMIZERS
 from gmi_drl.rollout.acting import make_acting
@@ -167,10 +167,7 @@ class A2C:
         Raises:
             ValueError: the stored weights or optimizer do not fit this model.
         """
-        try:
-            self.model.load_state_dict(state["modules"]["actor_critic"])
-        except RuntimeError as e:
-            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        load_modules({"actor_critic": self.model}, state["modules"])
         self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
         self.iteration = int(state["iteration"])
 

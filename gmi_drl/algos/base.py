@@ -124,3 +124,17 @@ class AlgoConfig(Protocol):
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
         """Every broken rule, one message each (``algo.<field>=...``); empty when valid."""
+
+
+def load_modules(modules: dict[str, torch.nn.Module], stored: dict) -> None:
+    """Load ``stored[name]`` (a module's ``state_dict``, as under a checkpoint's ``"modules"``)
+    into each of ``modules``.
+
+    Raises:
+        ValueError: a module is missing from ``stored`` or its weights do not fit.
+    """
+    for name, module in modules.items():
+        try:
+            module.load_state_dict(stored[name])
+        except (RuntimeError, KeyError) as e:
+            raise ValueError(f"checkpoint weights do not fit this model: {e!r}") from None

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gmi_drl.algos.base import AlgoContext
+from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams, soft_update_
@@ -372,8 +372,8 @@ class DDPG:
     def state_dict(self) -> dict:
         """The four networks (``modules``), both optimizers, the sampling RNG, the counters and,
         with ``save_replay``, the replay buffer."""
-        state = {"modules": {name: getattr(self, name).state_dict() for name in
-                             ("actor", "critics", "actor_target", "critics_target")},
+        state = {"modules": {name: module.state_dict()
+                             for name, module in self._modules_by_name().items()},
                  "optimizers": {"actor": self.actor_step.state_dict(),
                                 "critics": self.critic_step.state_dict()},
                  "generator": self.generator.get_state(), "iteration": self.iteration,
@@ -382,17 +382,17 @@ class DDPG:
             state["replay"] = self.replay.state_dict()
         return state
 
+    def _modules_by_name(self) -> dict:
+        return {name: getattr(self, name)
+                for name in ("actor", "critics", "actor_target", "critics_target")}
+
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output.
 
         Raises:
             ValueError: the stored weights or optimizers do not fit this model.
         """
-        try:
-            for name, weights in state["modules"].items():
-                getattr(self, name).load_state_dict(weights)
-        except (RuntimeError, AttributeError) as e:
-            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        load_modules(self._modules_by_name(), state["modules"])
         self.actor_step.load_state_dict(state["optimizers"]["actor"])
         self.critic_step.load_state_dict(state["optimizers"]["critics"])
         self.generator.set_state(state["generator"])

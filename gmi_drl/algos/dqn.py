@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gmi_drl.algos.base import AlgoContext
+from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.cnn import NatureCNN
 from gmi_drl.models.mlp import MLP
@@ -327,11 +327,8 @@ class DQN:
         Raises:
             ValueError: the stored weights or optimizer do not fit this model.
         """
-        try:
-            for name in ("q_network", "target_network"):
-                getattr(self, name).load_state_dict(state["modules"][name])
-        except RuntimeError as e:
-            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        load_modules({"q_network": self.q_network, "target_network": self.target_network},
+                     state["modules"])
         self.grad_step.load_state_dict(state["optimizers"]["q_network"])
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])

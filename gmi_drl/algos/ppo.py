@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from gmi_drl.algos.base import AlgoContext
+from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.rollout.acting import make_acting
 from gmi_drl.rollout.collector import Collector, Episodes
@@ -276,10 +276,7 @@ class PPO:
         Raises:
             ValueError: the stored weights or optimizer do not fit this model.
         """
-        try:
-            self.model.load_state_dict(state["modules"]["actor_critic"])
-        except RuntimeError as e:
-            raise ValueError(f"checkpoint weights do not fit this model: {e}") from None
+        load_modules({"actor_critic": self.model}, state["modules"])
         self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])

@@ -7,23 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from gmi_drl.comm.channels import Batcher, Dispenser, Fabric
+from gmi_drl.comm.channels import Batcher, Fabric
 from gmi_drl.comm.channels.bridge import BridgeClient, BridgeError, BridgeServer
 from gmi_drl.comm.weights import WeightStore
-from tests.comm.test_channels import T, _check, _fragment, _plan
-
-
-def _write(fabric, serving, count):
-    disp = Dispenser(fabric, serving)
-    for k in range(count):
-        want = _fragment(serving, k)
-        frag = disp.begin(int(want["policy_version"][0]))
-        for t in range(T):
-            for name in ("obs", "actions", "rewards", "terminated", "episode_length"):
-                frag[name][t] = want[name][t]
-            disp.step_done(t, want["obs"][t + 1])
-        disp.end()
-        fabric.add_env_steps(serving, 12)
+from tests.comm.test_channels import _check, _plan, _serve_here
 
 
 @pytest.mark.parametrize("mode", ["multi", "uni"])
@@ -35,7 +22,8 @@ def test_fragments_cross_the_bridge_whole_and_weights_come_back(mode):
     clients = [BridgeClient(sides[s], stores[1 + s], 64, s, server.address) for s in range(2)]
     try:
         count = 30  # more than the channels hold on either side: back-pressure crosses
-        writers = [threading.Thread(target=_write, args=(sides[s], s, count)) for s in range(2)]
+        writers = [threading.Thread(target=_serve_here, args=(sides[s], count, s, 12))
+                   for s in range(2)]
         for w in writers:
             w.start()
         batcher, seen = Batcher(trainer, 0, 2), []

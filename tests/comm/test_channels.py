@@ -34,19 +34,11 @@ def _fragment(serving: int, k: int) -> dict[str, np.ndarray]:
             "policy_version": np.array([1_000_000 * serving + k], np.int64)}
 
 
-def _serve(plan, serving, count, delay_s=0.0):
+def _serve(plan, serving, count):
+    """A serving process: ``count`` fragments into the block ``plan`` names."""
     fabric = Fabric.attach(plan)
-    disp = Dispenser(fabric, serving)
     try:
-        for k in range(count):
-            want = _fragment(serving, k)
-            frag = disp.begin(int(want["policy_version"][0]))
-            for t in range(T):
-                for name in ("obs", "actions", "rewards", "terminated", "episode_length"):
-                    frag[name][t] = want[name][t]
-                disp.step_done(t, want["obs"][t + 1])
-                time.sleep(delay_s)
-            disp.end()
+        _serve_here(fabric, count, serving)
     except ChannelClosed:
         pass
     finally:
@@ -141,16 +133,19 @@ def test_drop_oldest_never_blocks_and_counts_what_it_dropped():
         fabric.destroy()
 
 
-def _serve_here(fabric, count):
-    disp = Dispenser(fabric, 0)
+def _serve_here(fabric, count, serving=0, env_steps=0):
+    """Write ``count`` fragments of serving GMI ``serving`` (`_fragment`) as a collector
+    does, counting ``env_steps`` after each."""
+    disp = Dispenser(fabric, serving)
     for k in range(count):
-        want = _fragment(0, k)
+        want = _fragment(serving, k)
         frag = disp.begin(int(want["policy_version"][0]))
         for t in range(T):
             for name in ("obs", "actions", "rewards", "terminated", "episode_length"):
                 frag[name][t] = want[name][t]
             disp.step_done(t, want["obs"][t + 1])
         disp.end()
+        fabric.add_env_steps(serving, env_steps)
 
 
 def test_a_stopped_run_wakes_a_blocked_writer():
