@@ -171,7 +171,7 @@ def _serve_fragments(plan, serving: int, seconds: float) -> None:
 
     fabric = Fabric.attach(plan)
     disp = Dispenser(fabric, serving)
-    rows = {f.name: np.ones(f.shape[1:], f.dtype) for f in plan.fields if plan.time_major(f)}
+    rows = {f.name: np.ones(f.shape[1:], f.dtype) for f in plan.fields if f.time_major}
     next_obs = np.ones(plan.fields[0].shape[1:], plan.fields[0].dtype)
     end = time.monotonic() + seconds
     try:

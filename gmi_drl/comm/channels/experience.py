@@ -91,11 +91,11 @@ class Dispenser:
             return
         ring = self.fabric.rings(self.serving, self._trainer)[0]
         slot, offset = ring.claim(), 0
-        for f in self.plan.step_fields():
+        for whole, f in zip(self.plan.fields, self.plan.step_fields()):
             view = _typed(slot, f, offset=offset)
             if f.name == "last_obs":
                 view[...] = next_obs
-            elif self.plan.time_major(self._field(f.name)):
+            elif whole.time_major:
                 view[...] = self._local[f.name][t]
             else:
                 view[...] = self._local[f.name]
@@ -113,8 +113,6 @@ class Dispenser:
                 ring.publish()
             self._trainer, self._views = None, None
 
-    def _field(self, name: str) -> FieldSpec:
-        return next(f for f in self.plan.fields if f.name == name)
 
 
 class Batcher:
@@ -140,7 +138,7 @@ class Batcher:
         self.batch: dict[str, torch.Tensor] = {}
         for f in p.fields:
             dtype = torch.from_numpy(np.zeros(0, f.dtype)).dtype
-            if p.time_major(f):
+            if f.time_major:
                 shape = (p.num_steps, F * p.num_envs, *f.shape[2:])
             elif f.name == "policy_version":
                 shape = (F * p.num_envs,)
@@ -271,7 +269,7 @@ class Batcher:
         frag = {}
         for f in p.fields:
             rows = out[f.name]
-            frag[f.name] = np.stack(rows) if p.time_major(f) else (
+            frag[f.name] = np.stack(rows) if f.time_major else (
                 rows[-1] if f.name == "last_obs" else rows[0])
         return frag
 
@@ -285,7 +283,7 @@ class Batcher:
         lo, hi = self._filled * B, (self._filled + 1) * B
         for f in p.fields:
             src, dst = torch.from_numpy(np.ascontiguousarray(frag[f.name])), self.batch[f.name]
-            if p.time_major(f):
+            if f.time_major:
                 dst[:, lo:hi].copy_(src)
             elif f.name == "policy_version":
                 dst[lo:hi] = int(src.reshape(-1)[0])

@@ -77,10 +77,6 @@ class ChannelPlan:
         return tuple(FieldSpec(f.name, f.shape[1:], f.dtype, False) if f.time_major else f
                      for f in self.fields)
 
-    @staticmethod
-    def time_major(f: FieldSpec) -> bool:
-        return f.time_major
-
     def rings(self) -> list[tuple[int, int]]:
         """``(slot_bytes, num_slots)`` of the rings of one (serving, trainer) pair, in order."""
         if self.mode == "multi":
