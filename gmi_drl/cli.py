@@ -4,6 +4,8 @@
     gmi-drl train ppo --preset demo
     gmi-drl train ppo --resume runs/Hopper-v5-ppo-20260101-120000 --total-timesteps 2000000
     gmi-drl train ppo --gmi.num-gmis 4 --placement ray [--ray.address auto|HOST:PORT]
+    gmi-drl tune --env.task-id Hopper-v5 --algo.num-steps 64 --budget-s 600
+    gmi-drl train ppo --config tune/Hopper-v5-ppo/tuned.json --total-timesteps 1000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
     gmi-drl bench env|train|algos|update|reduce|switch|gmi|learning|profile [benchmark flags]
@@ -25,11 +27,14 @@ from typing import Annotated
 
 import tyro
 
-USAGE = """usage: gmi-drl {train,eval,switch,bench,profile} ...
+USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
 
   gmi-drl train ALGO [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
       (ALGO: ppo a2c dqn ddpg td3 in holistic GMIs; appo a3c in serving + trainer GMIs)
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
+  gmi-drl train ALGO --config tuned.json [flags]   (a run's config.json works too)
+  gmi-drl tune [--algo ppo] --env.task-id ID [--budget-s S] [--max-gmis G] [training flags]
+      (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
@@ -79,10 +84,43 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
+def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
+    """The `TrainConfig` of ``gmi-drl train ALGO REST``: defaults from ``--resume``'s run,
+    ``--config``'s file or the preset, then the flags; validated.
+
+    Raises:
+        ConfigError, CheckpointError, OSError: what the user gave does not hold.
+    """
+    from gmi_drl.algos import ALGORITHMS
+    from gmi_drl.checkpoint import resolve_checkpoint
+    from gmi_drl.config import ConfigError, TrainConfig, from_dict, load_config_file, preset, validate
+
+    resume, config = _flag_value(rest, "--resume"), _flag_value(rest, "--config")
+    if resume is not None:
+        ckpt = resolve_checkpoint(resume)
+        default = from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
+        if default.algo_name != algo:
+            raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}")
+    elif config is not None:
+        default = load_config_file(config)
+        if default.algo_name != algo:
+            raise ConfigError(f"--config {config} configures {default.algo_name}, not {algo}: "
+                              f"run gmi-drl train {default.algo_name} --config {config}")
+    else:
+        default = preset(_flag_value(rest, "--preset") or "auto",
+                         _flag_value(rest, "--env.task-id"), algo)
+    # with several algorithms, TrainConfig.algo is a tyro subcommand union
+    tyro_args = [algo, *rest] if len(ALGORITHMS) > 1 else rest
+    cfg = tyro.cli(TrainConfig, args=tyro_args, default=default, prog=f"{prog} {algo}",
+                   description=TrainConfig.__doc__, config=(tyro.conf.CascadeSubcommandArgs,))
+    validate(cfg)
+    return cfg
+
+
 def _train(args: list[str], debug: bool = False) -> int:
     from gmi_drl.algos import ALGORITHMS
-    from gmi_drl.checkpoint import CheckpointError, resolve_checkpoint
-    from gmi_drl.config import ConfigError, TrainConfig, from_dict, preset, validate
+    from gmi_drl.checkpoint import CheckpointError
+    from gmi_drl.config import ConfigError
     from gmi_drl.runner.run import RunStopped
     from gmi_drl.telemetry.progress import ProgressPrinter
     from gmi_drl.train import train
@@ -91,23 +129,8 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGORITHMS)}",
               file=sys.stderr)
         return 2
-    algo, rest = args[0], args[1:]
-    resume = _flag_value(rest, "--resume")
     try:
-        if resume is not None:
-            ckpt = resolve_checkpoint(resume)
-            default = from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
-            if default.algo_name != algo:
-                raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}")
-        else:
-            default = preset(_flag_value(rest, "--preset") or "auto",
-                             _flag_value(rest, "--env.task-id"), algo)
-        # with several algorithms, TrainConfig.algo is a tyro subcommand union
-        tyro_args = [algo, *rest] if len(ALGORITHMS) > 1 else rest
-        cfg = tyro.cli(TrainConfig, args=tyro_args, default=default,
-                       prog=f"gmi-drl train {algo}", description=TrainConfig.__doc__,
-                       config=(tyro.conf.CascadeSubcommandArgs,))
-        validate(cfg)
+        cfg = _train_config(args[0], args[1:])
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
@@ -126,6 +149,107 @@ def _train(args: list[str], debug: bool = False) -> int:
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {result.wall_s:.1f} s, "
           f"final return (last 20 episodes) {final}; run dir {result.run_dir}")
+    return 0
+
+
+def _split_flags(args: list[str], names: set[str]) -> tuple[list[str], list[str]]:
+    """``args`` split into the flags named in ``names`` (with their values) and the rest."""
+    mine, rest, i = [], [], 0
+    while i < len(args):
+        name = args[i].split("=", 1)[0]
+        target = mine if name in names else rest
+        target.append(args[i])
+        if name in names and "=" not in args[i] and i + 1 < len(args) \
+                and not args[i + 1].startswith("--"):
+            target.append(args[i + 1])
+            i += 1
+        i += 1
+    return mine, rest
+
+
+def _tune(args: list[str], debug: bool = False) -> int:
+    import dataclasses
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gmi_drl.checkpoint import CheckpointError
+    from gmi_drl.config import ConfigError
+    from gmi_drl.gmi.tune import TuneOptions, tune
+
+    names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TuneOptions)}
+    names |= {"--no-" + n[2:] for n in names}  # tyro's negated booleans
+    mine, rest = _split_flags(args, names | {"--algo"})
+    algo = _flag_value(mine, "--algo") or "ppo"
+    mine = [a for i, a in enumerate(mine) if not (a.startswith("--algo") or
+                                                   (i and mine[i - 1] == "--algo"))]
+    if "-h" in rest or "--help" in rest:
+        print(TUNE_USAGE)
+        tyro.cli(TuneOptions, args=["--help"], prog="gmi-drl tune")
+    try:
+        options = tyro.cli(TuneOptions, args=mine, prog="gmi-drl tune")
+        cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
+    except (ConfigError, CheckpointError, OSError) as e:
+        print(f"gmi-drl tune: {e}", file=sys.stderr)
+        return 2
+    print(f"gmi-drl tune: {cfg.algo_name} on {cfg.env.task_id}, GMI-DRL Algorithm 2 "
+          f"(alpha {options.alpha}); each point trains {options.warmup} + {options.iterations} "
+          "iterations in a process of its own")
+    header = "| GMIs/device | num_envs | runnable | env steps/s | peak mem/GMI | Sat | estimate | s |"
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} "
+                  "points"), TimeElapsedColumn()) as bar:
+        task = bar.add_task("profiling", total=None)
+        bar.console.print(header + "\n|---|---|---|---|---|---|---|---|")
+
+        def row(p) -> None:
+            bar.advance(task)
+            bar.update(task, description=f"profiled {p.gmis} GMIs x {p.num_envs} envs")
+            sat = "" if p.sat is None else f"{p.sat:.3g}"
+            est = "" if p.estimate is None else f"{p.estimate:,.0f}"
+            ok = "yes" + (" (cached)" if p.cached else "") if p.runnable else f"no: {p.reason}"
+            bar.console.print(f"| {p.gmis} | {p.num_envs} | {ok} | {p.top:,.0f} | "
+                              f"{p.mem / 2**20:,.0f} MiB | {sat} | {est} | {p.seconds:.1f} |",
+                              markup=False, highlight=False)
+
+        try:
+            report = tune(cfg, options, row)
+        except ValueError as e:
+            print(f"gmi-drl tune: {e}", file=sys.stderr)
+            return 2
+    return _print_tune(report, algo)
+
+
+TUNE_USAGE = """usage: gmi-drl tune [--algo ppo] [tune flags] [training flags]
+
+Searches num_envs and GMIs per device for the job the training flags describe (GMI-DRL §5.2,
+Algorithm 2) with short real runs, and writes tuned.json for `gmi-drl train ALGO --config`.
+Training flags are those of `gmi-drl train ALGO` (e.g. --env.task-id Hopper-v5)."""
+
+
+def _print_tune(report, algo: str) -> int:
+    r = report.search
+    if r.budget_exhausted:
+        print("the --budget-s ran out: the search stopped early")
+    if report.chosen is None:
+        print(f"gmi-drl tune: no runnable point ({len(r.points)} profiled); see the reasons "
+              "above, or widen --envs-min/--envs-max", file=sys.stderr)
+        return 1
+    c = report.chosen
+    print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} GMI(s) per device: "
+          f"{c.top:,.0f} env steps/s measured; search {report.wall_s:.0f} s, "
+          f"{len(r.points)} points ({sum(p.cached for p in r.points)} from the cache)")
+    if report.predictions:
+        ref = report.reference
+        print(f"\ncost model (GMI-DRL Tables 4-5, eqs. 2-3) from the terms of 1 GMI alone at "
+              f"num_envs {ref.num_envs} (1 GMI: the reference itself):\n")
+        print("| GMIs | template | model | predicted env steps/s | measured | error |\n"
+              "|---|---|---|---|---|---|")
+        for p in report.predictions:
+            meas = "not run (no such template)" if p.measured is None else f"{p.measured:,.0f}"
+            err = "" if p.error is None else f"{p.error:+.1%}"
+            print(f"| {p.gmis} | {p.template} | {p.variant} | {p.predicted:,.0f} | {meas} | "
+                  f"{err} |")
+    print(f"\nwrote {report.tuned_path}" + (f", {report.plot_path}" if report.plot_path else "")
+          + f"\ntrain with it: gmi-drl train {algo} --config {report.tuned_path} [flags]")
     return 0
 
 
@@ -177,7 +301,7 @@ def _switch(args: list[str], debug: bool = False) -> int:
 BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "algos": "algo_throughput",
               "update": "ppo_update",
               "reduce": "reduce", "switch": "switch", "gmi": "gmi_scaling",
-              "learning": "learning", "profile": "profile_overhead"}
+              "learning": "learning", "profile": "profile_overhead", "tune": "tune"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:
@@ -208,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    commands = {"train": _train, "eval": _eval, "switch": _switch, "bench": _bench,
+    commands = {"train": _train, "tune": _tune, "eval": _eval, "switch": _switch, "bench": _bench,
                 "profile": _profile}
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)

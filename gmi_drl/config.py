@@ -81,6 +81,9 @@ class LogConfig:
     """also write TensorBoard event files"""
     timeline_detail_events: int = 20_000
     """budget of nested (per-step) events in timeline.json; top-level phases are always kept"""
+    cpu_times: bool = False
+    """also count the process's CPU seconds per phase (metrics ``perf/PHASE_cpu_s``): the
+    resource share of simulator, agent and trainer that `gmi-drl tune`'s cost model needs"""
     gpu_util_interval_s: float = 1.0
     """seconds between GPU-utilisation samples (NVML, into gpu_util.csv) where NVML sees a GPU;
     0: off"""
@@ -229,6 +232,9 @@ class TrainConfig:
     """preset the defaults came from (auto: by task family); set on the command line only"""
     resume: str | None = None
     """run directory (or checkpoint file) to continue from; its config is the default"""
+    config: str | None = None
+    """JSON file whose config is the default (a run's config.json, or tuned.json from
+    `gmi-drl tune`); flags after it override it; set on the command line only"""
 
     @property
     def algo_name(self) -> str:
@@ -554,6 +560,8 @@ def validate(cfg: TrainConfig) -> None:
          f"preset={cfg.preset!r} must be one of {['auto', *PRESETS.get(algo, {})]}")
     if cfg.resume is not None:
         need(os.path.exists(cfg.resume), f"resume={cfg.resume!r} does not exist")
+        need(cfg.config is None, "--config and --resume both set the defaults: a resumed run "
+             "keeps its own config; drop --config")
     elif cfg.run_dir is not None:
         need(not os.path.exists(os.path.join(cfg.run_dir, "config.json")),
              f"run_dir={cfg.run_dir!r} already holds a run; pass --resume {cfg.run_dir} to "
@@ -714,6 +722,29 @@ def to_dict(cfg: TrainConfig) -> dict:
     data = dataclasses.asdict(cfg)
     data["algo"] = {algo_name(cfg.algo): data["algo"]}
     return data
+
+
+def load_config_file(path: str) -> TrainConfig:
+    """The config in JSON file ``path``: a run's ``config.json`` (`to_dict`) or a file with it
+    under ``"config"`` (``tuned.json`` of `gmi-drl tune`); ``config`` is set to ``path``.
+
+    Raises:
+        ConfigError: a file that is missing, not JSON, or holds no config of this version.
+    """
+    import json
+
+    try:
+        data = json.loads(open(path).read())
+    except OSError as e:
+        raise ConfigError(f"--config {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(f"--config {path} is not JSON ({e}); pass a run's config.json or "
+                          "tuned.json from gmi-drl tune") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} holds no config object")
+    cfg = from_dict(data.get("config", data))
+    cfg.config, cfg.resume, cfg.run_dir = path, None, None
+    return cfg
 
 
 def from_dict(data: dict) -> TrainConfig:

@@ -46,6 +46,8 @@ class TrainResult(NamedTuple):
     weight_digests: tuple[str, ...]
     """per GMI, a sha256 chained over its weights after every update of this call (equal on
     all GMIs iff their weights were identical after each update)"""
+    peak_memory_bytes: tuple[int, ...] = ()
+    """per GMI that trains, its peak memory on its device, bytes (GMI-DRL Algorithm 2's mem)"""
 
 
 def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
@@ -87,14 +89,21 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     run.write_summary(results[0], text)
     r = results[0]
     return TrainResult(run.run_dir, r.global_step, r.wall_s, r.episode_steps, r.episode_returns,
-                       r.episode_wall_s, digests)
+                       r.episode_wall_s, digests,
+                       tuple(getattr(x, "peak_memory_bytes", 0) for x in results))
 
 
 def _reduced_floats(cfg: TrainConfig) -> int:
     """The most float32 values one allreduce of the run carries: every weight of the algorithm
-    (built once on the CPU, untrained), or 1 when no GMI shares memory with another."""
+    (`weight_count`), or 1 when no GMI shares memory with another."""
     if cfg.num_trainers == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
         return 1
+    return weight_count(cfg)
+
+
+def weight_count(cfg: TrainConfig) -> int:
+    """Float32 weights of ``cfg``'s algorithm, every module (built once on the CPU, untrained):
+    ``4 * weight_count`` is the model size M_p in bytes."""
     import functools
 
     import torch

@@ -27,6 +27,7 @@ from gmi_drl.rollout.collector import Episodes
 from gmi_drl.runner.loop import LoopResult, _digest
 from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
 from gmi_drl.runner.run import Run
+from gmi_drl.telemetry.memory import peak_memory_bytes
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.timeline import Timeline
@@ -264,7 +265,8 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
         _write_lags(t)
     return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
                       np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
-                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats())
+                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
+                      peak_memory_bytes(cfg.device))
 
 
 def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,

@@ -25,6 +25,7 @@ from gmi_drl.rollout.arrays import arrays_for
 from gmi_drl.rollout.collector import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.runner.run import Run
+from gmi_drl.telemetry.memory import peak_memory_bytes
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.profiler import make_profiler
 from gmi_drl.telemetry.progress import Progress
@@ -67,6 +68,8 @@ class LoopResult(NamedTuple):
     identical then)"""
     phases: dict[str, SectionStats]
     """this GMI's timing tree"""
+    peak_memory_bytes: int = 0
+    """this GMI's peak memory on its device (`gmi_drl.telemetry.memory`), bytes"""
 
 
 def gmi_main(ctx) -> LoopResult:
@@ -126,7 +129,7 @@ class Trainer:
                                   staleness_bound=g.staleness if g.reduction == "switch"
                                   and g.staleness else None)
         self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
-                                        process_name=f"gmi-{rank}"))
+                                        process_name=f"gmi-{rank}"), cpu=cfg.log.cpu_times)
         set_tree(self.tree)
         self.profiler = make_profiler(cfg.profile, rank, run.profile_dir(rank), self.tree)
         with _BUILD_LOCK:
@@ -207,7 +210,7 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
     t0 = time.perf_counter()
     try:
         for k in range(first, n_iter):
-            before = t.tree.snapshot_s()
+            before = {**t.tree.snapshot_s(), **_cpu_keys(t.tree.snapshot_cpu_s())}
             with prof.iteration(k), t.tree.iteration(k):
                 episodes = algo.collect(t.pool)
                 with prof.phase("update"):
@@ -229,7 +232,13 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
         t.close()
     return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
                       np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
-                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats())
+                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
+                      peak_memory_bytes(cfg.device))
+
+
+def _cpu_keys(cpu_s: dict[str, float]) -> dict[str, float]:
+    """CPU totals under the keys the metrics give them (``PATH_cpu`` -> ``perf/PATH_cpu_s``)."""
+    return {f"{path}_cpu": total for path, total in cpu_s.items()}
 
 
 def _digest(chain, modules: dict) -> None:
@@ -247,7 +256,8 @@ def _log(t: Trainer, global_step: int, episodes: Episodes, losses: dict, sps: fl
         metrics["env/episodic_return"] = float(episodes.returns.mean())
         metrics["env/episodic_length"] = float(episodes.lengths.mean())
     metrics["perf/sps"] = sps
-    for path, total in t.tree.snapshot_s().items():
+    now = {**t.tree.snapshot_s(), **_cpu_keys(t.tree.snapshot_cpu_s())}
+    for path, total in now.items():
         metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
     if t.writer is not None:
         t.writer.log(global_step, metrics)

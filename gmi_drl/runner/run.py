@@ -212,6 +212,28 @@ class Run:
         summary = RunSummary(f"{cfg.algo_name.upper()} on {cfg.env.task_id} (seed {cfg.seed})",
                              result.global_step, result.wall_s, result.steps_this_process,
                              result.episode_steps, result.episode_returns, result.phases)
-        path = write_summary(summary, self.run_dir, {"Placement": placement})
+        sections = {"Placement": placement}
+        if cfg.config is not None:
+            sections["Config"] = config_origin(cfg.config)
+        path = write_summary(summary, self.run_dir, sections)
         log.info("wrote %s", path)
         return path
+
+
+def config_origin(path: str) -> str:
+    """Markdown lines for `summary.md` on where the config's defaults came from: ``path``
+    (``--config``), and, for ``tuned.json`` of `gmi-drl tune`, the point it chose."""
+    import json
+
+    text = f"- defaults from `{path}` (--config); flags given after it override it\n"
+    try:
+        tune = json.loads(open(path).read()).get("tune")
+    except (OSError, ValueError, AttributeError):
+        return text + "- (the file is no longer readable)\n"
+    if tune:
+        text += (f"- tuned by `gmi-drl tune` on {tune['date']} (GMI-DRL Algorithm 2, chosen by "
+                 f"{tune['chosen_by']}): num_envs {tune['num_envs']}, "
+                 f"{tune['gmis_per_device']} GMI(s) per device x {tune['num_devices']} "
+                 f"device(s), estimate {tune['estimate']:,.0f} env steps/s; "
+                 f"{tune['points']} points in {tune['search_s']} s\n")
+    return text

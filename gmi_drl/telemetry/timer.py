@@ -29,6 +29,9 @@ class SectionStats(NamedTuple):
 
     total_s: float
     calls: int
+    cpu_s: float | None = None
+    """CPU seconds of the whole process (every thread) inside the path, or None when the tree
+    does not count CPU time"""
 
 
 class TimingTree:
@@ -38,14 +41,19 @@ class TimingTree:
         timeline: where every closed section is also recorded, or ``None``.
         ranges: also open a named range per section: ``"nvtx"`` (needs the ``nvtx`` package),
             ``"torch"`` (``torch.profiler.record_function``) or ``"none"``.
+        cpu: also total the process's CPU seconds (``time.process_time``: every thread of the
+            process, env worker threads included) per path; a system call per section, so only
+            measurements that need a phase's resource share (`gmi_drl.gmi.tune`) switch it on.
 
     Raises:
         RuntimeError: ``ranges="nvtx"`` without the ``nvtx`` package.
     """
 
-    def __init__(self, timeline: Timeline | None = None, ranges: RangeKind = "none") -> None:
+    def __init__(self, timeline: Timeline | None = None, ranges: RangeKind = "none",
+                 cpu: bool = False) -> None:
         self.totals_ns: dict[str, int] = {}
         self.calls: dict[str, int] = {}
+        self.cpu_ns: dict[str, int] | None = {} if cpu else None
         self.timeline = timeline
         self._stack: list[str] = []
         self.set_ranges(ranges)
@@ -84,7 +92,9 @@ class TimingTree:
             path = stack.pop()
             ordered.append(path)
             stack.extend(reversed(children.get(path, [])))
-        return {p: SectionStats(self.totals_ns[p] * 1e-9, self.calls[p]) for p in ordered}
+        cpu = self.cpu_ns
+        return {p: SectionStats(self.totals_ns[p] * 1e-9, self.calls[p],
+                                None if cpu is None else cpu.get(p, 0) * 1e-9) for p in ordered}
 
     @contextlib.contextmanager
     def iteration(self, index: int) -> Iterator[None]:
@@ -106,9 +116,13 @@ class TimingTree:
         """``{path: total seconds so far}``; subtract two snapshots for the time of an interval."""
         return {p: ns * 1e-9 for p, ns in self.totals_ns.items()}
 
+    def snapshot_cpu_s(self) -> dict[str, float]:
+        """``{path: process CPU seconds so far}`` (empty unless the tree counts CPU time)."""
+        return {p: ns * 1e-9 for p, ns in (self.cpu_ns or {}).items()}
+
 
 class _Section:
-    __slots__ = ("tree", "name", "path", "start")
+    __slots__ = ("tree", "name", "path", "start", "cpu_start")
 
     def __init__(self, tree: TimingTree, name: str) -> None:
         self.tree, self.name = tree, name
@@ -117,6 +131,8 @@ class _Section:
         stack = self.tree._stack
         self.path = f"{stack[-1]}/{self.name}" if stack else self.name
         stack.append(self.path)
+        if self.tree.cpu_ns is not None:
+            self.cpu_start = time.process_time_ns()
         self.start = time.perf_counter_ns()
         return self
 
@@ -127,6 +143,8 @@ class _Section:
         path = self.path
         tree.totals_ns[path] = tree.totals_ns.get(path, 0) + dur
         tree.calls[path] = tree.calls.get(path, 0) + 1
+        if tree.cpu_ns is not None:
+            tree.cpu_ns[path] = tree.cpu_ns.get(path, 0) + time.process_time_ns() - self.cpu_start
         if tree.timeline is not None:
             tree.timeline.add(path, self.start, dur, len(tree._stack) + 1)
 

@@ -1,0 +1,111 @@
+"""`gmi-drl tune` (GMI-DRL Algorithm 2) against the exhaustive grid, and the cost model's error.
+
+For each task: every (GMIs per device, num_envs) point of the grid is profiled (fresh, no cache),
+then `tune` searches the same grid with a fresh cache. Printed: the grid's best point, tune's
+pick, the pick's throughput over the grid's best (both as the grid measured them, so probe noise
+is not counted twice; tune's own figure beside it), and the search's wall time over the grid's.
+Then the cost model (`gmi_drl.gmi.cost`): from each num_envs' one-GMI point alone, the predicted
+throughput of every larger GMI count at that num_envs beside the grid's measurement, per template
+and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error.
+
+    python benchmarks/tune.py                      # Hopper-v5 and CartPole-v1, PPO
+    python benchmarks/tune.py --tasks CartPole-v1 --envs-max 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from gmi_drl.config import preset, validate
+from gmi_drl.gmi.devices import discover
+from gmi_drl.gmi.tune import Tuner, TuneOptions, compare, envs_grid, tune
+
+TASK_FLAGS = {"Hopper-v5": {"num_steps": 64}, "CartPole-v1": {}}
+"""per task: PPO fields changed from the preset (Hopper: a 64-step horizon, as GPU-simulator
+PPO runs use, so a 256-env batch fits a short probe)"""
+
+
+def config(task: str):
+    cfg = preset("auto", task, "ppo")
+    for name, value in TASK_FLAGS.get(task, {}).items():
+        setattr(cfg.algo, name, value)
+    cfg.log.tensorboard = False
+    validate(cfg)
+    return cfg
+
+
+def run_task(task: str, args) -> None:
+    cores = len(discover().cpu_cores)
+    max_gmis = args.max_gmis or cores
+    grid = envs_grid(args.envs_min, args.envs_max)
+    cfg = config(task)
+    print(f"\n## {task} (PPO, num_steps {cfg.algo.num_steps}): GMIs {max_gmis}..1 x num_envs "
+          f"{grid[0]}..{grid[-1]}, {cores} cores, probes {args.warmup} + >= {args.iterations} "
+          f"iterations, >= {args.min_steps:,} env steps\n", flush=True)
+    tuner = Tuner(cfg, 1, cores, args.warmup, args.iterations, args.min_steps, args.timeout_s)
+    start, points = time.perf_counter(), []
+    for gmis in range(max_gmis, 0, -1):
+        for n in grid:
+            points.append(tuner.profile(gmis, n))
+            p = points[-1]
+            print(f"grid: {gmis} GMIs x {n:>3} envs: "
+                  + (f"{p.top:>9,.0f} env steps/s, {p.mem / 2**20:,.0f} MiB, {p.seconds:.1f} s"
+                     if p.runnable else f"not runnable ({p.reason})"), flush=True)
+    grid_s = time.perf_counter() - start
+    measured = {(p.gmis, p.num_envs): p for p in points if p.runnable}
+    best = max(measured.values(), key=lambda p: p.top)
+
+    with tempfile.TemporaryDirectory() as out:
+        options = TuneOptions(max_gmis=max_gmis, envs_min=args.envs_min, envs_max=args.envs_max,
+                              alpha=args.alpha, warmup=args.warmup, iterations=args.iterations,
+                              min_steps=args.min_steps, probe_timeout_s=args.timeout_s, out=out)
+        report = tune(cfg, options)
+    pick = report.chosen
+    in_grid = measured[(pick.gmis, pick.num_envs)]
+    print(f"\n| | GMIs | num_envs | env steps/s | wall s | points |\n|---|---|---|---|---|---|")
+    print(f"| grid best | {best.gmis} | {best.num_envs} | {best.top:,.0f} | {grid_s:.0f} | "
+          f"{len(points)} |")
+    print(f"| tune pick ({report.chosen_by}) | {pick.gmis} | {pick.num_envs} | "
+          f"{in_grid.top:,.0f} (tune's probe: {pick.top:,.0f}) | {report.wall_s:.0f} | "
+          f"{len(report.search.points)} |")
+    print(f"\npick / grid best: {in_grid.top / best.top:.2f}x (target >= 0.9); search time / "
+          f"grid time: {report.wall_s / grid_s:.0%} (target <= 40%)")
+
+    errors: dict[tuple[str, str], list[float]] = {}
+    for n in grid:
+        ref = measured.get((1, n))
+        if ref is None:
+            continue
+        same_n = [p for (g, m), p in measured.items() if m == n and g > 1]
+        for pred in compare(ref, same_n, cores, tuner.measured_bw):
+            if pred.error is not None:
+                errors.setdefault((pred.template, pred.variant), []).append(abs(pred.error))
+    print("\ncost model from the 1-GMI point of each num_envs, predicting 2+ GMIs at that "
+          "num_envs (target: within 25%):\n")
+    print("| template | model | points | median abs error | worst |\n|---|---|---|---|---|")
+    for (template, variant), errs in sorted(errors.items()):
+        print(f"| {template} | {variant} | {len(errs)} | {statistics.median(errs):.1%} | "
+              f"{max(errs):.1%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", default=["Hopper-v5", "CartPole-v1"])
+    parser.add_argument("--max-gmis", type=int, default=None)
+    parser.add_argument("--envs-min", type=int, default=2)
+    parser.add_argument("--envs-max", type=int, default=256)
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--min-steps", type=int, default=40_000)
+    parser.add_argument("--timeout-s", type=float, default=180.0)
+    args = parser.parse_args()
+    for task in args.tasks:
+        run_task(task, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""One profiled point of `gmi-drl tune`: a short real training run, in a process of its own.
+
+    python -m gmi_drl.gmi.probe REQUEST.json RESULT.json
+
+``REQUEST.json``: ``{"config": <to_dict of the run's config, num_envs and GMIs set>,
+"warmup": W, "iterations": K, "min_steps": N}``. The run trains ``W + K'`` iterations, ``K'`` the
+larger of ``K`` and the iterations that hold ``N`` env steps; throughput and the phase terms come
+from the last ``K'`` (the first ``W`` hold start-up: worker threads, torch.compile).
+``RESULT.json`` gets `measure`'s figures. `gmi_drl.gmi.tune` starts this module in a session of
+its own and kills the whole process group when it passes its time limit.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
+    """Train ``config`` for ``warmup`` iterations, then for ``iterations`` or as many as
+    ``min_steps`` env steps (over every GMI) take, whichever is more, in a scratch run directory;
+    return `measure`'s figures."""
+    from gmi_drl.config import from_dict, validate
+    from gmi_drl.train import train, weight_count
+
+    cfg = from_dict(config)
+    iterations = max(iterations, -(-min_steps // max(cfg.batch_size, 1)))
+    with tempfile.TemporaryDirectory(prefix="gmi-drl-probe-") as tmp:
+        cfg.run_dir, cfg.total_timesteps = tmp, (warmup + iterations) * cfg.batch_size
+        cfg.log.tensorboard, cfg.log.log_every, cfg.log.cpu_times = False, 1, True
+        cfg.log.gpu_util_interval_s, cfg.checkpoint.every = 0.0, 0
+        validate(cfg)
+        result = train(cfg)
+        rows = _metric_rows(Path(tmp) / "metrics.csv")
+    figures = measure(rows, warmup, cfg.batch_size, cfg.gmi.num_gmis)
+    figures["mem"] = float(max(result.peak_memory_bytes))
+    figures["model_bytes"] = 4.0 * weight_count(cfg)
+    figures.update(_sizes(cfg))
+    return figures
+
+
+def measure(rows: list[dict[str, float]], warmup: int, batch_size: int, num_gmis: int) -> dict:
+    """Throughput and Table 3's time and resource terms from GMI 0's per-iteration metrics.
+
+    Args:
+        rows: one dict per iteration (``global_step``, ``wall_s`` and the ``perf/*`` metrics).
+        warmup: leading iterations left out.
+        batch_size: env steps per iteration over every GMI.
+        num_gmis: GMIs of the run.
+
+    Returns:
+        ``top`` (env steps per second over every GMI, from the measured iterations' wall time),
+        ``t_s``/``t_a``/``t_t``/``t_comm`` (seconds per iteration: env stepping, the rest of the
+        rollout, advantages and update less gradient reduction, reduction) and
+        ``r_s``/``r_a``/``r_t`` (the process's CPU seconds per wall second of that phase, in
+        cores), and ``samples`` (env steps per GMI per iteration).
+
+    Raises:
+        ValueError: fewer than ``warmup + 1`` iterations in ``rows``.
+    """
+    if len(rows) < warmup + 1:
+        raise ValueError(f"{len(rows)} iterations logged, need more than the {warmup} warm-up")
+    start = rows[warmup - 1] if warmup else {"global_step": 0.0, "wall_s": 0.0}
+    measured = rows[warmup:]
+    wall = measured[-1]["wall_s"] - start["wall_s"]
+    steps = measured[-1]["global_step"] - start["global_step"]
+
+    def mean(key: str) -> float:
+        return float(np.mean([r.get(key, 0.0) for r in measured]))
+
+    def ends(suffix: str, cpu: bool = False) -> float:
+        tail = "_cpu_s" if cpu else "_s"
+        return float(np.mean([sum(v for k, v in r.items() if k.startswith("perf/")
+                                  and k.endswith(f"{suffix}{tail}")
+                                  and (cpu or not k.endswith("_cpu_s"))) for r in measured]))
+
+    wall_of = {"s": mean("perf/rollout/env_step_s"),
+               "a": mean("perf/rollout_s") - mean("perf/rollout/env_step_s"),
+               "comm": ends("/allreduce")}
+    wall_of["t"] = mean("perf/update_s") + mean("perf/advantages_s") - wall_of["comm"]
+    cpu_of = {"s": mean("perf/rollout/env_step_cpu_s"),
+              "a": mean("perf/rollout_cpu_s") - mean("perf/rollout/env_step_cpu_s"),
+              "t": (mean("perf/update_cpu_s") + mean("perf/advantages_cpu_s")
+                    - ends("/allreduce", cpu=True))}
+    out = {"top": steps / wall if wall > 0 else 0.0, "samples": batch_size / num_gmis,
+           "t_comm": wall_of["comm"]}
+    for role in "sat":
+        out[f"t_{role}"] = max(wall_of[role], 0.0)
+        out[f"r_{role}"] = cpu_of[role] / wall_of[role] if wall_of[role] > 0 else 0.0
+    return out
+
+
+def _metric_rows(path: Path) -> list[dict[str, float]]:
+    """metrics.csv (long format) as one dict per logged global_step, in order."""
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(row["global_step"])
+            by_step[step]["global_step"] = float(step)
+            by_step[step]["wall_s"] = float(row["wall_s"])
+            by_step[step][row["name"]] = float(row["value"])
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _sizes(cfg) -> dict:
+    """S, A, W of Table 3 for ``cfg``'s task, bytes."""
+    from gmi_drl import envs
+
+    with envs.make(cfg.env.task_id, num_envs=1, num_workers=1) as pool:
+        spec = pool.spec
+    obs, act = spec.observation_space, spec.action_space
+    return {"state_bytes": float(np.prod(obs.shape or (1,)) * np.dtype(obs.dtype).itemsize),
+            "action_bytes": float(np.prod(act.shape or (1,)) * np.dtype(act.dtype).itemsize),
+            "reward_bytes": 4.0}
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(Path(argv[0]).read_text())
+    figures = run(request["config"], request["warmup"], request["iterations"],
+                  request.get("min_steps", 0))
+    tmp = Path(argv[1]).with_suffix(".tmp")
+    tmp.write_text(json.dumps(figures))
+    os.replace(tmp, argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

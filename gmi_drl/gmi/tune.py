@@ -1,0 +1,574 @@
+"""`gmi-drl tune`: workload-aware GMI selection (GMI-DRL §5.2, Algorithm 2) on measured points.
+
+`search` is Algorithm 2's control flow, line for line, over any ``profile`` and ``estimate``.
+`Tuner` supplies the real ones: ``profile`` trains the configured job for a few iterations with
+that many GMIs on one device and ``num_envs`` envs each, in a process group of its own with a
+time limit (`gmi_drl.gmi.probe`); ``estimate`` projects a measured point to every device with the
+cost model (`gmi_drl.gmi.cost`, equation 3 of TCG_EX). Every measured point goes to a cache file
+as soon as it is measured, so an interrupted search resumes where it stopped and a second search
+with the same config and machine measures nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gmi_drl.gmi import cost
+
+CACHE_VERSION = 1
+"""bumped when a point's meaning changes, so older cache files are not reused"""
+
+
+@dataclass
+class Point:
+    """One profiled (GMIs per device, num_envs) point.
+
+    ``top``: env steps per second of all the device's GMIs together (training: samples trained
+    on per second); ``mem``: peak memory of its largest GMI, bytes. ``terms``: the probe's phase
+    figures (`gmi_drl.gmi.probe.measure`). ``sat`` and ``estimate`` are filled by `search` where
+    Algorithm 2 computes them.
+    """
+
+    gmis: int
+    num_envs: int
+    runnable: bool
+    top: float = 0.0
+    mem: float = 0.0
+    seconds: float = 0.0
+    """wall seconds the profile took (start-up included)"""
+    reason: str = ""
+    """why it is not runnable"""
+    terms: dict = field(default_factory=dict)
+    sat: float | None = None
+    estimate: float | None = None
+    cached: bool = False
+
+
+@dataclass
+class SearchResult:
+    """What `search` found: the chosen ``(num_envs, gmis)`` (None when no point was estimated),
+    its estimate, every point in profiling order, and whether the budget cut the search."""
+
+    best: tuple[int, int] | None
+    best_estimate: float
+    points: list[Point]
+    budget_exhausted: bool = False
+
+
+def saturation(r_top: float, r_mem: float) -> float:
+    """Algorithm 2 line 17, ``Sat = R_top / R_mem``. Memory that did not grow (``R_mem <= 0``)
+    costs nothing, so a throughput gain then counts as unsaturated (``inf``) and no gain as
+    saturated (``-inf``)."""
+    if r_mem > 0:
+        return r_top / r_mem
+    return math.inf if r_top > 0 else -math.inf
+
+
+def search(gmis_values: Sequence[int], envs_grid: Sequence[int],
+           profile: Callable[[int, int], Point], estimate: Callable[[int, Point], float],
+           alpha: float = 0.1, over_budget: Callable[[], bool] = lambda: False,
+           on_point: Callable[[Point], None] | None = None) -> SearchResult:
+    """Algorithm 2 ("Profiling-based GMI Exploration", GMI-DRL §5.2).
+
+    For GMIs per device in ``gmis_values`` (the paper: 10 down to 1) and ``num_envs`` in
+    ``envs_grid`` (ascending): a point that is not runnable is skipped (lines 6-8); the first
+    runnable point of a GMI count only initialises ``pre_top``/``pre_mem`` (lines 10-13); each
+    later one computes ``Sat`` from the relative changes of throughput and memory (lines 15-18)
+    and ends the inner loop when ``Sat < alpha`` (lines 19-21), else is estimated and kept when
+    its estimate beats every earlier one, strictly (lines 23-26: ties keep the earlier point).
+
+    Args:
+        gmis_values: GMIs per device, in search order.
+        envs_grid: num_envs values per GMI, ascending.
+        profile: ``(gmis, num_envs) -> Point``.
+        estimate: ``(gmis, point) -> whole-system throughput``.
+        alpha: the saturation threshold.
+        over_budget: asked before each profile; True ends the search (the budget).
+        on_point: called with every point after Algorithm 2 has looked at it.
+    """
+    best, max_top, points = None, -math.inf, []
+    for gmis in gmis_values:
+        pre_top = pre_mem = 0.0
+        for num_envs in envs_grid:
+            if over_budget():
+                return SearchResult(best, max_top, points, budget_exhausted=True)
+            point = profile(gmis, num_envs)
+            points.append(point)
+            try:
+                if not point.runnable:
+                    continue
+                if pre_top == 0 and pre_mem == 0:
+                    pre_top, pre_mem = point.top, point.mem
+                    continue
+                point.sat = saturation((point.top - pre_top) / pre_top,
+                                       (point.mem - pre_mem) / pre_mem)
+                pre_top, pre_mem = point.top, point.mem
+                if point.sat < alpha:
+                    break
+                point.estimate = estimate(gmis, point)
+                if point.estimate > max_top:
+                    max_top, best = point.estimate, (num_envs, gmis)
+            finally:
+                if on_point is not None:
+                    on_point(point)
+    return SearchResult(best, max_top, points)
+
+
+def envs_grid(low: int, high: int) -> list[int]:
+    """``low, 2 low, 4 low, ...`` up to ``high`` (Algorithm 2's doubling grid).
+
+    Raises:
+        ValueError: ``low < 1`` or ``high < low``.
+    """
+    if low < 1 or high < low:
+        raise ValueError(f"num_envs grid {low}..{high}: need 1 <= low <= high")
+    grid = [low]
+    while grid[-1] * 2 <= high:
+        grid.append(grid[-1] * 2)
+    return grid
+
+
+class PointCache:
+    """Measured points in a JSON file, keyed by everything that changes a measurement (the
+    config less num_envs and GMIs, the probe length, the device); written after every point."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = Path(path), key
+        self.points: dict[str, dict] = {}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if data.get("key") == key and data.get("version") == CACHE_VERSION:
+                self.points = data.get("points", {})
+
+    def get(self, gmis: int, num_envs: int) -> Point | None:
+        data = self.points.get(f"{gmis},{num_envs}")
+        return None if data is None else Point(**{**data, "cached": True, "sat": None,
+                                                  "estimate": None})
+
+    def put(self, point: Point) -> None:
+        data = dataclasses.asdict(point)
+        for transient in ("cached", "sat", "estimate"):
+            data.pop(transient)
+        self.points[f"{point.gmis},{point.num_envs}"] = data
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "key": self.key,
+                                   "points": self.points}, indent=1))
+        os.replace(tmp, self.path)
+
+
+def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
+              min_steps: int = 0) -> dict:
+    """Run `gmi_drl.gmi.probe` on ``config`` in a new session; returns its figures.
+
+    Raises:
+        ProbeFailed: it exited non-zero, or ran past ``timeout_s`` (then its whole process group,
+            GMIs and env workers included, is killed first).
+    """
+    with tempfile.TemporaryDirectory(prefix="gmi-drl-tune-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(json.dumps({"config": config, "warmup": warmup,
+                                       "iterations": iterations, "min_steps": min_steps}))
+        log = open(Path(tmp) / "probe.log", "w+")
+        proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.gmi.probe", str(request),
+                                 str(result)], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed)") from None
+        finally:
+            _kill_group(proc)  # GMIs or workers the probe left behind
+        log.seek(0)
+        text = log.read()
+        log.close()
+        if proc.returncode != 0 or not result.exists():
+            what = ("killed by the kernel (out of memory?)" if proc.returncode == -9
+                    else f"exit status {proc.returncode}")
+            last = [line for line in text.strip().splitlines() if line.strip()][-1:]
+            raise ProbeFailed(f"{what}: {last[0][:300] if last else 'no output'}")
+        return json.loads(result.read_text())
+
+
+class ProbeFailed(RuntimeError):
+    """A profiled point did not run to its end (Algorithm 2: not runnable)."""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+@dataclass
+class Tuner:
+    """Algorithm 2 on real runs of ``config`` (a `TrainConfig`).
+
+    Args:
+        config: the job; its ``env.num_envs`` and ``gmi.num_gmis`` are what the search sets.
+        num_devices: devices of the system the estimate projects to.
+        device_cores: CPU cores of one device (CPU) or of the whole machine (CUDA), for the
+            resource shares.
+        warmup, iterations: iterations each probe leaves out, then measures (at least).
+        min_steps: env steps (every GMI's) each probe measures at least.
+        timeout_s: a probe that runs longer is killed and not runnable.
+        bw_bytes_per_s: BW between devices for the estimate's allreduce term (None: the
+            bandwidth the probes' own reductions reached).
+        cache: where measured points are kept (None: nowhere).
+    """
+
+    config: object
+    num_devices: int = 1
+    device_cores: int = 1
+    warmup: int = 1
+    iterations: int = 3
+    min_steps: int = 0
+    timeout_s: float = 180.0
+    bw_bytes_per_s: float | None = None
+    cache: PointCache | None = None
+    measured_bw: float | None = None
+
+    def profile(self, gmis: int, num_envs: int) -> Point:
+        """Algorithm 2's ``profile``: a cached point, or a probe run (never raises for a
+        point that does not run: it comes back not runnable, with the reason)."""
+        cached = self.cache.get(gmis, num_envs) if self.cache else None
+        if cached is not None:
+            self._learn_bw(cached)
+            return cached
+        from gmi_drl.config import ConfigError, to_dict, validate
+
+        cfg = dataclasses.replace(self.config)
+        cfg.env = dataclasses.replace(cfg.env, num_envs=num_envs)
+        cfg.gmi = dataclasses.replace(cfg.gmi, num_gmis=gmis, num_devices=1)
+        start = time.perf_counter()
+        try:
+            validate(cfg)
+            figures = run_probe(to_dict(cfg), self.warmup, self.iterations, self.timeout_s,
+                                self.min_steps)
+            point = Point(gmis, num_envs, True, figures.pop("top"), figures.pop("mem"),
+                          terms=figures)
+        except (ProbeFailed, ConfigError) as e:
+            point = Point(gmis, num_envs, False, reason=str(e))
+        point.seconds = time.perf_counter() - start
+        if self.cache is not None:
+            self.cache.put(point)
+        self._learn_bw(point)
+        return point
+
+    def _learn_bw(self, point: Point) -> None:
+        """The path bandwidth the first reducing point reached: allreduce bytes / seconds."""
+        t = point.terms
+        if self.measured_bw is None and point.runnable and point.gmis > 1 and t.get("t_comm"):
+            self.measured_bw = (cost.allreduce_bytes(t["model_bytes"], point.gmis)
+                                / t["t_comm"])
+
+    def estimate(self, gmis: int, point: Point) -> float:
+        """Algorithm 2's ``estimate(GMIperGPU, num_GPU, top)``: the whole system's env steps per
+        second. Equation 3 for TCG_EX with R = 1/gmis of a device per GMI (Algorithm 2 splits a
+        device evenly) and R_all = num_devices, scaled by the measured throughput: the
+        measured ``top`` keeps what the model leaves out (logging, stragglers), the model adds
+        the allreduce over ``gmis * num_devices`` GMIs instead of ``gmis``."""
+        if self.num_devices == 1:
+            return point.top
+        t = point.terms
+        bw = self.bw_bytes_per_s or self.measured_bw
+        if not bw:
+            raise ValueError("estimating several devices needs a bandwidth: pass bw_bytes_per_s "
+                             "(benchmarks/reduce.py measures it) or profile 2+ GMIs per device")
+        local = t["t_s"] + t["t_a"] + t["t_t"] + t.get("t_comm", 0.0)
+        terms = cost.Terms(t["t_s"], t["t_a"], t["t_t"], r_s=1 / gmis, r_a=1 / gmis,
+                           r_t=1 / gmis, model_bytes=t["model_bytes"],
+                           num_gmis=gmis * self.num_devices)
+        per_iter = cost.throughput(cost.CostTemplate.TCG_EX, terms, bw, self.num_devices)
+        return point.top * per_iter * local / gmis
+
+
+
+def point_terms(point: Point, device_cores: int, gmis: int | None = None) -> cost.Terms:
+    """Table 3's terms from a measured point, resource sizes as fractions of ``device_cores``
+    (the probe measures them as CPU cores in use); ``gmis``: the system's GMI count for the
+    allreduce term (default the point's)."""
+    t = point.terms
+    return cost.Terms(t["t_s"], t["t_a"], t["t_t"], t["r_s"] / device_cores,
+                      t["r_a"] / device_cores, t["r_t"] / device_cores, t["state_bytes"],
+                      t["action_bytes"], t["reward_bytes"], t["model_bytes"], t["samples"],
+                      gmis or point.gmis)
+
+
+def predict(reference: Point, gmis: int, device_cores: int, bw_bytes_per_s: float | None
+            ) -> dict[tuple[str, str], float]:
+    """The cost model's throughput (env steps/s) of ``gmis`` GMIs on one device, per template
+    and variant, from the terms of ``reference``: one GMI measured alone (equation 1's
+    condition).
+
+    Variant ``paper``: Tables 4-5 as printed, ``R`` of each unit from the roles' sizes measured
+    alone, ``min(gmis, 1/R)`` units at once. Variant ``share`` (co-located templates): every GMI
+    holds ``1/gmis`` of the device as Algorithm 2 splits it, each role's time stretched where it
+    needed more (`cost.scaled_to_share`). TCG is serving (each GMI's rollout), TCG_EX holistic
+    training; TDG and TDG_EX need a bandwidth between GMIs (``None``: not predicted).
+    """
+    samples = reference.terms["samples"]
+    base = point_terms(reference, device_cores, gmis)
+    per_step = samples / reference.num_envs  # serving steps of the batch per iteration
+    out = {}
+    for template in cost.CostTemplate:
+        dedicated = template in (cost.CostTemplate.TDG, cost.CostTemplate.TDG_EX)
+        if dedicated and not bw_bytes_per_s:
+            continue
+        variants = {"paper": base}
+        if not dedicated:
+            variants["share"] = cost.scaled_to_share(base, 1.0 / gmis)
+        for variant, terms in variants.items():
+            scale = samples
+            if template is cost.CostTemplate.TDG:  # Table 4 counts one serving step
+                n = reference.num_envs
+                terms = dataclasses.replace(terms, t_s=terms.t_s / per_step,
+                                            t_a=terms.t_a / per_step,
+                                            state_bytes=terms.state_bytes * n,
+                                            action_bytes=terms.action_bytes * n,
+                                            reward_bytes=terms.reward_bytes * n)
+                scale = n
+            r = cost.resource_size(template, terms)
+            units = min(float(gmis), 1.0 / r) if r > 0 else float(gmis)
+            rate = cost.throughput(template, terms, bw_bytes_per_s or math.inf,
+                                   r_all=units * r)
+            out[(template.value, variant)] = rate * scale
+    return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The cost model's throughput for one template and GMI count beside the measured one
+    (env steps/s; ``measured`` None where gmi-drl runs no such template)."""
+
+    template: str
+    variant: str
+    """``paper`` (Tables 4-5 as printed) or ``share`` (GMIs of an even share: `predict`)"""
+    gmis: int
+    predicted: float
+    measured: float | None
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured."""
+        return None if not self.measured else (self.predicted - self.measured) / self.measured
+
+
+def measured_rates(point: Point) -> dict[str, float]:
+    """What a sync_training point measured, per template of the model: ``tcg`` the serving
+    rate of its GMIs (env steps per second of rollout, every GMI at once), ``tcg_ex`` its
+    training throughput."""
+    t = point.terms
+    return {"tcg": point.gmis * t["samples"] / (t["t_s"] + t["t_a"]), "tcg_ex": point.top}
+
+
+def compare(reference: Point, points: Sequence[Point], device_cores: int,
+            bw_bytes_per_s: float | None) -> list[Prediction]:
+    """`predict` from ``reference`` (one GMI alone) for the GMI count of every runnable point
+    in ``points`` (same num_envs), beside what each measured."""
+    out = []
+    for point in sorted((p for p in points if p.runnable), key=lambda p: p.gmis):
+        got = measured_rates(point)
+        for (template, variant), value in predict(reference, point.gmis, device_cores,
+                                                  bw_bytes_per_s).items():
+            out.append(Prediction(template, variant, point.gmis, value, got.get(template)))
+    return out
+
+
+def cache_key(config: dict, warmup: int, iterations: int, machine: str,
+              min_steps: int = 0) -> str:
+    """A digest of what changes a measured point."""
+    data = json.loads(json.dumps(config))
+    data["env"].pop("num_envs", None)
+    data["gmi"].pop("num_gmis", None)
+    for volatile in ("run_dir", "preset", "resume", "config", "total_timesteps"):
+        data.pop(volatile, None)
+    text = json.dumps([data, warmup, iterations, min_steps, machine], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class TuneOptions:
+    """What `tune` searches and how long each probe runs (the ``gmi-drl tune`` flags)."""
+
+    max_gmis: int | None = None
+    """most GMIs per device, searched down to 1 (None: the device's CPU cores on CPU, 10 per
+    GPU, as in the paper)"""
+    envs_min: int | None = None
+    """smallest num_envs per GMI of the doubling grid (None: 2 on CPU, 128 on a GPU)"""
+    envs_max: int | None = None
+    """largest num_envs per GMI (None: 256 on CPU, 16384 on a GPU)"""
+    alpha: float = 0.1
+    """saturation threshold: Sat = R_top / R_mem below it ends a GMI count's num_envs loop"""
+    budget_s: float | None = None
+    """seconds the search may take; no new point is profiled after it (None: no bound)"""
+    warmup: int = 1
+    """iterations each probe runs before it measures (start-up, compilation)"""
+    iterations: int = 3
+    """iterations each probe measures, at least"""
+    min_steps: int = 40_000
+    """env steps (over the device's GMIs) each probe measures, at least: more iterations where
+    one holds fewer, so a fast task's probe is not over before it is measured"""
+    probe_timeout_s: float = 180.0
+    """a probe that runs longer hangs: it is killed and its point is not runnable"""
+    num_devices: int | None = None
+    """devices the estimate projects to (None: every GPU, or the one CPU device)"""
+    bw: float | None = None
+    """bytes/s between devices for the estimate's allreduce (None: what the probes' own
+    reductions reached; benchmarks/reduce.py measures a path)"""
+    out: str | None = None
+    """directory for tuned.json, tune_cache.json and tune.png (None: tune/TASK-ALGO)"""
+    fresh: bool = False
+    """ignore the cache file and measure every point again"""
+
+
+@dataclass
+class TuneReport:
+    """What `tune` did: the search, the chosen point, the cost model's predictions per template
+    beside what was measured (env steps/s), and the files it wrote."""
+
+    search: SearchResult
+    chosen: Point | None
+    chosen_by: str
+    wall_s: float
+    predictions: list[Prediction]
+    reference: Point | None
+    out_dir: Path
+    tuned_path: Path | None
+    plot_path: Path | None
+
+
+def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None
+         ) -> TuneReport:
+    """Algorithm 2 on ``cfg`` (a validated sync_training `TrainConfig`): search, write
+    ``tuned.json`` (the config with the chosen ``env.num_envs`` and ``gmi.num_gmis``, under
+    ``"config"``, and the search under ``"tune"``), ``tune_cache.json`` and ``tune.png``.
+
+    Raises:
+        ValueError: a template `tune` does not search, or options that do not hold.
+    """
+    from gmi_drl.config import to_dict
+    from gmi_drl.gmi.devices import discover
+
+    if cfg.is_async:
+        raise ValueError("gmi-drl tune searches the sync_training template (holistic GMIs); "
+                         "for async_training choose --gmi.serving-gmis / --gmi.trainer-gmis by "
+                         "hand (docs/async.md)")
+    machine = discover()
+    gpu = cfg.device == "cuda" and bool(machine.gpus)
+    devices = options.num_devices or (len(machine.gpus) if gpu else 1)
+    cores = len(machine.cpu_cores) if gpu else max(1, len(machine.cpu_cores) // devices)
+    max_gmis = options.max_gmis or (10 if gpu else cores)
+    grid = envs_grid(options.envs_min or (128 if gpu else 2),
+                     options.envs_max or (16384 if gpu else 256))
+    if options.alpha < 0 or options.warmup < 0 or options.iterations < 1 or max_gmis < 1:
+        raise ValueError("need alpha >= 0, warmup >= 0, iterations >= 1 and max_gmis >= 1")
+    out = Path(options.out or f"tune/{cfg.env.task_id}-{cfg.algo_name}")
+    out.mkdir(parents=True, exist_ok=True)
+    base = to_dict(cfg)
+    fingerprint = (f"{machine.gpus if gpu else 'cpu'}:{len(machine.cpu_cores)}:{devices}:"
+                   f"{os.uname().nodename}")
+    cache_path = out / "tune_cache.json"
+    if options.fresh and cache_path.exists():
+        cache_path.unlink()
+    tuner = Tuner(cfg, devices, cores, options.warmup, options.iterations, options.min_steps,
+                  options.probe_timeout_s, options.bw,
+                  PointCache(cache_path, cache_key(base, options.warmup, options.iterations,
+                                                   fingerprint, options.min_steps)))
+    start = time.perf_counter()
+    over = ((lambda: time.perf_counter() - start > options.budget_s)
+            if options.budget_s is not None else (lambda: False))
+    result = search(range(max_gmis, 0, -1), grid, tuner.profile, tuner.estimate, options.alpha,
+                    over, on_point)
+    chosen, chosen_by = _choose(result)
+    predictions, reference = [], None
+    if chosen is not None:
+        reference = next((p for p in result.points if p.gmis == 1
+                          and p.num_envs == chosen.num_envs), None)
+        if reference is None and not over():
+            reference = tuner.profile(1, chosen.num_envs)
+            if on_point is not None:
+                on_point(reference)
+        if reference is not None and reference.runnable:
+            predictions = compare(reference, [p for p in result.points
+                                              if p.num_envs == chosen.num_envs],
+                                  cores, tuner.bw_bytes_per_s or tuner.measured_bw)
+    wall = time.perf_counter() - start
+    tuned = None
+    if chosen is not None:
+        tuned = out / "tuned.json"
+        best = json.loads(json.dumps(base))
+        best["env"]["num_envs"], best["gmi"]["num_gmis"] = chosen.num_envs, chosen.gmis * devices
+        best["gmi"]["num_devices"] = devices if devices > 1 else None
+        best["run_dir"] = best["resume"] = best["config"] = None
+        tuned.write_text(json.dumps({"config": best, "tune": {
+            "num_envs": chosen.num_envs, "gmis_per_device": chosen.gmis, "num_devices": devices,
+            "chosen_by": chosen_by, "estimate": chosen.estimate or chosen.top,
+            "search_s": round(wall, 1), "points": len(result.points),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}}, indent=1))
+    plot_path = plot(result.points, chosen, out / "tune.png")
+    return TuneReport(result, chosen, chosen_by, wall, predictions, reference, out, tuned,
+                      plot_path)
+
+
+def _choose(result: SearchResult) -> tuple[Point | None, str]:
+    """Algorithm 2's pick; where it estimated no point (every GMI count saturated at its second
+    runnable point, or the budget ended the search first), the fastest runnable point."""
+    if result.best is not None:
+        num_envs, gmis = result.best
+        point = next(p for p in result.points if (p.num_envs, p.gmis) == (num_envs, gmis))
+        return point, "Algorithm 2"
+    runnable = [p for p in result.points if p.runnable]
+    if not runnable:
+        return None, "no runnable point"
+    return max(runnable, key=lambda p: p.top), "fastest measured point (Algorithm 2 estimated none)"
+
+
+def plot(points: list[Point], chosen: Point | None, path: Path) -> Path | None:
+    """Throughput and memory against num_envs, one line per GMIs-per-device value, the chosen
+    point marked; ``None`` when no point ran."""
+    runnable = [p for p in points if p.runnable]
+    if not runnable:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_top, ax_mem) = plt.subplots(1, 2, figsize=(11, 4))
+    for gmis in sorted({p.gmis for p in runnable}):
+        line = sorted((p for p in runnable if p.gmis == gmis), key=lambda p: p.num_envs)
+        xs = [p.num_envs for p in line]
+        ax_top.plot(xs, [p.top for p in line], "o-", label=f"{gmis} GMI(s)/device")
+        ax_mem.plot(xs, [p.mem / 2**20 for p in line], "o-", label=f"{gmis} GMI(s)/device")
+    if chosen is not None:
+        ax_top.plot([chosen.num_envs], [chosen.top], "k*", markersize=16, label="chosen")
+        ax_mem.plot([chosen.num_envs], [chosen.mem / 2**20], "k*", markersize=16, label="chosen")
+    for ax, label in ((ax_top, "env steps/s (one device)"), (ax_mem, "peak memory per GMI, MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("num_envs per GMI")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("gmi-drl tune (GMI-DRL Algorithm 2)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

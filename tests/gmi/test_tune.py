@@ -1,0 +1,236 @@
+"""Algorithm 2 (GMI-DRL §5.2) against synthetic profiles, and `gmi-drl tune` on real probes."""
+
+import json
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
+from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, TuneOptions, envs_grid,
+                              run_probe, saturation, search, tune)
+
+
+class Profile:
+    """A synthetic profile: ``table[(gmis, num_envs)] = (top, mem)`` or None (not runnable);
+    records every call."""
+
+    def __init__(self, table):
+        self.table, self.calls = table, []
+
+    def __call__(self, gmis, num_envs):
+        self.calls.append((gmis, num_envs))
+        got = self.table.get((gmis, num_envs))
+        if got is None:
+            return Point(gmis, num_envs, False, reason="out of memory")
+        return Point(gmis, num_envs, True, *got)
+
+
+def estimate_calls(log):
+    def estimate(gmis, point):
+        log.append((gmis, point.num_envs))
+        return point.top * gmis
+    return estimate
+
+
+def test_unrunnable_skipped_first_runnable_only_initialises_saturation_stops():
+    table = {(2, 2): None,                       # skipped (lines 6-8)
+             (2, 4): (100, 1000),                # first runnable: initialises only
+             (2, 8): (200, 1100),                # Sat = 1.0 / 0.1 = 10 -> estimated
+             (2, 16): (205, 2200),               # Sat = 0.025 / 1 < 0.1 -> stop
+             (2, 32): (900, 2300)}               # never profiled
+    profile, log = Profile(table), []
+    result = search([2], [2, 4, 8, 16, 32], profile, estimate_calls(log), alpha=0.1)
+    assert profile.calls == [(2, 2), (2, 4), (2, 8), (2, 16)]
+    assert log == [(2, 8)]
+    assert result.best == (8, 2) and result.best_estimate == 400
+    sats = {p.num_envs: p.sat for p in result.points}
+    assert sats[4] is None and sats[8] == pytest.approx(10) and sats[16] == pytest.approx(0.025)
+
+
+def test_best_estimate_wins_over_gmi_counts_and_ties_keep_the_earlier_point():
+    table = {(2, 2): (100, 100), (2, 4): (150, 200),    # estimate 300
+             (1, 2): (100, 100), (1, 4): (300, 200)}    # estimate 300: a tie, (4, 2) stays
+    result = search([2, 1], [2, 4], Profile(table), estimate_calls([]))
+    assert result.best == (4, 2)
+    table[(1, 4)] = (301, 200)
+    assert search([2, 1], [2, 4], Profile(table), estimate_calls([])).best == (4, 1)
+
+
+def test_inner_loop_restarts_its_tracking_for_each_gmi_count():
+    table = {(2, 2): (100, 100), (2, 4): (101, 200),    # saturated at once
+             (1, 2): (10, 100), (1, 4): (20, 110)}
+    profile = Profile(table)
+    result = search([2, 1], [2, 4], profile, estimate_calls([]))
+    assert profile.calls == [(2, 2), (2, 4), (1, 2), (1, 4)]
+    assert result.best == (4, 1)
+
+
+def test_no_point_estimated_and_the_budget():
+    assert search([1], [2], Profile({(1, 2): (5, 5)}), estimate_calls([])).best is None
+    profile, calls = Profile({}), iter([False, False, True])
+    result = search([1], [2, 4, 8], profile, estimate_calls([]), over_budget=lambda: next(calls))
+    assert result.budget_exhausted and profile.calls == [(1, 2), (1, 4)]
+
+
+def test_saturation_when_memory_does_not_grow():
+    assert saturation(0.5, 0.25) == 2
+    assert saturation(0.1, 0.0) == math.inf
+    assert saturation(0.0, 0.0) == -math.inf
+    assert saturation(-0.1, -0.2) == -math.inf
+
+
+def test_envs_grid():
+    assert envs_grid(2, 256) == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert envs_grid(128, 300) == [128, 256]
+    with pytest.raises(ValueError):
+        envs_grid(0, 4)
+
+
+def test_point_cache_round_trips_and_ignores_another_key(tmp_path):
+    path = tmp_path / "cache.json"
+    cache = PointCache(path, "k1")
+    cache.put(Point(2, 8, True, 123.0, 456.0, terms={"t_s": 0.1}))
+    cache.put(Point(2, 16, False, reason="hung"))
+    again = PointCache(path, "k1").get(2, 8)
+    assert again.cached and again.top == 123.0 and again.terms == {"t_s": 0.1}
+    assert not PointCache(path, "k1").get(2, 16).runnable
+    assert PointCache(path, "k2").get(2, 8) is None
+    path.write_text("{not json")
+    assert PointCache(path, "k1").get(2, 8) is None
+
+
+def _group_alive(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
+    started = []
+    real_popen = __import__("subprocess").Popen
+
+    def popen(*args, **kwargs):  # remember the probe's process group
+        proc = real_popen(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr("gmi_drl.gmi.tune.subprocess.Popen", popen)
+    most, done = [0], threading.Event()
+
+    def watch():  # the probe's group while it runs: the probe and its second GMI's process
+        while not done.is_set():
+            if started:
+                most[0] = max(most[0], len(_group_alive(started[0])))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(ProbeFailed, match="hung"):
+            run_probe(to_dict(cfg), warmup=1, iterations=10**6, timeout_s=15, min_steps=10**9)
+    finally:
+        done.set()
+        watcher.join()
+    assert time.perf_counter() - t0 < 30
+    assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
+    time.sleep(0.5)
+    assert _group_alive(started[0]) == []
+
+
+def test_a_probe_that_crashes_is_not_runnable_with_the_reason():
+    data = to_dict(preset("auto", "CartPole-v1", "ppo"))
+    data["env"]["task_id"] = "NoSuchTask-v0"
+    with pytest.raises(ProbeFailed, match="exit status 1"):
+        run_probe(data, warmup=0, iterations=1, timeout_s=120)
+
+
+def test_tune_on_real_probes_resumes_from_its_cache_and_trains_with_tuned_json(tmp_path,
+                                                                              capsys):
+    from gmi_drl.cli import main
+
+    out = str(tmp_path / "tune")
+    assert main(["tune", "--env.task-id", "CartPole-v1", "--algo.num-steps", "32", "--max-gmis",
+                 "1", "--envs-min", "2", "--envs-max", "8", "--iterations", "1", "--min-steps",
+                 "0", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "| 1 | 2 | yes |" in printed and "chosen (" in printed and "tuned.json" in printed
+
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    cfg.algo.num_steps = 32
+    options = TuneOptions(max_gmis=1, envs_min=2, envs_max=8, warmup=1, iterations=1,
+                          min_steps=0, out=out)
+    t0 = time.perf_counter()
+    report = tune(cfg, options)  # the command's points, from the cache: nothing runs
+    assert time.perf_counter() - t0 < 5
+    assert all(p.cached for p in report.search.points)
+    assert [(p.gmis, p.num_envs) for p in report.search.points][:3] == [(1, 2), (1, 4), (1, 8)]
+    assert all(p.runnable and p.top > 0 and p.mem > 100 * 2**20 for p in report.search.points)
+    assert report.chosen is not None and report.plot_path.exists()
+    first = report.search.points[0].terms
+    assert first["t_s"] > 0 and first["t_a"] > 0 and first["t_t"] > 0 and first["r_a"] > 0
+    tuned = json.loads(report.tuned_path.read_text())
+    assert tuned["config"]["env"]["num_envs"] == report.chosen.num_envs
+    assert tuned["tune"]["num_envs"] == report.chosen.num_envs
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "--config", str(report.tuned_path), "--total-timesteps", "512",
+                 "--run-dir", str(run_dir), "--checkpoint.every", "0"]) == 0
+    stored = json.loads((run_dir / "config.json").read_text())
+    assert stored["env"]["num_envs"] == report.chosen.num_envs
+    assert stored["algo"]["ppo"]["num_steps"] == 32 and stored["total_timesteps"] == 512
+    summary = (run_dir / "summary.md").read_text()
+    assert "tuned by `gmi-drl tune`" in summary and str(report.tuned_path) in summary
+
+
+def test_config_file_errors_say_what_to_do(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ConfigError, match="not JSON"):
+        load_config_file(str(bad))
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config_file(str(tmp_path / "missing.json"))
+    bad.write_text(json.dumps({"config": {"algo": {"nope": {}}}}))
+    with pytest.raises(ConfigError, match="does not match"):
+        load_config_file(str(bad))
+
+
+def test_tune_refuses_the_async_template(tmp_path):
+    cfg = preset("auto", "CartPole-v1", "appo")
+    with pytest.raises(ValueError, match="sync_training"):
+        tune(cfg, TuneOptions(out=str(tmp_path)))
+
+
+def test_timer_counts_process_cpu_seconds_per_phase():
+    from gmi_drl.telemetry.timer import TimingTree, set_tree, timer
+
+    for cpu in (True, False):
+        previous = set_tree(TimingTree(cpu=cpu))
+        with timer("busy"):
+            end = time.perf_counter() + 0.2
+            while time.perf_counter() < end:
+                pass
+        with timer("idle"):
+            time.sleep(0.2)
+        tree = set_tree(previous)
+        stats = tree.stats()
+        if cpu:
+            assert stats["busy"].cpu_s == pytest.approx(stats["busy"].total_s, rel=0.3)
+            assert stats["idle"].cpu_s < 0.05
+            assert set(tree.snapshot_cpu_s()) == {"busy", "idle"}
+        else:
+            assert stats["busy"].cpu_s is None and tree.snapshot_cpu_s() == {}
