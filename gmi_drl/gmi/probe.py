@@ -24,14 +24,18 @@ import numpy as np
 
 
 def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
-    """Train ``config`` for ``warmup`` iterations, then for ``iterations`` or as many as
-    ``min_steps`` env steps (over every GMI) take, whichever is more, in a scratch run directory;
-    return `measure`'s figures."""
+    """Train ``config`` for ``warmup`` iterations (more for an off-policy algorithm, until its
+    ``learning_starts`` has passed), then for ``iterations`` or as many as ``min_steps`` env
+    steps (over every GMI) take, whichever is more, in a scratch run directory; return
+    `measure`'s figures."""
     from gmi_drl.config import from_dict, validate
     from gmi_drl.train import train, weight_count
 
     cfg = from_dict(config)
     iterations = max(iterations, -(-min_steps // max(cfg.batch_size, 1)))
+    # off-policy algorithms only act until learning_starts: measure after it
+    per_gmi = cfg.algo.steps_per_iteration(cfg.env.num_envs)
+    warmup += -(-getattr(cfg.algo, "learning_starts", 0) // per_gmi)
     with tempfile.TemporaryDirectory(prefix="gmi-drl-probe-") as tmp:
         cfg.run_dir, cfg.total_timesteps = tmp, (warmup + iterations) * cfg.batch_size
         cfg.log.tensorboard, cfg.log.log_every, cfg.log.cpu_times = False, 1, True
@@ -58,9 +62,10 @@ def measure(rows: list[dict[str, float]], warmup: int, batch_size: int, num_gmis
     Returns:
         ``top`` (env steps per second over every GMI, from the measured iterations' wall time),
         ``t_s``/``t_a``/``t_t``/``t_comm`` (seconds per iteration: env stepping, the rest of the
-        rollout, advantages and update less gradient reduction, reduction) and
+        rollout, the rest of the iteration less gradient reduction, reduction) and
         ``r_s``/``r_a``/``r_t`` (the process's CPU seconds per wall second of that phase, in
-        cores), and ``samples`` (env steps per GMI per iteration).
+        cores; the trainer's from its timed phases), and ``samples`` (env steps per GMI per
+        iteration).
 
     Raises:
         ValueError: fewer than ``warmup + 1`` iterations in ``rows``.
@@ -81,19 +86,25 @@ def measure(rows: list[dict[str, float]], warmup: int, batch_size: int, num_gmis
                                   and k.endswith(f"{suffix}{tail}")
                                   and (cpu or not k.endswith("_cpu_s"))) for r in measured]))
 
+    top_level = {k[:-2] for r in measured for k in r if k.startswith("perf/")
+                 and k.endswith("_s") and not k.endswith("_cpu_s") and k.count("/") == 1
+                 and k != "perf/rollout_s"}
     wall_of = {"s": mean("perf/rollout/env_step_s"),
                "a": mean("perf/rollout_s") - mean("perf/rollout/env_step_s"),
                "comm": ends("/allreduce")}
-    wall_of["t"] = mean("perf/update_s") + mean("perf/advantages_s") - wall_of["comm"]
+    # the trainer's time is the rest of the iteration: advantages, update and what the runner
+    # does between iterations (logging, checkpoints), all of which a holistic GMI runs in turn
+    wall_of["t"] = wall / len(measured) - mean("perf/rollout_s") - wall_of["comm"]
+    timed = {"s": wall_of["s"], "a": wall_of["a"],
+             "t": sum(mean(f"{k}_s") for k in top_level) - wall_of["comm"]}
     cpu_of = {"s": mean("perf/rollout/env_step_cpu_s"),
               "a": mean("perf/rollout_cpu_s") - mean("perf/rollout/env_step_cpu_s"),
-              "t": (mean("perf/update_cpu_s") + mean("perf/advantages_cpu_s")
-                    - ends("/allreduce", cpu=True))}
+              "t": sum(mean(f"{k}_cpu_s") for k in top_level) - ends("/allreduce", cpu=True)}
     out = {"top": steps / wall if wall > 0 else 0.0, "samples": batch_size / num_gmis,
            "t_comm": wall_of["comm"]}
     for role in "sat":
         out[f"t_{role}"] = max(wall_of[role], 0.0)
-        out[f"r_{role}"] = cpu_of[role] / wall_of[role] if wall_of[role] > 0 else 0.0
+        out[f"r_{role}"] = cpu_of[role] / timed[role] if timed[role] > 0 else 0.0
     return out
 
 

@@ -234,3 +234,26 @@ def test_timer_counts_process_cpu_seconds_per_phase():
             assert set(tree.snapshot_cpu_s()) == {"busy", "idle"}
         else:
             assert stats["busy"].cpu_s is None and tree.snapshot_cpu_s() == {}
+
+
+def test_probe_measure_splits_the_iteration_into_the_roles():
+    from gmi_drl.gmi.probe import measure
+
+    def row(k):  # the warm-up iteration ends at 2 s, each later one takes 1 s: 0.5 s rollout
+        return {"global_step": 100.0 * k, "wall_s": 1.0 + k, "perf/rollout_s": 0.5,
+                "perf/rollout/env_step_s": 0.3, "perf/update_s": 0.3,
+                "perf/update/allreduce_s": 0.1, "perf/advantages_s": 0.05, "perf/log_s": 0.05,
+                "perf/rollout_cpu_s": 0.8, "perf/rollout/env_step_cpu_s": 0.6,
+                "perf/update_cpu_s": 0.3, "perf/update/allreduce_cpu_s": 0.1,
+                "perf/advantages_cpu_s": 0.05, "perf/log_cpu_s": 0.05}
+
+    rows = [row(k) for k in range(1, 6)]
+    got = measure(rows, warmup=1, batch_size=100, num_gmis=2)
+    assert got["top"] == pytest.approx(400 / 4.0)
+    assert got["samples"] == 50
+    assert (got["t_s"], got["t_a"], got["t_comm"]) == pytest.approx((0.3, 0.2, 0.1))
+    assert got["t_t"] == pytest.approx(1.0 - 0.5 - 0.1)  # the rest of the iteration
+    assert got["r_s"] == pytest.approx(2.0) and got["r_a"] == pytest.approx(1.0)
+    assert got["r_t"] == pytest.approx((0.3 + 0.05 + 0.05 - 0.1) / (0.3 + 0.05 + 0.05 - 0.1))
+    with pytest.raises(ValueError, match="warm-up"):
+        measure(rows[:1], warmup=1, batch_size=100, num_gmis=2)
