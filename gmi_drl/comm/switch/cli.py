@@ -1,7 +1,9 @@
 """``gmi-drl switch serve`` (and ``python -m gmi_drl.comm.switch serve``): run one switch.
 
-Prints ``listening on IP:PORT`` once bound, then one line of counters every
-``--stats-interval`` seconds, and the final counters as JSON on SIGTERM/SIGINT (exit 0).
+Prints ``listening on IP:PORT`` once bound, then every ``--stats-interval`` seconds one line of
+rates over the interval (`Rates`: packets in and out, aggregated bytes and drops per second, the
+daemon's CPU use) followed by the counters, and the final counters as JSON on SIGTERM/SIGINT
+(exit 0).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+import time
 
 from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon, parse_addr
 
@@ -52,6 +55,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DROPS = ("injected_drops", "malformed_dropped", "non_member_dropped", "foreign_job_dropped",
+         "not_ready_dropped", "stale_dropped", "busy_dropped")
+"""the counters of packets the daemon received and did not use"""
+
+
+class Rates:
+    """Per-second rates of a daemon's counters between two calls of `line`, and the CPU the
+    process used in between (``process_time``: every thread, in cores: 1.0 = one core busy)."""
+
+    def __init__(self) -> None:
+        self._last: dict | None = None
+        self._t, self._cpu = time.monotonic(), time.process_time()
+
+    def line(self, counters: dict) -> str:
+        """``rates: ...`` over the interval since the previous call (or since creation)."""
+        now, cpu = time.monotonic(), time.process_time()
+        dt = max(now - self._t, 1e-9)
+        last = self._last or {k: 0 for k in counters}
+        delta = {k: counters[k] - last.get(k, 0) for k in ("packets_in", "packets_out",
+                                                            "bytes_aggregated")}
+        drops = sum(counters[k] - last.get(k, 0) for k in DROPS)
+        text = (f"rates over {dt:.1f} s: packets in {delta['packets_in'] / dt:,.0f}/s, out "
+                f"{delta['packets_out'] / dt:,.0f}/s, aggregated "
+                f"{delta['bytes_aggregated'] / dt / 1e6:,.2f} MB/s, drops {drops / dt:,.1f}/s, "
+                f"CPU {(cpu - self._cpu) / dt:.2f} cores")
+        self._last, self._t, self._cpu = dict(counters), now, cpu
+        return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``argv`` without the program name (``["serve", "--bind", ...]``)."""
     args = build_parser().parse_args(argv)
@@ -65,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                        switch_id=args.switch_id, member_id=args.member_id, job_id=args.job_id,
                        token=args.token, seed=args.seed)
 
+    rates = Rates()
+
     def report(c) -> None:
+        print(rates.line(c.as_dict()), flush=True)
         print(" ".join(f"{k}={v}" for k, v in c.as_dict().items()), flush=True)
 
     daemon = SwitchDaemon(cfg, report, args.stats_interval)

@@ -135,6 +135,8 @@ class Counters:
 
     packets_in: int = 0
     packets_out: int = 0
+    bytes_aggregated: int = 0
+    """float32 payload bytes of member gradients taken into a slot (duplicates not counted)"""
     segments_completed: int = 0
     duplicates: int = 0
     retransmissions_served: int = 0
@@ -355,6 +357,7 @@ class SwitchDaemon:
                 self._send_up(idx, s)
             return
         self._rows[idx, m.row, :k] = self._rx_f32[:k]
+        c.bytes_aggregated += k * P.FLOAT_BYTES
         s.mask |= bit
         s.contrib.append((m.id, m.row))
         s.count += count

@@ -26,12 +26,54 @@ def test_mean_is_exact(switches, n, faults):
     stats = sw.stats()
     assert stats["segments_completed"] == segments() * STEPS
     assert stats["busy_dropped"] == stats["stale_dropped"] == stats["malformed_dropped"] == 0
+    # every worker's gradient taken in exactly once per step, whatever was lost or duplicated
+    assert stats["bytes_aggregated"] == n * STEPS * 33_005 * 4
     if faults:
         assert stats["injected_drops"] > 0 and stats["duplicates"] > 0
         assert stats["retransmissions_served"] > 0
         assert sum(r for _, r in got.values()) > 0
     assert sw.stop() == 0
     assert sw.final["members"] == 0  # every worker left
+
+
+@pytest.mark.distributed
+def test_serve_prints_rates_per_interval():
+    """``switch serve --stats-interval`` prints packet, byte and drop rates and its CPU use."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
+                             "127.0.0.1:0", "--stats-interval", "0.2", "--mtu", "1500"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        addr = proc.stdout.readline().split()[-1]
+        got = run_workers(addr, 2, 2, {"rto_s": 0.05})
+        assert_exact(got, [0, 1], 2, 2)
+        busy = []  # reports of intervals with traffic (0.2 s each, two lines per report)
+        for _ in range(200):
+            line = proc.stdout.readline()
+            if line.startswith("rates") and "aggregated 0.00 MB/s" not in line:
+                busy.append(line)
+                break
+        assert busy, "no report of an interval with aggregated bytes"
+        assert "packets in" in busy[0] and "drops 0.0/s" in busy[0] and "CPU" in busy[0]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_rates_are_deltas_over_the_interval():
+    from gmi_drl.comm.switch.cli import DROPS, Rates
+
+    zero = {k: 0 for k in ("packets_in", "packets_out", "bytes_aggregated", *DROPS)}
+    rates = Rates()
+    rates.line(zero)
+    rates._t -= 2.0  # as if two seconds passed
+    line = rates.line({**zero, "packets_in": 200, "packets_out": 100,
+                       "bytes_aggregated": 4_000_000, "stale_dropped": 4, "injected_drops": 2})
+    assert "packets in 100/s, out 50/s, aggregated 2.00 MB/s, drops 3.0/s" in line
 
 
 @pytest.mark.distributed
