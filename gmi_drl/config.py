@@ -629,9 +629,6 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
          f"gmi.trainer_gmis={g.trainer_gmis} with placement='ray': across hosts one trainer GMI "
          "takes every serving GMI's experience (its bridge); several trainers run with "
          "--placement local")
-    need(cfg.placement != "ray" or cfg.ray.max_restarts == 0,
-         f"ray.max_restarts={cfg.ray.max_restarts}: an async_training run on Ray stops on a "
-         "failure (resume it with --resume); use 0")
     need(cfg.placement != "serial" or g.serving_gmis == g.trainer_gmis == 1,
          f"placement='serial' runs one serving and one trainer role in one process, not "
          f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")

@@ -11,6 +11,7 @@ happened.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 from typing import Any
@@ -110,10 +111,12 @@ class AsyncPlacement:
         cfg, r = self.cfg, self.cfg.ray
         spec = AsyncSpec(payload.run, self.channel_plan(task), None, _weight_bytes(cfg, task),
                          "tcp", progress=_printing(payload).progress)
-        self._ray = launch(TARGET, self.layout, spec, address=r.address, max_restarts=0,
-                           num_cpus_per_gmi=r.num_cpus_per_gmi,
+        self._ray = launch(TARGET, self.layout, spec, address=r.address,
+                           max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s, reducer_capacity=1,
-                           rendezvous=True)
+                           rendezvous=True,
+                           on_restart=lambda error: dataclasses.replace(
+                               spec, run=payload.run.restarted()))
         self.results = self._ray.results
         return self.results
 
@@ -130,6 +133,8 @@ class AsyncPlacement:
             run = self._ray
             text += "".join(f"- {run.nodes[gmis[0]]}: GMIs {list(gmis)}\n"
                             for gmis in run.layout.mpl)
+            text += ("- restarts of every GMI from the trainer's last checkpoint after a GMI "
+                     f"failed: {run.restarts}\n")
         text += (self.layout.describe(reduction=False)
                 + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
                 f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")

@@ -118,6 +118,32 @@ def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
     assert_nothing_left(ray_cluster)
 
 
+def test_a_killed_serving_gmi_restarts_the_async_run_from_the_trainers_checkpoint(
+        ray_cluster, tmp_path):
+    """APPO on Ray: a serving GMI's actor killed after the trainer's first checkpoint; with
+    ray.max_restarts 1 every GMI starts again from that checkpoint and the run ends."""
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
+    cfg.ray.address, cfg.ray.num_cpus_per_gmi, cfg.ray.max_restarts = ray_cluster.address, 1, 1
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 20_480, False, False
+    cfg.checkpoint.every = 2
+    cfg.run_dir = str(tmp_path / "async-restart")
+    killed = []
+    killer = threading.Thread(target=_kill_gmi_after_first_checkpoint,
+                              args=(Path(cfg.run_dir), 2, killed), daemon=True)
+    killer.start()
+    result = train(cfg)
+    killer.join(timeout=5)
+
+    assert killed, "the serving GMI was not killed during the run"
+    assert result.global_step == 20_480
+    assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
+    summary = (result.run_dir / "summary.md").read_text()
+    assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
+        in summary
+    assert_nothing_left(ray_cluster)
+
+
 def _kill_gmi_after_first_checkpoint(run_dir: Path, gmi_id: int, killed: list) -> None:
     """From the driver (connected by the launcher), kill GMI ``gmi_id``'s actor with
     `ray.kill` once the run's first checkpoint exists."""
