@@ -230,8 +230,10 @@ def _print_tune(report, algo: str) -> int:
     if r.budget_exhausted:
         print("the --budget-s ran out: the search stopped early")
     if report.chosen is None:
-        print(f"gmi-drl tune: no runnable point ({len(r.points)} profiled); see the reasons "
-              "above, or widen --envs-min/--envs-max", file=sys.stderr)
+        hint = ("raise --budget-s" if r.budget_exhausted and not r.points
+                else "see the reasons above, or widen --envs-min/--envs-max")
+        print(f"gmi-drl tune: no runnable point ({len(r.points)} profiled); {hint}",
+              file=sys.stderr)
         return 1
     c = report.chosen
     print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} GMI(s) per device: "

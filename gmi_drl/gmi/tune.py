@@ -475,11 +475,16 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     gpu = cfg.device == "cuda" and bool(machine.gpus)
     devices = options.num_devices or (len(machine.gpus) if gpu else 1)
     cores = len(machine.cpu_cores) if gpu else max(1, len(machine.cpu_cores) // devices)
-    max_gmis = options.max_gmis or (10 if gpu else cores)
-    grid = envs_grid(options.envs_min or (128 if gpu else 2),
-                     options.envs_max or (16384 if gpu else 256))
+    def given(value, default):
+        return default if value is None else value
+
+    max_gmis = given(options.max_gmis, 10 if gpu else cores)
+    grid = envs_grid(given(options.envs_min, 128 if gpu else 2),
+                     given(options.envs_max, 16384 if gpu else 256))
     if options.alpha < 0 or options.warmup < 0 or options.iterations < 1 or max_gmis < 1:
-        raise ValueError("need alpha >= 0, warmup >= 0, iterations >= 1 and max_gmis >= 1")
+        raise ValueError(f"need --alpha >= 0, --warmup >= 0, --iterations >= 1 and --max-gmis "
+                         f">= 1 (got {options.alpha}, {options.warmup}, {options.iterations}, "
+                         f"{max_gmis})")
     out = Path(options.out or f"tune/{cfg.env.task_id}-{cfg.algo_name}")
     out.mkdir(parents=True, exist_ok=True)
     base = to_dict(cfg)

@@ -98,14 +98,7 @@ def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
     cfg = _cfg(tmp_path, "restart", 16, address=ray_cluster.address)
     cfg.checkpoint.every = 2
     cfg.ray.max_restarts = 1
-    killed = []
-    killer = threading.Thread(target=_kill_gmi_after_first_checkpoint,
-                              args=(Path(cfg.run_dir), 1, killed), daemon=True)
-    killer.start()
-    result = train(cfg)
-    killer.join(timeout=5)
-
-    assert killed, "the GMI was not killed during the run"
+    result = _train_killing(cfg, 1)
     assert result.global_step == 16 * 256
     assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     # episodes restored from the checkpoint carry loop time 0: the second attempt resumed
@@ -128,20 +121,25 @@ def test_a_killed_serving_gmi_restarts_the_async_run_from_the_trainers_checkpoin
     cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 20_480, False, False
     cfg.checkpoint.every = 2
     cfg.run_dir = str(tmp_path / "async-restart")
-    killed = []
-    killer = threading.Thread(target=_kill_gmi_after_first_checkpoint,
-                              args=(Path(cfg.run_dir), 2, killed), daemon=True)
-    killer.start()
-    result = train(cfg)
-    killer.join(timeout=5)
-
-    assert killed, "the serving GMI was not killed during the run"
+    result = _train_killing(cfg, 2)
     assert result.global_step == 20_480
     assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
     summary = (result.run_dir / "summary.md").read_text()
     assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
         in summary
     assert_nothing_left(ray_cluster)
+
+
+def _train_killing(cfg, gmi_id: int):
+    """`train(cfg)` while GMI ``gmi_id``'s actor is killed after the first checkpoint."""
+    killed = []
+    killer = threading.Thread(target=_kill_gmi_after_first_checkpoint,
+                              args=(Path(cfg.run_dir), gmi_id, killed), daemon=True)
+    killer.start()
+    result = train(cfg)
+    killer.join(timeout=5)
+    assert killed, f"GMI {gmi_id} was not killed during the run"
+    return result
 
 
 def _kill_gmi_after_first_checkpoint(run_dir: Path, gmi_id: int, killed: list) -> None:

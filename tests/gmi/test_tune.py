@@ -257,3 +257,14 @@ def test_probe_measure_splits_the_iteration_into_the_roles():
     assert got["r_t"] == pytest.approx((0.3 + 0.05 + 0.05 - 0.1) / (0.3 + 0.05 + 0.05 - 0.1))
     with pytest.raises(ValueError, match="warm-up"):
         measure(rows[:1], warmup=1, batch_size=100, num_gmis=2)
+
+
+@pytest.mark.parametrize("field, value, match", [("max_gmis", 0, "max-gmis"),
+                                                 ("envs_min", 0, "num_envs grid"),
+                                                 ("iterations", 0, "iterations")])
+def test_tune_refuses_bad_options_before_profiling(tmp_path, field, value, match):
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    options = TuneOptions(out=str(tmp_path), **{field: value})
+    with pytest.raises(ValueError, match=match):
+        tune(cfg, options)
+    assert not (tmp_path / "tune_cache.json").exists()
