@@ -194,7 +194,9 @@ def _tune(args: list[str], debug: bool = False) -> int:
     print(f"gmi-drl tune: {cfg.algo_name} on {cfg.env.task_id}, GMI-DRL Algorithm 2 "
           f"(alpha {options.alpha}); each point trains {options.warmup} + {options.iterations} "
           "iterations in a process of its own")
-    header = "| GMIs/device | num_envs | runnable | env steps/s | peak mem/GMI | Sat | estimate | s |"
+    header = (f"| {'serving GMIs' if cfg.is_async else 'GMIs'}/device | num_envs | runnable | "
+              f"{'samples trained/s' if cfg.is_async else 'env steps/s'} | peak mem/GMI | Sat | "
+              "estimate | s |")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} "
                   "points"), TimeElapsedColumn()) as bar:
         task = bar.add_task("profiling", total=None)
@@ -215,7 +217,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
         except ValueError as e:
             print(f"gmi-drl tune: {e}", file=sys.stderr)
             return 2
-    return _print_tune(report, algo)
+    return _print_tune(report, algo, cfg.is_async)
 
 
 TUNE_USAGE = """usage: gmi-drl tune [--algo ppo] [tune flags] [training flags]
@@ -225,7 +227,7 @@ Algorithm 2) with short real runs, and writes tuned.json for `gmi-drl train ALGO
 Training flags are those of `gmi-drl train ALGO` (e.g. --env.task-id Hopper-v5)."""
 
 
-def _print_tune(report, algo: str) -> int:
+def _print_tune(report, algo: str, is_async: bool) -> int:
     r = report.search
     if r.budget_exhausted:
         print("the --budget-s ran out: the search stopped early")
@@ -236,8 +238,10 @@ def _print_tune(report, algo: str) -> int:
               file=sys.stderr)
         return 1
     c = report.chosen
-    print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} GMI(s) per device: "
-          f"{c.top:,.0f} env steps/s measured; search {report.wall_s:.0f} s, "
+    gmis, unit = ("serving GMI(s)", "samples trained/s") if is_async else ("GMI(s)",
+                                                                         "env steps/s")
+    print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} {gmis} per device: "
+          f"{c.top:,.0f} {unit} measured; search {report.wall_s:.0f} s, "
           f"{len(r.points)} points ({sum(p.cached for p in r.points)} from the cache)")
     if report.predictions:
         ref = report.reference

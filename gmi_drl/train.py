@@ -47,7 +47,8 @@ class TrainResult(NamedTuple):
     """per GMI, a sha256 chained over its weights after every update of this call (equal on
     all GMIs iff their weights were identical after each update)"""
     peak_memory_bytes: tuple[int, ...] = ()
-    """per GMI that trains, its peak memory on its device, bytes (GMI-DRL Algorithm 2's mem)"""
+    """per GMI that returned (async: serving GMIs too), its peak memory on its device, bytes
+    (GMI-DRL Algorithm 2's mem)"""
 
 
 def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
@@ -76,6 +77,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                 results = placement.launch(TARGET, LoopSpec(run, on_progress))
     except STOPS as e:
         raise RunStopped(run, e) from e
+    memory = tuple(getattr(r, "peak_memory_bytes", 0) for r in results if r is not None)
     results = [r for r in results if isinstance(r, LoopResult)]  # trainers (async: not serving)
     digests = tuple(r.weights_digest for r in results)
     text = placement.describe()
@@ -89,8 +91,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     run.write_summary(results[0], text)
     r = results[0]
     return TrainResult(run.run_dir, r.global_step, r.wall_s, r.episode_steps, r.episode_returns,
-                       r.episode_wall_s, digests,
-                       tuple(getattr(x, "peak_memory_bytes", 0) for x in results))
+                       r.episode_wall_s, digests, memory)
 
 
 def _reduced_floats(cfg: TrainConfig) -> int:

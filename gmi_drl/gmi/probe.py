@@ -43,7 +43,7 @@ def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
         validate(cfg)
         result = train(cfg)
         rows = _metric_rows(Path(tmp) / "metrics.csv")
-    figures = measure(rows, warmup, cfg.batch_size, cfg.gmi.num_gmis)
+    figures = measure(rows, warmup, cfg.batch_size, cfg.num_trainers)
     figures["mem"] = float(max(result.peak_memory_bytes))
     figures["model_bytes"] = 4.0 * weight_count(cfg)
     figures.update(_sizes(cfg))
@@ -57,7 +57,7 @@ def measure(rows: list[dict[str, float]], warmup: int, batch_size: int, num_gmis
         rows: one dict per iteration (``global_step``, ``wall_s`` and the ``perf/*`` metrics).
         warmup: leading iterations left out.
         batch_size: env steps per iteration over every GMI.
-        num_gmis: GMIs of the run.
+        num_gmis: GMIs of the run that train (``samples`` is per GMI that trains).
 
     Returns:
         ``top`` (env steps per second over every GMI, from the measured iterations' wall time),

@@ -256,7 +256,8 @@ class Tuner:
 
         cfg = dataclasses.replace(self.config)
         cfg.env = dataclasses.replace(cfg.env, num_envs=num_envs)
-        cfg.gmi = dataclasses.replace(cfg.gmi, num_gmis=gmis, num_devices=1)
+        cfg.gmi = dataclasses.replace(cfg.gmi, num_devices=1,
+                                      **{gmi_field(cfg): gmis})
         start = time.perf_counter()
         try:
             validate(cfg)
@@ -287,6 +288,9 @@ class Tuner:
         the allreduce over ``gmis * num_devices`` GMIs instead of ``gmis``."""
         if self.num_devices == 1:
             return point.top
+        if self.config.is_async:
+            raise ValueError("tune projects an async_training run onto one device only "
+                             "(--num-devices 1)")
         t = point.terms
         bw = self.bw_bytes_per_s or self.measured_bw
         if not bw:
@@ -457,20 +461,18 @@ class TuneReport:
 
 def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None
          ) -> TuneReport:
-    """Algorithm 2 on ``cfg`` (a validated sync_training `TrainConfig`): search, write
-    ``tuned.json`` (the config with the chosen ``env.num_envs`` and ``gmi.num_gmis``, under
-    ``"config"``, and the search under ``"tune"``), ``tune_cache.json`` and ``tune.png``.
+    """Algorithm 2 on ``cfg`` (a validated `TrainConfig`): search, write ``tuned.json`` (the
+    config with the chosen ``env.num_envs`` and GMIs (`gmi_field`), under ``"config"``, and the
+    search under ``"tune"``), ``tune_cache.json`` and ``tune.png``. ``top`` is env steps per
+    second for sync_training and trained samples per second for async_training; the cost
+    model's predictions (synchronous templates) are made for sync_training only.
 
     Raises:
-        ValueError: a template `tune` does not search, or options that do not hold.
+        ValueError: options that do not hold, or an async_training run over several devices.
     """
     from gmi_drl.config import to_dict
     from gmi_drl.gmi.devices import discover
 
-    if cfg.is_async:
-        raise ValueError("gmi-drl tune searches the sync_training template (holistic GMIs); "
-                         "for async_training choose --gmi.serving-gmis / --gmi.trainer-gmis by "
-                         "hand (docs/async.md)")
     machine = discover()
     gpu = cfg.device == "cuda" and bool(machine.gpus)
     devices = options.num_devices or (len(machine.gpus) if gpu else 1)
@@ -481,6 +483,9 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     max_gmis = given(options.max_gmis, 10 if gpu else cores)
     grid = envs_grid(given(options.envs_min, 128 if gpu else 2),
                      given(options.envs_max, 16384 if gpu else 256))
+    if cfg.is_async and devices > 1:
+        raise ValueError("tune projects an async_training run onto one device only "
+                         "(--num-devices 1)")
     if options.alpha < 0 or options.warmup < 0 or options.iterations < 1 or max_gmis < 1:
         raise ValueError(f"need --alpha >= 0, --warmup >= 0, --iterations >= 1 and --max-gmis "
                          f">= 1 (got {options.alpha}, {options.warmup}, {options.iterations}, "
@@ -504,7 +509,7 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
                     over, on_point)
     chosen, chosen_by = _choose(result)
     predictions, reference = [], None
-    if chosen is not None:
+    if chosen is not None and not cfg.is_async:  # Tables 4-5 model synchronous templates
         reference = next((p for p in result.points if p.gmis == 1
                           and p.num_envs == chosen.num_envs), None)
         if reference is None and not over():
@@ -520,7 +525,8 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     if chosen is not None:
         tuned = out / "tuned.json"
         best = json.loads(json.dumps(base))
-        best["env"]["num_envs"], best["gmi"]["num_gmis"] = chosen.num_envs, chosen.gmis * devices
+        best["env"]["num_envs"] = chosen.num_envs
+        best["gmi"][gmi_field(cfg)] = chosen.gmis * devices
         best["gmi"]["num_devices"] = devices if devices > 1 else None
         best["run_dir"] = best["resume"] = best["config"] = None
         tuned.write_text(json.dumps({"config": best, "tune": {
@@ -531,6 +537,13 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     plot_path = plot(result.points, chosen, out / "tune.png")
     return TuneReport(result, chosen, chosen_by, wall, predictions, reference, out, tuned,
                       plot_path)
+
+
+def gmi_field(cfg) -> str:
+    """The `GMIConfig` field that `tune` searches as GMIs per device: every GMI of a
+    sync_training run (``num_gmis``), the serving GMIs of an async_training run
+    (``serving_gmis``; its trainer GMIs stay as configured)."""
+    return "serving_gmis" if cfg.is_async else "num_gmis"
 
 
 def _choose(result: SearchResult) -> tuple[Point | None, str]:

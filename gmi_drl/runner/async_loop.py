@@ -70,6 +70,8 @@ class ServingResult(NamedTuple):
     policy_versions: int
     """weight versions it picked up"""
     phases: dict[str, SectionStats]
+    peak_memory_bytes: int = 0
+    """this GMI's peak memory on its device (`gmi_drl.telemetry.memory`), bytes"""
 
 
 def async_main(ctx) -> LoopResult | ServingResult:
@@ -221,8 +223,11 @@ def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None
         fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
     try:
         t = Trainer(spec, rank, fabric, store)
-        return _train(t, progress, lambda block: t.role.step(block, t.cfg.async_.timeout_s),
-                      None)
+        result = _train(t, progress, lambda block: t.role.step(block, t.cfg.async_.timeout_s),
+                        None)
+        if server is not None:  # every serving GMI learns of the end through its connection
+            server.wait_greeted(spec.channels.num_serving, t.cfg.async_.timeout_s)
+        return result
     finally:
         fabric.stop()
         if server is not None:
@@ -374,7 +379,8 @@ def serving_main(spec: AsyncSpec, index: int,
             except ChannelClosed:
                 break
         return ServingResult(server.role.env_steps, server.fragments, time.perf_counter() - t0,
-                             server.versions, server.tree.stats())
+                             server.versions, server.tree.stats(),
+                             peak_memory_bytes(spec.run.config.device))
     finally:
         fabric.set_alive(slot, False)
         if server is not None:
@@ -395,7 +401,7 @@ def serial_main(spec: AsyncSpec) -> list:
         t = Trainer(spec, 0, fabric, store)
         result = _train(t, spec.progress, t.role.step, server.collect)
         return [result, ServingResult(server.role.env_steps, server.fragments, result.wall_s,
-                                      server.versions, {})]
+                                      server.versions, {}, result.peak_memory_bytes)]
     finally:
         fabric.stop()
         if server is not None:

@@ -111,19 +111,30 @@ def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
     assert_nothing_left(ray_cluster)
 
 
-def test_a_killed_serving_gmi_restarts_the_async_run_from_the_trainers_checkpoint(
-        ray_cluster, tmp_path):
-    """APPO on Ray: a serving GMI's actor killed after the trainer's first checkpoint; with
-    ray.max_restarts 1 every GMI starts again from that checkpoint and the run ends."""
+@pytest.mark.parametrize("gmi", [0, 2])
+def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cluster, tmp_path,
+                                                                         gmi):
+    """APPO on Ray, one trainer and two serving GMIs: the trainer (0) or a serving GMI (2) is
+    killed after the trainer's first checkpoint; with ray.max_restarts 1 every GMI starts
+    again from the trainer's newest checkpoint and the run ends. A killed trainer resumes
+    mid-run; the trainer outlives a killed serving GMI for the launcher's grace period and may
+    checkpoint its last update, so the restart then has nothing left to train and only ends
+    the serving GMIs."""
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
     cfg.ray.address, cfg.ray.num_cpus_per_gmi, cfg.ray.max_restarts = ray_cluster.address, 1, 1
-    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 20_480, False, False
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 61_440, False, False
     cfg.checkpoint.every = 2
     cfg.run_dir = str(tmp_path / "async-restart")
-    result = _train_killing(cfg, 2)
-    assert result.global_step == 20_480
-    assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
+    result = _train_killing(cfg, gmi)
+
+    assert result.global_step == 61_440
+    log = (result.run_dir / "train.log").read_text()
+    resumed = int(log.split("restarting every GMI from ")[1].split("iteration-")[1][:7])
+    assert 0 < resumed <= cfg.num_iterations
+    if gmi == 0:
+        assert resumed < cfg.num_iterations  # the trainer died mid-run
+        assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
     summary = (result.run_dir / "summary.md").read_text()
     assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
         in summary
@@ -165,10 +176,10 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
     cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, 1
-    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 20_480, False, False
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 30_720, False, False
     cfg.run_dir = str(tmp_path / "async")
     result = train(cfg)
-    assert result.global_step == 20_480
+    assert result.global_step == 30_720
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
     summary = (result.run_dir / "summary.md").read_text()
     assert "one Ray actor per GMI; trainer 0's TCP bridge" in summary

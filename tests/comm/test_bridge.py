@@ -65,3 +65,36 @@ def test_a_trainer_that_never_listens_is_named():
     finally:
         side.destroy()
         store.close()
+
+
+def test_a_trainer_with_nothing_left_to_train_waits_for_its_serving_gmis_then_stops_them():
+    """A run restarted from its final checkpoint: the trainer is done at once; it keeps its
+    bridge open until every serving GMI said HELLO, so a late serving GMI stops cleanly instead
+    of knocking at a closed port."""
+    plan = _plan(num_serving=2)
+    trainer, sides = Fabric.create(plan), [Fabric.create(plan) for _ in range(2)]
+    stores = [WeightStore.create(8) for _ in range(3)]
+    server = BridgeServer(trainer, stores[0], 8, ("127.0.0.1", 0))
+    clients = []
+    try:
+        assert not server.wait_greeted(2, 0.2)  # nobody yet
+        clients.append(BridgeClient(sides[0], stores[1], 8, 0, server.address))
+        late = threading.Timer(0.3, lambda: clients.append(
+            BridgeClient(sides[1], stores[2], 8, 1, server.address)))
+        late.start()
+        t0 = time.monotonic()
+        assert server.wait_greeted(2, 10)
+        assert 0.2 < time.monotonic() - t0 < 10
+        server.close()
+        deadline = time.monotonic() + 10
+        while not all(f.stopped() for f in sides) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(f.stopped() for f in sides)
+    finally:
+        server.close()
+        for c in clients:
+            c.close()
+        for f in (trainer, *sides):
+            f.destroy()
+        for s in stores:
+            s.close()

@@ -209,10 +209,23 @@ def test_config_file_errors_say_what_to_do(tmp_path):
         load_config_file(str(bad))
 
 
-def test_tune_refuses_the_async_template(tmp_path):
-    cfg = preset("auto", "CartPole-v1", "appo")
-    with pytest.raises(ValueError, match="sync_training"):
-        tune(cfg, TuneOptions(out=str(tmp_path)))
+def test_tune_searches_serving_gmis_of_an_async_run(tmp_path):
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.compile = False
+    options = TuneOptions(max_gmis=2, envs_min=4, envs_max=8, warmup=1, iterations=2,
+                          min_steps=0, out=str(tmp_path))
+    report = tune(cfg, options)
+    assert [(p.gmis, p.num_envs) for p in report.search.points] == [(2, 4), (2, 8), (1, 4),
+                                                                     (1, 8)]
+    assert all(p.runnable and p.top > 0 for p in report.search.points)
+    # the trainer's and both serving GMIs' peak memory: the largest
+    assert all(p.mem > 100 * 2**20 for p in report.search.points)
+    assert report.predictions == []  # Tables 4-5 model synchronous templates only
+    tuned = json.loads(report.tuned_path.read_text())["config"]
+    assert tuned["gmi"]["serving_gmis"] == report.chosen.gmis
+    assert tuned["gmi"]["trainer_gmis"] == 1 and tuned["env"]["num_envs"] == report.chosen.num_envs
+    with pytest.raises(ValueError, match="one device"):
+        tune(cfg, TuneOptions(out=str(tmp_path), num_devices=2))
 
 
 def test_timer_counts_process_cpu_seconds_per_phase():

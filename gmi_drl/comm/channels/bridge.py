@@ -83,11 +83,14 @@ class BridgeServer:
         self.address = self._sock.getsockname()[:2]
         self._conns: dict[int, tuple[socket.socket, threading.Lock]] = {}
         self._lock = threading.Lock()
+        self._hello = threading.Condition(self._lock)
+        self._greeted: set[int] = set()
         self._closed = False
         self._scratch = np.empty(store_bytes, np.uint8)
-        self._threads = [threading.Thread(target=self._accept, daemon=True, name="bridge-accept"),
-                         threading.Thread(target=self._push, daemon=True, name="bridge-push")]
-        for t in self._threads:
+        threads = [threading.Thread(target=self._accept, daemon=True, name="bridge-accept"),
+                   threading.Thread(target=self._push, daemon=True, name="bridge-push")]
+        self._threads = list(threads)  # the accept thread appends a reader per connection
+        for t in threads:
             t.start()
 
     def _accept(self) -> None:
@@ -99,8 +102,8 @@ class BridgeServer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             t = threading.Thread(target=self._read, args=(conn,), daemon=True,
                                  name="bridge-read")
-            self._threads.append(t)
             t.start()
+            self._threads.append(t)
 
     def _read(self, conn: socket.socket) -> None:
         serving = None
@@ -112,6 +115,8 @@ class BridgeServer:
             sending = threading.Lock()  # credits (here) and weights (the pusher) interleave
             with self._lock:
                 self._conns[serving] = (conn, sending)
+                self._greeted.add(serving)
+                self._hello.notify_all()
             rings = self.fabric.rings(serving, self.trainer)
             size = sum(r.slot_bytes for r in rings)
             while True:
@@ -156,6 +161,14 @@ class BridgeServer:
                 except OSError:
                     pass  # its reader notices and forgets it
 
+    def wait_greeted(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``count`` serving GMIs have said HELLO (at any time since the start), at
+        most ``timeout_s`` seconds; whether they had. A trainer with nothing left to train (a
+        run restarted from its final checkpoint) calls it before `close`, so no serving GMI is
+        left knocking at a bridge that is gone."""
+        with self._hello:
+            return self._hello.wait_for(lambda: len(self._greeted) >= count, timeout_s)
+
     def close(self) -> None:
         """Stop accepting, close every connection (each serving GMI stops), join the threads."""
         self._closed = True
@@ -171,7 +184,7 @@ class BridgeServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        for t in self._threads:
+        for t in list(self._threads):
             t.join(5)
 
 
