@@ -304,7 +304,6 @@ class Tuner:
         return point.top * per_iter * local / gmis
 
 
-
 def point_terms(point: Point, device_cores: int, gmis: int | None = None) -> cost.Terms:
     """Table 3's terms from a measured point, resource sizes as fractions of ``device_cores``
     (the probe measures them as CPU cores in use); ``gmis``: the system's GMI count for the

@@ -281,3 +281,17 @@ def test_tune_refuses_bad_options_before_profiling(tmp_path, field, value, match
     with pytest.raises(ValueError, match=match):
         tune(cfg, options)
     assert not (tmp_path / "tune_cache.json").exists()
+
+
+def test_estimate_projects_to_more_devices_with_the_allreduce_term():
+    from gmi_drl.gmi.tune import Tuner
+
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    point = Point(2, 64, True, top=1000.0, mem=1.0,
+                  terms={"t_s": 0.2, "t_a": 0.3, "t_t": 0.4, "t_comm": 0.1, "model_bytes": 1e6})
+    assert Tuner(cfg, num_devices=1).estimate(2, point) == 1000.0  # one device: as measured
+    # 4 devices: n = 8 GMIs move 2 * 7/8 * 1 MB = 1.75 MB at 10 MB/s = 0.175 s instead of 0.1 s
+    got = Tuner(cfg, num_devices=4, bw_bytes_per_s=1e7).estimate(2, point)
+    assert got == pytest.approx(1000.0 * 4 * 1.0 / (0.9 + 0.175))
+    with pytest.raises(ValueError, match="bandwidth"):
+        Tuner(cfg, num_devices=4).estimate(2, point)
