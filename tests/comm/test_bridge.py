@@ -42,18 +42,9 @@ def test_fragments_cross_the_bridge_whole_and_weights_come_back(mode):
         for s in stores[1:]:
             assert s.read_into([got]) == 7 and (got == np.arange(64)).all()
         server.close()  # the run ended: every serving side stops
-        deadline = time.monotonic() + 10
-        while not all(f.stopped() for f in sides) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert all(f.stopped() for f in sides)
+        _assert_every_side_stops(sides)
     finally:
-        server.close()
-        for c in clients:
-            c.close()
-        for f in (trainer, *sides):
-            f.destroy()
-        for s in stores:
-            s.close()
+        _close(server, clients, [trainer, *sides], stores)
 
 
 def test_a_trainer_that_never_listens_is_named():
@@ -86,15 +77,23 @@ def test_a_trainer_with_nothing_left_to_train_waits_for_its_serving_gmis_then_st
         assert server.wait_greeted(2, 10)
         assert 0.2 < time.monotonic() - t0 < 10
         server.close()
-        deadline = time.monotonic() + 10
-        while not all(f.stopped() for f in sides) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert all(f.stopped() for f in sides)
+        _assert_every_side_stops(sides)
     finally:
-        server.close()
-        for c in clients:
-            c.close()
-        for f in (trainer, *sides):
-            f.destroy()
-        for s in stores:
-            s.close()
+        _close(server, clients, [trainer, *sides], stores)
+
+
+def _assert_every_side_stops(sides, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(f.stopped() for f in sides) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(f.stopped() for f in sides)
+
+
+def _close(server, clients, fabrics, stores) -> None:
+    server.close()
+    for c in clients:
+        c.close()
+    for f in fabrics:
+        f.destroy()
+    for s in stores:
+        s.close()
