@@ -65,7 +65,7 @@ def run_task(task: str, args) -> None:
         report = tune(cfg, options)
     pick = report.chosen
     in_grid = measured[(pick.gmis, pick.num_envs)]
-    print(f"\n| | GMIs | num_envs | env steps/s | wall s | points |\n|---|---|---|---|---|---|")
+    print("\n| | GMIs | num_envs | env steps/s | wall s | points |\n|---|---|---|---|---|---|")
     print(f"| grid best | {best.gmis} | {best.num_envs} | {best.top:,.0f} | {grid_s:.0f} | "
           f"{len(points)} |")
     print(f"| tune pick ({report.chosen_by}) | {pick.gmis} | {pick.num_envs} | "

@@ -12,7 +12,7 @@ import pytest
 
 from gmi_drl.config import ConfigError, preset, validate
 from gmi_drl.train import train
-from tests.test_failures import gmi_processes
+from tests.procs import assert_group_gone, gmi_processes, wait_until_written
 
 
 def _appo(tmp_path, name, algo="appo", **kw):
@@ -87,10 +87,7 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
          "--log.no-tensorboard", "--run-dir", str(run)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list((run / "checkpoints").glob("iteration-*.pt")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
-            time.sleep(0.2)
+        wait_until_written(proc, run, "checkpoints/iteration-*.pt", "no checkpoint written")
         gmis = gmi_processes(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # started last: serving GMI 2
@@ -133,25 +130,15 @@ def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
          "--run-dir", str(run)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (run / "metrics.csv").exists():  # the GMIs run
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.2)
+    try:  # metrics.csv: the GMIs run
+        wait_until_written(proc, run, "metrics.csv", "the run did not start")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
     assert "gmi-drl train: interrupted; the run was stopped" in err
-    deadline = time.monotonic() + 5  # the resource tracker exits right after its parent
-    while time.monotonic() < deadline:
-        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
-        if not left.stdout.strip() and set(os.listdir("/dev/shm")) <= shm_before:
-            break
-        time.sleep(0.2)
-    assert left.stdout.strip() == "", f"processes left: {left.stdout}"
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert_group_gone(proc.pid, shm_before)
 
 
 def test_an_async_run_resumes_and_its_checkpoint_evaluates(tmp_path):
@@ -178,10 +165,7 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
          "--log.no-tensorboard", "--run-dir", str(run)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (run / "metrics.csv").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.1)
+        wait_until_written(proc, run, "metrics.csv", "the run did not start", poll_s=0.1)
         gmis = gmi_processes(proc.pid)
         assert len(gmis) == 3, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # serving GMI 2

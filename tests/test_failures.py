@@ -21,6 +21,7 @@ from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.runner.run import RunStopped
 from gmi_drl.train import train
+from tests.procs import gmi_processes, wait_until_written
 
 
 class FailingEnv(gym.Env):
@@ -76,23 +77,6 @@ def test_a_run_stopped_after_a_checkpoint_names_the_resume_command(tmp_path):
     assert err.value.next_step == f"continue with: gmi-drl train ppo --resume {tmp_path / 'run'}"
 
 
-def gmi_processes(pid: int) -> list[int]:
-    """The spawned children of ``pid`` (its GMIs; not the resource tracker), oldest first (the
-    launcher starts GMIs in id order)."""
-    kids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline") as f:
-                cmd = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if int(fields[1]) == pid and "spawn_main" in cmd:
-            kids.append((int(fields[19]), int(entry)))  # start time, in clock ticks
-    return [p for _, p in sorted(kids)]
-
-
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
     run = tmp_path / "run"
@@ -103,10 +87,7 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list((run / "checkpoints").glob("iteration-*.pt")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
-            time.sleep(0.2)
+        wait_until_written(proc, run, "checkpoints/iteration-*.pt", "no checkpoint written")
         gmis = gmi_processes(proc.pid)
         assert len(gmis) == 2, gmis
         os.kill(gmis[-1], signal.SIGKILL)  # the newest GMI

@@ -14,6 +14,7 @@ import torch
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
+from tests.procs import assert_group_gone, group_members
 
 pytestmark = pytest.mark.distributed
 
@@ -146,22 +147,14 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
     assert proc.stdout.readline().strip() == "launching"
     deadline = time.time() + 30
     while time.time() < deadline:  # wait until both GMIs run
-        out = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
-        if len(out.stdout.split()) >= 3:
+        if len(group_members(proc.pid)) >= 3:
             break
         time.sleep(0.2)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, err = proc.communicate(timeout=20)
     assert "KeyboardInterrupt" in err
-    deadline = time.time() + 5  # multiprocessing's resource tracker exits right after its parent
-    while time.time() < deadline:
-        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
-        if not left.stdout.strip() and set(os.listdir("/dev/shm")) <= shm_before:
-            break
-        time.sleep(0.2)
-    assert left.stdout.strip() == "", f"processes left: {left.stdout}"
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert_group_gone(proc.pid, shm_before)
 
 
 def test_reduction_options_are_checked_before_any_process_starts():

@@ -2,16 +2,15 @@
 
 import json
 import math
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
 from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
+from tests.procs import group_members
 
 
 class Profile:
@@ -103,20 +102,6 @@ def test_point_cache_round_trips_and_ignores_another_key(tmp_path):
     assert PointCache(path, "k1").get(2, 8) is None
 
 
-def _group_alive(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry))
-    return pids
-
-
 def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
@@ -134,7 +119,7 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     def watch():  # the probe's group while it runs: the probe and its second GMI's process
         while not done.is_set():
             if started:
-                most[0] = max(most[0], len(_group_alive(started[0])))
+                most[0] = max(most[0], len(group_members(started[0], zombies=False)))
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch)
@@ -149,7 +134,7 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert time.perf_counter() - t0 < 30
     assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
     time.sleep(0.5)
-    assert _group_alive(started[0]) == []
+    assert group_members(started[0], zombies=False) == []
 
 
 def test_a_probe_that_crashes_is_not_runnable_with_the_reason():
