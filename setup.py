@@ -1,4 +1,4 @@
-"""Build of gmi-drl's native env cores; metadata is in pyproject.toml.
+"""Build of gmi-drl's native env cores and the switch's data plane; metadata is in pyproject.toml.
 
 - `gmi_drl.envs._cartpole_pool`: CartPole-v1 as a whole pool in C++.
 - `gmi_drl.envs._mujoco_core`: the planar MuJoCo tasks on a C++ thread pool, linked against the
@@ -7,9 +7,11 @@
   wheel ships no headers, so the build fetches the source distribution of the pinned ale-py
   version from PyPI (checked against its sha256; or the file named by ``GMI_DRL_ALE_SDIST``) and
   compiles against its headers; nothing of it is kept but the headers under ``build/``.
+- `gmi_drl.comm.switch._plane`: the aggregation switch's data plane (recvmmsg/sendmmsg).
 
-All three are optional: where one cannot be built, the install still succeeds and its tasks run
-on their NumPy engines (Atari: on ale-py's vector env), with the reason printed here.
+All are optional: where one cannot be built, the install still succeeds and its tasks run on
+their NumPy engines (Atari: on ale-py's vector env; the switch: on its Python data plane), with
+the reason printed here.
 """
 
 import hashlib
@@ -139,6 +141,8 @@ setup(
             optional=True,
         ),
         *_atari_core(),
+        Pybind11Extension("gmi_drl.comm.switch._plane", ["csrc/switch_plane.cpp"],
+                          extra_compile_args=["-O3"], cxx_std=17, optional=True),
     ],
     cmdclass={"build_ext": build_ext},
 )

@@ -48,6 +48,8 @@ SIZES = {"40KB": 40 * 1024, "157.5KB": int(157.5 * 1024), "3.3MB": int(3.3 * 2**
 ITERS = {"40KB": 30, "157.5KB": 20, "3.3MB": 6, "6.4MB": 6}
 WARMUP = 2
 SWITCH_PORT, PS_PORT, RING_PORT = 9999, 9998, 29500
+SWITCH_METHODS = {"switch": "native", "switch-py": "python"}
+"""method name -> the daemons' ``--data-plane``"""
 
 
 def _iters(label: str, scale: float) -> int:
@@ -61,7 +63,7 @@ def worker_main(a) -> None:
 
     torch.set_num_threads(1)
     labels = a.sizes.split(",")
-    if a.method == "switch":
+    if a.method in SWITCH_METHODS:
         from gmi_drl.comm.switch import SwitchReducer
 
         red = SwitchReducer(a.addr, a.rank, a.world, job_id="bench", timeout_s=120,
@@ -96,9 +98,9 @@ def worker_main(a) -> None:
         if a.rank == 0:
             print("end", flush=True)
         out[label] = times
-    retx = red.retransmits if a.method == "switch" else 0
+    retx = red.retransmits if a.method in SWITCH_METHODS else 0
     print(json.dumps({"rank": a.rank, "times": out, "retransmits": retx}), flush=True)
-    if a.method in ("switch", "ps"):
+    if a.method != "ring":
         red.close()
     elif a.method == "ring":
         import torch.distributed as dist
@@ -111,10 +113,11 @@ def worker_main(a) -> None:
 def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
     py = [sys.executable, os.path.abspath(__file__)]
     common = ["--sizes", ",".join(labels), "--iters-scale", str(a.iters_scale)]
-    helpers = []
+    helpers, aggregated, run_cpu = [], 0, 0.0
     try:
-        if method == "switch":
-            mtu = ["--mtu", str(a.mtu), "--member-timeout", "120", "--stats-interval", "0"]
+        if method in SWITCH_METHODS:
+            mtu = ["--mtu", str(a.mtu), "--member-timeout", "120", "--stats-interval", "0",
+                   "--data-plane", SWITCH_METHODS[method]]
             helpers.append(rack.popen(rack.root, [*py[:1], "-m", "gmi_drl.comm.switch", "serve",
                                                   "--bind", f"0.0.0.0:{SWITCH_PORT}", *mtu],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
@@ -133,7 +136,7 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
             helpers[-1].stdout.readline()  # "listening on ..."
         procs = []
         for r in range(world):
-            if method == "switch":
+            if method in SWITCH_METHODS:
                 addr = f"{rack.worker_gateway[r]}:{SWITCH_PORT}"
             elif method == "ring":
                 addr = f"{rack.worker_ip[0]}:{RING_PORT}"
@@ -143,10 +146,11 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                                               "--world", str(world), "--addr", addr, "--ifname",
                                               rack.worker_dev[r], *common],
                                     stdout=subprocess.PIPE, text=True))
-        cpu, lines = [], []
+        cpu, sw_cpu, lines = [], [], []
         for line in procs[0].stdout:  # rank 0 marks the timed iterations of each size
             if line.strip() in ("begin", "end"):
                 cpu.append(rack.cpu_seconds())
+                sw_cpu.append(rack.cpu_seconds(rack.switch_roles()))
             else:
                 lines.append(line)
         outs = ["".join(lines)] + [p.communicate(timeout=a.timeout)[0] for p in procs[1:]]
@@ -155,8 +159,9 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
             if p.wait(a.timeout) != 0:
                 raise RuntimeError(f"{method} worker failed ({p.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
-        if a.verbose and method == "switch":
+        if a.verbose and method in SWITCH_METHODS:
             print(f"  worker retransmits: {[r['retransmits'] for r in results]}", flush=True)
+        run_cpu = rack.cpu_seconds(rack.switch_roles()) if helpers and method != "ps" else 0.0
     finally:
         for h in helpers:
             h.terminate()
@@ -169,12 +174,18 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
                 final = h.stdout.read().decode().strip().splitlines()
                 if a.verbose and final:
                     print(f"  switch counters: {final[-1]}", flush=True)
+                if final and method in SWITCH_METHODS:
+                    aggregated += json.loads(final[-1])["bytes_aggregated"]
                 h.stdout.close()
     table = {}
     for k, label in enumerate(labels):
         per_iter = np.max([r["times"][label] for r in results], axis=0) * 1000
         cpu_ms = (cpu[2 * k + 1] - cpu[2 * k]) / len(per_iter) * 1000
-        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)), cpu_ms)
+        sw_ms = (sw_cpu[2 * k + 1] - sw_cpu[2 * k]) / len(per_iter) * 1000
+        table[label] = (float(np.median(per_iter)), float(np.percentile(per_iter, 95)), cpu_ms,
+                        sw_ms)
+    if method in SWITCH_METHODS:
+        table["daemons"] = {"bytes_aggregated": aggregated, "cpu_s": run_cpu}
     return table
 
 
@@ -263,6 +274,24 @@ def stale_sync_driver(a) -> None:
             sw.communicate(timeout=10)
 
 
+def memory_bandwidth_gbs() -> float:
+    """This machine's memory bandwidth, GB/s: bytes read + written by one core's `np.copyto` of
+    256 MiB, best of 5."""
+    src = np.ones(32 << 20, np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9
+
+
+def _cell(method: str, r: tuple) -> str:
+    cell = f"{r[0]:7.1f} / {r[1]:6.1f} / {r[2]:6.0f}"
+    return cell + (f" / {r[3]:5.0f}" if method in SWITCH_METHODS else "")
+
+
 def driver(a) -> None:
     from gmi_drl.comm.switch.netns import Rack, netns_available
 
@@ -270,30 +299,59 @@ def driver(a) -> None:
     if why:
         sys.exit(f"benchmarks/switch.py {why}")
     labels = a.sizes.split(",")
+    bw = memory_bandwidth_gbs()
+    print(f"memory bandwidth (np.copyto, one core): {bw:.1f} GB/s")
+    switches = [m for m in a.methods if m in SWITCH_METHODS]
     for world in a.workers:
         per_tor = None if world <= 4 else a.per_tor
         topo = "1 switch" if per_tor is None else f"{-(-world // per_tor)} ToR x {per_tor} + core"
-        print(f"\n{world} workers ({topo}), links {a.rate_mbit} Mbit/s tbf, MTU {a.mtu}, "
+        link = f"{a.rate_mbit:g} Mbit/s tbf" if a.rate_mbit > 0 else "unshaped veth"
+        print(f"\n{world} workers ({topo}), links {link}, MTU {a.mtu}, "
               f"load average {os.getloadavg()[0]:.2f}")
         with Rack(world, per_tor, a.rate_mbit, a.mtu) as rack:
             res = {m: run_method(rack, m, world, labels, a) for m in a.methods}
-        head = f"{'size':>8} | " + " | ".join(f"{m:>6} med / p95 / cpu ms" for m in a.methods)
-        if "switch" in a.methods:
-            head += " | sw/ps  | sw/ring"
+        head = f"{'size':>8} | " + " | ".join(
+            f"{m:>9} med / p95 / cpu" + (" / daemon ms" if m in SWITCH_METHODS else " ms")
+            for m in a.methods)
+        if a.rate_mbit > 0:
+            head += " | floor ms"
+        for m in switches:
+            head += "".join(f" | {m}/{o}" for o in (["floor"] if a.rate_mbit > 0 else [])
+                            + [x for x in ("ps", "ring") if x in res])
         print(head)
         for label in labels:
-            row = f"{label:>8} | " + " | ".join(
-                f"{res[m][label][0]:7.1f} / {res[m][label][1]:6.1f} / {res[m][label][2]:6.0f}"
-                for m in a.methods)
-            if "switch" in a.methods:
-                sw = res["switch"][label][0]
-                row += " | " + (f"{sw / res['ps'][label][0]:5.2f}x" if "ps" in res else "   - ")
-                row += " | " + (f"{sw / res['ring'][label][0]:5.2f}x" if "ring" in res else "   - ")
+            row = f"{label:>8} | " + " | ".join(_cell(m, res[m][label]) for m in a.methods)
+            floor = SIZES[label] * 8 / (a.rate_mbit * 1e6) * 1000 if a.rate_mbit > 0 else None
+            if floor is not None:
+                row += f" | {floor:8.1f}"
+            for m in switches:
+                sw = res[m][label][0]
+                for o in ([floor] if floor is not None else []) + [
+                        res[x][label][0] for x in ("ps", "ring") if x in res]:
+                    row += f" | {sw / o:5.2f}x"
             print(row, flush=True)
+        members = world + (-(-world // per_tor) if per_tor else 0)  # ToRs are the core's
+        big = max(labels, key=SIZES.get)
+        rates = {}
+        for m in switches:
+            # every member's contribution is aggregated once per iteration (no loss here); the
+            # daemons' own counters over the whole run must agree
+            expect = sum((WARMUP + _iters(lb, a.iters_scale)) * members * (SIZES[lb] // 4 * 4)
+                         for lb in labels)
+            got = res[m]["daemons"]["bytes_aggregated"]
+            check = "counters agree" if got == expect else f"COUNTERS DISAGREE: {got} != {expect}"
+            rates[m] = members * (SIZES[big] // 4 * 4) / (res[m][big][3] / 1000)
+            print(f"{m} daemons at {big}: {rates[m] / 1e9:.2f} GB aggregated per CPU-second "
+                  f"({members} members x {SIZES[big] / 1e6:.1f} MB per {res[m][big][3]:.1f} ms "
+                  f"of daemon CPU), {rates[m] / (bw * 1e9):.1%} of the memory bandwidth; "
+                  f"{check}")
+        if "switch" in rates and "switch-py" in rates:
+            print(f"native / python data plane, bytes per CPU-second at {big}: "
+                  f"{rates['switch'] / rates['switch-py']:.1f}x")
         if a.json:
             with open(a.json, "a") as f:
                 f.write(json.dumps({"workers": world, "per_tor": per_tor, "rate_mbit": a.rate_mbit,
-                                    "mtu": a.mtu, "results": res}) + "\n")
+                                    "mtu": a.mtu, "memory_gbs": bw, "results": res}) + "\n")
 
 
 def main(argv=None) -> None:
@@ -303,10 +361,13 @@ def main(argv=None) -> None:
     p.add_argument("--mode", choices=["reduce", "stale-sync"], default="reduce")
     p.add_argument("--workers", type=int, nargs="+", default=[4])
     p.add_argument("--per-tor", type=int, default=3)
-    p.add_argument("--methods", nargs="+", default=["switch", "ring", "ps"])
+    p.add_argument("--methods", nargs="+", default=["switch", "ring", "ps"],
+                   choices=[*SWITCH_METHODS, "ring", "ps"],
+                   help="switch: the native data plane; switch-py: the Python one")
     p.add_argument("--sizes", default=",".join(SIZES))
     p.add_argument("--iters-scale", type=float, default=1.0)
-    p.add_argument("--rate-mbit", type=float, default=100.0)
+    p.add_argument("--rate-mbit", type=float, default=100.0,
+                   help="tbf rate of every link, Mbit/s; 0: unshaped veth links (CPU-bound)")
     p.add_argument("--mtu", type=int, default=9000)
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--verbose", action="store_true", help="print the switches' counters")

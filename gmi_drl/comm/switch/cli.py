@@ -16,6 +16,7 @@ import sys
 import time
 
 from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon, parse_addr
+from gmi_drl.comm.switch.dataplane import PLANES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job-id", default=d.job_id, help="serve only this job (default: the first)")
     s.add_argument("--token", default=d.token, help="shared secret every Join must carry")
     s.add_argument("--seed", type=int, default=None, help="seed of the fault injection")
+    s.add_argument("--data-plane", choices=PLANES, default=d.data_plane,
+                   help="native: C++ with recvmmsg/sendmmsg batches; python: the reference; "
+                        "auto: native where it is built")
     s.add_argument("--stats-interval", type=float, default=5.0,
                    help="print counters every this many seconds (0: never)")
     s.add_argument("--log-level", default="WARNING")
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                        max_members=args.max_members,
                        member_timeout_s=args.member_timeout, help_after_s=args.help_after,
                        switch_id=args.switch_id, member_id=args.member_id, job_id=args.job_id,
-                       token=args.token, seed=args.seed)
+                       token=args.token, seed=args.seed, data_plane=args.data_plane)
 
     rates = Rates()
 
@@ -103,10 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         print(rates.line(c.as_dict()), flush=True)
         print(" ".join(f"{k}={v}" for k, v in c.as_dict().items()), flush=True)
 
-    daemon = SwitchDaemon(cfg, report, args.stats_interval)
+    try:
+        daemon = SwitchDaemon(cfg, report, args.stats_interval)
+    except ValueError as e:  # --data-plane native where it is not built
+        print(f"gmi-drl switch: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     print("listening on {}:{}".format(*daemon.address), flush=True)
+    print(f"data plane: {daemon.data_plane}", file=sys.stderr, flush=True)
     try:
         daemon.serve_forever()
     finally:

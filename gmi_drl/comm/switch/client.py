@@ -113,6 +113,9 @@ class SwitchReducer(GradReducer):
         self._join_value = P.JoinValue(worker_id, MemberType.WORKER, num_workers, 1, 0,
                                        job_id, token)
         self._sock = P.open_socket(bind)
+        self._gro = P.enable_gro(self._sock)
+        self._gso = True                # segmented sends until the kernel refuses one
+        self._tx: np.ndarray | None = None  # (segments, header + payload bytes) uint8
         self._rx = bytearray(P.RX_BUFFER_BYTES)
         self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
                                      P.HEADER_BYTES)
@@ -188,21 +191,23 @@ class SwitchReducer(GradReducer):
         got = False
         while True:
             try:
-                nbytes, tos, addr = P.recv_packet(sock, self._rx, socket.MSG_DONTWAIT)
+                nbytes, tos, addr, seg = P.recv_segments(sock, self._rx, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return got
             except OSError:  # ICMP unreachable while the switch restarts
                 continue
             got = True
-            if addr != self._switch:
+            if addr != self._switch or seg == 0:
                 continue
-            try:
-                if tos == P.TOS_DATA:
-                    self._on_result(nbytes)
-                elif tos == P.TOS_CONTROL:
-                    self._on_control(*P.decode_control(self._rx[:nbytes]))
-            except P.ProtocolError as e:
-                log.debug("worker %d: malformed packet from the switch: %s", self.rank, e)
+            for off in range(0, nbytes, seg):  # several datagrams where GRO coalesced them
+                n = min(seg, nbytes - off)
+                try:
+                    if tos == P.TOS_DATA:
+                        self._on_result(off, n)
+                    elif tos == P.TOS_CONTROL:
+                        self._on_control(*P.decode_control(self._rx[off:off + n]))
+                except P.ProtocolError as e:
+                    log.debug("worker %d: malformed packet from the switch: %s", self.rank, e)
 
     def _on_control(self, action: Action, value) -> None:
         now = time.monotonic()
@@ -254,8 +259,10 @@ class SwitchReducer(GradReducer):
         if r is not None:
             self._send_segment(r, i, P.FLAG_RETX)
 
-    def _on_result(self, nbytes: int) -> None:
-        seq, _rnd, _member, count, flags, k = P.decode_data(self._rx, nbytes, P.RX_BUFFER_BYTES)
+    def _on_result(self, off: int, nbytes: int) -> None:
+        """The data packet of ``nbytes`` bytes at ``self._rx[off:]``."""
+        seq, _rnd, _member, count, flags, k = P.decode_data(
+            memoryview(self._rx)[off:off + nbytes], nbytes, P.RX_BUFFER_BYTES)
         if not flags & P.FLAG_RESULT:
             return
         r, i = self._find(seq, self._rounds)
@@ -265,7 +272,8 @@ class SwitchReducer(GradReducer):
         lo = i * f
         if k != min(f, r.out.size - lo):
             return
-        np.divide(self._rx_f32[:k], count, out=r.out[lo:lo + k])
+        at = off // P.FLOAT_BYTES  # off is a multiple of the datagram size, so of 4
+        np.divide(self._rx_f32[at:at + k], count, out=r.out[lo:lo + k])
         now = time.monotonic()
         r.done[i] = True
         r.ndone += 1
@@ -292,6 +300,38 @@ class SwitchReducer(GradReducer):
         hdr = P.data_header(r.base + i, r.number, self.rank, 1, flags)
         P.send_data(self._sock, self._switch, hdr, r.inp[lo:lo + f])
 
+    def _send_range(self, r: _Round, a: int, b: int) -> None:
+        """First sends of segments ``[a, b)`` of ``r``: packed ``[header | payload]`` into
+        UDP_SEGMENT messages of up to 64 KB (one system call each), or one by one where the
+        kernel refuses segmentation."""
+        f = self._seg_floats
+        size = P.HEADER_BYTES + P.FLOAT_BYTES * f
+        per = min(P.GSO_MAX_SEGMENTS, P.GSO_MAX_BYTES // size)
+        if not self._gso or per < 2 or b - a < 2:
+            for i in range(a, b):
+                self._send_segment(r, i, 0)
+            return
+        if self._tx is None or self._tx.shape != (per, size):
+            self._tx = np.empty((per, size), np.uint8)
+        tx, h = self._tx, P.HEADER_BYTES
+        for lo in range(a, b, per):
+            hi = min(b, lo + per)
+            m = hi - lo
+            P.pack_data_headers(tx[:m], np.arange(r.base + lo, r.base + hi), r.number,
+                                self.rank, 1, 0)
+            last = min(f, r.inp.size - (hi - 1) * f)  # floats in the last segment
+            full = m if last == f else m - 1
+            if full:
+                tx[:full, h:] = r.inp[lo * f:(lo + full) * f].view(np.uint8).reshape(full, -1)
+            if full < m:
+                tx[full, h:h + 4 * last] = r.inp[(hi - 1) * f:(hi - 1) * f + last].view(np.uint8)
+            nbytes = (m - 1) * size + h + P.FLOAT_BYTES * last
+            if not P.send_segmented(self._sock, self._switch, tx.reshape(-1)[:nbytes], size):
+                self._gso = False
+                for i in range(lo, b):
+                    self._send_segment(r, i, 0)
+                return
+
     def _send_new(self, now: float) -> None:
         """First sends, in stream order, of what the window allows."""
         if not self._rounds:
@@ -302,10 +342,9 @@ class SwitchReducer(GradReducer):
             if r.base >= limit:
                 break
             stop = min(r.nseg, limit - r.base)
-            for i in range(r.sent, stop):
-                r.sent_at[i] = r.first_sent[i] = now
-                self._send_segment(r, i, 0)
             if stop > r.sent:
+                r.sent_at[r.sent:stop] = r.first_sent[r.sent:stop] = now
+                self._send_range(r, r.sent, stop)
                 r.sent = stop
                 self._frontier = r.base + stop
         # inputs another member may still ask for: none older than 2 windows behind the frontier

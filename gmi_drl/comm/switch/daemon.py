@@ -1,21 +1,13 @@
 """The aggregation switch as a userspace daemon (iSwitch §3.3 data and control planes, §3.4 tree).
 
-One UDP socket, one thread, one event loop. Per received packet:
+One UDP socket, one thread, one event loop. Every datagram is read by the data plane
+(`gmi_drl.comm.switch.dataplane`: native C++ where built, else the Python reference):
 
-- ToS `TOS_CONTROL` -> control plane: membership table (id, IP, UDP port, type, parent id) kept
-  by Join/Leave; Reset, SetH, FBcast, Help, Heartbeat; job id and token checked at Join.
-- ToS `TOS_DATA` -> data plane: the payload of member ``m`` for segment ``seq`` lands in row
-  ``m`` of slot ``seq % slots`` (one vector copy per packet); when the H-th member's packet
-  arrives the slot's sum is formed and sent to every member (or, with a parent, up the tree),
-  and the slot keeps that result until a later ``seq`` reuses it.
+- ToS `TOS_DATA` -> the data plane aggregates it in its slot pool and sends results on;
+- ToS `TOS_CONTROL` -> back to this module, the control plane: membership table (id, IP, UDP
+  port, type, parent id) kept by Join/Leave; Reset, SetH, FBcast, Help, Heartbeat; job id and
+  token checked at Join. It tells the data plane the member rows, readiness and H;
 - anything else -> dropped and counted (``malformed``).
-
-Why rows and not a running sum: float addition is not associative, and packets arrive in any
-order. Keeping each member's contribution and adding them in ascending member id when the slot
-completes makes the float32 result bit-identical to ``((g_0 + g_1) + g_2) + ...`` whatever the
-arrival order, loss or retransmission. The per-packet work is the same one vector operation the
-paper's accumulator does (a copy instead of an add), plus ``H - 1`` adds at completion; the memory
-is ``slots * max_members * seg_floats * 4`` bytes (touched lazily).
 
 Bounded memory and flow control: the slot pool has ``slots`` entries (a power of two) and each
 member may have at most ``window <= slots // 2`` segments in flight beyond its oldest segment
@@ -34,25 +26,19 @@ warning, H is lowered to the remaining members, and waiting slots complete witho
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
-import random
 import select
 import socket
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Callable
 
-import numpy as np
-
 from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.dataplane import PLANES, make_data_plane
 from gmi_drl.comm.switch.protocol import Action, MemberType
 
 log = logging.getLogger(__name__)
-
-FREE, FILLING, UP, DONE = 0, 1, 2, 3
 
 
 def parse_addr(s: str) -> tuple[str, int]:
@@ -110,6 +96,9 @@ class SwitchConfig:
     """SO_RCVBUF / SO_SNDBUF of the socket."""
     seed: int | None = None
     """Seed of the fault-injection generator (``None``: from the OS)."""
+    data_plane: str = "auto"
+    """``native`` (C++, `recvmmsg`/`sendmmsg` batches), ``python`` (the reference), or ``auto``
+    (native where it is built)."""
 
     def __post_init__(self) -> None:
         if self.slots < 2 or self.slots & (self.slots - 1):
@@ -127,11 +116,14 @@ class SwitchConfig:
         if not (0 <= self.switch_id <= 255 and 0 <= self.member_id <= 255):
             raise ValueError(f"{self.switch_id=} and {self.member_id=} must be in [0, 255]")
         P.seg_floats_for_mtu(self.mtu)
+        if self.data_plane not in PLANES:
+            raise ValueError(f"{self.data_plane=} must be one of {PLANES}")
 
 
 @dataclass
 class Counters:
-    """Live counters of one daemon (`Action.STATS` returns them as JSON)."""
+    """Live counters of one daemon (`Action.STATS` returns them as JSON): the data plane's
+    (`dataplane.COUNTERS`) added to the control plane's."""
 
     packets_in: int = 0
     packets_out: int = 0
@@ -171,20 +163,6 @@ class Member:
     last_seen: float
 
 
-@dataclass(eq=False)
-class _Slot:
-    seq: int = 0
-    state: int = FREE
-    length: int = 0
-    round: int = 0
-    mask: int = 0                      # bit r: row r contributed
-    contrib: list = field(default_factory=list)   # (member id, row)
-    count: int = 0                     # worker gradients summed so far
-    result_count: int = 0
-    started: float = 0.0
-    helped: float = 0.0
-
-
 class SwitchDaemon:
     """One switch. Create, then `serve_forever` (blocking) in a process or thread; `stop` from
     another thread or a signal handler; `close` frees the socket.
@@ -195,42 +173,42 @@ class SwitchDaemon:
 
     Raises:
         OSError: the bind address is not available.
+        ValueError: ``config.data_plane == "native"`` where the extension is not built.
     """
 
     def __init__(self, config: SwitchConfig, report: Callable[[Counters], None] | None = None,
                  report_every_s: float = 0.0) -> None:
         self.cfg = config
-        self.counters = Counters()
+        self._c = Counters()  # the control plane's share
         self._report, self._report_every = report, report_every_s
-        self._rng = random.Random(config.seed)
         self._sock = P.open_socket(config.bind, config.buffer_bytes)
-        self._sock.setblocking(False)
-        self.epoch = int.from_bytes(os.urandom(4), "big")
-        self.seg_floats = P.seg_floats_for_mtu(config.mtu)
-        self.window = max(1, min(config.slots // 2,
-                                 config.window_bytes // (self.seg_floats * P.FLOAT_BYTES)))
-        self._mask = config.slots - 1
-        f = self.seg_floats
-        self._rows = np.zeros((config.slots, config.max_members, f), "<f4")
-        self._partial = np.zeros((config.slots, f), "<f4")
-        self._result = self._partial if config.parent is None else np.zeros_like(self._partial)
-        self._slots = [_Slot() for _ in range(config.slots)]
-        self._active: set[int] = set()
-        self._rx = bytearray(P.RX_BUFFER_BYTES)
-        self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
-                                     P.HEADER_BYTES)
+        try:
+            self._sock.setblocking(False)
+            self.epoch = int.from_bytes(os.urandom(4), "big")
+            self.seg_floats = P.seg_floats_for_mtu(config.mtu)
+            self.window = max(1, min(config.slots // 2,
+                                     config.window_bytes // (self.seg_floats * P.FLOAT_BYTES)))
+            self._parent = None
+            if config.parent is not None:
+                self._parent = (socket.gethostbyname(config.parent[0]), config.parent[1])
+            self._plane, self.data_plane = make_data_plane(
+                config.data_plane, self._sock, seg_floats=self.seg_floats, slots=config.slots,
+                max_members=config.max_members, switch_id=config.switch_id,
+                member_id=config.member_id, parent=self._parent, drop_rate=config.drop_rate,
+                dup_rate=config.dup_rate, delay_ms=config.delay_ms,
+                help_after_s=config.help_after_s, seed=config.seed)
+        except BaseException:
+            self._sock.close()
+            raise
         self._members: dict[int, Member] = {}
         self._by_addr: dict[tuple[str, int], Member] = {}
         self._reset_job()
-        self._parent = None
-        if config.parent is not None:
-            self._parent = (socket.gethostbyname(config.parent[0]), config.parent[1])
         self._parent_joined = False
         self._parent_ready = (False, 0)
         self._next_parent_msg = 0.0
+        self._parent_counts_sent: tuple[int, int] | None = None
         self._ready_sent: tuple[bool, int] | None = None
-        self._delayed: list = []
-        self._tiebreak = itertools.count()
+        self._plane_state: tuple[bool, int] | None = None
         self._nack_times: dict = {}
         self._stop = False
         now = time.monotonic()
@@ -244,24 +222,35 @@ class SwitchDaemon:
         """The bound ``(ip, port)``."""
         return self._sock.getsockname()
 
+    @property
+    def counters(self) -> Counters:
+        """A snapshot of every counter (data and control plane)."""
+        self.stats()
+        c = Counters(**self._c.as_dict())
+        for k, v in self._plane.counters().items():
+            setattr(c, k, getattr(c, k) + v)
+        return c
+
     def serve_forever(self) -> None:
         """Run the event loop until `stop`. Never raises on bad input: every packet that is not
         a well-formed message of a member of this job is dropped and counted."""
-        sock = self._sock
+        sock, plane = self._sock, self._plane
         while not self._stop:
             now = time.monotonic()
-            timeout = max(0.0, min(self._next_tick, self._next_delayed()) - now)
+            timeout = max(0.0, min(self._next_tick, plane.next_due()) - now)
             ready, _, _ = select.select([sock], [], [], min(timeout, 0.5))
             if ready:
-                self._drain()
+                controls, strangers = plane.drain(512)
+                for raw, addr in controls:
+                    self._handle_control(raw, addr)
+                for addr in strangers:
+                    self._nack_non_member(addr)
             now = time.monotonic()
-            if self._delayed and self._delayed[0][0] <= now:
-                self._flush_delayed(now)
+            plane.flush_delayed(now)
             if now >= self._next_tick:
                 self._tick(now)
             if now >= self._next_report:
                 self._next_report = now + self._report_every
-                self.stats()
                 self._report(self.counters)
 
     def stop(self) -> None:
@@ -273,201 +262,30 @@ class SwitchDaemon:
         self._stop = True
         self._sock.close()
 
-    # ---- receive -----------------------------------------------------------------------------
-
-    def _drain(self) -> None:
-        sock, buf, c = self._sock, self._rx, self.counters
-        for _ in range(512):
-            try:
-                nbytes, tos, addr = P.recv_packet(sock, buf)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # e.g. ICMP port unreachable reported on a UDP socket
-                continue
-            c.packets_in += 1
-            if self.cfg.drop_rate and self._rng.random() < self.cfg.drop_rate \
-                    and not (tos == P.TOS_CONTROL and nbytes == 1 and buf[0] == Action.STATS):
-                c.injected_drops += 1
-                continue
-            times = 2 if self.cfg.dup_rate and self._rng.random() < self.cfg.dup_rate else 1
-            for _ in range(times):
-                try:
-                    if tos == P.TOS_DATA:
-                        self._on_data(nbytes, addr)
-                    elif tos == P.TOS_CONTROL:
-                        self._on_control(bytes(buf[:nbytes]), addr)
-                    else:
-                        c.malformed_dropped += 1
-                except P.ProtocolError:
-                    c.malformed_dropped += 1
-                except Exception:  # a bug must not take the switch down; it is logged and counted
-                    log.exception("packet from %s dropped by an internal error", addr)
-                    c.malformed_dropped += 1
-
-    def _on_data(self, nbytes: int, addr) -> None:
-        c = self.counters
-        m = self._by_addr.get(addr)
-        is_parent = self._parent is not None and addr == self._parent_addr()
-        if m is None and not is_parent:
-            c.non_member_dropped += 1
-            self._nack_non_member(addr)
-            return
-        seq, rnd, mid, count, flags, k = P.decode_data(self._rx, nbytes, self.seg_floats)
-        now = time.monotonic()
-        if is_parent:
-            if not flags & P.FLAG_RESULT:
-                raise P.ProtocolError("data from the parent that is not a result")
-            self._on_result(seq, count, k)
-            return
-        m.last_seen = now
-        if flags & P.FLAG_RESULT or mid != m.id:
-            raise P.ProtocolError(f"member {m.id} sent flags {flags:#x} / member field {mid}")
-        if count > max(1, m.workers_below) or (m.type == MemberType.WORKER and count != 1):
-            raise P.ProtocolError(f"member {m.id} claims {count} gradients")
-        if not self._ready():
-            c.not_ready_dropped += 1
-            return
-        idx = seq & self._mask
-        s = self._slots[idx]
-        if s.state == FREE or s.seq != seq:
-            if s.state == FREE or (s.state == DONE and P.seq_newer(seq, s.seq)):
-                s.seq, s.state, s.length, s.round = seq, FILLING, k, rnd
-                s.mask, s.count, s.started, s.helped = 0, 0, now, now
-                s.contrib = []
-                self._active.add(idx)
-            elif P.seq_newer(seq, s.seq):
-                c.busy_dropped += 1
-                return
-            else:
-                c.stale_dropped += 1
-                return
-        if k != s.length:
-            raise P.ProtocolError(f"segment {seq}: {k} floats, the slot holds {s.length}")
-        bit = 1 << m.row
-        if s.state == DONE:
-            if s.mask & bit:
-                c.duplicates += 1
-            self._send_result(idx, s, m.addr, P.FLAG_RESULT | P.FLAG_FBCAST)
-            c.retransmissions_served += 1
-            return
-        if s.mask & bit:
-            c.duplicates += 1
-            if s.state == UP and now - s.helped > self.cfg.help_after_s / 4:
-                s.helped = now
-                self._send_up(idx, s)
-            return
-        self._rows[idx, m.row, :k] = self._rx_f32[:k]
-        c.bytes_aggregated += k * P.FLOAT_BYTES
-        s.mask |= bit
-        s.contrib.append((m.id, m.row))
-        s.count += count
-        if s.state == FILLING and len(s.contrib) >= self._threshold():
-            self._complete(idx, s)
-
-    def _on_result(self, seq: int, count: int, k: int) -> None:
-        c = self.counters
-        idx = seq & self._mask
-        s = self._slots[idx]
-        if s.seq != seq or s.state not in (UP, DONE):
-            c.stale_dropped += 1
-            return
-        if s.state == DONE:
-            c.duplicates += 1
-            return
-        if k != s.length:
-            raise P.ProtocolError(f"result {seq}: {k} floats, the slot holds {s.length}")
-        self._result[idx, :k] = self._rx_f32[:k]
-        s.result_count = count
-        s.state = DONE
-        self._active.discard(idx)
-        for m in self._members.values():
-            self._send_result(idx, s, m.addr, P.FLAG_RESULT)
-
-    # ---- aggregation ---------------------------------------------------------------------------
-
-    def _threshold(self) -> int:
-        n = len(self._members)
-        return n if self._h == 0 else min(self._h, n)
-
-    def _complete(self, idx: int, s: _Slot) -> None:
-        """Sum the slot's rows in ascending member id into its partial; send it on."""
-        k = s.length
-        rows = [r for _, r in sorted(s.contrib)]
-        out = self._partial[idx, :k]
-        block = self._rows[idx]
-        if len(rows) == 1:
-            out[:] = block[rows[0], :k]
-        else:
-            np.add(block[rows[0], :k], block[rows[1], :k], out=out)
-            for r in rows[2:]:
-                out += block[r, :k]
-        self.counters.segments_completed += 1
-        if self._parent is not None:
-            s.state, s.helped = UP, time.monotonic()
-            self._send_up(idx, s)
-        else:
-            s.state, s.result_count = DONE, s.count
-            self._active.discard(idx)
-            for m in self._members.values():
-                self._send_result(idx, s, m.addr, P.FLAG_RESULT)
-
-    def _send_up(self, idx: int, s: _Slot) -> None:
-        hdr = P.data_header(s.seq, s.round, self.cfg.member_id, s.count, 0)
-        self._send(self._parent_addr(), hdr, self._partial[idx, :s.length])
-
-    def _send_result(self, idx: int, s: _Slot, addr, flags: int) -> None:
-        hdr = P.data_header(s.seq, s.round, self.cfg.switch_id, s.result_count, flags)
-        self._send(addr, hdr, self._result[idx, :s.length])
-
-    def _send(self, addr, hdr: bytes, payload) -> None:
-        c = self.counters
-        cfg = self.cfg
-        if cfg.drop_rate and self._rng.random() < cfg.drop_rate:
-            c.injected_drops += 1
-            return
-        times = 2 if cfg.dup_rate and self._rng.random() < cfg.dup_rate else 1
-        for _ in range(times):
-            c.packets_out += 1
-            if cfg.delay_ms:
-                heapq.heappush(self._delayed, (time.monotonic() + cfg.delay_ms / 1000,
-                                               next(self._tiebreak), addr, hdr, bytes(payload)))
-            else:
-                P.send_data(self._sock, addr, hdr, payload)
-
-    def _control(self, addr, action: Action, value=None) -> None:
-        c = self.counters
-        if action != Action.STATS_REPLY:
-            if self.cfg.drop_rate and self._rng.random() < self.cfg.drop_rate:
-                c.injected_drops += 1
-                return
-        c.packets_out += 1
-        raw = P.encode_control(action, value)
-        if self.cfg.delay_ms and action != Action.STATS_REPLY:
-            heapq.heappush(self._delayed, (time.monotonic() + self.cfg.delay_ms / 1000,
-                                           next(self._tiebreak), addr, None, raw))
-        else:
-            P.send_raw_control(self._sock, addr, raw)
-
-    def _next_delayed(self) -> float:
-        return self._delayed[0][0] if self._delayed else float("inf")
-
-    def _flush_delayed(self, now: float) -> None:
-        while self._delayed and self._delayed[0][0] <= now:
-            _, _, addr, hdr, payload = heapq.heappop(self._delayed)
-            if hdr is None:
-                P.send_raw_control(self._sock, addr, payload)
-            else:
-                P.send_data(self._sock, addr, hdr, payload)
-
     # ---- control plane ---------------------------------------------------------------------------
 
+    def _handle_control(self, raw: bytes, addr) -> None:
+        try:
+            self._on_control(raw, addr)
+        except P.ProtocolError:
+            self._c.malformed_dropped += 1
+        except Exception:  # a bug must not take the switch down; it is logged and counted
+            log.exception("packet from %s dropped by an internal error", addr)
+            self._c.malformed_dropped += 1
+        self._sync_plane()
+
+    def _control(self, addr, action: Action, value=None) -> None:
+        """Send a control message; STATS_REPLY is exempt from injected loss and delay."""
+        self._plane.send_control(addr[0], addr[1], P.encode_control(action, value),
+                                 action != Action.STATS_REPLY)
+
     def _on_control(self, raw: bytes, addr) -> None:
-        c = self.counters
+        c = self._c
         action, value = P.decode_control(raw)
         if action == Action.STATS:
             self._control(addr, Action.STATS_REPLY, self.stats())
             return
-        if self._parent is not None and addr == self._parent_addr():
+        if self._parent is not None and addr == self._parent:
             self._on_parent_control(action, value)
             return
         if action == Action.JOIN:
@@ -488,33 +306,21 @@ class SwitchDaemon:
             self._control(addr, Action.ACK, int(action))
             self._remove(m, dropped=True, why="left")
         elif action == Action.RESET:
-            for s in self._slots:
-                s.state, s.mask, s.contrib, s.count = FREE, 0, [], 0
-            self._active.clear()
+            self._plane.reset_slots()
             self._control(addr, Action.ACK, int(action))
         elif action == Action.SETH:
             self._h = value
             self._control(addr, Action.ACK, int(action))
-            self._complete_ready_slots()
         elif action == Action.FBCAST:
-            idx = value & self._mask
-            s = self._slots[idx]
-            if s.seq == value and s.state == FILLING and s.contrib:
-                self._complete(idx, s)
+            self._plane.fbcast(value)
             self._control(addr, Action.ACK, int(action))
         elif action == Action.HELP:
-            idx = value & self._mask
-            s = self._slots[idx]
-            if s.seq == value and s.state == DONE:
-                self._send_result(idx, s, addr, P.FLAG_RESULT | P.FLAG_FBCAST)
-                c.retransmissions_served += 1
-            elif s.seq == value and s.state == UP:
-                self._send_up(idx, s)
+            self._plane.help_from_member(value, addr[0], addr[1])
         else:
             raise P.ProtocolError(f"{action.name} is not sent to a switch")
 
     def _on_join(self, v: P.JoinValue, addr) -> None:
-        c, cfg = self.counters, self.cfg
+        c, cfg = self._c, self.cfg
         job = cfg.job_id or self._job_id
         if job is not None and v.job_id != job:
             c.foreign_job_dropped += 1
@@ -556,6 +362,7 @@ class SwitchDaemon:
             m.workers_below, m.dropped_below = 1, 0
         else:
             m.workers_below, m.dropped_below = v.workers_below, v.dropped_below
+        self._plane.set_member(m.row, m.id, int(m.type), addr[0], addr[1], m.workers_below)
         self._job_id, self._token, self._num_workers = v.job_id, v.token, v.num_workers
         self._control(addr, Action.JOIN_ACK, P.JoinAckValue(
             self.epoch, self.seg_floats, self.window, cfg.switch_id, m.id))
@@ -564,6 +371,7 @@ class SwitchDaemon:
     def _remove(self, m: Member, dropped: bool, why: str) -> None:
         self._members.pop(m.id, None)
         self._by_addr.pop(m.addr, None)
+        self._plane.remove_member(m.row)
         if dropped:
             n = m.workers_below + m.dropped_below
             self._departed[(m.type, m.id)] = self._departed.get((m.type, m.id), 0) + n
@@ -571,13 +379,8 @@ class SwitchDaemon:
         if not self._members:
             log.info("last member %s: the job ends", why)
             self._reset_job()
-            for s in self._slots:
-                s.state, s.mask, s.contrib, s.count = FREE, 0, [], 0
-            self._active.clear()
-            self._membership_changed()
-            return
+            self._plane.reset_slots()
         self._membership_changed()
-        self._complete_ready_slots()
 
     def _reset_job(self) -> None:
         self._job_id: str | None = None
@@ -587,14 +390,17 @@ class SwitchDaemon:
         self._dropped_workers = 0
         self._departed: dict = {}
 
-    def _complete_ready_slots(self) -> None:
-        h = self._threshold()
-        if h < 1:
-            return
-        for idx in list(self._active):
-            s = self._slots[idx]
-            if s.state == FILLING and len(s.contrib) >= h:
-                self._complete(idx, s)
+    def _threshold(self) -> int:
+        n = len(self._members)
+        return n if self._h == 0 else min(self._h, n)
+
+    def _sync_plane(self) -> None:
+        """Tell the data plane readiness and H where they changed (it then completes the slots
+        that a lower H makes complete)."""
+        state = (self._ready(), self._threshold())
+        if state != self._plane_state:
+            self._plane_state = state
+            self._plane.set_state(*state)
 
     def _active_workers(self) -> int:
         return sum(m.workers_below for m in self._members.values())
@@ -609,9 +415,11 @@ class SwitchDaemon:
 
     def _membership_changed(self, new: Member | None = None) -> None:
         if self._parent is not None:
-            self._next_parent_msg = 0.0  # send the updated counts up at the next tick
+            if self._parent_counts() != self._parent_counts_sent:
+                self._next_parent_msg = 0.0  # the parent learns changed counts at once
             self._tick_parent(time.monotonic())
         state = (self._ready(), self._parent_ready[1] if self._parent else self._active_workers())
+        self._sync_plane()
         if state != self._ready_sent:
             self._ready_sent = state
             for m in self._members.values():
@@ -629,9 +437,6 @@ class SwitchDaemon:
         self._control(addr, Action.NOT_MEMBER)
 
     # ---- parent (§3.4) ----------------------------------------------------------------------------
-
-    def _parent_addr(self) -> tuple[str, int]:
-        return self._parent
 
     def _on_parent_control(self, action: Action, value) -> None:
         if action == Action.JOIN_ACK:
@@ -655,19 +460,20 @@ class SwitchDaemon:
             self._next_parent_msg = 0.0
             self._membership_changed()
         elif action == Action.HELP:
-            idx = value & self._mask
-            s = self._slots[idx]
-            if s.seq == value and s.state in (UP, DONE):
-                self._send_up(idx, s)
-            elif s.seq == value and s.state == FILLING:  # pass the request on to our members
-                self._help_members(idx, s, time.monotonic())
+            rows = self._plane.help_from_parent(value)
+            if rows is not None:  # still filling: pass the request on to our members
+                self._help_members(value, rows)
+
+    def _parent_counts(self) -> tuple[int, int]:
+        """(active, dropped) workers below this switch, as its Join to the parent says."""
+        dropped = self._dropped_workers + sum(m.dropped_below for m in self._members.values())
+        return self._active_workers(), dropped
 
     def _tick_parent(self, now: float) -> None:
         if now < self._next_parent_msg or self._num_workers is None:
             return
         self._next_parent_msg = now + (self.cfg.heartbeat_s if self._parent_joined else 0.2)
-        below = self._active_workers()
-        dropped = self._dropped_workers + sum(m.dropped_below for m in self._members.values())
+        below, dropped = self._parent_counts_sent = self._parent_counts()
         self._control(self._parent, Action.JOIN, P.JoinValue(
             self.cfg.member_id, MemberType.SWITCH, self._num_workers, below, dropped,
             self._job_id or "", self._token or ""))
@@ -678,34 +484,32 @@ class SwitchDaemon:
         cfg = self.cfg
         self._next_tick = now + min(cfg.help_after_s / 2, 0.1)
         for m in list(self._members.values()):
-            silent = now - m.last_seen
+            silent = now - max(m.last_seen, self._plane.last_seen(m.row))
             if silent > cfg.member_timeout_s:
-                self.counters.members_dropped += 1
+                self._c.members_dropped += 1
                 self._remove(m, dropped=True, why="timed out")
                 log.warning("member %d at %s:%d silent for %.1f s: dropped; H is now %d of %d "
                             "members", m.id, *m.addr, silent, self._threshold(),
                             len(self._members))
         if self._parent is not None:
             self._tick_parent(now)
-        for idx in list(self._active):
-            s = self._slots[idx]
-            if now - s.helped < cfg.help_after_s:
-                continue
-            s.helped = now
-            if s.state == FILLING:
-                self._help_members(idx, s, now)
-            elif s.state == UP:
-                self._send_up(idx, s)
+        for seq, rows in self._plane.tick(now):
+            self._help_members(seq, rows)
+        self._sync_plane()
 
-    def _help_members(self, idx: int, s: _Slot, now: float) -> None:
-        s.helped = now
+    def _help_members(self, seq: int, contributed_rows) -> None:
         for m in self._members.values():
-            if not s.mask >> m.row & 1:
-                self.counters.helps_sent += 1
-                self._control(m.addr, Action.HELP, s.seq)
+            if m.row not in contributed_rows:
+                self._c.helps_sent += 1
+                self._control(m.addr, Action.HELP, seq)
 
     def stats(self) -> dict:
-        """The counters now, with the current member count, H and readiness."""
-        c = self.counters
+        """Every counter now (data and control plane), with the current member count, H,
+        readiness and ``data_plane`` (``"native"`` or ``"python"``)."""
+        c = self._c
         c.members, c.threshold, c.ready = len(self._members), self._threshold(), self._ready()
-        return c.as_dict()
+        out = c.as_dict()
+        for k, v in self._plane.counters().items():
+            out[k] += v
+        out["data_plane"] = self.data_plane
+        return out

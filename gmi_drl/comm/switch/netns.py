@@ -90,7 +90,7 @@ class Rack:
     Args:
         num_workers: worker hosts ``w0..w{n-1}``.
         workers_per_tor: ``None`` for one switch; else workers per ToR under one core.
-        rate_mbit: tbf rate of every link direction, Mbit/s.
+        rate_mbit: tbf rate of every link direction, Mbit/s; 0: unshaped veth links.
         mtu: MTU of every link, bytes.
         with_ps: add a parameter-server host ``ps`` on the (core) switch.
 
@@ -163,9 +163,10 @@ class Rack:
         for ns, dev, ip in ((link.upper_ns, a, link.upper_ip), (link.lower_ns, b, link.lower_ip)):
             _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
             _run("ip", "-n", ns, "link", "set", dev, "up")
-            burst = max(64 * 1024, 4 * self.mtu)
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                 "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "limit", str(4 << 20))
+            if self.rate_mbit > 0:
+                burst = max(64 * 1024, 4 * self.mtu)
+                _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                     "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "limit", str(4 << 20))
         return link
 
     def _build(self) -> None:
@@ -199,13 +200,17 @@ class Rack:
         """Start ``argv`` inside the namespace of ``role`` (``"w3"``, ``"sw"``, ``"t0"``...)."""
         return subprocess.Popen(["ip", "netns", "exec", self.ns[role], *argv], **kw)
 
-    def cpu_seconds(self) -> float:
+    def switch_roles(self) -> list[str]:
+        """The roles that run switches: the root, then the ToRs."""
+        return [self.root] + [f"t{j}" for j in range(self.tors)]
+
+    def cpu_seconds(self, roles: list[str] | None = None) -> float:
         """CPU seconds (user + system, all threads) used so far by the processes now in the
-        rack's namespaces. Kernel work done outside them (softirqs run by ``ksoftirqd``) is not
-        counted."""
+        rack's namespaces (``roles``: only those). Kernel work done outside them (softirqs run by
+        ``ksoftirqd``) is not counted."""
         tick = os.sysconf("SC_CLK_TCK")
         total = 0
-        for name in self.ns.values():
+        for name in (self.ns[r] for r in roles) if roles is not None else self.ns.values():
             r = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
             for pid in r.stdout.split():
                 try:

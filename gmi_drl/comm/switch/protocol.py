@@ -28,10 +28,13 @@ count:u8 flags:u8`` followed by ``k`` raw little-endian float32 gradient element
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import socket
 import struct
 from typing import NamedTuple
+
+import numpy as np
 
 TOS_CONTROL = 0x6C
 """IP ToS byte of control messages (DSCP 27, ECN 0: a value no standard class uses)."""
@@ -306,6 +309,23 @@ def decode_data(buf, nbytes: int, max_floats: int) -> tuple[int, int, int, int, 
     return seq, rnd, member, count, flags, k
 
 
+def native_layout() -> dict[str, int]:
+    """The packet constants the native data plane (``csrc/switch_plane.cpp``) parses and writes
+    data packets by, derived from the definitions above so that the formats exist once: the Seg
+    header's size and each field's ``NAME_offset``/``NAME_size`` in bytes (big-endian), the two
+    ToS bytes, the flag bits, the action byte of `Action.STATS`, and `RX_BUFFER_BYTES`."""
+    fmt = DATA_HEADER.format
+    order, codes = fmt[0], fmt[1:]
+    out = {"header_bytes": HEADER_BYTES, "float_bytes": FLOAT_BYTES, "tos_data": TOS_DATA,
+           "tos_control": TOS_CONTROL, "flag_result": FLAG_RESULT, "flag_fbcast": FLAG_FBCAST,
+           "known_flags": KNOWN_FLAGS, "action_stats": int(Action.STATS),
+           "rx_buffer_bytes": RX_BUFFER_BYTES}
+    for i, name in enumerate(("seq", "round", "member", "count", "flags")):
+        out[f"{name}_offset"] = struct.calcsize(order + codes[:i])
+        out[f"{name}_size"] = struct.calcsize(order + codes[i])
+    return out
+
+
 def seq_newer(a: int, b: int) -> bool:
     """Serial-number order (RFC 1982) on 32-bit ``seq``: is ``a`` after ``b``?"""
     d = (a - b) % SEQ_MOD
@@ -318,6 +338,7 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 RX_BUFFER_BYTES = 65536
 """Size of a receive buffer that holds any UDP datagram."""
+_LAYOUT = native_layout()
 _TOS_CMSG_SPACE = socket.CMSG_SPACE(4)
 _CONTROL_CMSG = [(socket.IPPROTO_IP, socket.IP_TOS, struct.pack("i", TOS_CONTROL))]
 _SEND_ERRORS = (BlockingIOError, ConnectionRefusedError, InterruptedError)
@@ -371,6 +392,75 @@ def send_raw_control(sock: socket.socket, addr, payload: bytes) -> None:
         sock.sendmsg([payload], _CONTROL_CMSG, 0, addr)
     except _SEND_ERRORS:
         pass
+
+
+# UDP generic segmentation (Linux >= 4.18 for GSO, >= 5.0 for GRO): only the number of system
+# calls and stack traversals changes; the datagrams on the wire are the same.
+UDP_SEGMENT = 103
+"""cmsg type (level IPPROTO_UDP): send one buffer as datagrams of this many bytes each"""
+UDP_GRO = 104
+"""socket option / cmsg type (level IPPROTO_UDP): receive a sender's datagrams coalesced"""
+GSO_MAX_BYTES = MAX_UDP_PAYLOAD
+"""the most UDP payload one segmented send may carry"""
+GSO_MAX_SEGMENTS = 64
+_GRO_CMSG_SPACE = _TOS_CMSG_SPACE + socket.CMSG_SPACE(4)
+
+
+def enable_gro(sock: socket.socket) -> bool:
+    """Let ``sock`` receive several datagrams of one sender in one buffer (`recv_segments`).
+    Returns False where the kernel does not offer it (datagrams then come one by one)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
+
+
+def recv_segments(sock: socket.socket, buf, flags: int = 0
+                  ) -> tuple[int, int, tuple[str, int], int]:
+    """Receive one buffer into ``buf``: a datagram, or on a `enable_gro` socket several
+    datagrams of one sender back to back. Returns ``(nbytes, tos, (ip, port), seg_bytes)``:
+    the datagrams are ``buf[o : o + seg_bytes]`` for ``o = 0, seg_bytes, ...`` (the last may be
+    shorter; ``seg_bytes == nbytes`` for a single datagram). Raises as `recv_packet`."""
+    nbytes, anc, _flags, addr = sock.recvmsg_into([buf], _GRO_CMSG_SPACE, flags)
+    tos, seg = 0, nbytes
+    for level, kind, data in anc:
+        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and data:
+            tos = data[0]
+        elif level == socket.IPPROTO_UDP and kind == UDP_GRO and len(data) >= 4:
+            seg = int.from_bytes(data[:4], "little") or nbytes
+    return nbytes, tos, addr, min(seg, nbytes) if nbytes else 0
+
+
+def pack_data_headers(rows: np.ndarray, seqs: np.ndarray, round_: int, member: int, count: int,
+                      flags: int) -> None:
+    """Write one Seg header at the start of each row of ``rows`` (``(m, >= 8)`` uint8), with
+    ``seqs`` (``(m,)`` integers, taken mod 2**32) and the other fields equal in all rows."""
+    m = rows.shape[0]
+    values = {"seq": np.asarray(seqs, np.int64) % SEQ_MOD, "round": round_ & 0xFF,
+              "member": member, "count": count, "flags": flags}
+    lay = _LAYOUT
+    for name, v in values.items():
+        off, size = lay[f"{name}_offset"], lay[f"{name}_size"]
+        be = np.broadcast_to(np.asarray(v, np.int64), (m,)).astype(f">u{size}")
+        rows[:, off:off + size] = be.view(np.uint8).reshape(m, size)
+
+
+def send_segmented(sock: socket.socket, addr, buf, seg_bytes: int) -> bool:
+    """Send ``buf`` (``[header | payload]`` datagrams of ``seg_bytes`` bytes back to back; the
+    last may be shorter; at most `GSO_MAX_BYTES` and `GSO_MAX_SEGMENTS`) as one UDP_SEGMENT
+    message. Returns False where the kernel refuses segmentation (the caller sends the datagrams
+    one by one); a full buffer or unreachable peer drops it silently, as `send_data`."""
+    cmsg = [(socket.IPPROTO_UDP, UDP_SEGMENT, struct.pack("=H", seg_bytes))]
+    try:
+        sock.sendmsg([buf], cmsg, 0, addr)
+    except _SEND_ERRORS:
+        pass
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EIO, errno.EMSGSIZE, errno.ENOPROTOOPT):
+            return False
+        raise
+    return True
 
 
 def send_data(sock: socket.socket, addr, header: bytes, payload) -> None:

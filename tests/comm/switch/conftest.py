@@ -4,7 +4,13 @@ import time
 
 import pytest
 
+from gmi_drl.comm.switch.dataplane import native_plane_error
 from tests.comm.switch.harness import Switch
+
+NATIVE = native_plane_error()
+PLANES = [pytest.param("python", id="py"),
+          pytest.param("native", id="native", marks=pytest.mark.skipif(
+              NATIVE is not None, reason=f"{NATIVE}"))]
 
 
 def _socket_inodes() -> set[str]:
@@ -31,13 +37,20 @@ def no_leaks():
     assert not _socket_inodes() - before, "sockets left open"
 
 
+@pytest.fixture(params=PLANES)
+def data_plane(request) -> str:
+    """Each test that takes it runs once per data plane (``--data-plane python`` / ``native``)."""
+    return request.param
+
+
 @pytest.fixture
-def switches():
-    """Factory of loopback switch daemons; all stopped (and checked to exit 0) afterwards."""
+def switches(data_plane):
+    """Factory of loopback switch daemons on ``data_plane``; all stopped (and checked to exit 0)
+    afterwards."""
     made: list[Switch] = []
 
     def make(*args: str, bind: str = "127.0.0.1:0") -> Switch:
-        s = Switch(*args, bind=bind)
+        s = Switch("--data-plane", data_plane, *args, bind=bind)
         made.append(s)
         return s
 

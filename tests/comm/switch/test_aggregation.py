@@ -114,3 +114,30 @@ def test_window_follows_window_bytes(mtu, window_bytes, window):
         d.close()
     with pytest.raises(ValueError, match="window_bytes"):
         SwitchConfig(window_bytes=0)
+
+
+@pytest.mark.distributed
+def test_a_full_segmented_send_then_a_short_segment_alone(switches):
+    # 44 datagrams of 366 floats fill one 64 KB segmented send at MTU 1500; the 45th, shorter,
+    # goes alone: both shapes of a worker's send, on both data planes
+    shapes = [(44 * 366 + 100,)]
+    sw = switches("--mtu", "1500")
+    got = run_workers(sw.addr, 2, STEPS, {"rto_s": 0.05}, shapes=shapes)
+    assert_exact(got, [0, 1], 2, STEPS, shapes=shapes)
+    assert sw.stats()["segments_completed"] == 45 * STEPS
+
+
+def test_data_plane_choice(monkeypatch):
+    from gmi_drl.comm.switch import SwitchConfig, SwitchDaemon, dataplane
+
+    with pytest.raises(ValueError, match="data_plane"):
+        SwitchConfig(data_plane="fpga")
+    monkeypatch.setattr(dataplane, "native_plane_error", lambda: "the native data plane is "
+                        "not built (no compiler): run the switch with --data-plane python")
+    with pytest.raises(ValueError, match="--data-plane python"):
+        SwitchDaemon(SwitchConfig(data_plane="native"))  # and its socket is closed (no_leaks)
+    d = SwitchDaemon(SwitchConfig(data_plane="auto"))
+    try:
+        assert d.data_plane == "python" and d.stats()["data_plane"] == "python"
+    finally:
+        d.close()

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gmi_drl.comm.switch import SwitchConfig, SwitchDaemon, SwitchReducer
 from gmi_drl.comm.switch import protocol as P
+from tests.comm.switch.conftest import PLANES
 
 TOS = st.sampled_from([P.TOS_CONTROL, P.TOS_DATA, 0, 0x04, 0xFC])
 JOB, TOKEN = "fuzz-job", "k" * 16
@@ -41,10 +42,11 @@ packet = st.tuples(TOS, st.one_of(st.binary(max_size=200), control, foreign_join
 SENT = {"n": 0}
 
 
-@pytest.fixture(scope="module")
-def daemon():
+@pytest.fixture(scope="module", params=PLANES)
+def daemon(request):
     d = SwitchDaemon(SwitchConfig(bind=("127.0.0.1", 0), job_id=JOB, token=TOKEN, mtu=1500,
-                                  help_after_s=0.05))
+                                  help_after_s=0.05, data_plane=request.param))
+    assert d.data_plane == request.param
     t = threading.Thread(target=d.serve_forever, daemon=True)
     t.start()
     yield d, t
@@ -65,6 +67,7 @@ def _settle(d, expect_in, timeout_s=10.0):
 
 def test_generated_packets_are_dropped_and_counted(daemon):
     d, thread = daemon
+    SENT["n"] = 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)

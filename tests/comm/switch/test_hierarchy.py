@@ -3,6 +3,8 @@ summed as the tree sums: each ToR over its workers, the core over the ToRs."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.comm.switch.harness import assert_exact, run_workers, segments
@@ -25,3 +27,22 @@ def test_two_tors_under_a_core(switches, faults):
         st = s.stats()
         assert st["segments_completed"] == 2 * segments()
         assert st["malformed_dropped"] == st["busy_dropped"] == 0
+
+
+@pytest.mark.distributed
+def test_an_idle_tree_sends_only_heartbeats(switches):
+    # a ToR's Join is answered by JoinAck and Ready; Ready must not make the ToR Join again
+    # (that loop once cost the core thousands of control packets per second)
+    from gmi_drl.comm.switch import SwitchReducer
+
+    core = switches("--switch-id", "9")
+    tor = switches("--parent", core.addr, "--member-id", "0", "--switch-id", "1")
+    red = SwitchReducer(tor.addr, 0, 1, join_timeout_s=20)
+    try:
+        before = core.stats()["packets_in"]
+        time.sleep(2.0)
+        idle = core.stats()["packets_in"] - before
+    finally:
+        red.close()
+    # 2 heartbeat Joins of the ToR and our 2 STATS queries, with slack for timing
+    assert idle <= 8, f"{idle} packets in 2 s at an idle core"

@@ -1,0 +1,867 @@
+// The iSwitch daemon's native data plane (iSwitch §3.3): `gmi_drl.comm.switch._plane.NativePlane`.
+//
+// The same state machine as the Python reference `gmi_drl.comm.switch.dataplane.PyDataPlane`
+// (read that first: this file follows it line by line), run over batches of datagrams:
+// `recvmmsg` takes up to 64 messages per system call, each data packet's payload is copied into
+// its member's row of the slot pool, a completed slot is summed in ascending member id with
+// vectorised adds, and the results queued during a batch leave together. Control packets, and
+// the addresses of strangers that sent data, go back to Python, which runs the control plane.
+//
+// The kernel's per-datagram cost, not this code, dominates at Ethernet MTUs, so the plane uses
+// UDP generic segmentation both ways (Linux >= 5.0; plain datagrams where refused): with UDP_GRO
+// on the socket one received message may hold several datagrams of one sender (split here by the
+// segment size the kernel reports), and the queued results for one destination leave as one
+// UDP_SEGMENT send of up to 64 KB that the kernel (or the NIC) cuts into the same datagrams
+// on the wire. Nothing of the protocol changes. Every packet format constant comes from `protocol.native_layout()`;
+// nothing here spells a byte offset of its own.
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int kBatch = 64;    // messages per recvmmsg call
+constexpr int kTx = 512;      // data packets queued before they must go out
+constexpr int kCmsg = 64;     // control-message bytes per received message (IP_TOS, UDP_GRO)
+constexpr int kGsoBytes = 65507;  // the most UDP payload one GSO send may carry
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+enum State : uint8_t { FREE = 0, FILLING = 1, UP = 2, DONE = 3 };
+
+double monotonic() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // the clock of Python's time.monotonic()
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+uint64_t addr_key(const sockaddr_in& a) {
+  return (uint64_t(ntohl(a.sin_addr.s_addr)) << 16) | ntohs(a.sin_port);
+}
+
+sockaddr_in make_addr(const std::string& ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) {
+    throw std::invalid_argument("not an IPv4 address: " + ip);
+  }
+  return a;
+}
+
+py::tuple py_addr(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return py::make_tuple(std::string(ip), int(ntohs(a.sin_port)));
+}
+
+// Serial-number order (RFC 1982) on 32-bit seq, as protocol.seq_newer.
+bool seq_newer(uint32_t a, uint32_t b) {
+  uint32_t d = a - b;
+  return d != 0 && d < (1u << 31);
+}
+
+// One field of the Seg header: where it is and how many big-endian bytes it spans.
+struct Field {
+  int offset = 0, size = 0;
+  uint32_t read(const uint8_t* p) const {
+    uint32_t v = 0;
+    for (int i = 0; i < size; ++i) v = (v << 8) | p[offset + i];
+    return v;
+  }
+  void write(uint8_t* p, uint32_t v) const {
+    for (int i = size - 1; i >= 0; --i, v >>= 8) p[offset + i] = uint8_t(v);
+  }
+};
+
+struct Layout {
+  int header_bytes, float_bytes, tos_data, tos_control, rx_bytes, action_stats;
+  uint32_t flag_result, flag_fbcast, known_flags;
+  Field seq, round, member, count, flags;
+
+  explicit Layout(const py::dict& d) {
+    auto i = [&](const char* k) {
+      if (!d.contains(k)) throw std::invalid_argument(std::string("layout lacks ") + k);
+      return d[k].cast<int>();
+    };
+    auto f = [&](const char* name) {
+      Field x{i((std::string(name) + "_offset").c_str()), i((std::string(name) + "_size").c_str())};
+      if (x.size < 1 || x.size > 4) throw std::invalid_argument("header field wider than 4 bytes");
+      return x;
+    };
+    header_bytes = i("header_bytes");
+    float_bytes = i("float_bytes");
+    tos_data = i("tos_data");
+    tos_control = i("tos_control");
+    rx_bytes = i("rx_buffer_bytes");
+    action_stats = i("action_stats");
+    flag_result = i("flag_result");
+    flag_fbcast = i("flag_fbcast");
+    known_flags = i("known_flags");
+    seq = f("seq");
+    round = f("round");
+    member = f("member");
+    count = f("count");
+    flags = f("flags");
+    if (float_bytes != 4) throw std::invalid_argument("the native plane sums float32 only");
+  }
+};
+
+struct Slot {
+  uint32_t seq = 0;
+  State state = FREE;
+  uint32_t length = 0;
+  uint8_t round = 0;
+  std::vector<uint8_t> has;                        // has[row]: row contributed
+  std::vector<std::pair<int, int>> contrib;        // (member id, row)
+  uint32_t count = 0, result_count = 0;
+  double started = 0, helped = 0;
+};
+
+struct Member {
+  bool active = false;
+  int id = 0, type = 0, workers_below = 0;
+  sockaddr_in addr{};
+};
+
+struct Delayed {
+  double due;
+  sockaddr_in addr;
+  bool control;
+  std::vector<uint8_t> bytes;
+};
+
+class NativePlane {
+ public:
+  NativePlane(int fd, const py::dict& layout, int seg_floats, int slots, int max_members,
+              int switch_id, int member_id, py::object parent, double drop_rate, double dup_rate,
+              double delay_ms, double help_after_s, py::object seed)
+      : fd_(fd), L_(layout), seg_(seg_floats), max_members_(max_members),
+        switch_id_(switch_id), member_id_(member_id), drop_(drop_rate), dup_(dup_rate),
+        delay_s_(delay_ms / 1000.0), help_after_(help_after_s) {
+    if (slots < 2 || (slots & (slots - 1))) throw std::invalid_argument("slots: power of two");
+    if (max_members < 1 || max_members > 255) throw std::invalid_argument("max_members 1..255");
+    if (seg_floats < 1) throw std::invalid_argument("seg_floats >= 1");
+    mask_ = uint32_t(slots - 1);
+    if (!parent.is_none()) {
+      auto t = parent.cast<std::pair<std::string, int>>();
+      parent_ = make_addr(t.first, t.second);
+      has_parent_ = true;
+    }
+    if (seed.is_none()) {
+      rng_.seed(std::random_device{}());
+    } else {
+      rng_.seed(seed.cast<uint64_t>());
+    }
+    size_t f = size_t(seg_floats);
+    rows_.assign(size_t(slots) * max_members * f, 0.0f);
+    partial_.assign(size_t(slots) * f, 0.0f);
+    if (has_parent_) result_.assign(size_t(slots) * f, 0.0f);
+    slots_.resize(slots);
+    for (auto& s : slots_) {
+      s.has.assign(max_members, 0);
+      s.contrib.reserve(max_members);
+    }
+    members_.resize(max_members);
+    last_seen_.assign(max_members, 0.0);
+    pending_refs_.assign(slots, 0);
+    active_.in.assign(slots, 0);
+    rx_.assign(size_t(kBatch) * L_.rx_bytes, 0);
+    rx_cmsg_.assign(size_t(kBatch) * kCmsg, 0);
+    rx_from_.resize(kBatch);
+    rx_iov_.resize(kBatch);
+    rx_msgs_.resize(kBatch);
+    tx_hdr_.assign(size_t(kTx) * L_.header_bytes, 0);
+    tx_iov_.resize(2 * kTx);
+    tx_to_.resize(kTx);
+    tx_msgs_.resize(kTx);
+    tx_slot_.resize(kTx);
+    full_bytes_ = size_t(L_.header_bytes) + size_t(seg_floats) * 4;
+    gso_max_ = int(std::min<size_t>(64, kGsoBytes / full_bytes_));
+    int one = 1;
+    gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
+    gso_ = gso_max_ >= 2;
+    if (gso_) gso_buf_.assign(size_t(kTx) * full_bytes_, 0);
+    gso_iov_.resize(kTx);
+    gso_cmsg_.assign(size_t(kTx) * CMSG_SPACE(sizeof(uint16_t)), 0);
+    for (int i = 0; i < kBatch; ++i) {
+      rx_iov_[i] = {&rx_[size_t(i) * L_.rx_bytes], size_t(L_.rx_bytes)};
+    }
+  }
+
+  // ---- the member table and group state, written by the control plane ------------------------
+
+  void set_member(int row, int id, int type, const std::string& ip, int port, int workers_below) {
+    check_row(row);
+    Member& m = members_[row];
+    if (m.active) addr_row_.erase(addr_key(m.addr));
+    m = Member{true, id, type, workers_below, make_addr(ip, port)};
+    addr_row_[addr_key(m.addr)] = row;
+  }
+
+  void remove_member(int row) {
+    check_row(row);
+    Member& m = members_[row];
+    if (m.active) addr_row_.erase(addr_key(m.addr));
+    m.active = false;
+  }
+
+  // `ready`: the group is complete; `threshold`: H in members (0 = no members). Slots that
+  // already hold H contributions complete now (H was lowered).
+  void set_state(bool ready, int threshold) {
+    ready_ = ready;
+    threshold_ = threshold;
+    if (threshold_ >= 1) {
+      for (int idx : active_list()) {
+        Slot& s = slots_[idx];
+        if (s.state == FILLING && int(s.contrib.size()) >= threshold_) complete(idx, monotonic());
+      }
+    }
+    flush();
+  }
+
+  double last_seen(int row) const {
+    check_row(row);
+    return last_seen_[row];
+  }
+
+  // ---- the data path -------------------------------------------------------------------------
+
+  // Read what the socket holds now (at most `max_packets`, never blocking) and handle every
+  // data packet. Returns (controls, strangers): [(bytes, (ip, port))] of control packets, in
+  // arrival order and as often as fault injection duplicated them, and the addresses of
+  // non-members that sent data (the control plane answers them NOT_MEMBER).
+  py::tuple drain(int max_packets) {
+    py::list controls, strangers;
+    int handled = 0;
+    while (handled < max_packets) {
+      int want = std::min(kBatch, max_packets - handled);
+      for (int i = 0; i < want; ++i) {
+        msghdr& h = rx_msgs_[i].msg_hdr;
+        h = msghdr{};
+        h.msg_name = &rx_from_[i];
+        h.msg_namelen = sizeof(sockaddr_in);
+        h.msg_iov = &rx_iov_[i];
+        h.msg_iovlen = 1;
+        h.msg_control = &rx_cmsg_[size_t(i) * kCmsg];
+        h.msg_controllen = kCmsg;
+        rx_msgs_[i].msg_len = 0;
+      }
+      int n = recvmmsg(fd_, rx_msgs_.data(), unsigned(want), MSG_DONTWAIT, nullptr);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        ++handled;  // an ICMP error queued on the socket (port unreachable): read on
+        continue;
+      }
+      if (n == 0) break;
+      double now = monotonic();
+      for (int i = 0; i < n; ++i) on_packet(i, now, controls, strangers);
+      handled += n;
+      flush();
+      if (n < want) break;
+    }
+    flush();
+    return py::make_tuple(controls, strangers);
+  }
+
+  // Control-plane requests that touch slots (the Python plane has the same methods).
+  void reset_slots() {
+    flush();
+    for (auto& s : slots_) clear(s);
+    active_.clear();
+  }
+
+  void fbcast(uint32_t seq) {
+    uint32_t idx = seq & mask_;
+    Slot& s = slots_[idx];
+    if (s.seq == seq && s.state == FILLING && !s.contrib.empty()) complete(idx, monotonic());
+    flush();
+  }
+
+  // A member's Help: resend the kept result (counted as served) or the partial sent up.
+  void help_from_member(uint32_t seq, const std::string& ip, int port) {
+    uint32_t idx = seq & mask_;
+    Slot& s = slots_[idx];
+    if (s.seq == seq && s.state == DONE) {
+      send_result(idx, make_addr(ip, port), L_.flag_result | L_.flag_fbcast);
+      ++c_.retransmissions_served;
+    } else if (s.seq == seq && s.state == UP) {
+      send_up(idx);
+    }
+    flush();
+  }
+
+  // The parent's Help: resend the partial, or (slot still filling) return the rows that have
+  // contributed so that the control plane asks the others; None otherwise.
+  py::object help_from_parent(uint32_t seq) {
+    uint32_t idx = seq & mask_;
+    Slot& s = slots_[idx];
+    py::object out = py::none();
+    if (s.seq == seq && (s.state == UP || s.state == DONE)) {
+      send_up(idx);
+    } else if (s.seq == seq && s.state == FILLING) {
+      s.helped = monotonic();
+      out = contributed(s);
+    }
+    flush();
+    return out;
+  }
+
+  // Per slot waiting longer than help_after_s: resend a partial that went up, or list
+  // (seq, contributed rows) of a filling slot for the control plane to send Help.
+  py::list tick(double now) {
+    py::list help;
+    for (int idx : active_list()) {
+      Slot& s = slots_[idx];
+      if (now - s.helped < help_after_) continue;
+      s.helped = now;
+      if (s.state == FILLING) {
+        help.append(py::make_tuple(s.seq, contributed(s)));
+      } else if (s.state == UP) {
+        send_up(idx);
+      }
+    }
+    flush();
+    return help;
+  }
+
+  // A control message, with the receive-side faults: dropped with drop_rate and delayed by
+  // delay_ms when `faults` (the control plane passes False for STATS_REPLY).
+  void send_control(const std::string& ip, int port, py::bytes raw, bool faults) {
+    if (faults && drop_ > 0 && uniform() < drop_) {
+      ++c_.injected_drops;
+      return;
+    }
+    ++c_.packets_out;
+    std::string b = raw;
+    sockaddr_in to = make_addr(ip, port);
+    if (faults && delay_s_ > 0) {
+      delayed_.push_back({monotonic() + delay_s_, to, true,
+                          std::vector<uint8_t>(b.begin(), b.end())});
+      return;
+    }
+    flush();
+    send_one(to, reinterpret_cast<const uint8_t*>(b.data()), b.size(), true);
+  }
+
+  double next_due() const {
+    return delayed_.empty() ? std::numeric_limits<double>::infinity() : delayed_.front().due;
+  }
+
+  void flush_delayed(double now) {
+    while (!delayed_.empty() && delayed_.front().due <= now) {
+      const Delayed& d = delayed_.front();
+      send_one(d.addr, d.bytes.data(), d.bytes.size(), d.control);
+      delayed_.pop_front();
+    }
+  }
+
+  py::dict counters() const {
+    py::dict d;
+    d["packets_in"] = c_.packets_in;
+    d["packets_out"] = c_.packets_out;
+    d["bytes_aggregated"] = c_.bytes_aggregated;
+    d["segments_completed"] = c_.segments_completed;
+    d["duplicates"] = c_.duplicates;
+    d["retransmissions_served"] = c_.retransmissions_served;
+    d["malformed_dropped"] = c_.malformed_dropped;
+    d["non_member_dropped"] = c_.non_member_dropped;
+    d["not_ready_dropped"] = c_.not_ready_dropped;
+    d["stale_dropped"] = c_.stale_dropped;
+    d["busy_dropped"] = c_.busy_dropped;
+    d["injected_drops"] = c_.injected_drops;
+    return d;
+  }
+
+ private:
+  struct Counters {
+    uint64_t packets_in = 0, packets_out = 0, bytes_aggregated = 0, segments_completed = 0,
+             duplicates = 0, retransmissions_served = 0, malformed_dropped = 0,
+             non_member_dropped = 0, not_ready_dropped = 0, stale_dropped = 0, busy_dropped = 0,
+             injected_drops = 0;
+  };
+
+  void check_row(int row) const {
+    if (row < 0 || row >= max_members_) throw std::out_of_range("member row out of range");
+  }
+
+  double uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+  std::vector<int> active_list() const { return std::vector<int>(active_.begin(), active_.end()); }
+
+  static void clear(Slot& s) {
+    s.state = FREE;
+    std::fill(s.has.begin(), s.has.end(), 0);
+    s.contrib.clear();
+    s.count = 0;
+  }
+
+  py::tuple contributed(const Slot& s) const {
+    py::tuple t(s.contrib.size());
+    for (size_t i = 0; i < s.contrib.size(); ++i) t[i] = s.contrib[i].second;
+    return t;
+  }
+
+  float* row_ptr(uint32_t idx, int row) {
+    return &rows_[(size_t(idx) * max_members_ + row) * seg_];
+  }
+  float* partial_ptr(uint32_t idx) { return &partial_[size_t(idx) * seg_]; }
+  float* result_ptr(uint32_t idx) {
+    return has_parent_ ? &result_[size_t(idx) * seg_] : partial_ptr(idx);
+  }
+
+  // One received message: a datagram, or with UDP_GRO several of one sender, `gso` bytes each
+  // (the last may be shorter).
+  void on_packet(int i, double now, py::list& controls, py::list& strangers) {
+    const uint8_t* buf = &rx_[size_t(i) * L_.rx_bytes];
+    size_t nbytes = rx_msgs_[i].msg_len;
+    int tos = 0, gso = 0;
+    msghdr& h = rx_msgs_[i].msg_hdr;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
+      if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS) tos = *CMSG_DATA(cm);
+      if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
+        std::memcpy(&gso, CMSG_DATA(cm), sizeof gso);
+      }
+    }
+    if (gso <= 0 || size_t(gso) >= nbytes) {
+      on_datagram(buf, nbytes, tos, rx_from_[i], now, controls, strangers);
+      return;
+    }
+    for (size_t off = 0; off < nbytes; off += size_t(gso)) {
+      on_datagram(buf + off, std::min(size_t(gso), nbytes - off), tos, rx_from_[i], now,
+                  controls, strangers);
+    }
+  }
+
+  void on_datagram(const uint8_t* buf, size_t nbytes, int tos, const sockaddr_in& from,
+                   double now, py::list& controls, py::list& strangers) {
+    ++c_.packets_in;
+    bool is_stats = tos == L_.tos_control && nbytes == 1 && buf[0] == L_.action_stats;
+    if (drop_ > 0 && uniform() < drop_ && !is_stats) {
+      ++c_.injected_drops;
+      return;
+    }
+    int times = (dup_ > 0 && uniform() < dup_) ? 2 : 1;
+    for (int t = 0; t < times; ++t) {
+      if (tos == L_.tos_data) {
+        on_data(buf, nbytes, from, now, strangers);
+      } else if (tos == L_.tos_control) {
+        controls.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(buf), nbytes),
+                                       py_addr(from)));
+      } else {
+        ++c_.malformed_dropped;
+      }
+    }
+  }
+
+  void on_data(const uint8_t* buf, size_t nbytes, const sockaddr_in& from, double now,
+               py::list& strangers) {
+    auto it = addr_row_.find(addr_key(from));
+    bool is_parent = has_parent_ && addr_key(from) == addr_key(parent_);
+    if (it == addr_row_.end() && !is_parent) {
+      ++c_.non_member_dropped;
+      strangers.append(py_addr(from));
+      return;
+    }
+    // decode_data: a whole number k >= 1 of float32 after the header, k <= seg_floats,
+    // count >= 1, no unknown flag
+    if (nbytes < size_t(L_.header_bytes) + 4 || (nbytes - L_.header_bytes) % 4) {
+      ++c_.malformed_dropped;
+      return;
+    }
+    uint32_t k = uint32_t((nbytes - L_.header_bytes) / 4);
+    uint32_t seq = L_.seq.read(buf), rnd = L_.round.read(buf), mid = L_.member.read(buf);
+    uint32_t count = L_.count.read(buf), flags = L_.flags.read(buf);
+    if (k > uint32_t(seg_) || count == 0 || (flags & ~L_.known_flags)) {
+      ++c_.malformed_dropped;
+      return;
+    }
+    const float* payload = reinterpret_cast<const float*>(buf + L_.header_bytes);
+    if (is_parent) {
+      if (!(flags & L_.flag_result)) {
+        ++c_.malformed_dropped;
+        return;
+      }
+      on_result(seq, count, k, payload);
+      return;
+    }
+    int row = it->second;
+    const Member& m = members_[row];
+    last_seen_[row] = now;
+    int below = std::max(1, m.workers_below);
+    if ((flags & L_.flag_result) || int(mid) != m.id || int(count) > below ||
+        (m.type == 0 && count != 1)) {
+      ++c_.malformed_dropped;
+      return;
+    }
+    if (!ready_) {
+      ++c_.not_ready_dropped;
+      return;
+    }
+    uint32_t idx = seq & mask_;
+    Slot& s = slots_[idx];
+    if (s.state == FREE || s.seq != seq) {
+      if (s.state == FREE || (s.state == DONE && seq_newer(seq, s.seq))) {
+        if (pending_refs_[idx]) flush();  // queued sends still read this slot's result
+        clear(s);
+        s.seq = seq;
+        s.state = FILLING;
+        s.length = k;
+        s.round = uint8_t(rnd);
+        s.started = s.helped = now;
+        active_.insert(idx);
+      } else if (seq_newer(seq, s.seq)) {
+        ++c_.busy_dropped;
+        return;
+      } else {
+        ++c_.stale_dropped;
+        return;
+      }
+    }
+    if (k != s.length) {
+      ++c_.malformed_dropped;
+      return;
+    }
+    if (s.state == DONE) {
+      if (s.has[row]) ++c_.duplicates;
+      send_result(idx, m.addr, L_.flag_result | L_.flag_fbcast);
+      ++c_.retransmissions_served;
+      return;
+    }
+    if (s.has[row]) {
+      ++c_.duplicates;
+      if (s.state == UP && now - s.helped > help_after_ / 4) {
+        s.helped = now;
+        send_up(idx);
+      }
+      return;
+    }
+    std::memcpy(row_ptr(idx, row), payload, size_t(k) * 4);
+    c_.bytes_aggregated += uint64_t(k) * 4;
+    s.has[row] = 1;
+    s.contrib.emplace_back(m.id, row);
+    s.count += count;
+    if (s.state == FILLING && int(s.contrib.size()) >= threshold_) complete(idx, now);
+  }
+
+  void on_result(uint32_t seq, uint32_t count, uint32_t k, const float* payload) {
+    uint32_t idx = seq & mask_;
+    Slot& s = slots_[idx];
+    if (s.seq != seq || (s.state != UP && s.state != DONE)) {
+      ++c_.stale_dropped;
+      return;
+    }
+    if (s.state == DONE) {
+      ++c_.duplicates;
+      return;
+    }
+    if (k != s.length) {
+      ++c_.malformed_dropped;
+      return;
+    }
+    if (pending_refs_[idx]) flush();
+    std::memcpy(result_ptr(idx), payload, size_t(k) * 4);
+    s.result_count = count;
+    s.state = DONE;
+    active_.erase(idx);
+    for (const Member& m : members_) {
+      if (m.active) send_result(idx, m.addr, L_.flag_result);
+    }
+  }
+
+  // Sum the slot's rows in ascending member id (the Python plane's order, so the float32 result
+  // is bit-identical whatever the arrival order), then send it on.
+  void complete(uint32_t idx, double now) {
+    Slot& s = slots_[idx];
+    std::sort(s.contrib.begin(), s.contrib.end());
+    size_t k = s.length;
+    if (pending_refs_[idx]) flush();
+    float* __restrict out = partial_ptr(idx);
+    const float* __restrict a = row_ptr(idx, s.contrib[0].second);
+    if (s.contrib.size() == 1) {
+      std::memcpy(out, a, k * 4);
+    } else {
+      const float* __restrict b = row_ptr(idx, s.contrib[1].second);
+      for (size_t j = 0; j < k; ++j) out[j] = a[j] + b[j];
+      for (size_t r = 2; r < s.contrib.size(); ++r) {
+        const float* __restrict c = row_ptr(idx, s.contrib[r].second);
+        for (size_t j = 0; j < k; ++j) out[j] += c[j];
+      }
+    }
+    ++c_.segments_completed;
+    if (has_parent_) {
+      s.state = UP;
+      s.helped = now;
+      send_up(idx);
+    } else {
+      s.state = DONE;
+      s.result_count = s.count;
+      active_.erase(idx);
+      for (const Member& m : members_) {
+        if (m.active) send_result(idx, m.addr, L_.flag_result);
+      }
+    }
+  }
+
+  void send_up(uint32_t idx) {
+    const Slot& s = slots_[idx];
+    queue(parent_, s.seq, s.round, uint32_t(member_id_), s.count, 0, partial_ptr(idx), s.length,
+          idx);
+  }
+
+  void send_result(uint32_t idx, const sockaddr_in& to, uint32_t flags) {
+    const Slot& s = slots_[idx];
+    queue(to, s.seq, s.round, uint32_t(switch_id_), s.result_count, flags, result_ptr(idx),
+          s.length, idx);
+  }
+
+  // One data packet out, with the send-side faults; batched into the next sendmmsg.
+  void queue(const sockaddr_in& to, uint32_t seq, uint32_t rnd, uint32_t member, uint32_t count,
+             uint32_t flags, const float* payload, uint32_t k, uint32_t idx) {
+    if (drop_ > 0 && uniform() < drop_) {
+      ++c_.injected_drops;
+      return;
+    }
+    int times = (dup_ > 0 && uniform() < dup_) ? 2 : 1;
+    for (int t = 0; t < times; ++t) {
+      ++c_.packets_out;
+      if (ntx_ == kTx) flush();
+      uint8_t* hdr = &tx_hdr_[size_t(ntx_) * L_.header_bytes];
+      std::memset(hdr, 0, L_.header_bytes);
+      L_.seq.write(hdr, seq);
+      L_.round.write(hdr, rnd & 0xFF);
+      L_.member.write(hdr, member);
+      L_.count.write(hdr, count);
+      L_.flags.write(hdr, flags);
+      if (delay_s_ > 0) {
+        std::vector<uint8_t> b(hdr, hdr + L_.header_bytes);
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(payload);
+        b.insert(b.end(), p, p + size_t(k) * 4);
+        delayed_.push_back({monotonic() + delay_s_, to, false, std::move(b)});
+        continue;
+      }
+      tx_to_[ntx_] = to;
+      tx_iov_[2 * ntx_] = {hdr, size_t(L_.header_bytes)};
+      tx_iov_[2 * ntx_ + 1] = {const_cast<float*>(payload), size_t(k) * 4};
+      tx_slot_[ntx_] = idx;
+      ++pending_refs_[idx];
+      ++ntx_;
+    }
+  }
+
+  // Everything queued goes out; a datagram the kernel refuses (full buffer, a peer's ICMP
+  // error) is dropped as UDP would. With GSO, the packets for one destination are packed
+  // [header | payload] after one another, full segments first in queue order, and sent as
+  // UDP_SEGMENT messages of up to `gso_max_` datagrams; a shorter one ends its message.
+  void flush() {
+    if (ntx_ == 0) return;
+    int nmsg = gso_ ? pack_gso() : pack_plain();
+    int i = 0;
+    while (i < nmsg) {
+      int r = sendmmsg(fd_, &tx_msgs_[i], unsigned(nmsg - i), 0);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (gso_ && (errno == EINVAL || errno == EIO || errno == EMSGSIZE) &&
+            tx_msgs_[i].msg_hdr.msg_controllen) {
+          gso_ = false;  // segmentation refused here (path MTU, kernel): plain datagrams on
+          nmsg = pack_plain();
+          i = 0;
+          continue;
+        }
+        ++i;  // EAGAIN, ECONNREFUSED, ...: this message is lost
+      } else {
+        i += std::max(r, 1);
+      }
+    }
+    for (int j = 0; j < ntx_; ++j) pending_refs_[tx_slot_[j]] = 0;
+    ntx_ = 0;
+  }
+
+  int pack_plain() {
+    for (int i = 0; i < ntx_; ++i) {
+      msghdr& h = tx_msgs_[i].msg_hdr;
+      h = msghdr{};
+      h.msg_name = &tx_to_[i];
+      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_iov = &tx_iov_[2 * i];
+      h.msg_iovlen = 2;
+    }
+    return ntx_;
+  }
+
+  // Each packet not yet packed starts a message that takes the later ones to its destination.
+  int pack_gso() {
+    std::vector<uint8_t>& used = gso_used_;
+    used.assign(size_t(ntx_), 0);
+    int nmsg = 0;
+    size_t pos = 0;
+    for (int first = 0; first < ntx_; ++first) {
+      if (used[first]) continue;
+      uint64_t dest = addr_key(tx_to_[first]);
+      int count = 0;
+      size_t start = pos;
+      for (int j = first; j < ntx_ && count < gso_max_; ++j) {
+        if (used[j] || addr_key(tx_to_[j]) != dest) continue;
+        size_t n = tx_iov_[2 * j].iov_len + tx_iov_[2 * j + 1].iov_len;
+        used[j] = 1;
+        std::memcpy(&gso_buf_[pos], tx_iov_[2 * j].iov_base, tx_iov_[2 * j].iov_len);
+        std::memcpy(&gso_buf_[pos + tx_iov_[2 * j].iov_len], tx_iov_[2 * j + 1].iov_base,
+                    tx_iov_[2 * j + 1].iov_len);
+        pos += n;
+        ++count;
+        if (n != full_bytes_) break;  // a short datagram can only be the last of a GSO send
+      }
+      msghdr& h = tx_msgs_[nmsg].msg_hdr;
+      h = msghdr{};
+      h.msg_name = &tx_to_[first];
+      h.msg_namelen = sizeof(sockaddr_in);
+      gso_iov_[nmsg] = {&gso_buf_[start], pos - start};
+      h.msg_iov = &gso_iov_[nmsg];
+      h.msg_iovlen = 1;
+      if (count > 1) {
+        char* c = reinterpret_cast<char*>(&gso_cmsg_[size_t(nmsg) * CMSG_SPACE(sizeof(uint16_t))]);
+        h.msg_control = c;
+        h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+        cmsghdr* cm = CMSG_FIRSTHDR(&h);
+        cm->cmsg_level = IPPROTO_UDP;
+        cm->cmsg_type = UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t seg = uint16_t(full_bytes_);
+        std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+      }
+      ++nmsg;
+    }
+    return nmsg;
+  }
+
+  void send_one(const sockaddr_in& to, const uint8_t* data, size_t n, bool control) {
+    iovec iov{const_cast<uint8_t*>(data), n};
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))] = {};
+    msghdr h{};
+    sockaddr_in dst = to;
+    h.msg_name = &dst;
+    h.msg_namelen = sizeof dst;
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    if (control) {
+      h.msg_control = cbuf;
+      h.msg_controllen = sizeof cbuf;
+      cmsghdr* cm = CMSG_FIRSTHDR(&h);
+      cm->cmsg_level = IPPROTO_IP;
+      cm->cmsg_type = IP_TOS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      int tos = L_.tos_control;
+      std::memcpy(CMSG_DATA(cm), &tos, sizeof tos);
+    }
+    while (sendmsg(fd_, &h, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+  int fd_;
+  Layout L_;
+  int seg_, max_members_, switch_id_, member_id_;
+  double drop_, dup_, delay_s_, help_after_;
+  uint32_t mask_ = 0;
+  bool has_parent_ = false, ready_ = false;
+  int threshold_ = 0;
+  sockaddr_in parent_{};
+  std::mt19937_64 rng_;
+  std::vector<float> rows_, partial_, result_;
+  std::vector<Slot> slots_;
+  std::vector<Member> members_;
+  std::vector<double> last_seen_;
+  std::unordered_map<uint64_t, int> addr_row_;
+  struct ActiveSet {  // the slots in FILLING or UP, in a flag array plus a list
+    std::vector<uint8_t> in;
+    std::vector<int> list;
+    void insert(int i) {
+      if (!in[i]) {
+        in[i] = 1;
+        list.push_back(i);
+      }
+    }
+    void erase(int i) {
+      if (in[i]) {
+        in[i] = 0;
+        list.erase(std::find(list.begin(), list.end(), i));
+      }
+    }
+    void clear() {
+      std::fill(in.begin(), in.end(), 0);
+      list.clear();
+    }
+    std::vector<int>::const_iterator begin() const { return list.begin(); }
+    std::vector<int>::const_iterator end() const { return list.end(); }
+  } active_;
+  std::vector<uint16_t> pending_refs_;
+  std::deque<Delayed> delayed_;
+  Counters c_;
+  // receive batch
+  std::vector<uint8_t> rx_, rx_cmsg_;
+  std::vector<sockaddr_in> rx_from_;
+  std::vector<iovec> rx_iov_;
+  std::vector<mmsghdr> rx_msgs_;
+  // send batch
+  std::vector<uint8_t> tx_hdr_;
+  std::vector<iovec> tx_iov_;
+  std::vector<sockaddr_in> tx_to_;
+  std::vector<mmsghdr> tx_msgs_;
+  std::vector<uint32_t> tx_slot_;
+  int ntx_ = 0;
+  // UDP generic segmentation
+  bool gro_ = false, gso_ = false;
+  size_t full_bytes_ = 0;
+  int gso_max_ = 1;
+  std::vector<uint8_t> gso_buf_, gso_cmsg_, gso_used_;
+  std::vector<iovec> gso_iov_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_plane, m) {
+  m.doc() = "The switch daemon's native data plane (csrc/switch_plane.cpp).";
+  py::class_<NativePlane>(m, "NativePlane")
+      .def(py::init<int, const py::dict&, int, int, int, int, int, py::object, double, double,
+                    double, double, py::object>(),
+           py::arg("fd"), py::arg("layout"), py::arg("seg_floats"), py::arg("slots"),
+           py::arg("max_members"), py::arg("switch_id"), py::arg("member_id"), py::arg("parent"),
+           py::arg("drop_rate"), py::arg("dup_rate"), py::arg("delay_ms"),
+           py::arg("help_after_s"), py::arg("seed"))
+      .def("set_member", &NativePlane::set_member)
+      .def("remove_member", &NativePlane::remove_member)
+      .def("set_state", &NativePlane::set_state)
+      .def("last_seen", &NativePlane::last_seen)
+      .def("drain", &NativePlane::drain)
+      .def("reset_slots", &NativePlane::reset_slots)
+      .def("fbcast", &NativePlane::fbcast)
+      .def("help_from_member", &NativePlane::help_from_member)
+      .def("help_from_parent", &NativePlane::help_from_parent)
+      .def("tick", &NativePlane::tick)
+      .def("send_control", &NativePlane::send_control)
+      .def("next_due", &NativePlane::next_due)
+      .def("flush_delayed", &NativePlane::flush_delayed)
+      .def("counters", &NativePlane::counters);
+}

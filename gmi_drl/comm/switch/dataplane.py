@@ -1,0 +1,410 @@
+"""The switch daemon's data plane (iSwitch §3.3): slots, per-packet aggregation, results.
+
+Two implementations of one interface, chosen by `make_data_plane`:
+
+- `PyDataPlane` (here): the reference, one ``recvmsg`` per packet and NumPy for the rows;
+- ``NativePlane`` (``csrc/switch_plane.cpp``, module ``gmi_drl.comm.switch._plane``): the same
+  state machine in C++, ``recvmmsg``/``sendmmsg`` batches of 64 datagrams and sends that point
+  into the slot pool. Built by ``pip install`` where a C++17 compiler is present.
+
+Both read every datagram on the daemon's socket. Data packets stay here; control packets go back
+to the daemon (`drain` returns them), which runs the control plane and tells the data plane
+what it needs: the member table (`set_member`/`remove_member`), readiness and the aggregation
+threshold H (`set_state`), and the control requests that touch slots (Reset, FBcast, Help).
+
+The slot pool: the payload of member row ``r`` for segment ``seq`` lands in row ``r`` of slot
+``seq % slots`` (one vector copy per packet); when the H-th member's packet arrives the rows are
+summed in ascending member id into the slot's partial, which goes to every member (or up the
+tree), and the slot keeps that result until a later ``seq`` reuses it. Why rows and not a
+running sum: float addition is not associative and packets arrive in any order; summing the
+kept rows in member-id order makes the float32 result bit-identical to
+``((g_0 + g_1) + g_2) + ...`` whatever the arrival order, loss or retransmission. Memory:
+``slots * max_members * seg_floats * 4`` bytes (touched lazily).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+
+import numpy as np
+
+from gmi_drl.comm.switch import protocol as P
+
+log = logging.getLogger(__name__)
+
+FREE, FILLING, UP, DONE = 0, 1, 2, 3
+PLANES = ("auto", "native", "python")
+"""``--data-plane`` choices: ``auto`` takes the native plane where it is built."""
+COUNTERS = ("packets_in", "packets_out", "bytes_aggregated", "segments_completed", "duplicates",
+            "retransmissions_served", "malformed_dropped", "non_member_dropped",
+            "not_ready_dropped", "stale_dropped", "busy_dropped", "injected_drops")
+"""The counters a data plane keeps (`counters`); the daemon adds its control-plane ones."""
+
+
+def native_plane_error() -> str | None:
+    """Why the native data plane cannot be used here, or ``None`` when it can."""
+    try:
+        from gmi_drl.comm.switch import _plane  # noqa: F401
+    except ImportError as e:
+        return (f"the native data plane is not built ({e}): reinstall gmi-drl with a C++17 "
+                "compiler present (`pip install -e .` compiles csrc/switch_plane.cpp), or run "
+                "the switch with --data-plane python")
+    return None
+
+
+def make_data_plane(kind: str, sock, *, seg_floats: int, slots: int, max_members: int,
+                    switch_id: int, member_id: int, parent: tuple[str, int] | None,
+                    drop_rate: float, dup_rate: float, delay_ms: float, help_after_s: float,
+                    seed: int | None):
+    """The data plane ``kind`` (one of `PLANES`) over the non-blocking UDP socket ``sock``.
+
+    Returns:
+        ``(plane, name)`` with ``name`` ``"native"`` or ``"python"``.
+
+    Raises:
+        ValueError: an unknown ``kind``, or ``"native"`` where the extension is not built (the
+            message says how to build it).
+    """
+    if kind not in PLANES:
+        raise ValueError(f"data plane {kind!r}: choose one of {', '.join(PLANES)}")
+    why = native_plane_error() if kind != "python" else "asked for"
+    if kind == "native" and why:
+        raise ValueError(why)
+    args = dict(seg_floats=seg_floats, slots=slots, max_members=max_members, switch_id=switch_id,
+                member_id=member_id, parent=parent, drop_rate=drop_rate, dup_rate=dup_rate,
+                delay_ms=delay_ms, help_after_s=help_after_s, seed=seed)
+    if why is None:
+        from gmi_drl.comm.switch._plane import NativePlane
+
+        return NativePlane(sock.fileno(), P.native_layout(), **args), "native"
+    if kind == "auto":
+        log.warning("switch runs the Python data plane: %s", why)
+    return PyDataPlane(sock, **args), "python"
+
+
+class _Slot:
+    __slots__ = ("seq", "state", "length", "round", "mask", "contrib", "count", "result_count",
+                 "started", "helped")
+
+    def __init__(self) -> None:
+        self.seq = self.length = self.round = self.mask = self.count = self.result_count = 0
+        self.state = FREE
+        self.contrib: list = []  # (member id, row)
+        self.started = self.helped = 0.0
+
+    def clear(self) -> None:
+        self.state, self.mask, self.contrib, self.count = FREE, 0, [], 0
+
+
+class _Member:
+    __slots__ = ("id", "type", "addr", "workers_below")
+
+    def __init__(self, id_: int, type_: int, addr: tuple[str, int], workers_below: int) -> None:
+        self.id, self.type, self.addr, self.workers_below = id_, type_, addr, workers_below
+
+
+class PyDataPlane:
+    """The reference data plane: see the module docstring. Arguments as `make_data_plane`'s."""
+
+    def __init__(self, sock, *, seg_floats: int, slots: int, max_members: int, switch_id: int,
+                 member_id: int, parent: tuple[str, int] | None, drop_rate: float,
+                 dup_rate: float, delay_ms: float, help_after_s: float,
+                 seed: int | None) -> None:
+        self._sock = sock
+        self.seg_floats = seg_floats
+        self._mask = slots - 1
+        self._switch_id, self._member_id, self._parent = switch_id, member_id, parent
+        self._drop, self._dup, self._delay_s = drop_rate, dup_rate, delay_ms / 1000
+        self._help_after = help_after_s
+        self._rng = random.Random(seed)
+        self._rows = np.zeros((slots, max_members, seg_floats), "<f4")
+        self._partial = np.zeros((slots, seg_floats), "<f4")
+        self._result = self._partial if parent is None else np.zeros_like(self._partial)
+        self._slots = [_Slot() for _ in range(slots)]
+        self._active: set[int] = set()
+        self._members: dict[int, _Member] = {}  # by row
+        self._by_addr: dict[tuple[str, int], int] = {}
+        self._last_seen = [0.0] * max_members
+        self._ready, self._h = False, 0
+        self._delayed: deque = deque()
+        self._rx = bytearray(P.RX_BUFFER_BYTES)
+        self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
+                                     P.HEADER_BYTES)
+        self._c = dict.fromkeys(COUNTERS, 0)
+
+    # ---- the member table and group state -------------------------------------------------------
+
+    def set_member(self, row: int, id_: int, type_: int, ip: str, port: int,
+                   workers_below: int) -> None:
+        """Row ``row`` is member ``id_`` (`protocol.MemberType` ``type_``) at ``(ip, port)``."""
+        self.remove_member(row)
+        self._members[row] = _Member(id_, type_, (ip, port), workers_below)
+        self._by_addr[(ip, port)] = row
+
+    def remove_member(self, row: int) -> None:
+        m = self._members.pop(row, None)
+        if m is not None:
+            self._by_addr.pop(m.addr, None)
+
+    def set_state(self, ready: bool, threshold: int) -> None:
+        """Whether the group is complete, and H (0: no members). Slots already holding H
+        contributions complete now."""
+        self._ready, self._h = ready, threshold
+        if threshold >= 1:
+            for idx in list(self._active):
+                s = self._slots[idx]
+                if s.state == FILLING and len(s.contrib) >= threshold:
+                    self._complete(idx, s, time.monotonic())
+
+    def last_seen(self, row: int) -> float:
+        """`time.monotonic` of the last data packet from row ``row`` (0.0: none)."""
+        return self._last_seen[row]
+
+    # ---- receive ------------------------------------------------------------------------------
+
+    def drain(self, max_packets: int) -> tuple[list, list]:
+        """Handle what the socket holds now, at most ``max_packets`` datagrams, never blocking.
+
+        Returns:
+            ``(controls, strangers)``: ``[(bytes, (ip, port))]`` of the control packets, and
+            the addresses of non-members that sent data.
+        """
+        sock, buf, c = self._sock, self._rx, self._c
+        controls, strangers = [], []
+        for _ in range(max_packets):
+            try:
+                nbytes, tos, addr = P.recv_packet(sock, buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # e.g. ICMP port unreachable reported on a UDP socket
+                continue
+            c["packets_in"] += 1
+            if self._drop and self._rng.random() < self._drop \
+                    and not (tos == P.TOS_CONTROL and nbytes == 1 and buf[0] == P.Action.STATS):
+                c["injected_drops"] += 1
+                continue
+            times = 2 if self._dup and self._rng.random() < self._dup else 1
+            for _ in range(times):
+                if tos == P.TOS_DATA:
+                    try:
+                        self._on_data(nbytes, addr, strangers)
+                    except P.ProtocolError:
+                        c["malformed_dropped"] += 1
+                    except Exception:  # a bug must not take the switch down: logged, counted
+                        log.exception("data packet from %s dropped by an internal error", addr)
+                        c["malformed_dropped"] += 1
+                elif tos == P.TOS_CONTROL:
+                    controls.append((bytes(buf[:nbytes]), addr))
+                else:
+                    c["malformed_dropped"] += 1
+        return controls, strangers
+
+    def _on_data(self, nbytes: int, addr, strangers: list) -> None:
+        c = self._c
+        row = self._by_addr.get(addr)
+        is_parent = self._parent is not None and addr == self._parent
+        if row is None and not is_parent:
+            c["non_member_dropped"] += 1
+            strangers.append(addr)
+            return
+        seq, rnd, mid, count, flags, k = P.decode_data(self._rx, nbytes, self.seg_floats)
+        now = time.monotonic()
+        if is_parent:
+            if not flags & P.FLAG_RESULT:
+                raise P.ProtocolError("data from the parent that is not a result")
+            self._on_result(seq, count, k)
+            return
+        m = self._members[row]
+        self._last_seen[row] = now
+        if flags & P.FLAG_RESULT or mid != m.id:
+            raise P.ProtocolError(f"member {m.id} sent flags {flags:#x} / member field {mid}")
+        if count > max(1, m.workers_below) or (m.type == P.MemberType.WORKER and count != 1):
+            raise P.ProtocolError(f"member {m.id} claims {count} gradients")
+        if not self._ready:
+            c["not_ready_dropped"] += 1
+            return
+        idx = seq & self._mask
+        s = self._slots[idx]
+        if s.state == FREE or s.seq != seq:
+            if s.state == FREE or (s.state == DONE and P.seq_newer(seq, s.seq)):
+                s.clear()
+                s.seq, s.state, s.length, s.round = seq, FILLING, k, rnd
+                s.started = s.helped = now
+                self._active.add(idx)
+            elif P.seq_newer(seq, s.seq):
+                c["busy_dropped"] += 1
+                return
+            else:
+                c["stale_dropped"] += 1
+                return
+        if k != s.length:
+            raise P.ProtocolError(f"segment {seq}: {k} floats, the slot holds {s.length}")
+        bit = 1 << row
+        if s.state == DONE:
+            if s.mask & bit:
+                c["duplicates"] += 1
+            self._send_result(idx, s, m.addr, P.FLAG_RESULT | P.FLAG_FBCAST)
+            c["retransmissions_served"] += 1
+            return
+        if s.mask & bit:
+            c["duplicates"] += 1
+            if s.state == UP and now - s.helped > self._help_after / 4:
+                s.helped = now
+                self._send_up(idx, s)
+            return
+        self._rows[idx, row, :k] = self._rx_f32[:k]
+        c["bytes_aggregated"] += k * P.FLOAT_BYTES
+        s.mask |= bit
+        s.contrib.append((m.id, row))
+        s.count += count
+        if s.state == FILLING and len(s.contrib) >= self._h:
+            self._complete(idx, s, now)
+
+    def _on_result(self, seq: int, count: int, k: int) -> None:
+        c = self._c
+        idx = seq & self._mask
+        s = self._slots[idx]
+        if s.seq != seq or s.state not in (UP, DONE):
+            c["stale_dropped"] += 1
+            return
+        if s.state == DONE:
+            c["duplicates"] += 1
+            return
+        if k != s.length:
+            raise P.ProtocolError(f"result {seq}: {k} floats, the slot holds {s.length}")
+        self._result[idx, :k] = self._rx_f32[:k]
+        s.result_count = count
+        s.state = DONE
+        self._active.discard(idx)
+        for m in self._members.values():
+            self._send_result(idx, s, m.addr, P.FLAG_RESULT)
+
+    # ---- aggregation ----------------------------------------------------------------------------
+
+    def _complete(self, idx: int, s: _Slot, now: float) -> None:
+        """Sum the slot's rows in ascending member id into its partial; send it on."""
+        k = s.length
+        rows = [r for _, r in sorted(s.contrib)]
+        out = self._partial[idx, :k]
+        block = self._rows[idx]
+        if len(rows) == 1:
+            out[:] = block[rows[0], :k]
+        else:
+            np.add(block[rows[0], :k], block[rows[1], :k], out=out)
+            for r in rows[2:]:
+                out += block[r, :k]
+        self._c["segments_completed"] += 1
+        if self._parent is not None:
+            s.state, s.helped = UP, now
+            self._send_up(idx, s)
+        else:
+            s.state, s.result_count = DONE, s.count
+            self._active.discard(idx)
+            for m in self._members.values():
+                self._send_result(idx, s, m.addr, P.FLAG_RESULT)
+
+    def _send_up(self, idx: int, s: _Slot) -> None:
+        hdr = P.data_header(s.seq, s.round, self._member_id, s.count, 0)
+        self._send(self._parent, hdr, self._partial[idx, :s.length])
+
+    def _send_result(self, idx: int, s: _Slot, addr, flags: int) -> None:
+        hdr = P.data_header(s.seq, s.round, self._switch_id, s.result_count, flags)
+        self._send(addr, hdr, self._result[idx, :s.length])
+
+    def _send(self, addr, hdr: bytes, payload) -> None:
+        c = self._c
+        if self._drop and self._rng.random() < self._drop:
+            c["injected_drops"] += 1
+            return
+        times = 2 if self._dup and self._rng.random() < self._dup else 1
+        for _ in range(times):
+            c["packets_out"] += 1
+            if self._delay_s:
+                self._delayed.append((time.monotonic() + self._delay_s, addr, hdr,
+                                      bytes(payload)))
+            else:
+                P.send_data(self._sock, addr, hdr, payload)
+
+    # ---- control-plane requests that touch slots ------------------------------------------------
+
+    def reset_slots(self) -> None:
+        """Clear every slot (Action.RESET, or the job ended)."""
+        for s in self._slots:
+            s.clear()
+        self._active.clear()
+
+    def fbcast(self, seq: int) -> None:
+        """Complete slot ``seq`` now with what it holds (Action.FBCAST)."""
+        idx = seq & self._mask
+        s = self._slots[idx]
+        if s.seq == seq and s.state == FILLING and s.contrib:
+            self._complete(idx, s, time.monotonic())
+
+    def help_from_member(self, seq: int, ip: str, port: int) -> None:
+        """A member lost the result of ``seq``: resend the kept result, or the partial sent up."""
+        idx = seq & self._mask
+        s = self._slots[idx]
+        if s.seq == seq and s.state == DONE:
+            self._send_result(idx, s, (ip, port), P.FLAG_RESULT | P.FLAG_FBCAST)
+            self._c["retransmissions_served"] += 1
+        elif s.seq == seq and s.state == UP:
+            self._send_up(idx, s)
+
+    def help_from_parent(self, seq: int) -> tuple | None:
+        """The parent misses ``seq``: resend the partial; for a slot still filling, return the
+        rows that contributed (the daemon asks the others)."""
+        idx = seq & self._mask
+        s = self._slots[idx]
+        if s.seq == seq and s.state in (UP, DONE):
+            self._send_up(idx, s)
+        elif s.seq == seq and s.state == FILLING:
+            s.helped = time.monotonic()
+            return tuple(r for _, r in s.contrib)
+        return None
+
+    def tick(self, now: float) -> list[tuple[int, tuple]]:
+        """Per slot waiting ``help_after_s``: resend a partial that went up; return
+        ``(seq, contributed rows)`` of each filling one (the daemon sends Help)."""
+        help_ = []
+        for idx in list(self._active):
+            s = self._slots[idx]
+            if now - s.helped < self._help_after:
+                continue
+            s.helped = now
+            if s.state == FILLING:
+                help_.append((s.seq, tuple(r for _, r in s.contrib)))
+            elif s.state == UP:
+                self._send_up(idx, s)
+        return help_
+
+    # ---- sending control messages, delayed packets, counters ------------------------------------
+
+    def send_control(self, ip: str, port: int, raw: bytes, faults: bool) -> None:
+        """Send encoded control bytes; with ``faults`` subject to the drop rate and delay."""
+        if faults and self._drop and self._rng.random() < self._drop:
+            self._c["injected_drops"] += 1
+            return
+        self._c["packets_out"] += 1
+        if faults and self._delay_s:
+            self._delayed.append((time.monotonic() + self._delay_s, (ip, port), None, raw))
+        else:
+            P.send_raw_control(self._sock, (ip, port), raw)
+
+    def next_due(self) -> float:
+        """`time.monotonic` at which the next delayed packet leaves (inf: none)."""
+        return self._delayed[0][0] if self._delayed else float("inf")
+
+    def flush_delayed(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, addr, hdr, payload = self._delayed.popleft()
+            if hdr is None:
+                P.send_raw_control(self._sock, addr, payload)
+            else:
+                P.send_data(self._sock, addr, hdr, payload)
+
+    def counters(self) -> dict[str, int]:
+        """`COUNTERS` now."""
+        return dict(self._c)
