@@ -199,7 +199,10 @@ class SwitchReducer(GradReducer):
             got = True
             if addr != self._switch or seg == 0:
                 continue
-            for off in range(0, nbytes, seg):  # several datagrams where GRO coalesced them
+            done = 0
+            if tos == P.TOS_DATA and seg < nbytes:
+                done = self._on_results(nbytes, seg)
+            for off in range(done, nbytes, seg):  # several datagrams where GRO coalesced them
                 n = min(seg, nbytes - off)
                 try:
                     if tos == P.TOS_DATA:
@@ -274,14 +277,40 @@ class SwitchReducer(GradReducer):
             return
         at = off // P.FLOAT_BYTES  # off is a multiple of the datagram size, so of 4
         np.divide(self._rx_f32[at:at + k], count, out=r.out[lo:lo + k])
-        now = time.monotonic()
         r.done[i] = True
-        r.ndone += 1
-        self._hi_done = max(self._hi_done, r.base + i)
+        self._took(r, i, 1)
+
+    def _on_results(self, nbytes: int, seg: int) -> int:
+        """Results coalesced by GRO in ``self._rx[:nbytes]``, ``seg`` bytes each: where the full
+        datagrams are consecutive new results of one round (the usual case), take them with one
+        division. Returns the bytes taken (0: none; the caller handles the rest one by one)."""
+        f = self._seg_floats
+        m = nbytes // seg
+        if m < 2 or seg != P.HEADER_BYTES + P.FLOAT_BYTES * f:
+            return 0
+        rows = np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)
+        seqs, counts, flags = P.unpack_data_headers(rows)
+        r, i = self._find(int(seqs[0]), self._rounds)
+        if (r is None or i + m > r.sent or (i + m) * f > r.out.size
+                or not (flags & P.FLAG_RESULT).all() or (counts != counts[0]).any()
+                or counts[0] == 0 or ((seqs - seqs[0]) % P.SEQ_MOD != np.arange(m)).any()
+                or r.done[i:i + m].any()):
+            return 0
+        payload = rows[:, P.HEADER_BYTES:].view("<f4")
+        np.divide(payload, counts[0], out=r.out[i * f:(i + m) * f].reshape(m, f))
+        r.done[i:i + m] = True
+        self._took(r, i + m - 1, m)
+        return m * seg
+
+    def _took(self, r: _Round, last: int, n: int) -> None:
+        """``n`` new results of ``r`` up to segment ``last`` are in: timers, progress, rounds."""
+        now = time.monotonic()
+        r.ndone += n
+        self._hi_done = max(self._hi_done, r.base + last)
         self._last_result = self._last_progress = now
         # measured from the first send, retransmitted or not: an over-estimate is safe, and
         # Karn's rule (skip retransmitted samples) would starve the estimate under queueing
-        rtt = now - r.first_sent[i]
+        rtt = now - r.first_sent[last]
         self._srtt = rtt if self._srtt is None else 0.875 * self._srtt + 0.125 * rtt
         self._rto = min(2.0, max(0.02, 2.0 * self._srtt))
         while r.low < r.nseg and r.done[r.low]:

@@ -436,14 +436,21 @@ def pack_data_headers(rows: np.ndarray, seqs: np.ndarray, round_: int, member: i
                       flags: int) -> None:
     """Write one Seg header at the start of each row of ``rows`` (``(m, >= 8)`` uint8), with
     ``seqs`` (``(m,)`` integers, taken mod 2**32) and the other fields equal in all rows."""
-    m = rows.shape[0]
-    values = {"seq": np.asarray(seqs, np.int64) % SEQ_MOD, "round": round_ & 0xFF,
-              "member": member, "count": count, "flags": flags}
-    lay = _LAYOUT
-    for name, v in values.items():
-        off, size = lay[f"{name}_offset"], lay[f"{name}_size"]
-        be = np.broadcast_to(np.asarray(v, np.int64), (m,)).astype(f">u{size}")
-        rows[:, off:off + size] = be.view(np.uint8).reshape(m, size)
+    off, size = _LAYOUT["seq_offset"], _LAYOUT["seq_size"]
+    rows[:, :HEADER_BYTES] = np.frombuffer(data_header(0, round_, member, count, flags), np.uint8)
+    be = (np.asarray(seqs, np.int64) % SEQ_MOD).astype(f">u{size}")
+    rows[:, off:off + size] = be.view(np.uint8).reshape(-1, size)
+
+
+def unpack_data_headers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(seq, count, flags)`` (each ``(m,)`` int64) of the Seg headers at the start of the rows
+    of ``rows`` (``(m, >= 8)`` uint8): `decode_data`'s fields for many packets at once."""
+    out = []
+    for name in ("seq", "count", "flags"):
+        off, size = _LAYOUT[f"{name}_offset"], _LAYOUT[f"{name}_size"]
+        out.append(np.ascontiguousarray(rows[:, off:off + size]).view(f">u{size}")[:, 0]
+                   .astype(np.int64))
+    return out[0], out[1], out[2]
 
 
 def send_segmented(sock: socket.socket, addr, buf, seg_bytes: int) -> bool:
