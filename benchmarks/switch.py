@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -117,7 +118,7 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
     try:
         if method in SWITCH_METHODS:
             mtu = ["--mtu", str(a.mtu), "--member-timeout", "120", "--stats-interval", "0",
-                   "--data-plane", SWITCH_METHODS[method]]
+                   "--data-plane", SWITCH_METHODS[method], *shlex.split(a.switch_opts)]
             helpers.append(rack.popen(rack.root, [*py[:1], "-m", "gmi_drl.comm.switch", "serve",
                                                   "--bind", f"0.0.0.0:{SWITCH_PORT}", *mtu],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
@@ -369,6 +370,9 @@ def main(argv=None) -> None:
     p.add_argument("--rate-mbit", type=float, default=100.0,
                    help="tbf rate of every link, Mbit/s; 0: unshaped veth links (CPU-bound)")
     p.add_argument("--mtu", type=int, default=9000)
+    p.add_argument("--switch-opts", default="",
+                   help="more options of every switch daemon, e.g. \"--slots 1024 --window-bytes "
+                        "8388608\"")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--verbose", action="store_true", help="print the switches' counters")
     p.add_argument("--json", default=None, help="append results as JSON lines to this file")

@@ -203,8 +203,7 @@ class NativePlane {
     int one = 1;
     gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
     gso_ = gso_max_ >= 2;
-    if (gso_) gso_buf_.assign(size_t(kTx) * full_bytes_, 0);
-    gso_iov_.resize(kTx);
+    gso_iov_.resize(2 * kTx);
     gso_cmsg_.assign(size_t(kTx) * CMSG_SPACE(sizeof(uint16_t)), 0);
     for (int i = 0; i < kBatch; ++i) {
       rx_iov_[i] = {&rx_[size_t(i) * L_.rx_bytes], size_t(L_.rx_bytes)};
@@ -673,9 +672,9 @@ class NativePlane {
   }
 
   // Everything queued goes out; a datagram the kernel refuses (full buffer, a peer's ICMP
-  // error) is dropped as UDP would. With GSO, the packets for one destination are packed
-  // [header | payload] after one another, full segments first in queue order, and sent as
-  // UDP_SEGMENT messages of up to `gso_max_` datagrams; a shorter one ends its message.
+  // error) is dropped as UDP would. With GSO, the packets for one destination, in queue order,
+  // form UDP_SEGMENT messages of up to `gso_max_` datagrams (header and payload iovecs after
+  // one another, pointing into the pool); a shorter datagram ends its message.
   void flush() {
     if (ntx_ == 0) return;
     int nmsg = gso_ ? pack_gso() : pack_plain();
@@ -727,10 +726,8 @@ class NativePlane {
         if (used[j] || addr_key(tx_to_[j]) != dest) continue;
         size_t n = tx_iov_[2 * j].iov_len + tx_iov_[2 * j + 1].iov_len;
         used[j] = 1;
-        std::memcpy(&gso_buf_[pos], tx_iov_[2 * j].iov_base, tx_iov_[2 * j].iov_len);
-        std::memcpy(&gso_buf_[pos + tx_iov_[2 * j].iov_len], tx_iov_[2 * j + 1].iov_base,
-                    tx_iov_[2 * j + 1].iov_len);
-        pos += n;
+        gso_iov_[pos++] = tx_iov_[2 * j];  // the kernel cuts the concatenation, no copy here
+        gso_iov_[pos++] = tx_iov_[2 * j + 1];
         ++count;
         if (n != full_bytes_) break;  // a short datagram can only be the last of a GSO send
       }
@@ -738,9 +735,8 @@ class NativePlane {
       h = msghdr{};
       h.msg_name = &tx_to_[first];
       h.msg_namelen = sizeof(sockaddr_in);
-      gso_iov_[nmsg] = {&gso_buf_[start], pos - start};
-      h.msg_iov = &gso_iov_[nmsg];
-      h.msg_iovlen = 1;
+      h.msg_iov = &gso_iov_[start];
+      h.msg_iovlen = pos - start;
       if (count > 1) {
         char* c = reinterpret_cast<char*>(&gso_cmsg_[size_t(nmsg) * CMSG_SPACE(sizeof(uint16_t))]);
         h.msg_control = c;
@@ -835,7 +831,7 @@ class NativePlane {
   bool gro_ = false, gso_ = false;
   size_t full_bytes_ = 0;
   int gso_max_ = 1;
-  std::vector<uint8_t> gso_buf_, gso_cmsg_, gso_used_;
+  std::vector<uint8_t> gso_cmsg_, gso_used_;
   std::vector<iovec> gso_iov_;
 };
 

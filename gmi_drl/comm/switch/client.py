@@ -136,6 +136,7 @@ class SwitchReducer(GradReducer):
         self._srtt: float | None = None
         self._rto = rto_s
         self.retransmits = 0
+        self._spare: list[np.ndarray] = []  # allreduce_ inputs kept for reuse
         self._closed = False
         self._hb_stop = threading.Event()
         try:
@@ -276,7 +277,7 @@ class SwitchReducer(GradReducer):
         if k != min(f, r.out.size - lo):
             return
         at = off // P.FLOAT_BYTES  # off is a multiple of the datagram size, so of 4
-        np.divide(self._rx_f32[at:at + k], count, out=r.out[lo:lo + k])
+        np.divide(self._rx_f32[at:at + k], np.float32(count), out=r.out[lo:lo + k])
         r.done[i] = True
         self._took(r, i, 1)
 
@@ -297,7 +298,7 @@ class SwitchReducer(GradReducer):
                 or r.done[i:i + m].any()):
             return 0
         payload = rows[:, P.HEADER_BYTES:].view("<f4")
-        np.divide(payload, counts[0], out=r.out[i * f:(i + m) * f].reshape(m, f))
+        np.divide(payload, np.float32(counts[0]), out=r.out[i * f:(i + m) * f].reshape(m, f))
         r.done[i:i + m] = True
         self._took(r, i + m - 1, m)
         return m * seg
@@ -414,13 +415,15 @@ class SwitchReducer(GradReducer):
         """Rounds begun whose result `pump` has not returned yet."""
         return len(self._rounds) + len(self._complete)
 
-    def begin(self, vec: np.ndarray) -> None:
+    def begin(self, vec: np.ndarray, out: np.ndarray | None = None) -> None:
         """Queue a round that reduces ``vec`` (``(n,) float32``, ``n >= 1``) and send what the
         window allows. Non-blocking; the reducer takes ``vec`` over (it is resent on loss):
         do not modify it afterwards. Every member must begin the same sequence of sizes.
+        ``out`` (``(n,) float32``, contiguous, not overlapping ``vec``) receives the mean;
+        default: a new array. `pump` returns it.
 
         Raises:
-            ValueError: ``vec`` is not a non-empty 1-d float32 array.
+            ValueError: ``vec`` is not a non-empty 1-d float32 array, or ``out`` does not fit.
             RuntimeError: the reducer is closed.
         """
         if self._closed:
@@ -428,12 +431,18 @@ class SwitchReducer(GradReducer):
         if vec.dtype != np.float32 or vec.ndim != 1 or vec.size == 0:
             raise ValueError(f"a round reduces a non-empty 1-d float32 array, got {vec.dtype} "
                              f"{vec.shape}")
+        if out is not None and (out.dtype != np.float32 or out.shape != vec.shape
+                                or not out.flags.c_contiguous or not out.flags.writeable
+                                or np.shares_memory(out, vec)):
+            raise ValueError("out must be a writeable contiguous float32 array of vec's shape "
+                             "that does not overlap it")
         nseg = -(-vec.size // self._seg_floats)
         now = time.monotonic()
         if not self._rounds:
             self._last_progress = now
         self._rounds.append(_Round(self._begun, self._next_index, np.ascontiguousarray(vec),
-                                   np.empty_like(vec), nseg, np.zeros(nseg, bool),
+                                   np.empty_like(vec) if out is None else out, nseg,
+                                   np.zeros(nseg, bool),
                                    np.zeros(nseg), np.zeros(nseg), np.zeros(nseg, int)))
         self._begun += 1
         self._next_index += nseg
@@ -486,12 +495,28 @@ class SwitchReducer(GradReducer):
         n = sum(t.numel() for t in tensors)
         if n == 0:
             return
-        vec = np.empty(n, "<f4")
+        vec = self._input_buffer(n)
         flatten_into(tensors, torch.from_numpy(vec))
-        self.begin(vec)
+        t = tensors[0]
+        direct = (len(tensors) == 1 and t.dtype == torch.float32 and t.device.type == "cpu"
+                  and t.is_contiguous())
+        self.begin(vec, t.detach().view(-1).numpy() if direct else None)
         while not (result := self.pump(0.05)):
             pass
-        unflatten_from(torch.from_numpy(result[0]), tensors)
+        if not direct:  # one tensor: the mean was written into it
+            unflatten_from(torch.from_numpy(result[0]), tensors)
+
+    def _input_buffer(self, n: int) -> np.ndarray:
+        """A ``(n,) float32`` array for the next round's input: a kept one that no round in
+        flight or in the history (Help answers) still holds, else a new one (fresh pages of a
+        large array cost more than the copy into them)."""
+        held = {id(r.inp) for r in (*self._rounds, *self._history)}
+        for b in self._spare:
+            if b.size == n and id(b) not in held:
+                return b
+        b = np.empty(n, "<f4")
+        self._spare = [*self._spare[-2:], b]
+        return b
 
     def close(self) -> None:
         """Leave the group (Leave to the switch), stop the heartbeat, close the socket.
