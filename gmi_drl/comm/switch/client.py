@@ -115,7 +115,7 @@ class SwitchReducer(GradReducer):
         self._sock = P.open_socket(bind)
         self._gro = P.enable_gro(self._sock)
         self._gso = True                # segmented sends until the kernel refuses one
-        self._tx: np.ndarray | None = None  # (segments, header + payload bytes) uint8
+        self._tx: np.ndarray | None = None  # (segments, header bytes) uint8
         self._rx = bytearray(P.RX_BUFFER_BYTES)
         self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
                                      P.HEADER_BYTES)
@@ -331,9 +331,9 @@ class SwitchReducer(GradReducer):
         P.send_data(self._sock, self._switch, hdr, r.inp[lo:lo + f])
 
     def _send_range(self, r: _Round, a: int, b: int) -> None:
-        """First sends of segments ``[a, b)`` of ``r``: packed ``[header | payload]`` into
-        UDP_SEGMENT messages of up to 64 KB (one system call each), or one by one where the
-        kernel refuses segmentation."""
+        """First sends of segments ``[a, b)`` of ``r``: UDP_SEGMENT messages of up to 64 KB
+        (one system call each; header and payload buffers after one another, the payloads
+        read in place), or one by one where the kernel refuses segmentation."""
         f = self._seg_floats
         size = P.HEADER_BYTES + P.FLOAT_BYTES * f
         per = min(P.GSO_MAX_SEGMENTS, P.GSO_MAX_BYTES // size)
@@ -341,22 +341,17 @@ class SwitchReducer(GradReducer):
             for i in range(a, b):
                 self._send_segment(r, i, 0)
             return
-        if self._tx is None or self._tx.shape != (per, size):
-            self._tx = np.empty((per, size), np.uint8)
-        tx, h = self._tx, P.HEADER_BYTES
+        if self._tx is None or self._tx.shape[0] != per:
+            self._tx = np.empty((per, P.HEADER_BYTES), np.uint8)
+        hdrs, inp, step = self._tx, memoryview(r.inp).cast("B"), P.FLOAT_BYTES * f
         for lo in range(a, b, per):
             hi = min(b, lo + per)
-            m = hi - lo
-            P.pack_data_headers(tx[:m], np.arange(r.base + lo, r.base + hi), r.number,
+            P.pack_data_headers(hdrs[:hi - lo], np.arange(r.base + lo, r.base + hi), r.number,
                                 self.rank, 1, 0)
-            last = min(f, r.inp.size - (hi - 1) * f)  # floats in the last segment
-            full = m if last == f else m - 1
-            if full:
-                tx[:full, h:] = r.inp[lo * f:(lo + full) * f].view(np.uint8).reshape(full, -1)
-            if full < m:
-                tx[full, h:h + 4 * last] = r.inp[(hi - 1) * f:(hi - 1) * f + last].view(np.uint8)
-            nbytes = (m - 1) * size + h + P.FLOAT_BYTES * last
-            if not P.send_segmented(self._sock, self._switch, tx.reshape(-1)[:nbytes], size):
+            bufs = []
+            for j, at in enumerate(range(lo * step, hi * step, step)):
+                bufs += (hdrs[j], inp[at:at + step])
+            if not P.send_segmented(self._sock, self._switch, bufs, size):
                 self._gso = False
                 for i in range(lo, b):
                     self._send_segment(r, i, 0)

@@ -453,14 +453,15 @@ def unpack_data_headers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return out[0], out[1], out[2]
 
 
-def send_segmented(sock: socket.socket, addr, buf, seg_bytes: int) -> bool:
-    """Send ``buf`` (``[header | payload]`` datagrams of ``seg_bytes`` bytes back to back; the
-    last may be shorter; at most `GSO_MAX_BYTES` and `GSO_MAX_SEGMENTS`) as one UDP_SEGMENT
-    message. Returns False where the kernel refuses segmentation (the caller sends the datagrams
-    one by one); a full buffer or unreachable peer drops it silently, as `send_data`."""
+def send_segmented(sock: socket.socket, addr, bufs, seg_bytes: int) -> bool:
+    """Send the concatenation of the buffers ``bufs`` (``[header | payload]`` datagrams of
+    ``seg_bytes`` bytes back to back, the last may be shorter; at most `GSO_MAX_BYTES` and
+    `GSO_MAX_SEGMENTS`) as one UDP_SEGMENT message; nothing is copied here. Returns False where
+    the kernel refuses segmentation (the caller sends the datagrams one by one); a full buffer or
+    unreachable peer drops it silently, as `send_data`."""
     cmsg = [(socket.IPPROTO_UDP, UDP_SEGMENT, struct.pack("=H", seg_bytes))]
     try:
-        sock.sendmsg([buf], cmsg, 0, addr)
+        sock.sendmsg(bufs, cmsg, 0, addr)
     except _SEND_ERRORS:
         pass
     except OSError as e:
