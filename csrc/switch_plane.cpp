@@ -51,6 +51,18 @@ constexpr int kGsoBytes = 65507;  // the most UDP payload one GSO send may carry
 #endif
 enum State : uint8_t { FREE = 0, FILLING = 1, UP = 2, DONE = 3 };
 
+// The data plane's counters: `gmi_drl.comm.switch.dataplane.COUNTERS`, in that order (checked
+// when a plane is made).
+enum Counter {
+  PACKETS_IN, PACKETS_OUT, BYTES_AGGREGATED, SEGMENTS_COMPLETED, DUPLICATES,
+  RETRANSMISSIONS_SERVED, MALFORMED_DROPPED, NON_MEMBER_DROPPED, NOT_READY_DROPPED,
+  STALE_DROPPED, BUSY_DROPPED, INJECTED_DROPS, NUM_COUNTERS
+};
+constexpr const char* kCounterNames[NUM_COUNTERS] = {
+    "packets_in", "packets_out", "bytes_aggregated", "segments_completed", "duplicates",
+    "retransmissions_served", "malformed_dropped", "non_member_dropped", "not_ready_dropped",
+    "stale_dropped", "busy_dropped", "injected_drops"};
+
 double monotonic() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);  // the clock of Python's time.monotonic()
@@ -157,11 +169,16 @@ class NativePlane {
  public:
   NativePlane(int fd, const py::dict& layout, int seg_floats, int slots, int max_members,
               int switch_id, int member_id, py::object parent, double drop_rate, double dup_rate,
-              double delay_ms, double help_after_s, py::object seed)
+              double delay_ms, double help_after_s, py::object seed,
+              const std::vector<std::string>& counters)
       : fd_(fd), L_(layout), seg_(seg_floats), max_members_(max_members),
         switch_id_(switch_id), member_id_(member_id), drop_(drop_rate), dup_(dup_rate),
         delay_s_(delay_ms / 1000.0), help_after_(help_after_s) {
     if (slots < 2 || (slots & (slots - 1))) throw std::invalid_argument("slots: power of two");
+    if (counters.size() != NUM_COUNTERS ||
+        !std::equal(counters.begin(), counters.end(), kCounterNames)) {
+      throw std::invalid_argument("dataplane.COUNTERS changed: update csrc/switch_plane.cpp");
+    }
     if (max_members < 1 || max_members > 255) throw std::invalid_argument("max_members 1..255");
     if (seg_floats < 1) throw std::invalid_argument("seg_floats >= 1");
     mask_ = uint32_t(slots - 1);
@@ -306,7 +323,7 @@ class NativePlane {
     Slot& s = slots_[idx];
     if (s.seq == seq && s.state == DONE) {
       send_result(idx, make_addr(ip, port), L_.flag_result | L_.flag_fbcast);
-      ++c_.retransmissions_served;
+      ++c_[RETRANSMISSIONS_SERVED];
     } else if (s.seq == seq && s.state == UP) {
       send_up(idx);
     }
@@ -351,10 +368,10 @@ class NativePlane {
   // delay_ms when `faults` (the control plane passes False for STATS_REPLY).
   void send_control(const std::string& ip, int port, py::bytes raw, bool faults) {
     if (faults && drop_ > 0 && uniform() < drop_) {
-      ++c_.injected_drops;
+      ++c_[INJECTED_DROPS];
       return;
     }
-    ++c_.packets_out;
+    ++c_[PACKETS_OUT];
     std::string b = raw;
     sockaddr_in to = make_addr(ip, port);
     if (faults && delay_s_ > 0) {
@@ -378,31 +395,14 @@ class NativePlane {
     }
   }
 
+  // `dataplane.COUNTERS` now, in its order.
   py::dict counters() const {
     py::dict d;
-    d["packets_in"] = c_.packets_in;
-    d["packets_out"] = c_.packets_out;
-    d["bytes_aggregated"] = c_.bytes_aggregated;
-    d["segments_completed"] = c_.segments_completed;
-    d["duplicates"] = c_.duplicates;
-    d["retransmissions_served"] = c_.retransmissions_served;
-    d["malformed_dropped"] = c_.malformed_dropped;
-    d["non_member_dropped"] = c_.non_member_dropped;
-    d["not_ready_dropped"] = c_.not_ready_dropped;
-    d["stale_dropped"] = c_.stale_dropped;
-    d["busy_dropped"] = c_.busy_dropped;
-    d["injected_drops"] = c_.injected_drops;
+    for (int i = 0; i < NUM_COUNTERS; ++i) d[kCounterNames[i]] = c_[i];
     return d;
   }
 
  private:
-  struct Counters {
-    uint64_t packets_in = 0, packets_out = 0, bytes_aggregated = 0, segments_completed = 0,
-             duplicates = 0, retransmissions_served = 0, malformed_dropped = 0,
-             non_member_dropped = 0, not_ready_dropped = 0, stale_dropped = 0, busy_dropped = 0,
-             injected_drops = 0;
-  };
-
   void check_row(int row) const {
     if (row < 0 || row >= max_members_) throw std::out_of_range("member row out of range");
   }
@@ -457,10 +457,10 @@ class NativePlane {
 
   void on_datagram(const uint8_t* buf, size_t nbytes, int tos, const sockaddr_in& from,
                    double now, py::list& controls, py::list& strangers) {
-    ++c_.packets_in;
+    ++c_[PACKETS_IN];
     bool is_stats = tos == L_.tos_control && nbytes == 1 && buf[0] == L_.action_stats;
     if (drop_ > 0 && uniform() < drop_ && !is_stats) {
-      ++c_.injected_drops;
+      ++c_[INJECTED_DROPS];
       return;
     }
     int times = (dup_ > 0 && uniform() < dup_) ? 2 : 1;
@@ -471,7 +471,7 @@ class NativePlane {
         controls.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(buf), nbytes),
                                        py_addr(from)));
       } else {
-        ++c_.malformed_dropped;
+        ++c_[MALFORMED_DROPPED];
       }
     }
   }
@@ -481,27 +481,27 @@ class NativePlane {
     auto it = addr_row_.find(addr_key(from));
     bool is_parent = has_parent_ && addr_key(from) == addr_key(parent_);
     if (it == addr_row_.end() && !is_parent) {
-      ++c_.non_member_dropped;
+      ++c_[NON_MEMBER_DROPPED];
       strangers.append(py_addr(from));
       return;
     }
     // decode_data: a whole number k >= 1 of float32 after the header, k <= seg_floats,
     // count >= 1, no unknown flag
     if (nbytes < size_t(L_.header_bytes) + 4 || (nbytes - L_.header_bytes) % 4) {
-      ++c_.malformed_dropped;
+      ++c_[MALFORMED_DROPPED];
       return;
     }
     uint32_t k = uint32_t((nbytes - L_.header_bytes) / 4);
     uint32_t seq = L_.seq.read(buf), rnd = L_.round.read(buf), mid = L_.member.read(buf);
     uint32_t count = L_.count.read(buf), flags = L_.flags.read(buf);
     if (k > uint32_t(seg_) || count == 0 || (flags & ~L_.known_flags)) {
-      ++c_.malformed_dropped;
+      ++c_[MALFORMED_DROPPED];
       return;
     }
     const float* payload = reinterpret_cast<const float*>(buf + L_.header_bytes);
     if (is_parent) {
       if (!(flags & L_.flag_result)) {
-        ++c_.malformed_dropped;
+        ++c_[MALFORMED_DROPPED];
         return;
       }
       on_result(seq, count, k, payload);
@@ -513,11 +513,11 @@ class NativePlane {
     int below = std::max(1, m.workers_below);
     if ((flags & L_.flag_result) || int(mid) != m.id || int(count) > below ||
         (m.type == 0 && count != 1)) {
-      ++c_.malformed_dropped;
+      ++c_[MALFORMED_DROPPED];
       return;
     }
     if (!ready_) {
-      ++c_.not_ready_dropped;
+      ++c_[NOT_READY_DROPPED];
       return;
     }
     uint32_t idx = seq & mask_;
@@ -533,25 +533,25 @@ class NativePlane {
         s.started = s.helped = now;
         active_.insert(idx);
       } else if (seq_newer(seq, s.seq)) {
-        ++c_.busy_dropped;
+        ++c_[BUSY_DROPPED];
         return;
       } else {
-        ++c_.stale_dropped;
+        ++c_[STALE_DROPPED];
         return;
       }
     }
     if (k != s.length) {
-      ++c_.malformed_dropped;
+      ++c_[MALFORMED_DROPPED];
       return;
     }
     if (s.state == DONE) {
-      if (s.has[row]) ++c_.duplicates;
+      if (s.has[row]) ++c_[DUPLICATES];
       send_result(idx, m.addr, L_.flag_result | L_.flag_fbcast);
-      ++c_.retransmissions_served;
+      ++c_[RETRANSMISSIONS_SERVED];
       return;
     }
     if (s.has[row]) {
-      ++c_.duplicates;
+      ++c_[DUPLICATES];
       if (s.state == UP && now - s.helped > help_after_ / 4) {
         s.helped = now;
         send_up(idx);
@@ -559,7 +559,7 @@ class NativePlane {
       return;
     }
     std::memcpy(row_ptr(idx, row), payload, size_t(k) * 4);
-    c_.bytes_aggregated += uint64_t(k) * 4;
+    c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
     s.has[row] = 1;
     s.contrib.emplace_back(m.id, row);
     s.count += count;
@@ -570,15 +570,15 @@ class NativePlane {
     uint32_t idx = seq & mask_;
     Slot& s = slots_[idx];
     if (s.seq != seq || (s.state != UP && s.state != DONE)) {
-      ++c_.stale_dropped;
+      ++c_[STALE_DROPPED];
       return;
     }
     if (s.state == DONE) {
-      ++c_.duplicates;
+      ++c_[DUPLICATES];
       return;
     }
     if (k != s.length) {
-      ++c_.malformed_dropped;
+      ++c_[MALFORMED_DROPPED];
       return;
     }
     if (pending_refs_[idx]) flush();
@@ -610,7 +610,7 @@ class NativePlane {
         for (size_t j = 0; j < k; ++j) out[j] += c[j];
       }
     }
-    ++c_.segments_completed;
+    ++c_[SEGMENTS_COMPLETED];
     if (has_parent_) {
       s.state = UP;
       s.helped = now;
@@ -641,12 +641,12 @@ class NativePlane {
   void queue(const sockaddr_in& to, uint32_t seq, uint32_t rnd, uint32_t member, uint32_t count,
              uint32_t flags, const float* payload, uint32_t k, uint32_t idx) {
     if (drop_ > 0 && uniform() < drop_) {
-      ++c_.injected_drops;
+      ++c_[INJECTED_DROPS];
       return;
     }
     int times = (dup_ > 0 && uniform() < dup_) ? 2 : 1;
     for (int t = 0; t < times; ++t) {
-      ++c_.packets_out;
+      ++c_[PACKETS_OUT];
       if (ntx_ == kTx) flush();
       uint8_t* hdr = &tx_hdr_[size_t(ntx_) * L_.header_bytes];
       std::memset(hdr, 0, L_.header_bytes);
@@ -814,7 +814,7 @@ class NativePlane {
   } active_;
   std::vector<uint16_t> pending_refs_;
   std::deque<Delayed> delayed_;
-  Counters c_;
+  uint64_t c_[NUM_COUNTERS] = {};
   // receive batch
   std::vector<uint8_t> rx_, rx_cmsg_;
   std::vector<sockaddr_in> rx_from_;
@@ -841,11 +841,11 @@ PYBIND11_MODULE(_plane, m) {
   m.doc() = "The switch daemon's native data plane (csrc/switch_plane.cpp).";
   py::class_<NativePlane>(m, "NativePlane")
       .def(py::init<int, const py::dict&, int, int, int, int, int, py::object, double, double,
-                    double, double, py::object>(),
+                    double, double, py::object, const std::vector<std::string>&>(),
            py::arg("fd"), py::arg("layout"), py::arg("seg_floats"), py::arg("slots"),
            py::arg("max_members"), py::arg("switch_id"), py::arg("member_id"), py::arg("parent"),
            py::arg("drop_rate"), py::arg("dup_rate"), py::arg("delay_ms"),
-           py::arg("help_after_s"), py::arg("seed"))
+           py::arg("help_after_s"), py::arg("seed"), py::arg("counters"))
       .def("set_member", &NativePlane::set_member)
       .def("remove_member", &NativePlane::remove_member)
       .def("set_state", &NativePlane::set_state)

@@ -79,7 +79,8 @@ def make_data_plane(kind: str, sock, *, seg_floats: int, slots: int, max_members
     if why is None:
         from gmi_drl.comm.switch._plane import NativePlane
 
-        return NativePlane(sock.fileno(), P.native_layout(), **args), "native"
+        return NativePlane(sock.fileno(), P.native_layout(), **args, counters=list(COUNTERS)), \
+            "native"
     if kind == "auto":
         log.warning("switch runs the Python data plane: %s", why)
     return PyDataPlane(sock, **args), "python"
