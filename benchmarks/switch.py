@@ -8,7 +8,8 @@ rate-limited veth link (tc tbf, 100 Mbit/s by default) to a switch namespace tha
 and a parameter-server namespace on the same switch. With more than 4 workers the rack is a tree:
 ``--per-tor`` workers per ToR under one core (iSwitch Fig. 15). On that topology it times:
 
-- ``switch``: `SwitchReducer` through the aggregation daemon(s) running in the switch namespaces;
+- ``switch``: `SwitchReducer` through the aggregation daemon(s) running in the switch namespaces,
+  on their native data plane (``switch-py``: on the Python one);
 - ``ring``: torch.distributed gloo ``all_reduce`` between the workers (TCP through the switch);
 - ``ps``: the parameter server `gmi_drl.comm.ps` (TCP): every worker sends its vector, the
   server sums in rank order, divides and sends the mean back to every worker.
@@ -16,10 +17,16 @@ and a parameter-server namespace on the same switch. With more than 4 workers th
 Per iteration the aggregation time is the slowest worker's ``allreduce`` call; the table shows its
 median and 95th percentile (ms) over the timed iterations, after 2 warm-up iterations, and the
 CPU time per iteration (ms, user + system) of every process in the rack (workers, switch daemons,
-parameter server): on a shared machine a figure steadier than wall time.
+parameter server): on a shared machine a figure steadier than wall time; for the switch also the
+daemons' own CPU. On shaped links it adds the line-rate floor (M / link rate) and switch / floor.
+After each table: the daemons' float32 bytes aggregated per CPU-second at the largest size (native
+against Python), as a fraction of this machine's memory bandwidth, checked against their counters.
+``--rate-mbit 0`` leaves the links unshaped (CPU-bound); ``--switch-opts`` passes more daemon
+options (``--slots``, ``--window-bytes``).
 
     sudo .venv/bin/python benchmarks/switch.py --workers 4
     sudo .venv/bin/python benchmarks/switch.py --workers 6 9 12 --per-tor 3
+    sudo .venv/bin/python benchmarks/switch.py --rate-mbit 0 --methods switch switch-py ring
 
 ``--mode stale-sync`` (iSwitch §4.1, no root needed): ``--workers`` PPO learners on loopback, each
 updating on a fixed synthetic batch with the Hopper-v5 networks (64-64 tanh MLPs, 10,119 float32
