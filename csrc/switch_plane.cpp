@@ -835,6 +835,108 @@ class NativePlane {
   std::vector<iovec> gso_iov_;
 };
 
+
+// A worker's side of the data path (`SwitchReducer`): segmented sends straight from the input
+// vector, and the check of a GRO buffer of results, without a Python call per datagram.
+class ClientPath {
+ public:
+  ClientPath(int fd, const py::dict& layout) : fd_(fd), L_(layout) {}
+
+  // Segments [lo, hi) of `inp` (float32, `seg_floats` per segment, the last may be shorter),
+  // numbered base + i, as UDP_SEGMENT messages to (ip, port). Returns how many segments went
+  // out before the kernel refused segmentation (hi - lo when it never did); the caller sends
+  // the rest one by one.
+  int64_t send(const std::string& ip, int port, py::buffer inp, int64_t seg_floats, int64_t lo,
+               int64_t hi, int64_t base, int round, int member, int flags) {
+    py::buffer_info b = inp.request();
+    const uint8_t* data = static_cast<const uint8_t*>(b.ptr);
+    size_t total = size_t(b.size) * size_t(b.itemsize);
+    size_t step = size_t(seg_floats) * 4, full = size_t(L_.header_bytes) + step;
+    int64_t per = std::min<int64_t>(64, int64_t(kGsoBytes / full));
+    if (per < 2 || hi <= lo || size_t(hi - 1) * step >= total) return 0;
+    sockaddr_in to = make_addr(ip, port);
+    int64_t n = hi - lo, nmsg = (n + per - 1) / per;
+    hdr_.assign(size_t(n) * L_.header_bytes, 0);
+    iov_.resize(size_t(2 * n));
+    msgs_.assign(size_t(nmsg), mmsghdr{});
+    cmsg_.assign(size_t(nmsg) * CMSG_SPACE(sizeof(uint16_t)), 0);
+    for (int64_t j = 0; j < n; ++j) {
+      uint8_t* h = &hdr_[size_t(j) * L_.header_bytes];
+      L_.seq.write(h, uint32_t(base + lo + j));
+      L_.round.write(h, uint32_t(round) & 0xFF);
+      L_.member.write(h, uint32_t(member));
+      L_.count.write(h, 1);
+      L_.flags.write(h, uint32_t(flags));
+      size_t at = size_t(lo + j) * step;
+      iov_[2 * j] = {h, size_t(L_.header_bytes)};
+      iov_[2 * j + 1] = {const_cast<uint8_t*>(data + at), std::min(step, total - at)};
+    }
+    for (int64_t k = 0; k < nmsg; ++k) {
+      int64_t first = k * per, count = std::min(per, n - first);
+      msghdr& h = msgs_[k].msg_hdr;
+      h.msg_name = &to;
+      h.msg_namelen = sizeof to;
+      h.msg_iov = &iov_[size_t(2 * first)];
+      h.msg_iovlen = size_t(2 * count);
+      if (count > 1) {
+        h.msg_control = &cmsg_[size_t(k) * CMSG_SPACE(sizeof(uint16_t))];
+        h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+        cmsghdr* cm = CMSG_FIRSTHDR(&h);
+        cm->cmsg_level = IPPROTO_UDP;
+        cm->cmsg_type = UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t seg = uint16_t(full);
+        std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+      }
+    }
+    int64_t k = 0;
+    while (k < nmsg) {
+      int r = sendmmsg(fd_, &msgs_[k], unsigned(nmsg - k), 0);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL || errno == EIO || errno == EMSGSIZE || errno == ENOPROTOOPT) {
+          return k * per;  // segmentation refused: the rest goes one by one
+        }
+        ++k;  // EAGAIN, ECONNREFUSED, ...: this message is lost, as UDP would
+      } else {
+        k += std::max(r, 1);
+      }
+    }
+    return n;
+  }
+
+  // The full datagrams of `seg` bytes at the start of `rx[:nbytes]` (a GRO buffer): when there
+  // are at least two and they are results with one count and consecutive seq, returns
+  // (first seq, how many, count); else None (the caller takes them one by one).
+  py::object results(py::buffer rx, int64_t nbytes, int64_t seg) {
+    py::buffer_info b = rx.request();
+    const uint8_t* p = static_cast<const uint8_t*>(b.ptr);
+    if (seg <= L_.header_bytes || nbytes > int64_t(b.size) * int64_t(b.itemsize)) {
+      return py::none();
+    }
+    int64_t m = nbytes / seg;
+    if (m < 2) return py::none();
+    uint32_t seq0 = L_.seq.read(p), count = L_.count.read(p);
+    if (count == 0) return py::none();
+    for (int64_t j = 0; j < m; ++j) {
+      const uint8_t* h = p + j * seg;
+      uint32_t flags = L_.flags.read(h);
+      if (!(flags & L_.flag_result) || (flags & ~L_.known_flags) || L_.count.read(h) != count ||
+          L_.seq.read(h) != uint32_t(seq0 + uint32_t(j))) {
+        return py::none();
+      }
+    }
+    return py::make_tuple(seq0, m, count);
+  }
+
+ private:
+  int fd_;
+  Layout L_;
+  std::vector<uint8_t> hdr_, cmsg_;
+  std::vector<iovec> iov_;
+  std::vector<mmsghdr> msgs_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_plane, m) {
@@ -860,4 +962,8 @@ PYBIND11_MODULE(_plane, m) {
       .def("next_due", &NativePlane::next_due)
       .def("flush_delayed", &NativePlane::flush_delayed)
       .def("counters", &NativePlane::counters);
+  py::class_<ClientPath>(m, "ClientPath")
+      .def(py::init<int, const py::dict&>(), py::arg("fd"), py::arg("layout"))
+      .def("send", &ClientPath::send)
+      .def("results", &ClientPath::results);
 }

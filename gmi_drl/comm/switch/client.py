@@ -43,6 +43,7 @@ import torch
 from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
 from gmi_drl.comm.switch import protocol as P
 from gmi_drl.comm.switch.daemon import parse_addr
+from gmi_drl.comm.switch.dataplane import native_plane_error
 from gmi_drl.comm.switch.protocol import Action, MemberType
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ class SwitchReducer(GradReducer):
         heartbeat_s: heartbeat period, seconds (the switch drops members silent for longer than
             its ``member_timeout_s``).
         bind: local ``(ip, port)``; the default lets the routing table choose.
+        native: send and check coalesced results through the C++ helpers of the switch's
+            native data plane (``None``: where built; ``False``: the Python path, the same
+            packets).
 
     Raises:
         ValueError: ids out of range, or a bad address.
@@ -103,7 +107,7 @@ class SwitchReducer(GradReducer):
     def __init__(self, switch_addr: str, worker_id: int, num_workers: int,
                  job_id: str = "gmi-drl", token: str = "", *, timeout_s: float = 60.0,
                  join_timeout_s: float = 60.0, rto_s: float = 0.2, heartbeat_s: float = 1.0,
-                 bind: tuple[str, int] = ("0.0.0.0", 0)) -> None:
+                 bind: tuple[str, int] = ("0.0.0.0", 0), native: bool | None = None) -> None:
         if not 0 <= worker_id < min(num_workers, 256):
             raise ValueError(f"{worker_id=} must be in [0, min({num_workers=}, 256))")
         host, port = parse_addr(switch_addr)
@@ -114,6 +118,14 @@ class SwitchReducer(GradReducer):
                                        job_id, token)
         self._sock = P.open_socket(bind)
         self._gro = P.enable_gro(self._sock)
+        self._native = None
+        if native is not False and native_plane_error() is None:
+            from gmi_drl.comm.switch._plane import ClientPath
+
+            self._native = ClientPath(self._sock.fileno(), P.native_layout())
+        elif native:
+            self._sock.close()
+            raise ValueError(native_plane_error())
         self._gso = True                # segmented sends until the kernel refuses one
         self._tx: np.ndarray | None = None  # (segments, header bytes) uint8
         self._rx = bytearray(P.RX_BUFFER_BYTES)
@@ -286,19 +298,29 @@ class SwitchReducer(GradReducer):
         datagrams are consecutive new results of one round (the usual case), take them with one
         division. Returns the bytes taken (0: none; the caller handles the rest one by one)."""
         f = self._seg_floats
-        m = nbytes // seg
-        if m < 2 or seg != P.HEADER_BYTES + P.FLOAT_BYTES * f:
+        if seg != P.HEADER_BYTES + P.FLOAT_BYTES * f:
+            return 0
+        if self._native is not None:
+            head = self._native.results(self._rx, nbytes, seg)
+            if head is None:
+                return 0
+            seq, m, count = head
+        else:
+            m = nbytes // seg
+            if m < 2:
+                return 0
+            seqs, counts, flags = P.unpack_data_headers(
+                np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg))
+            seq, count = int(seqs[0]), int(counts[0])
+            if (not (flags & P.FLAG_RESULT).all() or (counts != count).any() or count == 0
+                    or ((seqs - seq) % P.SEQ_MOD != np.arange(m)).any()):
+                return 0
+        r, i = self._find(seq, self._rounds)
+        if r is None or i + m > r.sent or (i + m) * f > r.out.size or r.done[i:i + m].any():
             return 0
         rows = np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)
-        seqs, counts, flags = P.unpack_data_headers(rows)
-        r, i = self._find(int(seqs[0]), self._rounds)
-        if (r is None or i + m > r.sent or (i + m) * f > r.out.size
-                or not (flags & P.FLAG_RESULT).all() or (counts != counts[0]).any()
-                or counts[0] == 0 or ((seqs - seqs[0]) % P.SEQ_MOD != np.arange(m)).any()
-                or r.done[i:i + m].any()):
-            return 0
         payload = rows[:, P.HEADER_BYTES:].view("<f4")
-        np.divide(payload, np.float32(counts[0]), out=r.out[i * f:(i + m) * f].reshape(m, f))
+        np.divide(payload, np.float32(count), out=r.out[i * f:(i + m) * f].reshape(m, f))
         r.done[i:i + m] = True
         self._took(r, i + m - 1, m)
         return m * seg
@@ -340,6 +362,14 @@ class SwitchReducer(GradReducer):
         if not self._gso or per < 2 or b - a < 2:
             for i in range(a, b):
                 self._send_segment(r, i, 0)
+            return
+        if self._native is not None:
+            sent = self._native.send(*self._switch, r.inp, f, a, b, r.base, r.number,
+                                     self.rank, 0)
+            if sent < b - a:  # the kernel refused segmentation
+                self._gso = False
+                for i in range(a + sent, b):
+                    self._send_segment(r, i, 0)
             return
         if self._tx is None or self._tx.shape[0] != per:
             self._tx = np.empty((per, P.HEADER_BYTES), np.uint8)

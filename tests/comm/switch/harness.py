@@ -28,6 +28,11 @@ def ctx():
     return _CTX
 
 
+PLANE_AT: dict[str, str] = {}
+"""switch address -> its ``--data-plane``: workers of a ``python`` switch take the Python client
+path too (`SwitchReducer(native=False)`), so each parametrisation tests one whole path."""
+
+
 class Switch:
     """One ``python -m gmi_drl.comm.switch serve`` process on loopback."""
 
@@ -42,6 +47,8 @@ class Switch:
             self.proc.kill()
             raise RuntimeError(f"switch did not start: {line!r} {self.proc.stderr.read()}")
         self.addr = line.split()[-1]
+        if "--data-plane" in self.args:
+            PLANE_AT[self.addr] = self.args[self.args.index("--data-plane") + 1]
         self.stderr = ""
         self.final: dict | None = None
 
@@ -184,6 +191,8 @@ def run_workers(addr: str, n: int, steps: int, opts: dict | None = None, shapes=
     for r in range(n):
         o = dict(opts or {})
         o.update((per_rank or {}).get(r, {}))
+        if PLANE_AT.get(o.get("addr", addr)) == "python":
+            o.setdefault("native", False)
         procs.append(c.Process(target=worker, args=(addr, r, n, steps, q, o, shapes, events)))
     for p in procs:
         p.start()

@@ -141,3 +141,11 @@ def test_data_plane_choice(monkeypatch):
         assert d.data_plane == "python" and d.stats()["data_plane"] == "python"
     finally:
         d.close()
+
+
+def test_a_worker_that_asks_for_the_native_path_where_it_is_not_built(monkeypatch):
+    from gmi_drl.comm.switch import SwitchReducer, client
+
+    monkeypatch.setattr(client, "native_plane_error", lambda: "not built (no compiler)")
+    with pytest.raises(ValueError, match="not built"):
+        SwitchReducer("127.0.0.1:9", 0, 1, native=True, join_timeout_s=1)  # socket closed
