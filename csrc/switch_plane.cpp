@@ -89,6 +89,20 @@ py::tuple py_addr(const sockaddr_in& a) {
   return py::make_tuple(std::string(ip), int(ntohs(a.sin_port)));
 }
 
+constexpr size_t kSegCmsg = CMSG_SPACE(sizeof(uint16_t));
+
+// Make `h` a UDP_SEGMENT send of `seg_bytes`-byte datagrams; `space` holds kSegCmsg bytes.
+void set_udp_segment(msghdr& h, uint8_t* space, size_t seg_bytes) {
+  h.msg_control = space;
+  h.msg_controllen = kSegCmsg;
+  cmsghdr* cm = CMSG_FIRSTHDR(&h);
+  cm->cmsg_level = IPPROTO_UDP;
+  cm->cmsg_type = UDP_SEGMENT;
+  cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  uint16_t seg = uint16_t(seg_bytes);
+  std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+}
+
 // Serial-number order (RFC 1982) on 32-bit seq, as protocol.seq_newer.
 bool seq_newer(uint32_t a, uint32_t b) {
   uint32_t d = a - b;
@@ -221,7 +235,7 @@ class NativePlane {
     gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
     gso_ = gso_max_ >= 2;
     gso_iov_.resize(2 * kTx);
-    gso_cmsg_.assign(size_t(kTx) * CMSG_SPACE(sizeof(uint16_t)), 0);
+    gso_cmsg_.assign(size_t(kTx) * kSegCmsg, 0);
     for (int i = 0; i < kBatch; ++i) {
       rx_iov_[i] = {&rx_[size_t(i) * L_.rx_bytes], size_t(L_.rx_bytes)};
     }
@@ -738,15 +752,7 @@ class NativePlane {
       h.msg_iov = &gso_iov_[start];
       h.msg_iovlen = pos - start;
       if (count > 1) {
-        char* c = reinterpret_cast<char*>(&gso_cmsg_[size_t(nmsg) * CMSG_SPACE(sizeof(uint16_t))]);
-        h.msg_control = c;
-        h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
-        cmsghdr* cm = CMSG_FIRSTHDR(&h);
-        cm->cmsg_level = IPPROTO_UDP;
-        cm->cmsg_type = UDP_SEGMENT;
-        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = uint16_t(full_bytes_);
-        std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+        set_udp_segment(h, &gso_cmsg_[size_t(nmsg) * kSegCmsg], full_bytes_);
       }
       ++nmsg;
     }
@@ -859,7 +865,7 @@ class ClientPath {
     hdr_.assign(size_t(n) * L_.header_bytes, 0);
     iov_.resize(size_t(2 * n));
     msgs_.assign(size_t(nmsg), mmsghdr{});
-    cmsg_.assign(size_t(nmsg) * CMSG_SPACE(sizeof(uint16_t)), 0);
+    cmsg_.assign(size_t(nmsg) * kSegCmsg, 0);
     for (int64_t j = 0; j < n; ++j) {
       uint8_t* h = &hdr_[size_t(j) * L_.header_bytes];
       L_.seq.write(h, uint32_t(base + lo + j));
@@ -878,16 +884,7 @@ class ClientPath {
       h.msg_namelen = sizeof to;
       h.msg_iov = &iov_[size_t(2 * first)];
       h.msg_iovlen = size_t(2 * count);
-      if (count > 1) {
-        h.msg_control = &cmsg_[size_t(k) * CMSG_SPACE(sizeof(uint16_t))];
-        h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
-        cmsghdr* cm = CMSG_FIRSTHDR(&h);
-        cm->cmsg_level = IPPROTO_UDP;
-        cm->cmsg_type = UDP_SEGMENT;
-        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = uint16_t(full);
-        std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-      }
+      if (count > 1) set_udp_segment(h, &cmsg_[size_t(k) * kSegCmsg], full);
     }
     int64_t k = 0;
     while (k < nmsg) {
