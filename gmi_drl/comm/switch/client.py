@@ -117,7 +117,7 @@ class SwitchReducer(GradReducer):
         self._join_value = P.JoinValue(worker_id, MemberType.WORKER, num_workers, 1, 0,
                                        job_id, token)
         self._sock = P.open_socket(bind)
-        self._gro = P.enable_gro(self._sock)
+        P.enable_gro(self._sock)  # where refused, results come one datagram at a time
         self._native = None
         if native is not False and native_plane_error() is None:
             from gmi_drl.comm.switch._plane import ClientPath
@@ -458,7 +458,7 @@ class SwitchReducer(GradReducer):
                              f"{vec.shape}")
         if out is not None and (out.dtype != np.float32 or out.shape != vec.shape
                                 or not out.flags.c_contiguous or not out.flags.writeable
-                                or np.shares_memory(out, vec)):
+                                or np.may_share_memory(out, vec)):
             raise ValueError("out must be a writeable contiguous float32 array of vec's shape "
                              "that does not overlap it")
         nseg = -(-vec.size // self._seg_floats)

@@ -146,6 +146,7 @@ class PyDataPlane:
         self._by_addr[(ip, port)] = row
 
     def remove_member(self, row: int) -> None:
+        """Row ``row`` is free (a member left or was dropped); its contributions stay."""
         m = self._members.pop(row, None)
         if m is not None:
             self._by_addr.pop(m.addr, None)
@@ -399,6 +400,7 @@ class PyDataPlane:
         return self._delayed[0][0] if self._delayed else float("inf")
 
     def flush_delayed(self, now: float) -> None:
+        """Send the delayed packets due by ``now`` (`time.monotonic`)."""
         while self._delayed and self._delayed[0][0] <= now:
             _, addr, hdr, payload = self._delayed.popleft()
             if hdr is None:

@@ -149,3 +149,27 @@ def test_a_worker_that_asks_for_the_native_path_where_it_is_not_built(monkeypatc
     monkeypatch.setattr(client, "native_plane_error", lambda: "not built (no compiler)")
     with pytest.raises(ValueError, match="not built"):
         SwitchReducer("127.0.0.1:9", 0, 1, native=True, join_timeout_s=1)  # socket closed
+
+
+@pytest.mark.distributed
+def test_begin_writes_the_mean_into_out(switches):
+    import numpy as np
+
+    from gmi_drl.comm.switch import SwitchReducer
+
+    sw = switches("--mtu", "1500")
+    red = SwitchReducer(sw.addr, 0, 1, join_timeout_s=20)
+    try:
+        vec = np.arange(1000, dtype=np.float32)
+        with pytest.raises(ValueError, match="out"):
+            red.begin(vec, out=vec)
+        with pytest.raises(ValueError, match="out"):
+            red.begin(vec, out=np.empty(999, np.float32))
+        out = np.full(1000, np.nan, np.float32)
+        red.begin(vec, out=out)
+        got = []
+        while not got:
+            got = red.pump(0.05)
+        assert got[0] is out and np.array_equal(out, vec)
+    finally:
+        red.close()
