@@ -2,6 +2,7 @@
 two-node local cluster."""
 
 import csv
+import re
 import subprocess
 import sys
 import threading
@@ -186,5 +187,7 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     assert summary.count("node ") >= 2 or summary.count("- node") >= 2, summary
     for gmi in (1, 2):
         line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))
-        assert "0 weight versions" not in line and " 0 env steps" not in line, line
+        # "50 weight versions" must not read as "0 weight versions": compare the numbers
+        m = re.search(r": ([\d,]+) env steps in [\d,]+ fragments, (\d+) weight versions", line)
+        assert m and int(m[1].replace(",", "")) > 0 and int(m[2]) > 0, line
     assert_nothing_left(ray_cluster)
