@@ -163,7 +163,7 @@ struct Slot {
   std::vector<uint8_t> has;                        // has[row]: row contributed
   std::vector<std::pair<int, int>> contrib;        // (member id, row)
   uint32_t count = 0, result_count = 0;
-  double started = 0, helped = 0;
+  double helped = 0;
 };
 
 struct Member {
@@ -544,7 +544,7 @@ class NativePlane {
         s.state = FILLING;
         s.length = k;
         s.round = uint8_t(rnd);
-        s.started = s.helped = now;
+        s.helped = now;
         active_.insert(idx);
       } else if (seq_newer(seq, s.seq)) {
         ++c_[BUSY_DROPPED];

@@ -88,13 +88,13 @@ def make_data_plane(kind: str, sock, *, seg_floats: int, slots: int, max_members
 
 class _Slot:
     __slots__ = ("seq", "state", "length", "round", "mask", "contrib", "count", "result_count",
-                 "started", "helped")
+                 "helped")
 
     def __init__(self) -> None:
         self.seq = self.length = self.round = self.mask = self.count = self.result_count = 0
         self.state = FREE
         self.contrib: list = []  # (member id, row)
-        self.started = self.helped = 0.0
+        self.helped = 0.0
 
     def clear(self) -> None:
         self.state, self.mask, self.contrib, self.count = FREE, 0, [], 0
@@ -234,7 +234,7 @@ class PyDataPlane:
             if s.state == FREE or (s.state == DONE and P.seq_newer(seq, s.seq)):
                 s.clear()
                 s.seq, s.state, s.length, s.round = seq, FILLING, k, rnd
-                s.started = s.helped = now
+                s.helped = now
                 self._active.add(idx)
             elif P.seq_newer(seq, s.seq):
                 c["busy_dropped"] += 1
