@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,bench,ray]"
+	$(PY) -m pip install -q -e ".[dev,bench,ray,gpu]"
 	touch $@
 
 DEMO_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)

@@ -8,7 +8,8 @@ CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` = ``ppo_continu
 Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 presets are
 RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo. Every
 algorithm of the iSwitch paper (papers/001, §5.1) has an ``iswitch`` preset: its workload and a
-network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah).
+network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah). ``gmi-ant`` and
+``gmi-humanoid`` are rl_games' IsaacGymEnvs settings for GMI-DRL's Table 6 tasks (warp engine).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class EnvConfig:
     """sub-environments of each GMI's pool (B)"""
     num_workers: int | None = None
     """env worker processes/threads (None: the CPU cores this process may use, at most num_envs)"""
+    engine: str = "auto"
+    """the task's engine (auto: its fastest here; e.g. native/numpy for CartPole, threads/numpy
+    for MuJoCo, warp for the *-gmi-v0 tasks, whose worlds run on --device)"""
 
 
 @dataclass
@@ -218,8 +222,9 @@ class TrainConfig:
     seed: int = 1
     """seed of torch (weights, actions, minibatches) and of the envs (env i gets seed + i)"""
     device: Literal["cpu", "cuda"] = "cpu"
-    """where each GMI's learner, rollout storage and normalisers live; the envs step on the CPU
-    (cuda: the GMI's GPU, as its backend made it visible)"""
+    """where each GMI's learner, rollout storage and normalisers live; the envs step on the CPU,
+    except the warp engine's, which step there too (cuda: the GMI's GPU, as its backend made it
+    visible)"""
     compile: bool = True
     """compile gradient steps (and acting without a NumPy path) with torch.compile; a few
     seconds at start, then faster steps"""
@@ -322,6 +327,22 @@ def _ppo_demo() -> TrainConfig:
     cfg.algo.num_steps = 256
     cfg.total_timesteps = 300_000
     return cfg
+
+
+def _ppo_gmi(task_id: str, num_steps: int, epochs: int, lr: float, hidden: str):
+    """rl_games' PPO settings of IsaacGymEnvs for a GMI-DRL Table 6 task on the warp engine:
+    4,096 worlds, short rollouts, minibatches of 32,768, ELU networks of Table 6, observation
+    normalisation (on the device with ``--device cuda``)."""
+    def factory() -> TrainConfig:
+        num_envs = 4096
+        return TrainConfig(
+            env=EnvConfig(task_id=task_id, num_envs=num_envs, engine="warp"),
+            algo=PPOConfig(num_steps=num_steps, learning_rate=lr, gamma=0.99, gae_lambda=0.95,
+                           num_minibatches=num_envs * num_steps // 32768,
+                           update_epochs=epochs, ent_coef=0.0, max_grad_norm=1.0),
+            model=ModelConfig(actor_hidden=hidden, critic_hidden=hidden, activation="elu"),
+            norm=NormConfig(obs=True), total_timesteps=50_000_000)
+    return factory
 
 
 def _dqn_classic() -> TrainConfig:
@@ -466,7 +487,9 @@ def _a3c_atari() -> TrainConfig:
 
 PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
     "ppo": {"classic": _ppo_classic, "mujoco": _ppo_mujoco, "atari": _ppo_atari,
-            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo, "iswitch": _ppo_iswitch},
+            "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo, "iswitch": _ppo_iswitch,
+            "gmi-ant": _ppo_gmi("Ant-gmi-v0", 16, 4, 3e-4, "256:128:64"),
+            "gmi-humanoid": _ppo_gmi("Humanoid-gmi-v0", 32, 5, 5e-4, "200:400:100")},
     "a2c": {"classic": _a2c_classic, "atari": _a2c_atari, "iswitch": _a2c_iswitch},
     "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo,
             "iswitch": _dqn_iswitch},

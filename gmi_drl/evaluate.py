@@ -45,8 +45,7 @@ def load_policy(path: str | Path, seed: int = 0
 
     state = load_checkpoint(path)
     cfg = from_dict(state["config"])
-    with envs.make(cfg.env.task_id, 1, num_workers=0) as probe:
-        spec = probe.spec
+    spec = envs.task_spec(cfg.env.task_id)
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
                       functools.partial(make_grad_step, compile=False),
                       torch.Generator().manual_seed(seed))

@@ -113,8 +113,7 @@ def weight_count(cfg: TrainConfig) -> int:
     from gmi_drl.algos import AlgoContext, build_algorithm
     from gmi_drl.optim.grad_step import make_grad_step
 
-    with envs.make(cfg.env.task_id, num_envs=1, num_workers=1) as pool:
-        spec = pool.spec
+    spec = envs.task_spec(cfg.env.task_id)
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
                       functools.partial(make_grad_step, compile=False), torch.Generator())
     algo = build_algorithm(cfg.algo, ctx)

@@ -5,12 +5,15 @@
     pool.send(actions, info["env_id"]); obs, rew, term, trunc, info = pool.recv()
 
     envs = gmi_drl.envs.make_vec("Hopper-v5", num_envs=8)   # a gymnasium.vector.VectorEnv
+
+    # a GPU simulator: every world in one MuJoCo Warp model, torch tensors on the device
+    pool = gmi_drl.envs.make("Ant-gmi-v0", 4096, autoreset="same_step", device="cuda:0")
 """
 
 from gmi_drl.envs.gym_vector import GymVectorEnv, make_vec
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.registry import list_tasks, make, register
+from gmi_drl.envs.registry import list_tasks, make, register, task_spec
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 
 __all__ = ["AutoresetMode", "EnvPool", "EnvSpec", "GymVectorEnv", "list_tasks", "make",
-           "make_vec", "register"]
+           "make_vec", "register", "task_spec"]

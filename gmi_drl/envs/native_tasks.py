@@ -6,10 +6,11 @@ from __future__ import annotations
 def register_all(register) -> None:
     """Call ``register`` for every native task (classic control, MuJoCo, Atari)."""
     from gmi_drl.envs import (atari, cartpole_native, classic_control, mujoco_locomotion,
-                              mujoco_threads)
+                              mujoco_threads, warp_pool)
 
     classic_control.register_tasks(register)
     register(cartpole_native.TASK_ID, pool=cartpole_native.make_pool)  # C++ where built
     mujoco_locomotion.register_tasks(register)
     mujoco_threads.register_tasks(register)  # the planar tasks: C++ threads where built
     atari.register_tasks(register)
+    warp_pool.register_tasks(register)  # GMI-DRL's Table 6 tasks on MuJoCo Warp

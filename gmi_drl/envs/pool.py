@@ -173,6 +173,10 @@ class EnvPool:
         self.send(actions, env_id)
         return self.recv()
 
+    def check_limits(self) -> None:
+        """Nothing to check: a CPU engine has no fixed per-env buffers that can overflow (the
+        warp engine's contact limits are checked by its own `check_limits`)."""
+
     def close(self) -> None:
         """Stop every worker and free all shared memory. Idempotent."""
         if not self._closed:

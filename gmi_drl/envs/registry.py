@@ -51,6 +51,8 @@ class TaskEntry:
     env_fn: str | Callable[..., gym.Env] | None = None
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    on_device: bool = False
+    """the pool factory takes ``device=`` (engines that simulate on a device: warp)"""
 
 
 _REGISTRY: dict[str, TaskEntry] = {}
@@ -59,7 +61,7 @@ _REGISTRY: dict[str, TaskEntry] = {}
 def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
              batched: BatchedFactory | None = None, engine: EngineFactory | None = None,
              pool: PoolFactory | None = None, max_episode_steps: int | None = None,
-             **kwargs: Any) -> None:
+             on_device: bool = False, **kwargs: Any) -> None:
     """Register ``task_id``; `make` then builds pools of it.
 
     Args:
@@ -69,6 +71,7 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
         engine: a factory of ``(EnvSpec, Engine)`` (engines with their own autoreset).
         pool: a factory of a whole `EnvPool` (pools in C++).
         max_episode_steps: pool-applied time limit for batched tasks.
+        on_device: the ``pool`` factory takes ``device=`` (`make` passes it on).
         **kwargs: default keyword arguments for the factory.
 
     Raises:
@@ -78,7 +81,22 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
         raise ValueError(f"register({task_id!r}): give exactly one of env_fn, batched, engine, "
                          "pool")
     _REGISTRY[task_id] = TaskEntry(task_id, batched, engine, pool, env_fn, max_episode_steps,
-                                   kwargs)
+                                   kwargs, on_device)
+
+
+def task_spec(task_id: str) -> EnvSpec:
+    """The `EnvSpec` of ``task_id`` (its spaces), without simulating: the warp tasks read it from
+    their definition; other tasks from a one-env pool made in this process.
+
+    Raises:
+        ValueError: unknown ``task_id``.
+    """
+    _register_builtin()
+    entry = _REGISTRY.get(task_id)
+    if entry is not None and entry.on_device:
+        return entry.pool.spec()
+    with make(task_id, 1, num_workers=0) as pool:
+        return pool.spec
 
 
 def list_tasks() -> list[str]:
@@ -89,7 +107,8 @@ def list_tasks() -> list[str]:
 
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
-         autoreset: str | AutoresetMode = "next_step", **task_kwargs: Any) -> EnvPool:
+         autoreset: str | AutoresetMode = "next_step", device: str | None = None,
+         **task_kwargs: Any) -> EnvPool:
     """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id``.
 
     Args:
@@ -104,7 +123,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
             continue that env's generator.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
-        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``).
+        device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
+            engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
+        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``, ``engine``).
 
     Raises:
         ValueError: unknown ``task_id`` or an invalid size, mode or keyword (all named at once).
@@ -140,6 +161,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if errors:
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
+    if entry.on_device:
+        kwargs["device"] = device or "cpu"
     if entry.pool is not None:
         return entry.pool(num_envs=num_envs, env_batch_size=batch, num_threads=max(workers, 1),
                           seeds=seeds, autoreset=mode, **kwargs)

@@ -62,16 +62,21 @@ class HostArrays:
 
 
 class DeviceArrays:
-    """Arrays as torch tensors on ``device``; pools' NumPy crosses to it and back each step."""
+    """Arrays as torch tensors on ``device``. A CPU pool's NumPy crosses to the device and back
+    each step; a pool whose outputs are already tensors there (the warp engine on a GPU,
+    ``pool_tensors=True``) hands them over and takes its actions as tensors: no host copy."""
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, pool_tensors: bool = False) -> None:
         self.device = torch.device(device)
+        self.pool_tensors = pool_tensors
 
-    def from_pool(self, x: np.ndarray) -> torch.Tensor:
+    def from_pool(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            return x.to(self.device, non_blocking=True)  # the tensor itself when on the device
         return torch.from_numpy(x).to(self.device, non_blocking=True)
 
-    def to_pool(self, x: torch.Tensor) -> np.ndarray:
-        return x.cpu().numpy()
+    def to_pool(self, x: torch.Tensor) -> np.ndarray | torch.Tensor:
+        return x if self.pool_tensors else x.cpu().numpy()
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -98,7 +103,24 @@ class DeviceArrays:
 Arrays = HostArrays | DeviceArrays
 
 
-def arrays_for(device: torch.device | str) -> Arrays:
-    """`HostArrays` for the CPU, `DeviceArrays` for any other torch device."""
+def to_host(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A NumPy copy of a pool's output or an array of either kind (for episode statistics)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.array(x)
+
+
+def flatnonzero(mask: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Indices ``(k,) int64`` where the 1-d ``mask`` is true, of the same kind as ``mask``."""
+    if isinstance(mask, torch.Tensor):
+        return mask.nonzero().squeeze(1)
+    return np.flatnonzero(mask)
+
+
+def arrays_for(device: torch.device | str, pool_tensors: bool = False) -> Arrays:
+    """`HostArrays` for the CPU, `DeviceArrays` for any other torch device, or for any device
+    where the pool's outputs are torch tensors (``pool_tensors``: a pool's ``tensors``)."""
     device = torch.device(device)
-    return HostArrays() if device.type == "cpu" else DeviceArrays(device)
+    if device.type == "cpu" and not pool_tensors:
+        return HostArrays()
+    return DeviceArrays(device, pool_tensors)

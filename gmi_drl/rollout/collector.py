@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from gmi_drl.rollout.acting import Acting
-from gmi_drl.rollout.arrays import Array, Arrays
+from gmi_drl.rollout.arrays import Array, Arrays, arrays_for, flatnonzero, to_host
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer
 from gmi_drl.rollout.storage import RolloutBuffer
@@ -27,8 +27,9 @@ class Episodes(NamedTuple):
     @staticmethod
     def concat(returns: list[np.ndarray], lengths: list[np.ndarray]) -> "Episodes":
         """One `Episodes` from per-step pieces (empty lists: no episode)."""
-        return Episodes(np.concatenate(returns) if returns else np.zeros(0),
-                        np.concatenate(lengths) if lengths else np.zeros(0, np.int64))
+        return Episodes(np.concatenate(returns).astype(np.float64) if returns else np.zeros(0),
+                        np.concatenate(lengths).astype(np.int64) if lengths
+                        else np.zeros(0, np.int64))
 
 
 class Collector:
@@ -40,12 +41,16 @@ class Collector:
     the action space before they are sent, while the unclipped sample is stored (its
     log-probability is the one the learner's ratio needs). Everything is written through
     ``arrays`` (`gmi_drl.rollout.arrays`): NumPy views of the buffer on the CPU, the tensors on a
-    device, where the pool's outputs are copied each step.
+    device, where the pool's outputs are copied each step, unless the pool's outputs are
+    tensors already (``pool.tensors``: the warp engine), which pass through untouched. After each
+    rollout the pool's ``check_limits`` runs (a simulator's contact buffers, once per rollout).
 
     Args:
-        pool: an `EnvPool` with ``env_batch_size == num_envs`` and ``same_step`` autoreset.
+        pool: an `EnvPool` (or `gmi_drl.envs.warp_pool.WarpPool`) with ``env_batch_size ==
+            num_envs`` and ``same_step`` autoreset.
         acting: the policy (`gmi_drl.rollout.acting.make_acting`).
-        arrays: where the buffer and normalisers live.
+        arrays: where the buffer and normalisers live (on ``arrays.device``; replaced by its
+            tensor-pool form for a pool of tensors).
         obs_norm: observation normaliser or ``None``.
         reward_norm: reward normaliser or ``None``.
 
@@ -56,6 +61,8 @@ class Collector:
     def __init__(self, pool, acting: Acting, arrays: Arrays, obs_norm: ObsNormalizer | None,
                  reward_norm: RewardNormalizer | None) -> None:
         _check_pool(pool)
+        if getattr(pool, "tensors", False):
+            arrays = arrays_for(arrays.device, pool_tensors=True)
         self.pool, self.acting, self.arrays = pool, acting, arrays
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
         space = pool.action_space
@@ -63,6 +70,11 @@ class Collector:
         if self._clip:
             self._low, self._high = space.low, space.high
             self._act_dtype = space.dtype
+            if getattr(arrays, "pool_tensors", False):
+                import torch
+
+                self._low, self._high = (torch.as_tensor(x, device=arrays.device)
+                                         for x in (space.low, space.high))
         self._images = pool.observation_space.dtype == np.uint8
         self.next_obs: Array | None = None
 
@@ -94,10 +106,7 @@ class Collector:
             with timer("inference"):
                 action, rows.logprobs[t], rows.values[t] = self.acting.act(obs)
             rows.actions[t] = action
-            env_action = arrays.to_pool(action)
-            if self._clip:
-                env_action = np.minimum(np.maximum(env_action, self._low), self._high)  # clip
-                env_action = env_action.astype(self._act_dtype, copy=False)
+            env_action = self._env_action(action)
             with timer("env_step"):
                 obs_np, reward, terminated, truncated, info = pool.step(env_action)
             done = terminated | truncated
@@ -111,15 +120,26 @@ class Collector:
             rows.final_values[t] = 0.0
             if done.any():
                 end = info["episode_end"]  # Atari with episodic life: whole games only
-                ep_returns.append(info["episode_return"][end].copy())
-                ep_lengths.append(info["episode_length"][end].copy())
-                cut = np.flatnonzero(truncated & ~terminated)
+                ep_returns.append(to_host(info["episode_return"][end]))
+                ep_lengths.append(to_host(info["episode_length"][end]))
+                cut = flatnonzero(truncated & ~terminated)
                 if len(cut):
                     final = self._normalized(arrays.from_pool(info["final_obs"][cut]),
                                              update=False)
                     rows.final_values[t, arrays.from_pool(cut)] = self.acting.value(final)
         rows.last_values[...] = self.acting.value(self.next_obs)
+        pool.check_limits()
         return Episodes.concat(ep_returns, ep_lengths)
+
+    def _env_action(self, action: Array):
+        """The action the pool steps: the sample clipped to a Box space, as the pool takes it."""
+        env_action = self.arrays.to_pool(action)
+        if not self._clip:
+            return env_action
+        if isinstance(env_action, np.ndarray):
+            env_action = np.minimum(np.maximum(env_action, self._low), self._high)
+            return env_action.astype(self._act_dtype, copy=False)
+        return env_action.clamp(self._low, self._high)
 
 
 def _check_pool(pool) -> None:

@@ -113,7 +113,8 @@ class Trainer:
         self.pool = envs.make(e.task_id, e.num_envs,
                               num_workers=0 if cfg.placement == "serial" else e.num_workers,
                               seed=cfg.seed + start_step + rank * e.num_envs,
-                              autoreset="same_step")
+                              autoreset="same_step", device=cfg.device,
+                              **({} if e.engine == "auto" else {"engine": e.engine}))
         arrays, n = arrays_for(device), cfg.norm
         space = self.pool.observation_space
         self.obs_norm = (ObsNormalizer(space.shape, n.obs_clip, arrays=arrays) if n.obs

@@ -1,0 +1,259 @@
+"""The warp engine (MuJoCo Warp) on Warp's CPU device: the GMI-DRL Table 6 tasks' shapes,
+their observation, reward and termination against NumPy references of Isaac Gym's formulas on
+recorded states, same-step and masked resets, determinism, MuJoCo C agreement, the contact
+limit check, the tensor collection path and a PPO run. The CUDA graph path runs where CUDA is.
+"""
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+from gmi_drl import envs
+from gmi_drl.envs.warp_pool import warp_error
+
+pytestmark = pytest.mark.skipif(warp_error() is not None, reason=str(warp_error()))
+
+N = 4
+
+
+def _tasks():
+    from gmi_drl.envs import warp_tasks
+
+    return warp_tasks
+
+
+@pytest.fixture(scope="module", params=["Ant-gmi-v0", "Humanoid-gmi-v0"])
+def pool(request):
+    with envs.make(request.param, N, seed=11, autoreset="same_step") as p:
+        yield p
+
+
+def _state(pool):
+    d = pool._d
+    return {k: getattr(d, k).numpy().copy() for k in ("qpos", "qvel", "sensordata",
+                                                       "qfrc_actuator")}
+
+
+def _actions(rng, pool):
+    return rng.uniform(-1.3, 1.3, (pool.num_envs, pool.model.nu)).astype(np.float32)  # some clip
+
+
+def test_table6_sizes_and_spaces(pool):
+    t = pool.task
+    sizes = {"Ant-gmi-v0": (60, 8, (256, 128, 64)), "Humanoid-gmi-v0": (108, 21, (200, 400, 100))}
+    assert (t.obs_dim, t.action_dim, t.policy) == sizes[t.task_id]
+    spec = envs.task_spec(t.task_id)
+    assert spec.observation_space.shape == (t.obs_dim,) == pool.observation_space.shape
+    assert spec.action_space.shape == (t.action_dim,) and pool.model.nu == t.action_dim
+    obs, info = pool.reset()
+    assert obs.shape == (N, t.obs_dim) and obs.dtype == np.float32
+    assert info["env_id"].tolist() == list(range(N))
+
+
+def test_observation_reward_and_termination_match_the_formulas(pool):
+    wt = _tasks()
+    rng = np.random.default_rng(0)
+    pool.reset()
+    prev = _state(pool)
+    checked = ended = 0
+    for _ in range(40):
+        a = _actions(rng, pool)
+        obs, rew, term, trunc, info = pool.step(a)
+        s = _state(pool)
+        done = term | trunc
+        for w in range(N):
+            if done[w]:  # the state is the reset one: the ending step's obs is final_obs
+                ended += 1
+                assert info["final_obs"][w, 0] < pool.task.termination_height or trunc[w]
+                assert rew[w] == pytest.approx(pool.task.death_cost) or not term[w]
+                continue
+            ref = wt.reference_observation(pool.task, pool.layout, s["qpos"][w], s["qvel"][w],
+                                           s["sensordata"][w], s["qfrc_actuator"][w], a[w])
+            np.testing.assert_allclose(obs[w], ref, rtol=1e-4, atol=1e-4)
+            progress = _potential(pool, s["qpos"][w]) - _potential(pool, prev["qpos"][w])
+            r, fell = wt.reference_reward(pool.task, pool.layout, obs[w].astype(np.float64), a[w],
+                                          progress)
+            assert rew[w] == pytest.approx(r, rel=1e-4, abs=1e-4) and term[w] == fell
+            checked += 1
+        prev = s
+    assert checked > 100
+    assert np.abs(obs[:, -pool.model.nu:]).max() <= 1.0  # actions clipped into the observation
+
+
+def _potential(pool, qpos):
+    from gmi_drl.envs.warp_tasks import TARGET
+
+    x, y = np.float64(qpos[0]), np.float64(qpos[1])  # as the kernel: ~6e4 differenced
+    return -np.hypot(TARGET[0] - x, TARGET[1] - y) / pool.task.control_dt
+
+
+def test_same_step_autoreset_keeps_final_obs_and_episode_totals():
+    with envs.make("Humanoid-gmi-v0", N, seed=3, autoreset="same_step") as p:
+        p.reset()
+        rng = np.random.default_rng(1)
+        totals = np.zeros(N)
+        lengths = np.zeros(N, np.int64)
+        seen = 0
+        for _ in range(80):
+            obs, rew, term, trunc, info = p.step(_actions(rng, p))
+            totals += rew
+            lengths += 1
+            np.testing.assert_allclose(info["episode_return"], totals, rtol=1e-5)
+            np.testing.assert_array_equal(info["episode_length"], lengths)
+            for w in np.flatnonzero(term | trunc):
+                seen += 1
+                assert info["episode_end"][w]
+                assert info["final_obs"][w, 0] < p.task.termination_height  # fell
+                root = p.layout.root_qpos
+                assert obs[w, 0] == pytest.approx(root[2])  # a fresh episode, at rest
+                assert not obs[w, 1:7].any()
+                forces = obs[w, 12 + 2 * p.layout.ndof:]
+                assert not forces.any()  # no force has acted on a reset state yet
+                totals[w], lengths[w] = 0.0, 0
+        assert seen >= 4  # random actions topple the humanoid within 80 steps
+
+
+def test_masked_reset_resets_only_the_given_worlds():
+    with envs.make("Ant-gmi-v0", N, seed=5, autoreset="same_step") as p:
+        p.reset()
+        rng = np.random.default_rng(2)
+        for _ in range(5):
+            obs, *_ = p.step(_actions(rng, p))
+        before = obs.copy()
+        qpos = p._d.qpos.numpy().copy()
+        obs2, info = p.reset(env_id=np.array([2]))
+        assert info["env_id"].tolist() == [2] and obs2.shape == (1, 60)
+        after = p._out["obs"]
+        np.testing.assert_array_equal(after[[0, 1, 3]], before[[0, 1, 3]])
+        np.testing.assert_array_equal(p._d.qpos.numpy()[[0, 1, 3]], qpos[[0, 1, 3]])
+        assert not np.array_equal(after[2], before[2]) and after[2, 0] == pytest.approx(0.75)
+        # the next step continues the other worlds' episodes and starts world 2's
+        _, _, _, _, info = p.step(_actions(rng, p))
+        assert info["episode_length"].tolist() == [6, 6, 1, 6]
+        with pytest.raises(ValueError, match="out of range"):
+            p.reset(env_id=[N])
+        with pytest.raises(ValueError, match="repeats"):
+            p.reset(env_id=[1, 1])
+
+
+def test_determinism_per_seed():
+    def run(seed):
+        with envs.make("Ant-gmi-v0", N, seed=seed, autoreset="same_step") as p:
+            first, _ = p.reset()
+            first = first.copy()
+            rng = np.random.default_rng(9)
+            for _ in range(10):
+                obs, *_ = p.step(_actions(rng, p))
+            return first, obs.copy()
+
+    a, b, c = run(7), run(7), run(8)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.array_equal(a[0], c[0])  # another seed, other reset noise
+    assert len({tuple(r) for r in a[0][:, 12:20].round(6)}) == N  # each world its own noise
+
+
+@pytest.mark.parametrize("task_id", ["Ant-gmi-v0", "Humanoid-gmi-v0"])
+def test_warp_physics_agrees_with_mujoco_c(task_id):
+    """Same model, same start state and controls: MuJoCo Warp (float32) against MuJoCo C
+    (float64) over 5 env steps."""
+    with envs.make(task_id, 2, seed=1, autoreset="same_step") as p:
+        p.reset()
+        m = p.model
+        data = mujoco.MjData(m)
+        data.qpos[:] = p._d.qpos.numpy()[0]
+        data.qvel[:] = p._d.qvel.numpy()[0]
+        rng = np.random.default_rng(4)
+        for _ in range(5):
+            a = rng.uniform(-1, 1, (2, m.nu)).astype(np.float32)
+            _, _, term, trunc, _ = p.step(a)
+            assert not (term | trunc)[0]
+            data.ctrl[:] = a[0]
+            for _ in range(p.task.frame_skip):
+                mujoco.mj_step(m, data)
+        np.testing.assert_allclose(p._d.qpos.numpy()[0], data.qpos, atol=2e-3)
+        np.testing.assert_allclose(p._d.qvel.numpy()[0], data.qvel, atol=5e-2)
+
+
+def test_contact_overflow_fails_loudly():
+    with envs.make("Ant-gmi-v0", 2, seed=0, autoreset="same_step", nconmax=1, njmax=4) as p:
+        p.reset()
+        rng = np.random.default_rng(0)
+        with pytest.raises(RuntimeError, match="overflowed .* nconmax="):
+            for _ in range(60):  # the ant lands on its feet: more than one contact
+                p.step(_actions(rng, p))
+                p.check_limits()
+
+
+def test_invalid_pools_and_actions_say_what_is_wrong():
+    with pytest.raises(ValueError, match="autoreset='same_step'"):
+        envs.make("Ant-gmi-v0", 2)
+    with pytest.raises(ValueError, match="engine='threads' must be one of"):
+        envs.make("Ant-gmi-v0", 2, autoreset="same_step", engine="threads")
+    with pytest.raises(ValueError, match="env_batch_size must be num_envs"):
+        envs.make("Ant-gmi-v0", 2, env_batch_size=1, autoreset="same_step")
+    with envs.make("Ant-gmi-v0", 2, autoreset="same_step") as p:
+        p.reset()
+        with pytest.raises(ValueError, match=r"shape \(2, 3\), expected \(2, 8\)"):
+            p.step(np.zeros((2, 3), np.float32))
+        with pytest.raises(ValueError, match="NaN"):
+            p.step(np.full((2, 8), np.nan, np.float32))
+        with pytest.raises(ValueError, match="every world at once"):
+            p.step(np.zeros((1, 8), np.float32), env_id=[0])
+        with pytest.raises(RuntimeError, match="send"):
+            p.recv()
+        p.step(np.zeros((2, 8), np.float32))  # nothing above was sent
+
+
+def test_tensor_outputs_feed_the_collector_without_numpy():
+    """The path a GPU run takes (pool outputs as torch tensors, actions sent as tensors),
+    exercised on the CPU."""
+    from gmi_drl.models.actor_critic import build_actor_critic
+    from gmi_drl.rollout.acting import make_acting
+    from gmi_drl.rollout.arrays import DeviceArrays
+    from gmi_drl.rollout.collector import Collector
+    from gmi_drl.rollout.storage import RolloutBuffer
+
+    with envs.make("Ant-gmi-v0", N, seed=2, autoreset="same_step", tensors=True) as p:
+        obs, info = p.reset()
+        assert isinstance(obs, torch.Tensor) and isinstance(info["env_id"], torch.Tensor)
+        ptr = obs.data_ptr()
+        model = build_actor_critic(p.spec.observation_space, p.spec.action_space,
+                                   actor_hidden="256:128:64", critic_hidden="256:128:64")
+        arrays = DeviceArrays("cpu")
+        acting = make_acting(model, torch.Generator().manual_seed(0), arrays, False)
+        collector = Collector(p, acting, arrays, None, None)
+        assert collector.arrays.pool_tensors
+        buf = RolloutBuffer(8, N, p.spec.observation_space, p.spec.action_space, "cpu")
+        collector.collect(buf)
+        assert torch.isfinite(buf.obs).all() and buf.obs.abs().sum() > 0
+        assert buf.rewards.abs().sum() > 0
+        obs, *_ = p.step(torch.zeros(N, 8))
+        assert obs.data_ptr() == ptr  # the same preallocated buffer, every step
+
+
+def test_ppo_trains_on_the_warp_engine(tmp_path):
+    from gmi_drl.cli import main
+
+    run = tmp_path / "ant"
+    assert main(["train", "ppo", "--env.task-id", "Ant-gmi-v0", "--env.num-envs", "4",
+                 "--env.engine", "warp", "--total-timesteps", "256", "--algo.num-steps", "32",
+                 "--algo.update-epochs", "1", "--no-compile", "--run-dir", str(run)]) == 0
+    summary = (run / "summary.md").read_text()
+    assert "PPO on Ant-gmi-v0" in summary and "global_step: 256" in summary
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_cuda_graph_step_returns_device_tensors_in_place():
+    with envs.make("Ant-gmi-v0", 512, seed=0, autoreset="same_step", device="cuda:0") as p:
+        obs, _ = p.reset()
+        assert obs.is_cuda and p.tensors
+        ptr = obs.data_ptr()
+        a = torch.zeros(512, 8, device="cuda:0")
+        for _ in range(3):  # uncaptured, captured, replayed
+            obs, rew, term, trunc, info = p.step(a)
+        assert p._graph is not None and obs.data_ptr() == ptr and rew.is_cuda
+        assert torch.isfinite(obs).all()
+        p.check_limits()
