@@ -193,65 +193,81 @@ def apply_actions(actions_in: wp.array2d(dtype=wp.float32),
     ctrl[w, a] = x
 
 
+@wp.struct
+class Worlds:
+    """Every array the task kernels read or write, one row per world (MuJoCo Warp's ``Data``
+    arrays among them); built once per pool (`make_worlds`), its arrays never replaced."""
+
+    seed: wp.array(dtype=wp.int32)
+    resets: wp.array(dtype=wp.int32)
+    qpos: wp.array2d(dtype=wp.float32)
+    qvel: wp.array2d(dtype=wp.float32)
+    qacc_warmstart: wp.array2d(dtype=wp.float32)
+    sensordata: wp.array2d(dtype=wp.float32)
+    qfrc_actuator: wp.array2d(dtype=wp.float32)
+    actions: wp.array2d(dtype=wp.float32)
+    potentials: wp.array(dtype=wp.float64)
+    running_return: wp.array(dtype=wp.float64)
+    running_length: wp.array(dtype=wp.int32)
+    obs: wp.array2d(dtype=wp.float32)
+
+
+def make_worlds(data, **arrays) -> Worlds:
+    """A `Worlds` of MuJoCo Warp ``data`` and the pool's own ``arrays`` (by field name)."""
+    worlds = Worlds()
+    for name in ("qpos", "qvel", "qacc_warmstart", "sensordata", "qfrc_actuator"):
+        setattr(worlds, name, getattr(data, name))
+    for name, array in arrays.items():
+        setattr(worlds, name, array)
+    return worlds
+
+
+@wp.func
+def _start_episode(w: int, p: LocomotionParams, s: Worlds):
+    """Reset world ``w``, write its first observation and zero its running episode totals."""
+    _reset_world(w, p, s.seed, s.resets, s.qpos, s.qvel, s.qacc_warmstart)
+    _observe(w, p, s.qpos, s.qvel, s.sensordata, s.qfrc_actuator, s.actions, 0.0, s.obs,
+             s.potentials)
+    s.running_return[w] = wp.float64(0.0)
+    s.running_length[w] = 0
+
+
 @wp.kernel
-def finish_step(p: LocomotionParams, seed: wp.array(dtype=wp.int32),
-                resets: wp.array(dtype=wp.int32), qpos: wp.array2d(dtype=wp.float32),
-                qvel: wp.array2d(dtype=wp.float32), qacc_warmstart: wp.array2d(dtype=wp.float32),
-                sensordata: wp.array2d(dtype=wp.float32),
-                qfrc_actuator: wp.array2d(dtype=wp.float32),
-                actions: wp.array2d(dtype=wp.float32), potentials: wp.array(dtype=wp.float64),
-                running_return: wp.array(dtype=wp.float64),
-                running_length: wp.array(dtype=wp.int32), obs: wp.array2d(dtype=wp.float32),
-                final_obs: wp.array2d(dtype=wp.float32), reward: wp.array(dtype=wp.float32),
-                terminated: wp.array(dtype=wp.bool), truncated: wp.array(dtype=wp.bool),
-                episode_return: wp.array(dtype=wp.float64),
+def finish_step(p: LocomotionParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
+                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
+                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
                 episode_length: wp.array(dtype=wp.int32)):
     """After the physics substeps of one env step, per world: observation, reward, termination
     (torso below ``termination_height``: reward = ``death_cost``), truncation (time limit),
     episode totals, and the same-step reset of ended worlds, whose last observation goes to
     ``final_obs`` and whose first new observation to ``obs``."""
     w = wp.tid()
-    prev = potentials[w]
-    _observe(w, p, qpos, qvel, sensordata, qfrc_actuator, actions, 1.0, obs, potentials)
-    r = _reward(w, p, obs, actions, wp.float32(potentials[w] - prev))
-    fell = obs[w, 0] < p.termination_height
+    prev = s.potentials[w]
+    _observe(w, p, s.qpos, s.qvel, s.sensordata, s.qfrc_actuator, s.actions, 1.0, s.obs,
+             s.potentials)
+    r = _reward(w, p, s.obs, s.actions, wp.float32(s.potentials[w] - prev))
+    fell = s.obs[w, 0] < p.termination_height
     if fell:
         r = p.death_cost
-    length = running_length[w] + 1
-    total = running_return[w] + wp.float64(r)
+    length = s.running_length[w] + 1
+    total = s.running_return[w] + wp.float64(r)
     timeout = length >= p.max_episode_steps
     reward[w] = r
     terminated[w] = fell
     truncated[w] = timeout and not fell
     episode_return[w] = total
     episode_length[w] = length
+    s.running_return[w] = total
+    s.running_length[w] = length
     if fell or timeout:
-        for i in range(obs.shape[1]):
-            final_obs[w, i] = obs[w, i]
-        _reset_world(w, p, seed, resets, qpos, qvel, qacc_warmstart)
-        _observe(w, p, qpos, qvel, sensordata, qfrc_actuator, actions, 0.0, obs, potentials)
-        running_return[w] = wp.float64(0.0)
-        running_length[w] = 0
-    else:
-        running_return[w] = total
-        running_length[w] = length
+        for i in range(s.obs.shape[1]):
+            final_obs[w, i] = s.obs[w, i]
+        _start_episode(w, p, s)
 
 
 @wp.kernel
-def reset_worlds(p: LocomotionParams, mask: wp.array(dtype=wp.int32),
-                 seed: wp.array(dtype=wp.int32), resets: wp.array(dtype=wp.int32),
-                 qpos: wp.array2d(dtype=wp.float32), qvel: wp.array2d(dtype=wp.float32),
-                 qacc_warmstart: wp.array2d(dtype=wp.float32),
-                 sensordata: wp.array2d(dtype=wp.float32),
-                 qfrc_actuator: wp.array2d(dtype=wp.float32),
-                 actions: wp.array2d(dtype=wp.float32), potentials: wp.array(dtype=wp.float64),
-                 running_return: wp.array(dtype=wp.float64),
-                 running_length: wp.array(dtype=wp.int32), obs: wp.array2d(dtype=wp.float32)):
+def reset_worlds(p: LocomotionParams, s: Worlds, mask: wp.array(dtype=wp.int32)):
     """Start a new episode in every world where ``mask`` is non-zero (`reset`)."""
     w = wp.tid()
-    if mask[w] == 0:
-        return
-    _reset_world(w, p, seed, resets, qpos, qvel, qacc_warmstart)
-    _observe(w, p, qpos, qvel, sensordata, qfrc_actuator, actions, 0.0, obs, potentials)
-    running_return[w] = wp.float64(0.0)
-    running_length[w] = 0
+    if mask[w] != 0:
+        _start_episode(w, p, s)

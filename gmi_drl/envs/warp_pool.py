@@ -153,6 +153,10 @@ class WarpPool:
             self._episode_length = z(n, dtype=wp.int32)
             self._mask = z(n, dtype=wp.int32)
             self._stream = wp.get_stream(self._device) if self._on_cuda else None
+            self._worlds = wt.make_worlds(
+                self._d, seed=self._seed, resets=self._resets, actions=self._actions,
+                potentials=self._potentials, running_return=self._running_return,
+                running_length=self._running_length, obs=self._obs)
         view = self._view
         self._out = {k: view(getattr(self, "_" + k)) for k in (
             "obs", "final_obs", "reward", "terminated", "truncated", "episode_return",
@@ -191,11 +195,7 @@ class WarpPool:
         wp = self._wp
         self._mask.assign(wp.array(mask, device=self._device) if self._on_cuda else mask)
         with wp.ScopedDevice(self._device):
-            self._launch(self._wt.reset_worlds, [self._params, self._mask, self._seed,
-                         self._resets, self._d.qpos, self._d.qvel, self._d.qacc_warmstart,
-                         self._d.sensordata, self._d.qfrc_actuator, self._actions,
-                         self._potentials, self._running_return, self._running_length,
-                         self._obs])
+            self._launch(self._wt.reset_worlds, [self._params, self._worlds, self._mask])
         self._sync_to_caller()
         obs = self._out["obs"]
         if len(ids) == self.num_envs:
@@ -305,11 +305,8 @@ class WarpPool:
         for _ in range(self.task.frame_skip):
             self._mjw.step(self._m, d)
         self._launch(self._wt.finish_step, [
-            self._params, self._seed, self._resets, d.qpos, d.qvel, d.qacc_warmstart,
-            d.sensordata, d.qfrc_actuator, self._actions, self._potentials,
-            self._running_return, self._running_length, self._obs, self._final_obs,
-            self._reward, self._terminated, self._truncated, self._episode_return,
-            self._episode_length])
+            self._params, self._worlds, self._final_obs, self._reward, self._terminated,
+            self._truncated, self._episode_return, self._episode_length])
 
     def _launch(self, kernel, args) -> None:
         self._wp.launch(kernel, dim=self.num_envs, inputs=args)
