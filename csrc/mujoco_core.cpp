@@ -1,5 +1,5 @@
-// gmi_drl.envs._mujoco_core: Gymnasium v5 planar locomotion (Hopper, Walker2d, HalfCheetah)
-// stepped asynchronously on a C++ thread pool, one MjData per env.
+// gmi_drl.envs._mujoco_core: Gymnasium v5 locomotion (Hopper, Walker2d, HalfCheetah, Swimmer,
+// Ant, Humanoid) stepped asynchronously on a C++ thread pool, one MjData per env.
 //
 // EnvPool's design (papers/003_e9bf2f468e812145.txt, §3): `send` queues env ids with their
 // actions and returns; worker threads each pop an env, apply the action, run `frame_skip`
@@ -10,9 +10,10 @@
 // generators: it pre-draws each env's next reset state into `next_qpos`/`next_qvel`, so no
 // worker ever needs Python.
 //
-// Every formula follows gymnasium/envs/mujoco/{hopper,walker2d,half_cheetah}_v5.py in the same
-// floating-point order (see the comments at each); tests/envs/test_mujoco_threads.py steps it in
-// lockstep with the Gymnasium envs.
+// Every formula follows gymnasium/envs/mujoco/{hopper,walker2d,half_cheetah,swimmer,ant,
+// humanoid}_v5.py in the same floating-point order (see the comments at each; sums of squares as
+// NumPy's pairwise sum); tests/envs/test_mujoco_threads.py steps it in lockstep with the
+// Gymnasium envs.
 
 #include "episodes.h"
 #include "py_buffers.h"
@@ -22,6 +23,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -35,8 +37,36 @@ namespace {
 
 using gmi_drl::Episodes;
 
+// np.sum(np.square(x)) of n contiguous values, in NumPy's order: its pairwise sum (fewer than 8
+// values in sequence; up to 128 in 8 interleaved accumulators then the rest in sequence; longer
+// halves split at a multiple of 8). Squares are >= 0, so NumPy's 0 or -0 start changes nothing.
+template <typename T>
+T pairwise_sum_squares(const T* a, long n) {
+  if (n < 8) {
+    T res = 0;
+    for (long i = 0; i < n; ++i) res += a[i] * a[i];
+    return res;
+  }
+  if (n <= 128) {
+    T r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j] * a[j];
+    long i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j] * a[i + j];
+    T res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i] * a[i];
+    return res;
+  }
+  long n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise_sum_squares(a, n2) + pairwise_sum_squares(a + n2, n - n2);
+}
+
+enum Kind { kPlanar = 0, kAnt = 1, kHumanoid = 2 };
+
 // The reward/termination parameters of one task; see the Python classes for their meaning.
 struct Task {
+  int kind = kPlanar;       // kPlanar (qpos/qvel only), kAnt, kHumanoid
   int frame_skip = 1;
   int obs_skip = 1;         // leading qpos entries left out of the observation
   double vel_clip = 0.0;    // > 0: qvel clipped to [-vel_clip, vel_clip] in the observation
@@ -48,6 +78,14 @@ struct Task {
   bool state_range = false; // Hopper: every qpos[2:], qvel inside (min_state, max_state)
   double min_state = 0, max_state = 0, min_z = 0, max_z = 0, min_angle = 0, max_angle = 0;
   double dt = 0.0;          // seconds per env step: timestep * frame_skip
+  // Ant and Humanoid (contact forces from mj_rnePostConstraint, derived fields from mj_forward)
+  double contact_w = 0.0;   // contact_cost_weight
+  double force_low = 0.0, force_high = 0.0;  // Ant: contact_force_range (obs and cost)
+  double cost_low = 0.0, cost_high = 0.0;    // Humanoid: contact_cost_range
+  int main_body = 1;        // Ant: the body whose xpos gives the forward velocity
+  double mass_total = 1.0;  // Humanoid: np.sum(body_mass), as NumPy sums it
+  bool obs_cfrc = false;    // observation parts after [qpos[skip:], qvel], in Gymnasium's order
+  bool obs_cinert = false, obs_cvel = false, obs_qfrc = false;
 };
 
 class MujocoCore {
@@ -58,11 +96,12 @@ class MujocoCore {
         episodes_(num_envs, autoreset, max_episode_steps) {
     m_ = reinterpret_cast<mjModel*>(model.attr("_address").cast<std::uintptr_t>());
     if (n_ < 1 || num_threads < 1) throw std::invalid_argument("num_envs and num_threads >= 1");
-    if (m_->nu >= 8) throw std::invalid_argument("at most 7 actuators");  // see ctrl_cost()
     nq_ = m_->nq;
     nv_ = m_->nv;
     nu_ = m_->nu;
-    obs_dim_ = nq_ - task_.obs_skip + nv_;
+    const int rows = m_->nbody - 1;
+    obs_dim_ = nq_ - task_.obs_skip + nv_ + rows * (10 * task_.obs_cinert + 6 * task_.obs_cvel) +
+               (nv_ - 6) * task_.obs_qfrc + rows * 6 * task_.obs_cfrc;
     bufs_ = buffers;
     obs_ = gmi_drl::buffer<double>(buffers, "obs", n_, obs_dim_);
     final_obs_ = gmi_drl::buffer<double>(buffers, "final_obs", n_, obs_dim_);
@@ -81,6 +120,7 @@ class MujocoCore {
     }
     action_.assign(static_cast<size_t>(n_) * nu_, 0.0);
     ctrl_cost_.assign(n_, 0.0);
+    scratch_.resize(n_);
     queue_ = std::make_unique<gmi_drl::WorkQueue>(num_threads, [this](int i) { return run(i); });
   }
 
@@ -133,19 +173,17 @@ class MujocoCore {
  private:
   // Store each env's action as its controls and its control cost. Gymnasium: ctrl_cost_weight *
   // np.sum(np.square(action)) is computed in the action's dtype (NumPy 2 casts the Python float
-  // weight to float32 for a float32 action); np.sum of fewer than 8 values adds them in order.
+  // weight to float32 for a float32 action); Humanoid squares data.ctrl, float64.
   template <typename T>
   void take_actions(const int64_t* id, const py::array& actions) {
     auto a = actions.unchecked<T, 2>();
+    std::vector<T> row(nu_);
     for (py::ssize_t k = 0; k < a.shape(0); ++k) {
-      T sum = 0;
       double* dst = &action_[id[k] * nu_];
-      for (int j = 0; j < nu_; ++j) {
-        const T v = a(k, j);
-        sum += v * v;
-        dst[j] = v;
-      }
-      ctrl_cost_[id[k]] = static_cast<T>(task_.ctrl_w) * sum;
+      for (int j = 0; j < nu_; ++j) row[j] = dst[j] = a(k, j);
+      ctrl_cost_[id[k]] = task_.kind == kHumanoid
+          ? task_.ctrl_w * pairwise_sum_squares<double>(dst, nu_)
+          : static_cast<T>(task_.ctrl_w) * pairwise_sum_squares<T>(row.data(), nu_);
     }
   }
 
@@ -159,15 +197,25 @@ class MujocoCore {
     return "";
   }
 
-  // mj_resetData, then the pre-drawn noisy qpos/qvel (Gymnasium's reset_model); outputs of a
-  // fresh episode. mj_forward is not run: it changes no state and mj_step recomputes every
-  // derived field (the planar tasks read only qpos/qvel).
-  void start_episode(int i) {
+  // mj_resetData, then the pre-drawn noisy qpos/qvel (Gymnasium's reset_model and set_state).
+  // mj_forward runs for Ant and Humanoid, which read derived fields (xpos, cinert, ...); the
+  // planar tasks read only qpos/qvel, and mj_step recomputes every derived field. cfrc_ext stays
+  // as mj_resetData left it (zero): Gymnasium's reset runs no mj_rnePostConstraint.
+  void load_next_state(int i) {
     mjData* d = data_[i];
     mj_resetData(m_, d);
     mju_copy(d->qpos, next_qpos_ + static_cast<size_t>(i) * nq_, nq_);
     mju_copy(d->qvel, next_qvel_ + static_cast<size_t>(i) * nv_, nv_);
     has_next_[i] = false;
+    if (task_.kind != kPlanar) {
+      mj_forward(m_, d);
+      mju_zero(d->cfrc_ext, 6 * m_->nbody);
+    }
+  }
+
+  void start_episode(int i) {
+    mjData* d = data_[i];
+    load_next_state(i);
     observe(d, obs_ + static_cast<size_t>(i) * obs_dim_);
     reward_[i] = 0.0;
     terminated_[i] = truncated_[i] = false;
@@ -176,16 +224,53 @@ class MujocoCore {
     episodes_.start(i);
   }
 
-  // [qpos[obs_skip:], qvel clipped like np.clip (NaN stays NaN)]
+  static double clip(double v, double lo, double hi) {  // np.clip: NaN stays NaN
+    return v < lo ? lo : (v > hi ? hi : v);
+  }
+
+  // [qpos[obs_skip:], qvel clipped like np.clip], then Humanoid's cinert[1:], cvel[1:],
+  // qfrc_actuator[6:], cfrc_ext[1:] or Ant's clip(cfrc_ext)[1:], each where enabled
   void observe(const mjData* d, double* o) const {
+    const Task& t = task_;
     int k = 0;
-    for (int j = task_.obs_skip; j < nq_; ++j) o[k++] = d->qpos[j];
-    const double c = task_.vel_clip;
-    for (int j = 0; j < nv_; ++j) {
-      double v = d->qvel[j];
-      if (c > 0) v = v < -c ? -c : (v > c ? c : v);
-      o[k++] = v;
+    for (int j = t.obs_skip; j < nq_; ++j) o[k++] = d->qpos[j];
+    for (int j = 0; j < nv_; ++j) o[k++] = t.vel_clip > 0 ? clip(d->qvel[j], -t.vel_clip,
+                                                                  t.vel_clip) : d->qvel[j];
+    const int nb = m_->nbody;
+    if (t.obs_cinert) for (int j = 10; j < 10 * nb; ++j) o[k++] = d->cinert[j];
+    if (t.obs_cvel) for (int j = 6; j < 6 * nb; ++j) o[k++] = d->cvel[j];
+    if (t.obs_qfrc) for (int j = 6; j < nv_; ++j) o[k++] = d->qfrc_actuator[j];
+    if (t.obs_cfrc) {
+      for (int j = 6; j < 6 * nb; ++j)
+        o[k++] = t.kind == kAnt ? clip(d->cfrc_ext[j], t.force_low, t.force_high)
+                                : d->cfrc_ext[j];
     }
+  }
+
+  // The x coordinate whose change over a step is the forward velocity: Ant's main body xpos;
+  // Humanoid's mass centre (np.sum(mass * xipos, axis=0) / np.sum(mass): in body order).
+  double x_position(const mjData* d) const {
+    if (task_.kind == kAnt) return d->xpos[3 * task_.main_body];
+    if (task_.kind == kHumanoid) {
+      double num = 0.0;
+      for (int b = 0; b < m_->nbody; ++b) num += m_->body_mass[b] * d->xipos[3 * b];
+      return num / task_.mass_total;
+    }
+    return d->qpos[0];
+  }
+
+  // Ant: contact_cost_weight * np.sum(np.square(clip(cfrc_ext))); Humanoid: np.clip(
+  // contact_cost_weight * np.sum(np.square(cfrc_ext)), *contact_cost_range)
+  double contact_cost(const mjData* d, std::vector<double>& scratch) const {
+    const int n = 6 * m_->nbody;
+    const Task& t = task_;
+    if (t.kind == kAnt) {
+      scratch.resize(n);
+      for (int j = 0; j < n; ++j) scratch[j] = clip(d->cfrc_ext[j], t.force_low, t.force_high);
+      return t.contact_w * pairwise_sum_squares<double>(scratch.data(), n);
+    }
+    return clip(t.contact_w * pairwise_sum_squares<double>(d->cfrc_ext, n), t.cost_low,
+                t.cost_high);
   }
 
   bool healthy(const mjData* d) const {
@@ -207,15 +292,31 @@ class MujocoCore {
       return;
     }
     mjData* d = data_[i];
-    const double x_before = d->qpos[0];
+    const double x_before = x_position(d);
     mju_copy(d->ctrl, &action_[static_cast<size_t>(i) * nu_], nu_);
     for (int s = 0; s < task_.frame_skip; ++s) mj_step(m_, d);
-    const double x_velocity = (d->qpos[0] - x_before) / task_.dt;
+    if (task_.kind != kPlanar) mj_rnePostConstraint(m_, d);  // MujocoEnv.do_simulation
+    const double x_velocity = (x_position(d) - x_before) / task_.dt;
     double* o = obs_ + static_cast<size_t>(i) * obs_dim_;
     observe(d, o);
     double reward;
     bool terminated = false;
-    if (task_.healthy_terms) {
+    if (task_.kind == kAnt) {
+      // healthy: state_vector() finite and min_z <= z <= max_z; rewards = x_velocity *
+      // forward_w + healthy * healthy_reward; reward = rewards - (ctrl_cost + contact_cost)
+      bool ok = task_.min_z <= d->qpos[2] && d->qpos[2] <= task_.max_z;
+      for (int j = 0; j < nq_ && ok; ++j) ok = std::isfinite(d->qpos[j]);
+      for (int j = 0; j < nv_ && ok; ++j) ok = std::isfinite(d->qvel[j]);
+      const double rewards = x_velocity * task_.forward_w + (ok ? task_.healthy_reward : 0.0);
+      reward = rewards - (ctrl_cost_[i] + contact_cost(d, scratch_[i]));
+      terminated = !ok && task_.terminate;
+    } else if (task_.kind == kHumanoid) {
+      // healthy: min_z < z < max_z; rewards = forward_w * x_velocity + healthy * healthy_reward
+      const bool ok = task_.min_z < d->qpos[2] && d->qpos[2] < task_.max_z;
+      const double rewards = task_.forward_w * x_velocity + (ok ? task_.healthy_reward : 0.0);
+      reward = rewards - (ctrl_cost_[i] + contact_cost(d, scratch_[i]));
+      terminated = !ok && task_.terminate;
+    } else if (task_.healthy_terms) {
       // rewards = forward_reward + healthy_reward; reward = rewards - ctrl_cost
       const bool ok = healthy(d);
       reward = task_.forward_w * x_velocity + (ok ? task_.healthy_reward : 0.0);
@@ -234,10 +335,7 @@ class MujocoCore {
       if (!has_next_[i]) throw std::runtime_error("no pre-drawn reset state");
       double* f = final_obs_ + static_cast<size_t>(i) * obs_dim_;
       std::copy(o, o + obs_dim_, f);
-      mj_resetData(m_, d);
-      mju_copy(d->qpos, next_qpos_ + static_cast<size_t>(i) * nq_, nq_);
-      mju_copy(d->qvel, next_qvel_ + static_cast<size_t>(i) * nv_, nv_);
-      has_next_[i] = false;
+      load_next_state(i);
       observe(d, o);
     }
   }
@@ -253,6 +351,7 @@ class MujocoCore {
   int64_t* ep_length_;
   std::vector<mjData*> data_;
   std::vector<double> action_, ctrl_cost_;
+  std::vector<std::vector<double>> scratch_;  // per env (threads step different envs)
   std::unique_ptr<gmi_drl::WorkQueue> queue_;  // last: its threads stop before the rest goes
 };
 
@@ -263,6 +362,7 @@ PYBIND11_MODULE(_mujoco_core, mod) {
   mod.attr("MUJOCO_VERSION") = mjVERSION_HEADER;
   py::class_<Task>(mod, "Task")
       .def(py::init<>())
+      .def_readwrite("kind", &Task::kind)
       .def_readwrite("frame_skip", &Task::frame_skip)
       .def_readwrite("obs_skip", &Task::obs_skip)
       .def_readwrite("vel_clip", &Task::vel_clip)
@@ -278,7 +378,21 @@ PYBIND11_MODULE(_mujoco_core, mod) {
       .def_readwrite("max_z", &Task::max_z)
       .def_readwrite("min_angle", &Task::min_angle)
       .def_readwrite("max_angle", &Task::max_angle)
-      .def_readwrite("dt", &Task::dt);
+      .def_readwrite("dt", &Task::dt)
+      .def_readwrite("contact_w", &Task::contact_w)
+      .def_readwrite("force_low", &Task::force_low)
+      .def_readwrite("force_high", &Task::force_high)
+      .def_readwrite("cost_low", &Task::cost_low)
+      .def_readwrite("cost_high", &Task::cost_high)
+      .def_readwrite("main_body", &Task::main_body)
+      .def_readwrite("mass_total", &Task::mass_total)
+      .def_readwrite("obs_cfrc", &Task::obs_cfrc)
+      .def_readwrite("obs_cinert", &Task::obs_cinert)
+      .def_readwrite("obs_cvel", &Task::obs_cvel)
+      .def_readwrite("obs_qfrc", &Task::obs_qfrc);
+  mod.attr("KIND_PLANAR") = static_cast<int>(kPlanar);
+  mod.attr("KIND_ANT") = static_cast<int>(kAnt);
+  mod.attr("KIND_HUMANOID") = static_cast<int>(kHumanoid);
   py::class_<MujocoCore>(mod, "MujocoCore")
       .def(py::init<py::object, int, int, Task, int, int, py::dict>(), py::arg("model"),
            py::arg("num_envs"), py::arg("num_threads"), py::arg("task"), py::arg("autoreset"),

@@ -1,4 +1,4 @@
-"""MuJoCo locomotion on a C++ thread pool: EnvPool's thread-pool engine for the planar tasks.
+"""MuJoCo locomotion on a C++ thread pool: EnvPool's thread-pool engine for Gymnasium's v5 tasks.
 
 Source: EnvPool (papers/003_e9bf2f468e812145.txt, §3): actions are queued with their env ids and
 ``send`` returns at once; worker threads step one env each, write its results into the pool's
@@ -16,8 +16,11 @@ reset state of every env the core returned (``next_qpos``/``next_qvel``); so the
 Gymnasium's and the NumPy engine's (``tests/envs/test_mujoco_threads.py``).
 
 Tasks: Hopper-v5, Walker2d-v5, HalfCheetah-v5, Swimmer-v5 (observations and rewards read only
-``qpos``/``qvel``). ``engine="numpy"`` selects the vectorised NumPy engine
-(`gmi_drl.envs.mujoco_locomotion`) instead; it also runs where the core is missing.
+``qpos``/``qvel``), and Ant-v5 and Humanoid-v5, for which the core runs Gymnasium's
+``mj_forward`` at reset and ``mj_rnePostConstraint`` after each step (contact forces, ``cinert``,
+``cvel``, ``qfrc_actuator``) and sums squares in NumPy's pairwise order. ``engine="numpy"``
+selects the vectorised NumPy engine (`gmi_drl.envs.mujoco_locomotion`) instead; it also runs
+where the core is missing.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ else:
     _IMPORT_ERROR = None
 
 TASKS = {task_id: ml.TASKS[task_id] for task_id in
-         ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Swimmer-v5")}
+         ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Swimmer-v5", "Ant-v5", "Humanoid-v5")}
 ENGINES = ("auto", "threads", "numpy")
 _MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 
@@ -59,16 +62,28 @@ def unavailable_reason(env: ml.MujocoBatch | None = None) -> str | None:
     if env is not None:
         if type(env) not in {cls for cls, _ in TASKS.values()}:
             return f"{type(env).__name__} is not a thread-engine task"
-        if env.model.nu >= 8:
-            return f"the model has {env.model.nu} actuators; the thread engine takes at most 7"
     return None
 
 
 def _task(env: ml.MujocoBatch) -> Any:
-    """The core's `Task` parameters of a planar-walker or forward-only task instance."""
+    """The core's `Task` parameters of a task instance (its Gymnasium keyword arguments)."""
     t = _mujoco_core.Task()
     t.frame_skip, t.dt, t.obs_skip = env.frame_skip, env.dt, env._skip
     t.forward_w, t.ctrl_w = float(env._forward_w), float(env._ctrl_w)
+    if isinstance(env, (ml.AntBatch, ml.HumanoidBatch)):
+        t.contact_w, t.healthy_reward = float(env._contact_w), float(env._healthy_reward)
+        t.terminate = bool(env._terminate)
+        t.min_z, t.max_z = env._z_range
+    if isinstance(env, ml.AntBatch):
+        t.kind, t.main_body = _mujoco_core.KIND_ANT, int(env._main_body)
+        t.force_low, t.force_high = env._force_range
+        t.obs_cfrc = bool(env._include_cfrc)
+    elif isinstance(env, ml.HumanoidBatch):
+        t.kind, t.mass_total = _mujoco_core.KIND_HUMANOID, float(env._mass_total)
+        t.cost_low, t.cost_high = env._contact_range
+        parts = {field for field, _ in env._parts}
+        t.obs_cinert, t.obs_cvel = "cinert" in parts, "cvel" in parts
+        t.obs_qfrc, t.obs_cfrc = "qfrc_actuator" in parts, "cfrc_ext" in parts
     if isinstance(env, ml._PlanarWalker):
         t.vel_clip = 10.0
         t.healthy_terms, t.healthy_reward = True, float(env._healthy_reward)
@@ -157,7 +172,7 @@ class MujocoThreadEngine(Engine):
 def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: int,
                 seeds: np.ndarray, autoreset: AutoresetMode, engine: str = "auto",
                  **kwargs: Any) -> tuple[EnvSpec, Engine]:
-    """The registry's engine factory for the four tasks: the thread engine or the NumPy one.
+    """The registry's engine factory of the `TASKS`: the thread engine or the NumPy one.
 
     Args:
         engine: ``"threads"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
@@ -186,6 +201,6 @@ def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: i
 
 
 def register_tasks(register) -> None:
-    """Register the four tasks with `make_engine` (after `mujoco_locomotion.register_tasks`)."""
+    """Register the `TASKS` with `make_engine` (after `mujoco_locomotion.register_tasks`)."""
     for task_id in TASKS:
         register(task_id, engine=functools.partial(make_engine, task_id))

@@ -11,6 +11,6 @@ def register_all(register) -> None:
     classic_control.register_tasks(register)
     register(cartpole_native.TASK_ID, pool=cartpole_native.make_pool)  # C++ where built
     mujoco_locomotion.register_tasks(register)
-    mujoco_threads.register_tasks(register)  # the planar tasks: C++ threads where built
+    mujoco_threads.register_tasks(register)  # the v5 locomotion tasks: C++ threads where built
     atari.register_tasks(register)
     warp_pool.register_tasks(register)  # GMI-DRL's Table 6 tasks on MuJoCo Warp

@@ -36,7 +36,7 @@ def _lockstep(task_id: str, n: int, steps: int, seed: int, **kwargs) -> int:
     rng = np.random.default_rng(seed)
     ends = 0
     with envs.make(task_id, num_envs=n, num_workers=2, seed=seed, autoreset="same_step",
-                   **kwargs) as pool:  # the thread engine where it is built, for its four tasks
+                   **kwargs) as pool:  # the thread engine where it is built, for its tasks
         assert pool.observation_space == refs[0].observation_space
         assert pool.action_space == refs[0].action_space
         obs, _ = pool.reset()
@@ -65,7 +65,7 @@ def test_lockstep_with_gymnasium(task_id):
     assert ends >= 4  # episodes ended and were reset on both sides (all envs truncate at 1000)
 
 
-@pytest.mark.parametrize("task_id", ["Hopper-v5", "HalfCheetah-v5"])
+@pytest.mark.parametrize("task_id", ["Hopper-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5"])
 def test_numpy_engine_lockstep_with_gymnasium(task_id):
     """The vectorised NumPy engine, which runs these tasks where the C++ core is not built."""
     ends = _lockstep(task_id, n=4, steps=LOCKSTEP_STEPS, seed=3, engine="numpy")
