@@ -31,9 +31,9 @@ from gmi_drl import envs
 
 
 def _policy(task_id: str, device: str) -> torch.nn.Module:
-    from gmi_drl.envs.warp_tasks import TASKS
+    from gmi_drl.envs.warp import tasks
 
-    t = TASKS[task_id]
+    t = tasks()[task_id]
     sizes = [t.obs_dim, *t.policy, t.action_dim]
     layers: list[torch.nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:]):
@@ -105,7 +105,7 @@ def _mps_running() -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--tasks", nargs="+", default=["Ant-gmi-v0", "Humanoid-gmi-v0"])
+    ap.add_argument("--tasks", nargs="+", default=["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0"])
     ap.add_argument("--num-envs", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--total-envs", type=int, default=8192)

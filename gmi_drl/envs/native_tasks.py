@@ -6,7 +6,8 @@ from __future__ import annotations
 def register_all(register) -> None:
     """Call ``register`` for every native task (classic control, MuJoCo, Atari)."""
     from gmi_drl.envs import (atari, cartpole_native, classic_control, mujoco_locomotion,
-                              mujoco_threads, warp_pool)
+                              mujoco_threads)
+    from gmi_drl.envs.warp import pool as warp_pool
 
     classic_control.register_tasks(register)
     register(cartpole_native.TASK_ID, pool=cartpole_native.make_pool)  # C++ where built

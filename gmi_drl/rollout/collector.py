@@ -46,7 +46,7 @@ class Collector:
     rollout the pool's ``check_limits`` runs (a simulator's contact buffers, once per rollout).
 
     Args:
-        pool: an `EnvPool` (or `gmi_drl.envs.warp_pool.WarpPool`) with ``env_batch_size ==
+        pool: an `EnvPool` (or `gmi_drl.envs.warp.pool.WarpPool`) with ``env_batch_size ==
             num_envs`` and ``same_step`` autoreset.
         acting: the policy (`gmi_drl.rollout.acting.make_acting`).
         arrays: where the buffer and normalisers live (on ``arrays.device``; replaced by its

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gmi_drl import envs
-from gmi_drl.envs.warp_pool import warp_error
+from gmi_drl.envs.warp.pool import warp_error
 
 pytestmark = pytest.mark.skipif(warp_error() is not None, reason=str(warp_error()))
 
@@ -18,9 +18,9 @@ N = 4
 
 
 def _tasks():
-    from gmi_drl.envs import warp_tasks
+    from gmi_drl.envs.warp import locomotion
 
-    return warp_tasks
+    return locomotion
 
 
 @pytest.fixture(scope="module", params=["Ant-gmi-v0", "Humanoid-gmi-v0"])
@@ -39,16 +39,19 @@ def _actions(rng, pool):
     return rng.uniform(-1.3, 1.3, (pool.num_envs, pool.model.nu)).astype(np.float32)  # some clip
 
 
-def test_table6_sizes_and_spaces(pool):
-    t = pool.task
-    sizes = {"Ant-gmi-v0": (60, 8, (256, 128, 64)), "Humanoid-gmi-v0": (108, 21, (200, 400, 100))}
-    assert (t.obs_dim, t.action_dim, t.policy) == sizes[t.task_id]
-    spec = envs.task_spec(t.task_id)
-    assert spec.observation_space.shape == (t.obs_dim,) == pool.observation_space.shape
-    assert spec.action_space.shape == (t.action_dim,) and pool.model.nu == t.action_dim
-    obs, info = pool.reset()
-    assert obs.shape == (N, t.obs_dim) and obs.dtype == np.float32
-    assert info["env_id"].tolist() == list(range(N))
+@pytest.mark.parametrize("task_id, sizes", [
+    ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
+    ("Anymal-gmi-v0", (48, 12, (256, 128, 64)))])
+def test_table6_sizes_and_spaces(task_id, sizes):
+    with envs.make(task_id, N, seed=0, autoreset="same_step") as p:
+        t = p.task
+        assert (t.obs_dim, t.action_dim, t.policy) == sizes
+        spec = envs.task_spec(t.task_id)
+        assert spec.observation_space.shape == (t.obs_dim,) == p.observation_space.shape
+        assert spec.action_space.shape == (t.action_dim,) and p.model.nu == t.action_dim
+        obs, info = p.reset()
+        assert obs.shape == (N, t.obs_dim) and obs.dtype == np.float32
+        assert info["env_id"].tolist() == list(range(N))
 
 
 def test_observation_reward_and_termination_match_the_formulas(pool):
@@ -82,10 +85,68 @@ def test_observation_reward_and_termination_match_the_formulas(pool):
 
 
 def _potential(pool, qpos):
-    from gmi_drl.envs.warp_tasks import TARGET
+    from gmi_drl.envs.warp.locomotion import TARGET
 
     x, y = np.float64(qpos[0]), np.float64(qpos[1])  # as the kernel: ~6e4 differenced
     return -np.hypot(TARGET[0] - x, TARGET[1] - y) / pool.task.control_dt
+
+
+@pytest.fixture(scope="module")
+def anymal():
+    with envs.make("Anymal-gmi-v0", N, seed=21, autoreset="same_step") as p:
+        yield p
+
+
+def test_anymal_observation_reward_and_termination_match_the_formulas(anymal):
+    from gmi_drl.envs.warp import quadruped as q
+
+    p, task = anymal, anymal.task
+    obs, _ = p.reset()
+    command = p._task_state.numpy().copy()
+    for lo_hi, c in zip(task.commands, command.T):  # a fresh command per world, in range
+        assert ((lo_hi[0] <= c) & (c <= lo_hi[1])).all() and len(set(c.round(6))) == N
+    np.testing.assert_allclose(obs[:, 9:12], command * [2.0, 2.0, 0.25], rtol=1e-6)
+    assert not obs[:, 36:].any()  # no action yet
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(30):
+        a = rng.uniform(-0.3, 0.3, (N, 12)).astype(np.float32)
+        obs, rew, term, trunc, info = p.step(a)
+        d = p._d
+        qpos, qvel, frc = d.qpos.numpy(), d.qvel.numpy(), d.qfrc_actuator.numpy()
+        touch = d.sensordata.numpy()
+        for w in np.flatnonzero(~(term | trunc)):
+            ref = q.reference_observation(task, p.layout, qpos[w], qvel[w], command[w], a[w])
+            np.testing.assert_allclose(obs[w], ref, rtol=1e-4, atol=1e-5)
+            r, fell = q.reference_reward(task, p.layout, qpos[w], qvel[w], command[w],
+                                         frc[w, p.layout.dof_qvel], touch[w])
+            assert rew[w] == pytest.approx(r, rel=1e-4, abs=1e-6) and not fell
+            checked += 1
+        command = p._task_state.numpy().copy()
+    assert checked > 100
+
+
+def test_anymal_stands_on_its_pd_targets_and_terminates_on_its_back(anymal):
+    p = anymal
+    p.reset()
+    for _ in range(100):  # action 0: PD targets at the default pose
+        obs, rew, term, trunc, info = p.step(np.zeros((N, 12), np.float32))
+        assert not (term | trunc).any()
+    z = p._d.qpos.numpy()[:, 2]
+    assert (0.5 < z).all() and (z < 0.62).all()  # landed on its feet, standing
+    assert (obs[:, 8] < -0.99).all()  # gravity points down the base's z: upright
+    qpos = p._d.qpos.numpy()
+    qpos[0, 3:7] = [0.0, 1.0, 0.0, 0.0]  # world 0 upside down
+    p._d.qpos.assign(qpos)
+    ended = False
+    for _ in range(60):
+        _, _, term, _, info = p.step(np.zeros((N, 12), np.float32))
+        if term[0]:
+            ended = True
+            assert info["final_obs"][0, 8] > 0.9  # it ended on its back
+            break
+        assert not term[1:].any()
+    assert ended
 
 
 def test_same_step_autoreset_keeps_final_obs_and_episode_totals():

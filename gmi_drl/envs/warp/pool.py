@@ -2,8 +2,8 @@
 
 Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) §1-§3: each GMI holds a GPU simulator with
 thousands of environments beside its agent and trainer. MuJoCo Warp steps all of a pool's
-worlds with one batched `mujoco_warp.Data`; the task kernel (`gmi_drl.envs.warp_tasks`) takes
-observations, rewards and terminations and resets ended worlds in the same step, on the device.
+worlds with one batched `mujoco_warp.Data`; the task's kernels (`gmi_drl.envs.warp`) take
+observations, rewards and terminations and reset ended worlds in the same step, on the device.
 
 On a CUDA device one env step (action clipping, ``frame_skip`` physics steps, the task kernel)
 is one captured CUDA graph, launched by `send` on the pool's Warp stream; the caller's torch
@@ -17,7 +17,8 @@ uncaptured step has compiled and loaded every kernel, with Python's GC off while
 per-world contact and constraint limits (``nconmax``, ``njmax``) are checked through
 ``Data.overflow`` by `check_limits` (the collector's caller runs it once per rollout) and a
 step past them raises instead of training on dropped contacts; physics is float32, where
-MuJoCo C is float64 (`tests/envs/test_warp_pool.py` bounds the difference on a short horizon).
+MuJoCo C is float64 (`tests/envs/test_warp_pool.py` bounds the difference over a short
+horizon).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class WarpPool:
     valid until the next `send`/`step`/`reset`. Actions are clipped to [-1, 1] on the device.
 
     Args:
-        task: a `gmi_drl.envs.warp_tasks.LocomotionTask`.
+        task: a warp task definition (`gmi_drl.envs.warp.tasks`).
         num_envs: worlds (sub-environments).
         seeds: ``(num_envs,) int64`` (`env_seeds`): world ``i`` draws every reset from a
             generator keyed by ``seeds[i]`` and its count of resets.
@@ -99,13 +100,15 @@ class WarpPool:
         if err:
             raise RuntimeError(err)
         wp = self._wp = init_warp()
+        import importlib
+
         import mujoco_warp as mjw
         import torch
 
-        from gmi_drl.envs import warp_kernels as wt
-        from gmi_drl.envs import warp_tasks as tasks
+        from gmi_drl.envs.warp import worlds
 
-        self._mjw, self._wt, self._torch = mjw, wt, torch
+        wt = importlib.import_module(f"gmi_drl.envs.warp.{task.kernels}")
+        self._mjw, self._wt, self._worlds_mod, self._torch = mjw, wt, worlds, torch
         self.task = task
         self.num_envs = self.env_batch_size = int(num_envs)
         self.autoreset = AutoresetMode.SAME_STEP
@@ -120,12 +123,9 @@ class WarpPool:
         self._graph_wanted = self._on_cuda if graph is None else bool(graph)
         if self._graph_wanted and not self._on_cuda:
             raise ValueError("graph=True needs a CUDA device (CUDA graphs)")
-        self.model = tasks.build_model(task)
-        self.layout = tasks.model_layout(self.model)
-        if self.layout.ndof * 2 + 12 + self.model.nu + self.layout.nsensordata \
-                + (self.layout.ndof if task.dof_force_obs else 0) != task.obs_dim:
-            raise ValueError(f"{task.task_id}: the model gives another observation size than "
-                             f"{task.obs_dim}")
+        self.model = task.build_model()
+        self.layout = task.layout(self.model)
+        task.check_model(self.model, self.layout)
         obs_space = gym.spaces.Box(-np.inf, np.inf, (task.obs_dim,), np.float32)
         act_space = gym.spaces.Box(-1.0, 1.0, (task.action_dim,), np.float32)
         self.spec = EnvSpec(task.task_id, obs_space, act_space, task.max_episode_steps)
@@ -152,11 +152,15 @@ class WarpPool:
             self._episode_return = z(n, dtype=wp.float64)
             self._episode_length = z(n, dtype=wp.int32)
             self._mask = z(n, dtype=wp.int32)
+            self._task_state = z((n, max(task.state_dim, 1)), dtype=wp.float32)
+            scale, offset = task.action_map(self.layout)
+            self._act_scale, self._act_offset = wp.array(scale), wp.array(offset)
             self._stream = wp.get_stream(self._device) if self._on_cuda else None
-            self._worlds = wt.make_worlds(
+            self._worlds = worlds.make_worlds(
                 self._d, seed=self._seed, resets=self._resets, actions=self._actions,
                 potentials=self._potentials, running_return=self._running_return,
-                running_length=self._running_length, obs=self._obs)
+                running_length=self._running_length, obs=self._obs,
+                task_state=self._task_state)
         view = self._view
         self._out = {k: view(getattr(self, "_" + k)) for k in (
             "obs", "final_obs", "reward", "terminated", "truncated", "episode_return",
@@ -300,7 +304,8 @@ class WarpPool:
         """One env step: clip actions into controls, ``frame_skip`` physics steps, the task
         kernel (observe, reward, terminate, reset ended worlds)."""
         wp, d, n, nu = self._wp, self._d, self.num_envs, self.model.nu
-        wp.launch(self._wt.apply_actions, dim=(n, nu), inputs=[self._actions_in],
+        wp.launch(self._worlds_mod.apply_actions, dim=(n, nu),
+                  inputs=[self._actions_in, self._act_scale, self._act_offset],
                   outputs=[self._actions, d.ctrl])
         for _ in range(self.task.frame_skip):
             self._mjw.step(self._m, d)
@@ -396,9 +401,9 @@ class WarpTaskFactory:
         self.task_id = task_id
 
     def spec(self) -> EnvSpec:
-        from gmi_drl.envs.warp_tasks import TASKS
+        from gmi_drl.envs.warp import tasks
 
-        t = TASKS[self.task_id]
+        t = tasks()[self.task_id]
         return EnvSpec(t.task_id, gym.spaces.Box(-np.inf, np.inf, (t.obs_dim,), np.float32),
                        gym.spaces.Box(-1.0, 1.0, (t.action_dim,), np.float32),
                        t.max_episode_steps)
@@ -408,7 +413,7 @@ class WarpTaskFactory:
                  device: str = "cpu", **kwargs: Any) -> WarpPool:
         """Raises ``ValueError`` (every problem at once) for an engine other than ``auto`` /
         ``warp``, partial batches or an autoreset mode other than ``same_step``."""
-        from gmi_drl.envs.warp_tasks import TASKS
+        from gmi_drl.envs.warp import tasks
 
         errors = []
         if engine not in ENGINES:
@@ -421,12 +426,12 @@ class WarpTaskFactory:
                           "with autoreset='same_step'")
         if errors:
             raise ValueError(f"invalid pool of {self.task_id}: " + "; ".join(errors))
-        return WarpPool(TASKS[self.task_id], num_envs, seeds, device, **kwargs)
+        return WarpPool(tasks()[self.task_id], num_envs, seeds, device, **kwargs)
 
 
 def register_tasks(register) -> None:
-    """Register the warp tasks (`gmi_drl.envs.warp_tasks.TASKS`) with the pool registry."""
-    from gmi_drl.envs.warp_tasks import TASKS
+    """Register the warp tasks (`gmi_drl.envs.warp.tasks`) with the pool registry."""
+    from gmi_drl.envs.warp import tasks
 
-    for task_id in TASKS:
+    for task_id in tasks():
         register(task_id, pool=WarpTaskFactory(task_id), on_device=True)

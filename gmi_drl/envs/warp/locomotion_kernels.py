@@ -1,6 +1,6 @@
-"""The warp engine's task kernel: observation, reward, termination and same-step reset of
-every world, on the device (Isaac Gym's ``compute_*_observations``, ``compute_*_reward`` and
-``reset_idx``; `gmi_drl.envs.warp_tasks` has the tasks, their constants and the NumPy
+"""Ant's and Humanoid's kernels: observation, reward, termination and same-step reset of every
+world, on the device (Isaac Gym's ``compute_*_observations``, ``compute_*_reward`` and
+``reset_idx``; `gmi_drl.envs.warp.locomotion` has the tasks, their constants and the NumPy
 references the tests compare with). One thread per world.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import warp as wp
 
-from gmi_drl.envs.warp_tasks import TARGET, LocomotionTask, ModelLayout
+from gmi_drl.envs.warp.locomotion import TARGET, LocomotionTask, ModelLayout
+from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
 
 
 @wp.struct
@@ -182,46 +183,6 @@ def _reset_world(w: int, p: LocomotionParams, seed: wp.array(dtype=wp.int32),
         qvel[w, p.dof_qvel[j]] = wp.randf(state, -0.1, 0.1)
 
 
-@wp.kernel
-def apply_actions(actions_in: wp.array2d(dtype=wp.float32),
-                  actions: wp.array2d(dtype=wp.float32), ctrl: wp.array2d(dtype=wp.float32)):
-    """Clip actions to [-1, 1] (Isaac Gym's ``clipActions``) into the step's actions and the
-    model's controls (``ctrl x gear`` is the joint torque: Isaac's ``action x motor effort``)."""
-    w, a = wp.tid()
-    x = wp.clamp(actions_in[w, a], -1.0, 1.0)
-    actions[w, a] = x
-    ctrl[w, a] = x
-
-
-@wp.struct
-class Worlds:
-    """Every array the task kernels read or write, one row per world (MuJoCo Warp's ``Data``
-    arrays among them); built once per pool (`make_worlds`), its arrays never replaced."""
-
-    seed: wp.array(dtype=wp.int32)
-    resets: wp.array(dtype=wp.int32)
-    qpos: wp.array2d(dtype=wp.float32)
-    qvel: wp.array2d(dtype=wp.float32)
-    qacc_warmstart: wp.array2d(dtype=wp.float32)
-    sensordata: wp.array2d(dtype=wp.float32)
-    qfrc_actuator: wp.array2d(dtype=wp.float32)
-    actions: wp.array2d(dtype=wp.float32)
-    potentials: wp.array(dtype=wp.float64)
-    running_return: wp.array(dtype=wp.float64)
-    running_length: wp.array(dtype=wp.int32)
-    obs: wp.array2d(dtype=wp.float32)
-
-
-def make_worlds(data, **arrays) -> Worlds:
-    """A `Worlds` of MuJoCo Warp ``data`` and the pool's own ``arrays`` (by field name)."""
-    worlds = Worlds()
-    for name in ("qpos", "qvel", "qacc_warmstart", "sensordata", "qfrc_actuator"):
-        setattr(worlds, name, getattr(data, name))
-    for name, array in arrays.items():
-        setattr(worlds, name, array)
-    return worlds
-
-
 @wp.func
 def _start_episode(w: int, p: LocomotionParams, s: Worlds):
     """Reset world ``w``, write its first observation and zero its running episode totals."""
@@ -249,19 +210,9 @@ def finish_step(p: LocomotionParams, s: Worlds, final_obs: wp.array2d(dtype=wp.f
     fell = s.obs[w, 0] < p.termination_height
     if fell:
         r = p.death_cost
-    length = s.running_length[w] + 1
-    total = s.running_return[w] + wp.float64(r)
-    timeout = length >= p.max_episode_steps
-    reward[w] = r
-    terminated[w] = fell
-    truncated[w] = timeout and not fell
-    episode_return[w] = total
-    episode_length[w] = length
-    s.running_return[w] = total
-    s.running_length[w] = length
-    if fell or timeout:
-        for i in range(s.obs.shape[1]):
-            final_obs[w, i] = s.obs[w, i]
+    if end_episode_totals(w, s, r, p.max_episode_steps, fell, reward, terminated, truncated,
+                          episode_return, episode_length):
+        keep_final_obs(w, s, final_obs)
         _start_episode(w, p, s)
 
 

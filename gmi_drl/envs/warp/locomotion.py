@@ -1,12 +1,12 @@
-"""The GMI-DRL benchmark tasks for the warp engine: models, constants and NumPy references.
+"""Ant and Humanoid for the warp engine: models, constants and NumPy references.
 
 Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6, which trains Isaac Gym's tasks. The
 observation, reward, reset noise and termination of each task follow the Isaac Gym task
 definitions the paper used (IsaacGymEnvs ``Ant`` and ``Humanoid``: ``compute_*_observations``,
 ``compute_*_reward``, ``reset_idx`` and their ``cfg/task/*.yaml`` constants); physics is MuJoCo's
 (through MuJoCo Warp), not PhysX, and the models are MJCF that ships with a dependency (named in
-each `LocomotionTask`). Both tasks share one kernel (`gmi_drl.envs.warp_kernels`): they are
-the same "walk to a target 1 km away along +x" task on different bodies. This module needs no
+each `LocomotionTask`). Both tasks share one kernel (`gmi_drl.envs.warp.locomotion_kernels`):
+they are the same "walk to a target 1 km away along +x" task on different bodies. This module needs no
 Warp (the registry reads it); the NumPy references here are what the tests hold the kernel to.
 
 A task's observation (float32, Isaac Gym's order), with ``ndof`` hinge joints and ``nu``
@@ -38,7 +38,7 @@ import numpy as np
 
 # ``LocomotionParams.limit_cost``: how joints near their limits are charged
 LIMIT_COUNT = 0  # Ant: joints_at_limit_cost x (number of joints with scaled position > 0.99)
-LIMIT_SCALED = 1  # Humanoid: sum over joints with |scaled| > 0.98 of cost x (|s|-0.98)/0.02 x effort
+LIMIT_SCALED = 1  # Humanoid: sum over |scaled| > 0.98 of cost x (|s| - 0.98) / 0.02 x effort
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,28 @@ class LocomotionTask:
     obs_dim: int
     action_dim: int
     policy: tuple[int, ...]
+    kernels = "locomotion_kernels"
+    state_dim = 0
+
+    def build_model(self) -> mujoco.MjModel:
+        return build_model(self)
+
+    def layout(self, model: mujoco.MjModel) -> "ModelLayout":
+        return model_layout(model)
+
+    def action_map(self, layout: "ModelLayout") -> tuple[np.ndarray, np.ndarray]:
+        """``(scale, offset) (nu,) float32``: ``ctrl = action x scale + offset`` (the motor
+        command itself here)."""
+        nu = len(layout.act_dof)
+        return np.ones(nu, np.float32), np.zeros(nu, np.float32)
+
+    def check_model(self, model: mujoco.MjModel, layout: "ModelLayout") -> None:
+        """Raise ``ValueError`` where the model does not give Table 6's sizes."""
+        size = (12 + 2 * layout.ndof + model.nu + layout.nsensordata
+                + (layout.ndof if self.dof_force_obs else 0))
+        if size != self.obs_dim or model.nu != self.action_dim:
+            raise ValueError(f"{self.task_id}: the model gives obs {size} and actions "
+                             f"{model.nu}, not {self.obs_dim} and {self.action_dim}")
 
 
 def _gymnasium_asset(name: str) -> str:
@@ -115,8 +137,6 @@ HUMANOID = LocomotionTask(
     heading_weight=0.5, up_weight=0.1, actions_cost=0.01, energy_cost=0.05,
     joints_at_limit_cost=0.25, limit_cost=LIMIT_SCALED, alive_reward=2.0, death_cost=-1.0,
     termination_height=0.8, obs_dim=108, action_dim=21, policy=(200, 400, 100))
-
-TASKS = {t.task_id: t for t in (ANT, HUMANOID)}
 
 TARGET = (1000.0, 0.0, 0.0)
 """Isaac Gym's walk target, metres (the potential is the distance to it in the ground plane)."""

@@ -1,0 +1,26 @@
+"""The warp engine: GPU simulators on MuJoCo Warp, every world of a pool in one batched model.
+
+Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) §1-§3 and Table 6, whose tasks follow Isaac
+Gym's task definitions (IsaacGymEnvs). Modules:
+
+- `pool`: `WarpPool`, the engine (the pool API over MuJoCo Warp; CUDA graphs; tensors out).
+- `worlds`: the per-world arrays every task kernel reads and writes, and the action kernel.
+- `locomotion`, `locomotion_kernels`: Ant and Humanoid (walk to a target).
+- `quadruped`, `quadruped_kernels`: Anymal (track a commanded base velocity).
+
+A task definition (no Warp needed to read it: the registry does) has ``task_id``,
+``obs_dim``, ``action_dim``, ``policy`` (Table 6's hidden sizes), ``max_episode_steps``,
+``frame_skip``, ``control_dt``, ``state_dim`` (task floats kept per world, e.g. Anymal's
+command), ``build_model()``, ``layout(model)`` and ``kernels`` (the name of its kernel module);
+the kernel module has ``make_params(task, layout, device)``, ``finish_step`` and
+``reset_worlds``.
+"""
+
+from __future__ import annotations
+
+
+def tasks() -> dict:
+    """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
+    from gmi_drl.envs.warp import locomotion, quadruped
+
+    return {t.task_id: t for t in (locomotion.ANT, locomotion.HUMANOID, quadruped.ANYMAL)}
