@@ -9,8 +9,8 @@ Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 
 RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo. Every
 algorithm of the iSwitch paper (papers/001, §5.1) has an ``iswitch`` preset: its workload and a
 network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah). ``gmi-ant`` and
-``gmi-humanoid``, ``gmi-anymal`` are rl_games' IsaacGymEnvs settings for GMI-DRL's Table 6
-tasks (warp engine).
+``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance`` are rl_games' IsaacGymEnvs settings for
+GMI-DRL's Table 6 tasks (warp engine).
 """
 
 from __future__ import annotations
@@ -491,7 +491,8 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
             "cartpole-zoo": _ppo_cartpole_zoo, "demo": _ppo_demo, "iswitch": _ppo_iswitch,
             "gmi-ant": _ppo_gmi("Ant-gmi-v0", 16, 4, 3e-4, "256:128:64"),
             "gmi-humanoid": _ppo_gmi("Humanoid-gmi-v0", 32, 5, 5e-4, "200:400:100"),
-            "gmi-anymal": _ppo_gmi("Anymal-gmi-v0", 24, 5, 3e-4, "256:128:64")},
+            "gmi-anymal": _ppo_gmi("Anymal-gmi-v0", 24, 5, 3e-4, "256:128:64"),
+            "gmi-ballbalance": _ppo_gmi("BallBalance-gmi-v0", 16, 8, 3e-4, "256:128:64")},
     "a2c": {"classic": _a2c_classic, "atari": _a2c_atari, "iswitch": _a2c_iswitch},
     "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo,
             "iswitch": _dqn_iswitch},

@@ -41,7 +41,8 @@ def _actions(rng, pool):
 
 @pytest.mark.parametrize("task_id, sizes", [
     ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
-    ("Anymal-gmi-v0", (48, 12, (256, 128, 64)))])
+    ("Anymal-gmi-v0", (48, 12, (256, 128, 64))),
+    ("BallBalance-gmi-v0", (24, 3, (256, 128, 64)))])
 def test_table6_sizes_and_spaces(task_id, sizes):
     with envs.make(task_id, N, seed=0, autoreset="same_step") as p:
         t = p.task
@@ -147,6 +148,47 @@ def test_anymal_stands_on_its_pd_targets_and_terminates_on_its_back(anymal):
             break
         assert not term[1:].any()
     assert ended
+
+
+def test_ballbalance_matches_the_formulas_and_integrates_actions():
+    from gmi_drl.envs.warp import balance as b
+
+    with envs.make("BallBalance-gmi-v0", N, seed=4, autoreset="same_step") as p:
+        task, layout = p.task, p.layout
+        obs, _ = p.reset()
+        ball = obs[:, 6:9]
+        assert (np.hypot(ball[:, 0], ball[:, 1]) <= 0.5).all()
+        assert ((1.0 <= ball[:, 2]) & (ball[:, 2] <= 2.0)).all()
+        np.testing.assert_allclose(obs[:, 11], -5.0)  # falling at 5 m/s
+        assert not obs[:, 12:].any()  # no sensor read yet
+        targets = np.zeros((N, 3))
+        rng = np.random.default_rng(0)
+        checked = 0
+        for _ in range(25):
+            a = rng.uniform(-1.5, 1.5, (N, 3)).astype(np.float32)
+            obs, rew, term, trunc, info = p.step(a)
+            targets = np.clip(targets + 0.01 * 20 * np.clip(a, -1, 1), layout.act_lower,
+                              layout.act_upper)
+            qpos, qvel = p._d.qpos.numpy(), p._d.qvel.numpy()
+            sens = p._d.sensordata.numpy()
+            for w in np.flatnonzero(~(term | trunc)):
+                np.testing.assert_allclose(p._task_state.numpy()[w], targets[w], rtol=1e-5,
+                                           atol=1e-6)
+                ref = b.reference_observation(task, layout, qpos[w], qvel[w], sens[w])
+                np.testing.assert_allclose(obs[w], ref, rtol=1e-4, atol=1e-5)
+                r, fell = b.reference_reward(task, qpos[w, layout.ball_qpos:][:3],
+                                             qvel[w, layout.ball_qvel:][:3])
+                assert rew[w] == pytest.approx(r, rel=1e-5) and not fell
+                checked += 1
+            targets[term | trunc] = 0.0
+        assert checked > 60
+        qpos, qvel = p._d.qpos.numpy(), p._d.qvel.numpy()
+        qpos[1, layout.ball_qpos:layout.ball_qpos + 3] = [3.0, 0.0, 0.11]  # off the tray, low
+        qvel[1, layout.ball_qvel:layout.ball_qvel + 6] = 0.0
+        p._d.qpos.assign(qpos)
+        p._d.qvel.assign(qvel)
+        _, rew, term, _, info = p.step(np.zeros((N, 3), np.float32))
+        assert term[1] and info["final_obs"][1, 8] < task.fall_height
 
 
 def test_same_step_autoreset_keeps_final_obs_and_episode_totals():

@@ -7,13 +7,15 @@ Gym's task definitions (IsaacGymEnvs). Modules:
 - `worlds`: the per-world arrays every task kernel reads and writes, and the action kernel.
 - `locomotion`, `locomotion_kernels`: Ant and Humanoid (walk to a target).
 - `quadruped`, `quadruped_kernels`: Anymal (track a commanded base velocity).
+- `balance`, `balance_kernels`: BallBalance (a tray on three legs keeps a ball up).
 
 A task definition (no Warp needed to read it: the registry does) has ``task_id``,
 ``obs_dim``, ``action_dim``, ``policy`` (Table 6's hidden sizes), ``max_episode_steps``,
 ``frame_skip``, ``control_dt``, ``state_dim`` (task floats kept per world, e.g. Anymal's
 command), ``build_model()``, ``layout(model)`` and ``kernels`` (the name of its kernel module);
-the kernel module has ``make_params(task, layout, device)``, ``finish_step`` and
-``reset_worlds``.
+the kernel module has ``make_params(task, layout, device)``, ``finish_step``,
+``reset_worlds`` and, where actions are not ``scale x action + offset`` (the task's
+``action_map``), its own ``apply_actions``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 def tasks() -> dict:
     """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
-    from gmi_drl.envs.warp import locomotion, quadruped
+    from gmi_drl.envs.warp import balance, locomotion, quadruped
 
-    return {t.task_id: t for t in (locomotion.ANT, locomotion.HUMANOID, quadruped.ANYMAL)}
+    return {t.task_id: t for t in (locomotion.ANT, locomotion.HUMANOID, quadruped.ANYMAL,
+                                   balance.BALL_BALANCE)}

@@ -153,8 +153,9 @@ class WarpPool:
             self._episode_length = z(n, dtype=wp.int32)
             self._mask = z(n, dtype=wp.int32)
             self._task_state = z((n, max(task.state_dim, 1)), dtype=wp.float32)
-            scale, offset = task.action_map(self.layout)
-            self._act_scale, self._act_offset = wp.array(scale), wp.array(offset)
+            if not hasattr(wt, "apply_actions"):  # the shared kernel: ctrl = scale x a + offset
+                scale, offset = task.action_map(self.layout)
+                self._act_scale, self._act_offset = wp.array(scale), wp.array(offset)
             self._stream = wp.get_stream(self._device) if self._on_cuda else None
             self._worlds = worlds.make_worlds(
                 self._d, seed=self._seed, resets=self._resets, actions=self._actions,
@@ -304,9 +305,13 @@ class WarpPool:
         """One env step: clip actions into controls, ``frame_skip`` physics steps, the task
         kernel (observe, reward, terminate, reset ended worlds)."""
         wp, d, n, nu = self._wp, self._d, self.num_envs, self.model.nu
-        wp.launch(self._worlds_mod.apply_actions, dim=(n, nu),
-                  inputs=[self._actions_in, self._act_scale, self._act_offset],
-                  outputs=[self._actions, d.ctrl])
+        if hasattr(self._wt, "apply_actions"):  # the task's own (BallBalance: integrate)
+            wp.launch(self._wt.apply_actions, dim=(n, nu),
+                      inputs=[self._params, self._worlds, self._actions_in, d.ctrl])
+        else:
+            wp.launch(self._worlds_mod.apply_actions, dim=(n, nu),
+                      inputs=[self._actions_in, self._act_scale, self._act_offset],
+                      outputs=[self._actions, d.ctrl])
         for _ in range(self.task.frame_skip):
             self._mjw.step(self._m, d)
         self._launch(self._wt.finish_step, [
