@@ -1,4 +1,4 @@
-"""MuJoCo v5 tasks per engine: the C++ thread core vs the NumPy engine vs Gymnasium, one run.
+"""MuJoCo v5 tasks per engine: the C++ core (``native``) vs the NumPy engine vs Gymnasium.
 
 Each engine steps the same task with the same ``num_envs`` and random actions (drawn before
 timing), full batches; figures are medians of ``--repeats`` windows of ``--seconds``. Gymnasium
@@ -79,13 +79,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
-    names = ("threads", "numpy", "gymnasium", "envpool-v4")
+    names = ("native", "numpy", "gymnasium", "envpool-v4")
     rows = []
     for task in args.tasks:
         for n in args.num_envs:
             runs = {k: [] for k in names}
             for _ in range(args.repeats):  # interleaved: drift hits every engine alike
-                runs["threads"].append(run_gmi(task, n, "threads", args.threads, args.seconds))
+                runs["native"].append(run_gmi(task, n, "native", args.threads, args.seconds))
                 runs["numpy"].append(run_gmi(task, n, "numpy", args.threads, args.seconds))
                 runs["gymnasium"].append(run_gym(task, n, args.seconds))
                 runs["envpool-v4"].append(run_envpool(task, n, args.threads, args.seconds))
@@ -95,16 +95,16 @@ def main() -> None:
                   flush=True)
     print(f"\nenv steps/s, median of {args.repeats} x {args.seconds:.0f} s, {args.threads} "
           "threads, random actions, full batches\n")
-    print("| task | num_envs | threads (C++) | numpy | Gymnasium | EnvPool -v4 | threads / numpy |"
-          " threads / Gymnasium | threads / EnvPool |")
+    print("| task | num_envs | native (C++) | numpy | Gymnasium | EnvPool -v4 | native / numpy |"
+          " native / Gymnasium | native / EnvPool |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for task, n, m in rows:
         def fmt(x: float) -> str:
             return "n/a" if np.isnan(x) else f"{x:,.0f}"
 
         def ratio(x: float) -> str:
-            return "n/a" if np.isnan(x) else f"{m['threads'] / x:.2f}x"
-        print(f"| {task} | {n} | {fmt(m['threads'])} | {fmt(m['numpy'])} | "
+            return "n/a" if np.isnan(x) else f"{m['native'] / x:.2f}x"
+        print(f"| {task} | {n} | {fmt(m['native'])} | {fmt(m['numpy'])} | "
               f"{fmt(m['gymnasium'])} | {fmt(m['envpool-v4'])} | {ratio(m['numpy'])} | "
               f"{ratio(m['gymnasium'])} | {ratio(m['envpool-v4'])} |")
 

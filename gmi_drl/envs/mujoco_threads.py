@@ -48,7 +48,7 @@ else:
 
 TASKS = {task_id: ml.TASKS[task_id] for task_id in
          ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Swimmer-v5", "Ant-v5", "Humanoid-v5")}
-ENGINES = ("auto", "threads", "numpy")
+ENGINES = ("auto", "native", "numpy")
 _MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 
 
@@ -114,7 +114,7 @@ class MujocoThreadEngine(Engine):
                  mode: AutoresetMode, max_episode_steps: int | None, seeds: np.ndarray) -> None:
         reason = unavailable_reason(env)
         if reason is not None:
-            raise ValueError(f"engine='threads' cannot run: {reason}")
+            raise ValueError(f"engine='native' cannot run: {reason}")
         self._env = env
         model = env.model
         self.slots = Slots.allocate(num_envs, env.observation_space.shape, np.float64)
@@ -175,19 +175,19 @@ def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: i
     """The registry's engine factory of the `TASKS`: the thread engine or the NumPy one.
 
     Args:
-        engine: ``"threads"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
-            NumPy over ``mujoco.batch``), or ``"auto"`` (threads where available).
+        engine: ``"native"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
+            NumPy over ``mujoco.batch``), or ``"auto"`` (native where the core is built).
         **kwargs: the task's Gymnasium keyword arguments.
 
     Raises:
-        ValueError: an unknown ``engine``, or ``"threads"`` where the core cannot run.
+        ValueError: an unknown ``engine``, or ``"native"`` where the core cannot run.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
     cls, max_episode_steps = TASKS[task_id]
     if engine != "numpy":
         probe = cls(num_envs=1, num_threads=1, **kwargs)
-        if engine == "threads" or unavailable_reason(probe) is None:
+        if engine == "native" or unavailable_reason(probe) is None:
             spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
                            max_episode_steps)
             workers = queue_workers(num_threads)

@@ -125,7 +125,12 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
         device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
-        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``, ``engine``).
+        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``), among them
+            ``engine``, one vocabulary for every task: ``"auto"`` (the fastest built here),
+            ``"native"`` (C++: CartPole-v1, the MuJoCo v5 locomotion tasks, Atari),
+            ``"numpy"`` (vectorised NumPy: CartPole-v1, MuJoCo v5), ``"ale"`` (ale-py's vector
+            envs: Atari), ``"warp"`` (MuJoCo Warp: the ``*-gmi-v0`` tasks); a task given an
+            engine it does not have raises ``ValueError`` naming the ones it has.
 
     Raises:
         ValueError: unknown ``task_id`` or an invalid size, mode or keyword (all named at once).

@@ -56,10 +56,10 @@ def _assert_same(a: list[tuple], b: list[tuple]) -> None:
 def test_equals_numpy_engine(task_id, autoreset):
     ends = 0
     runs = []
-    for engine in ("threads", "numpy"):
+    for engine in ("native", "numpy"):
         with envs.make(task_id, num_envs=4, num_workers=2, seed=5, autoreset=autoreset,
                        engine=engine) as pool:
-            want = mt.MujocoThreadEngine if engine == "threads" else LocalEngine
+            want = mt.MujocoThreadEngine if engine == "native" else LocalEngine
             assert type(pool._engine) is want
             runs.append(_run(pool, 300, seed=1))
     _assert_same(*runs)
@@ -72,7 +72,7 @@ def test_equals_numpy_engine(task_id, autoreset):
 def test_async_pool_and_float64_actions_equal_numpy_engine():
     """Completion order may differ between engines; per env, the trajectories must not."""
     runs = []
-    for engine in ("threads", "numpy"):
+    for engine in ("native", "numpy"):
         with envs.make("Hopper-v5", num_envs=8, env_batch_size=3, num_workers=2, seed=2,
                        engine=engine, autoreset="same_step") as pool:
             per_env = {i: [] for i in range(8)}

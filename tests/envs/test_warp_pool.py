@@ -83,6 +83,7 @@ def test_observation_reward_and_termination_match_the_formulas(pool):
         prev = s
     assert checked > 100
     assert np.abs(obs[:, -pool.model.nu:]).max() <= 1.0  # actions clipped into the observation
+    pool.check_limits()  # the task's nconmax/njmax held
 
 
 def _potential(pool, qpos):
@@ -125,6 +126,7 @@ def test_anymal_observation_reward_and_termination_match_the_formulas(anymal):
             checked += 1
         command = p._task_state.numpy().copy()
     assert checked > 100
+    p.check_limits()
 
 
 def test_anymal_stands_on_its_pd_targets_and_terminates_on_its_back(anymal):
@@ -182,6 +184,7 @@ def test_ballbalance_matches_the_formulas_and_integrates_actions():
                 checked += 1
             targets[term | trunc] = 0.0
         assert checked > 60
+        p.check_limits()
         qpos, qvel = p._d.qpos.numpy(), p._d.qvel.numpy()
         qpos[1, layout.ball_qpos:layout.ball_qpos + 3] = [3.0, 0.0, 0.11]  # off the tray, low
         qvel[1, layout.ball_qvel:layout.ball_qvel + 6] = 0.0
@@ -215,6 +218,7 @@ def test_same_step_autoreset_keeps_final_obs_and_episode_totals():
                 assert not forces.any()  # no force has acted on a reset state yet
                 totals[w], lengths[w] = 0.0, 0
         assert seen >= 4  # random actions topple the humanoid within 80 steps
+        p.check_limits()  # fallen humanoids: contacts and joint limits within the task's njmax
 
 
 def test_masked_reset_resets_only_the_given_worlds():
@@ -292,8 +296,8 @@ def test_contact_overflow_fails_loudly():
 def test_invalid_pools_and_actions_say_what_is_wrong():
     with pytest.raises(ValueError, match="autoreset='same_step'"):
         envs.make("Ant-gmi-v0", 2)
-    with pytest.raises(ValueError, match="engine='threads' must be one of"):
-        envs.make("Ant-gmi-v0", 2, autoreset="same_step", engine="threads")
+    with pytest.raises(ValueError, match="engine='numpy' must be one of"):
+        envs.make("Ant-gmi-v0", 2, autoreset="same_step", engine="numpy")
     with pytest.raises(ValueError, match="env_batch_size must be num_envs"):
         envs.make("Ant-gmi-v0", 2, env_batch_size=1, autoreset="same_step")
     with envs.make("Ant-gmi-v0", 2, autoreset="same_step") as p:
@@ -345,6 +349,20 @@ def test_ppo_trains_on_the_warp_engine(tmp_path):
                  "--algo.update-epochs", "1", "--no-compile", "--run-dir", str(run)]) == 0
     summary = (run / "summary.md").read_text()
     assert "PPO on Ant-gmi-v0" in summary and "global_step: 256" in summary
+
+
+def test_two_gmis_reduce_gradients_over_warp_pools(tmp_path):
+    """Multi-GMI over the warp engine: two processes, each its own pool, MPR between them."""
+    from gmi_drl.cli import main
+
+    run = tmp_path / "anymal2"
+    assert main(["train", "ppo", "--env.task-id", "Anymal-gmi-v0", "--env.num-envs", "4",
+                 "--total-timesteps", "512", "--algo.num-steps", "32", "--gmi.num-gmis", "2",
+                 "--gmi.reduction", "mpr", "--algo.update-epochs", "1", "--no-compile",
+                 "--run-dir", str(run)]) == 0
+    summary = (run / "summary.md").read_text()
+    assert "one process per GMI (2)" in summary and "`mpr`" in summary
+    assert "global_step: 512" in summary
 
 
 @pytest.mark.gpu

@@ -141,6 +141,8 @@ class BalanceTask:
     obs_dim: int = 24
     action_dim: int = 3
     policy: tuple[int, ...] = (256, 128, 64)
+    nconmax: int = 48
+    njmax: int = 64
     kernels = "balance_kernels"
     state_dim = 3  # the PD targets of the three actuated joints
 

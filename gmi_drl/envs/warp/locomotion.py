@@ -54,6 +54,8 @@ class LocomotionTask:
             body of the kinematic tree (the Ant's four lower legs, unnamed in Gymnasium's MJCF).
         max_episode_steps: env steps after which an episode is truncated (``episodeLength``).
         policy: the policy's hidden sizes in Table 6.
+        nconmax, njmax: MuJoCo Warp's contacts and constraint rows per world, sized for a body
+            lying on the ground with its joints at their limits (`WarpPool.check_limits`).
     """
 
     task_id: str
@@ -79,6 +81,8 @@ class LocomotionTask:
     obs_dim: int
     action_dim: int
     policy: tuple[int, ...]
+    nconmax: int = 48
+    njmax: int = 128
     kernels = "locomotion_kernels"
     state_dim = 0
 
@@ -136,7 +140,7 @@ HUMANOID = LocomotionTask(
     dof_vel_scale=0.1, angular_velocity_scale=0.25, contact_force_scale=0.01,
     heading_weight=0.5, up_weight=0.1, actions_cost=0.01, energy_cost=0.05,
     joints_at_limit_cost=0.25, limit_cost=LIMIT_SCALED, alive_reward=2.0, death_cost=-1.0,
-    termination_height=0.8, obs_dim=108, action_dim=21, policy=(200, 400, 100))
+    termination_height=0.8, obs_dim=108, action_dim=21, policy=(200, 400, 100), njmax=256)
 
 TARGET = (1000.0, 0.0, 0.0)
 """Isaac Gym's walk target, metres (the potential is the distance to it in the ground plane)."""

@@ -84,7 +84,7 @@ class WarpPool:
         seeds: ``(num_envs,) int64`` (`env_seeds`): world ``i`` draws every reset from a
             generator keyed by ``seeds[i]`` and its count of resets.
         device: ``"cpu"`` (Warp's CPU device, no graph) or ``"cuda[:k]"``.
-        nconmax, njmax: contacts and constraints per world (``None``: MuJoCo Warp's defaults).
+        nconmax, njmax: contacts and constraint rows per world (``None``: the task's).
         graph: capture one env step as a CUDA graph (``None``: on CUDA devices).
         tensors: return torch tensors (``None``: on CUDA devices; NumPy on the CPU).
 
@@ -134,7 +134,9 @@ class WarpPool:
         with wp.ScopedDevice(self._device):
             self._m = mjw.put_model(self.model)
             self._m.opt.warn_overflow = 0  # in-kernel prints; `check_limits` raises instead
-            self._d = mjw.make_data(self.model, nworld=n, nconmax=nconmax, njmax=njmax)
+            self._d = mjw.make_data(self.model, nworld=n,
+                                    nconmax=task.nconmax if nconmax is None else nconmax,
+                                    njmax=task.njmax if njmax is None else njmax)
             self._params = wt.make_params(task, self.layout, self._device)
             z = wp.zeros
             self._seed = wp.array((np.asarray(seeds) % (2**31)).astype(np.int32))

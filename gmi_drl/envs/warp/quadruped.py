@@ -132,6 +132,8 @@ class QuadrupedTask:
     obs_dim: int = 48
     action_dim: int = 12
     policy: tuple[int, ...] = (256, 128, 64)
+    nconmax: int = 48
+    njmax: int = 128
     kernels = "quadruped_kernels"
     state_dim = 3
 
