@@ -61,7 +61,10 @@ class Collector:
     def __init__(self, pool, acting: Acting, arrays: Arrays, obs_norm: ObsNormalizer | None,
                  reward_norm: RewardNormalizer | None) -> None:
         _check_pool(pool)
-        if getattr(pool, "tensors", False):
+        # a pool of device tensors (the warp engine on a GPU): nothing crosses to the host per
+        # step; episode ends are recorded on the device and read once per rollout
+        self._on_device = bool(getattr(pool, "tensors", False))
+        if self._on_device:
             arrays = arrays_for(arrays.device, pool_tensors=True)
         self.pool, self.acting, self.arrays = pool, acting, arrays
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
@@ -100,6 +103,8 @@ class Collector:
             self.reset()
         pool, arrays, rows = self.pool, self.arrays, buf.rows(self.arrays)
         ep_returns, ep_lengths = [], []
+        ends = _DeviceEnds(buf.num_steps, pool.num_envs, arrays.device) if self._on_device \
+            else None
         for t in range(buf.num_steps):
             obs = rows.obs[t]
             obs[...] = self.next_obs
@@ -118,7 +123,12 @@ class Collector:
             rows.terminated[t] = arrays.from_pool(terminated)
             rows.truncated[t] = arrays.from_pool(truncated)
             rows.final_values[t] = 0.0
-            if done.any():
+            if ends is not None:  # no host sync: record on the device, bootstrap every row
+                ends.record(t, info)
+                final = self._normalized(info["final_obs"], update=False)
+                cut = truncated & ~terminated
+                rows.final_values[t] = self.acting.value(final).where(cut, 0.0)
+            elif done.any():
                 end = info["episode_end"]  # Atari with episodic life: whole games only
                 ep_returns.append(to_host(info["episode_return"][end]))
                 ep_lengths.append(to_host(info["episode_length"][end]))
@@ -129,6 +139,8 @@ class Collector:
                     rows.final_values[t, arrays.from_pool(cut)] = self.acting.value(final)
         rows.last_values[...] = self.acting.value(self.next_obs)
         pool.check_limits()
+        if ends is not None:
+            return ends.episodes()
         return Episodes.concat(ep_returns, ep_lengths)
 
     def _env_action(self, action: Array):
@@ -140,6 +152,27 @@ class Collector:
             env_action = np.minimum(np.maximum(env_action, self._low), self._high)
             return env_action.astype(self._act_dtype, copy=False)
         return env_action.clamp(self._low, self._high)
+
+
+class _DeviceEnds:
+    """Episode ends of one rollout kept on the device, ``(num_steps, num_envs)`` each, read to
+    the host once at its end (in completion order: step by step, env ids ascending)."""
+
+    def __init__(self, num_steps: int, num_envs: int, device) -> None:
+        import torch
+
+        self.end = torch.zeros(num_steps, num_envs, dtype=torch.bool, device=device)
+        self.returns = torch.zeros(num_steps, num_envs, dtype=torch.float64, device=device)
+        self.lengths = torch.zeros(num_steps, num_envs, dtype=torch.int64, device=device)
+
+    def record(self, t: int, info: dict) -> None:
+        self.end[t] = info["episode_end"]
+        self.returns[t] = info["episode_return"]
+        self.lengths[t] = info["episode_length"]
+
+    def episodes(self) -> Episodes:
+        end = self.end.cpu()
+        return Episodes(self.returns.cpu()[end].numpy(), self.lengths.cpu()[end].numpy())
 
 
 def _check_pool(pool) -> None:

@@ -340,6 +340,46 @@ def test_tensor_outputs_feed_the_collector_without_numpy():
         assert obs.data_ptr() == ptr  # the same preallocated buffer, every step
 
 
+def test_device_collection_equals_host_collection():
+    """The collector's device path (no host sync per step: episode ends recorded on the device,
+    every row bootstrapped then masked) fills the same rollout and episodes as its host path.
+    Humanoid with 25-step episodes: both falls (terminated) and time limits (truncated)."""
+    import dataclasses
+
+    from gmi_drl.envs.spec import env_seeds
+    from gmi_drl.envs.warp.locomotion import HUMANOID
+    from gmi_drl.envs.warp.pool import WarpPool
+    from gmi_drl.models.actor_critic import build_actor_critic
+    from gmi_drl.rollout.acting import make_acting
+    from gmi_drl.rollout.arrays import DeviceArrays
+    from gmi_drl.rollout.collector import Collector
+    from gmi_drl.rollout.storage import RolloutBuffer
+
+    task = dataclasses.replace(HUMANOID, max_episode_steps=25)
+    torch.manual_seed(0)
+    model = build_actor_critic(envs.task_spec("Humanoid-gmi-v0").observation_space,
+                               envs.task_spec("Humanoid-gmi-v0").action_space)
+    runs = []
+    for tensors in (True, False):
+        with WarpPool(task, N, env_seeds(1, N), tensors=tensors) as p:
+            arrays = DeviceArrays("cpu")
+            acting = make_acting(model, torch.Generator().manual_seed(5), arrays, False)
+            collector = Collector(p, acting, arrays, None, None)
+            assert collector._on_device == tensors
+            buf = RolloutBuffer(96, N, p.spec.observation_space, p.spec.action_space, "cpu")
+            episodes = collector.collect(buf)
+            runs.append((buf, episodes))
+    (a, ea), (b, eb) = runs
+    for name in ("obs", "actions", "rewards", "terminated", "truncated"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    # V(final_obs) of every row vs of the truncated rows only: other matmul batch sizes
+    torch.testing.assert_close(a.final_values, b.final_values, rtol=1e-5, atol=1e-6)
+    assert a.truncated.any() and a.terminated.any() and (a.final_values != 0).any()
+    np.testing.assert_array_equal(ea.returns, eb.returns)
+    np.testing.assert_array_equal(ea.lengths, eb.lengths)
+    assert len(ea.returns) >= N * 2
+
+
 def test_ppo_trains_on_the_warp_engine(tmp_path):
     from gmi_drl.cli import main
 
