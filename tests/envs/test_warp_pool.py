@@ -42,7 +42,8 @@ def _actions(rng, pool):
 @pytest.mark.parametrize("task_id, sizes", [
     ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
     ("Anymal-gmi-v0", (48, 12, (256, 128, 64))),
-    ("BallBalance-gmi-v0", (24, 3, (256, 128, 64)))])
+    ("BallBalance-gmi-v0", (24, 3, (256, 128, 64))),
+    ("ShadowHand-gmi-v0", (211, 20, (512, 512, 512, 256)))])
 def test_table6_sizes_and_spaces(task_id, sizes):
     with envs.make(task_id, N, seed=0, autoreset="same_step") as p:
         t = p.task
@@ -192,6 +193,57 @@ def test_ballbalance_matches_the_formulas_and_integrates_actions():
         p._d.qvel.assign(qvel)
         _, rew, term, _, info = p.step(np.zeros((N, 3), np.float32))
         assert term[1] and info["final_obs"][1, 8] < task.fall_height
+
+
+def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
+    from gmi_drl.envs.warp import hand as h
+
+    with envs.make("ShadowHand-gmi-v0", 2, seed=6, autoreset="same_step") as p:
+        task, layout = p.task, p.layout
+
+        def state():
+            d = p._d
+            return [x.numpy().copy() for x in (d.qpos, d.qvel, d.qfrc_actuator, d.xpos, d.xquat,
+                                               d.cvel, d.subtree_com, d.sensordata)]
+
+        obs, _ = p.reset()
+        goal = p._task_state.numpy().copy()
+        assert np.allclose(np.linalg.norm(goal, axis=1), 1.0, atol=1e-5)  # unit quaternions
+        ref = h.reference_observation(task, layout, *[x[0] for x in state()], goal[0],
+                                      np.zeros(20))
+        # the first observation: fingertips from the reset state's kinematics, no forces yet
+        np.testing.assert_allclose(obs[0, :48], ref[:48], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(obs[0, 72:161], ref[72:161], rtol=1e-4, atol=1e-4)
+        assert not obs[0, 48:72].any() and not obs[0, 161:].any()
+        rng = np.random.default_rng(1)
+        for _ in range(4):
+            a = rng.uniform(-1, 1, (2, 20)).astype(np.float32)
+            obs, rew, term, trunc, info = p.step(a)
+            st = state()
+            for w in range(2):
+                assert not (term | trunc)[w]
+                ref = h.reference_observation(task, layout, *[x[w] for x in st], goal[w], a[w])
+                np.testing.assert_allclose(obs[w], ref, rtol=1e-4, atol=1e-4)
+                r, reached, dropped = h.reference_reward(task, layout, st[0][w], goal[w], a[w])
+                assert rew[w] == pytest.approx(r, rel=1e-4) and not reached and not dropped
+        p.check_limits()
+        # the goal orientation reached: +250, a new goal drawn in the same step
+        qpos = p._d.qpos.numpy()
+        o = layout.object_qpos
+        rot = qpos[1, o + 3:o + 7]
+        p._task_state.assign(np.stack([goal[0], [rot[1], rot[2], rot[3], rot[0]]]))
+        obs, rew, term, _, _ = p.step(np.zeros((2, 20), np.float32))
+        new_goal = p._task_state.numpy()
+        assert rew[1] > 200 and rew[0] < 200 and not term.any()
+        assert not np.allclose(new_goal[1], [rot[1], rot[2], rot[3], rot[0]], atol=1e-2)
+        np.testing.assert_allclose(new_goal[0], goal[0])
+        np.testing.assert_allclose(obs[1, 88:92], new_goal[1], rtol=1e-5)  # seen at once
+        # the block dropped far from the goal: terminated, its last observation kept
+        qpos = p._d.qpos.numpy()
+        qpos[0, o:o + 3] = [1.0, 0.87, -0.5]
+        p._d.qpos.assign(qpos)
+        _, _, term, _, info = p.step(np.zeros((2, 20), np.float32))
+        assert term[0] and not term[1] and info["final_obs"][0, 74] < -0.3
 
 
 def test_same_step_autoreset_keeps_final_obs_and_episode_totals():

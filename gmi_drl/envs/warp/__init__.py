@@ -8,14 +8,16 @@ Gym's task definitions (IsaacGymEnvs). Modules:
 - `locomotion`, `locomotion_kernels`: Ant and Humanoid (walk to a target).
 - `quadruped`, `quadruped_kernels`: Anymal (track a commanded base velocity).
 - `balance`, `balance_kernels`: BallBalance (a tray on three legs keeps a ball up).
+- `hand`, `hand_kernels`: ShadowHand (turn a block in the hand to a goal orientation).
 
 A task definition (no Warp needed to read it: the registry does) has ``task_id``,
 ``obs_dim``, ``action_dim``, ``policy`` (Table 6's hidden sizes), ``max_episode_steps``,
 ``frame_skip``, ``control_dt``, ``state_dim`` (task floats kept per world, e.g. Anymal's
 command), ``build_model()``, ``layout(model)`` and ``kernels`` (the name of its kernel module);
 the kernel module has ``make_params(task, layout, device)``, ``finish_step``,
-``reset_worlds`` and, where actions are not ``scale x action + offset`` (the task's
-``action_map``), its own ``apply_actions``.
+``reset_worlds``; where actions are not ``scale x action + offset`` (the task's
+``action_map``), its own ``apply_actions``; where the observation reads body states,
+``BODY_STATES = True`` and ``observe_reset``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 def tasks() -> dict:
     """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
-    from gmi_drl.envs.warp import balance, locomotion, quadruped
+    from gmi_drl.envs.warp import balance, hand, locomotion, quadruped
 
     return {t.task_id: t for t in (locomotion.ANT, locomotion.HUMANOID, quadruped.ANYMAL,
-                                   balance.BALL_BALANCE)}
+                                   balance.BALL_BALANCE, hand.SHADOW_HAND)}

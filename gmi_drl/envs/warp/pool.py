@@ -123,6 +123,7 @@ class WarpPool:
         self._graph_wanted = self._on_cuda if graph is None else bool(graph)
         if self._graph_wanted and not self._on_cuda:
             raise ValueError("graph=True needs a CUDA device (CUDA graphs)")
+        self._body_states = getattr(wt, "BODY_STATES", False)
         self.model = task.build_model()
         self.layout = task.layout(self.model)
         task.check_model(self.model, self.layout)
@@ -203,6 +204,8 @@ class WarpPool:
         self._mask.assign(wp.array(mask, device=self._device) if self._on_cuda else mask)
         with wp.ScopedDevice(self._device):
             self._launch(self._wt.reset_worlds, [self._params, self._worlds, self._mask])
+            if self._body_states:
+                self._observe_reset()
         self._sync_to_caller()
         obs = self._out["obs"]
         if len(ids) == self.num_envs:
@@ -316,9 +319,26 @@ class WarpPool:
                       outputs=[self._actions, d.ctrl])
         for _ in range(self.task.frame_skip):
             self._mjw.step(self._m, d)
+        if self._body_states:
+            self._body_kinematics()
         self._launch(self._wt.finish_step, [
             self._params, self._worlds, self._final_obs, self._reward, self._terminated,
             self._truncated, self._episode_return, self._episode_length])
+        if self._body_states:
+            self._observe_reset()
+
+    def _body_kinematics(self) -> None:
+        """Body poses and velocities of the current qpos/qvel (``mj_step`` leaves those of the
+        last substep's start): for tasks that observe bodies (``BODY_STATES``)."""
+        mjw, m, d = self._mjw, self._m, self._d
+        mjw.kinematics(m, d)
+        mjw.com_pos(m, d)
+        mjw.com_vel(m, d)
+
+    def _observe_reset(self) -> None:
+        """The first observation of worlds whose episode started, from their new state."""
+        self._body_kinematics()
+        self._launch(self._wt.observe_reset, [self._params, self._worlds])
 
     def _launch(self, kernel, args) -> None:
         self._wp.launch(kernel, dim=self.num_envs, inputs=args)

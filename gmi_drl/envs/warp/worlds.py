@@ -12,6 +12,8 @@ class Worlds:
     """Every array the task kernels read or write (MuJoCo Warp's ``Data`` arrays among them).
 
     ``task_state (num_envs, state_dim)``: floats a task keeps per world (Anymal's command).
+    ``xpos``, ``xquat``, ``cvel``, ``subtree_com``: MuJoCo's body poses and velocities (the
+    fingertip states of ShadowHand).
     """
 
     seed: wp.array(dtype=wp.int32)
@@ -27,12 +29,17 @@ class Worlds:
     running_length: wp.array(dtype=wp.int32)
     obs: wp.array2d(dtype=wp.float32)
     task_state: wp.array2d(dtype=wp.float32)
+    xpos: wp.array2d(dtype=wp.vec3)
+    xquat: wp.array2d(dtype=wp.quat)
+    cvel: wp.array2d(dtype=wp.spatial_vector)
+    subtree_com: wp.array2d(dtype=wp.vec3)
 
 
 def make_worlds(data, **arrays) -> Worlds:
     """A `Worlds` of MuJoCo Warp ``data`` and the pool's own ``arrays`` (by field name)."""
     worlds = Worlds()
-    for name in ("qpos", "qvel", "qacc_warmstart", "sensordata", "qfrc_actuator"):
+    for name in ("qpos", "qvel", "qacc_warmstart", "sensordata", "qfrc_actuator", "xpos", "xquat",
+                 "cvel", "subtree_com"):
         setattr(worlds, name, getattr(data, name))
     for name, array in arrays.items():
         setattr(worlds, name, array)
