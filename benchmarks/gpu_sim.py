@@ -106,7 +106,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--tasks", nargs="+", default=["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0",
-                                                  "BallBalance-gmi-v0", "ShadowHand-gmi-v0"])
+                                                  "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
+                                                  "ShadowHand-gmi-v0"])
     ap.add_argument("--num-envs", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--total-envs", type=int, default=8192)

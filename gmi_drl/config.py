@@ -9,8 +9,8 @@ Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 
 RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo. Every
 algorithm of the iSwitch paper (papers/001, §5.1) has an ``iswitch`` preset: its workload and a
 network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah). ``gmi-ant`` and
-``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance``, ``gmi-shadowhand`` are rl_games'
-IsaacGymEnvs settings for GMI-DRL's Table 6 tasks (warp engine).
+``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance``, ``gmi-frankacabinet``, ``gmi-shadowhand``
+are rl_games' IsaacGymEnvs settings for GMI-DRL's six Table 6 tasks (warp engine).
 """
 
 from __future__ import annotations
@@ -493,7 +493,8 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
             "gmi-humanoid": _ppo_gmi("Humanoid-gmi-v0", 32, 5, 5e-4, "200:400:100"),
             "gmi-anymal": _ppo_gmi("Anymal-gmi-v0", 24, 5, 3e-4, "256:128:64"),
             "gmi-ballbalance": _ppo_gmi("BallBalance-gmi-v0", 16, 8, 3e-4, "256:128:64"),
-            "gmi-shadowhand": _ppo_gmi("ShadowHand-gmi-v0", 8, 5, 5e-4, "512:512:512:256")},
+            "gmi-shadowhand": _ppo_gmi("ShadowHand-gmi-v0", 8, 5, 5e-4, "512:512:512:256"),
+            "gmi-frankacabinet": _ppo_gmi("FrankaCabinet-gmi-v0", 16, 8, 5e-4, "256:128:64")},
     "a2c": {"classic": _a2c_classic, "atari": _a2c_atari, "iswitch": _a2c_iswitch},
     "dqn": {"classic": _dqn_classic, "atari": _dqn_atari, "cartpole-zoo": _dqn_cartpole_zoo,
             "iswitch": _dqn_iswitch},

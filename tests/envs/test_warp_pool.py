@@ -43,7 +43,8 @@ def _actions(rng, pool):
     ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
     ("Anymal-gmi-v0", (48, 12, (256, 128, 64))),
     ("BallBalance-gmi-v0", (24, 3, (256, 128, 64))),
-    ("ShadowHand-gmi-v0", (211, 20, (512, 512, 512, 256)))])
+    ("ShadowHand-gmi-v0", (211, 20, (512, 512, 512, 256))),
+    ("FrankaCabinet-gmi-v0", (23, 9, (256, 128, 64)))])
 def test_table6_sizes_and_spaces(task_id, sizes):
     with envs.make(task_id, N, seed=0, autoreset="same_step") as p:
         t = p.task
@@ -244,6 +245,41 @@ def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
         p._d.qpos.assign(qpos)
         _, _, term, _, info = p.step(np.zeros((2, 20), np.float32))
         assert term[0] and not term[1] and info["final_obs"][0, 74] < -0.3
+
+
+def test_frankacabinet_matches_the_formulas_and_ends_with_the_drawer_open():
+    from gmi_drl.envs.warp import franka as f
+
+    with envs.make("FrankaCabinet-gmi-v0", 2, seed=8, autoreset="same_step") as p:
+        task, layout = p.task, p.layout
+        obs, _ = p.reset()
+        d = p._d
+        ref = f.reference_observation(task, layout, d.qpos.numpy()[0], d.qvel.numpy()[0],
+                                      d.xpos.numpy()[0], d.xquat.numpy()[0])
+        np.testing.assert_allclose(obs[0], ref, rtol=1e-4, atol=1e-5)  # the reset state's
+        targets = p._task_state.numpy().copy()
+        np.testing.assert_allclose(targets, d.qpos.numpy()[:, layout.dof_qpos])
+        speed = np.array([1.0] * 7 + [0.1] * 2)
+        rng = np.random.default_rng(2)
+        for _ in range(4):
+            a = rng.uniform(-1.2, 1.2, (2, 9)).astype(np.float32)
+            obs, rew, term, trunc, info = p.step(a)
+            targets = np.clip(targets + speed * task.control_dt * 7.5 * np.clip(a, -1, 1),
+                              layout.dof_lower, layout.dof_upper)
+            np.testing.assert_allclose(p._task_state.numpy(), targets, rtol=1e-5, atol=1e-6)
+            qpos, qvel = d.qpos.numpy(), d.qvel.numpy()
+            xpos, xquat = d.xpos.numpy(), d.xquat.numpy()
+            for w in range(2):
+                ref = f.reference_observation(task, layout, qpos[w], qvel[w], xpos[w], xquat[w])
+                np.testing.assert_allclose(obs[w], ref, rtol=1e-4, atol=1e-4)
+                r, opened = f.reference_reward(task, layout, qpos[w], xpos[w], xquat[w], a[w])
+                assert rew[w] == pytest.approx(r, rel=1e-4, abs=1e-5) and not opened
+        p.check_limits()
+        qpos = d.qpos.numpy()
+        qpos[1, layout.drawer_qpos] = 0.42  # pulled open past 0.39 m
+        d.qpos.assign(qpos)
+        _, _, term, _, info = p.step(np.zeros((2, 9), np.float32))
+        assert term[1] and not term[0] and info["final_obs"][1, 21] > 0.39
 
 
 def test_same_step_autoreset_keeps_final_obs_and_episode_totals():

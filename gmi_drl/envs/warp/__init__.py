@@ -9,6 +9,7 @@ Gym's task definitions (IsaacGymEnvs). Modules:
 - `quadruped`, `quadruped_kernels`: Anymal (track a commanded base velocity).
 - `balance`, `balance_kernels`: BallBalance (a tray on three legs keeps a ball up).
 - `hand`, `hand_kernels`: ShadowHand (turn a block in the hand to a goal orientation).
+- `franka`, `franka_kernels`: FrankaCabinet (a Franka arm opens a drawer).
 
 A task definition (no Warp needed to read it: the registry does) has ``task_id``,
 ``obs_dim``, ``action_dim``, ``policy`` (Table 6's hidden sizes), ``max_episode_steps``,
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 def tasks() -> dict:
     """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
-    from gmi_drl.envs.warp import balance, hand, locomotion, quadruped
+    from gmi_drl.envs.warp import balance, franka, hand, locomotion, quadruped
 
     return {t.task_id: t for t in (locomotion.ANT, locomotion.HUMANOID, quadruped.ANYMAL,
-                                   balance.BALL_BALANCE, hand.SHADOW_HAND)}
+                                   balance.BALL_BALANCE, franka.FRANKA_CABINET,
+                                   hand.SHADOW_HAND)}

@@ -6,8 +6,9 @@ definitions the paper used (IsaacGymEnvs ``Ant`` and ``Humanoid``: ``compute_*_o
 ``compute_*_reward``, ``reset_idx`` and their ``cfg/task/*.yaml`` constants); physics is MuJoCo's
 (through MuJoCo Warp), not PhysX, and the models are MJCF that ships with a dependency (named in
 each `LocomotionTask`). Both tasks share one kernel (`gmi_drl.envs.warp.locomotion_kernels`):
-they are the same "walk to a target 1 km away along +x" task on different bodies. This module needs no
-Warp (the registry reads it); the NumPy references here are what the tests hold the kernel to.
+they are the same "walk to a target 1 km away along +x" task on different bodies. This module
+needs no Warp (the registry reads it); the NumPy references here are what the tests hold the
+kernel to.
 
 A task's observation (float32, Isaac Gym's order), with ``ndof`` hinge joints and ``nu``
 actuators::
