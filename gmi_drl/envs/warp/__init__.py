@@ -24,6 +24,23 @@ the kernel module has ``make_params(task, layout, device)``, ``finish_step``,
 from __future__ import annotations
 
 
+def robotics_asset(task_id: str, *parts: str) -> str:
+    """A path in gymnasium-robotics' MJCF assets (``envs/assets/<parts>``), found without
+    importing the package.
+
+    Raises:
+        RuntimeError: gymnasium-robotics is not installed (the message says how to install it).
+    """
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("gymnasium_robotics")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{task_id} needs an MJCF of gymnasium-robotics; pip install "
+                           "'gmi-drl[gpu]' (or gymnasium-robotics)")
+    return os.path.join(spec.submodule_search_locations[0], "envs", "assets", *parts)
+
+
 def tasks() -> dict:
     """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
     from gmi_drl.envs.warp import balance, franka, hand, locomotion, quadruped

@@ -12,7 +12,7 @@ import math
 import warp as wp
 
 from gmi_drl.envs.warp.balance import BalanceLayout, BalanceTask
-from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
+from gmi_drl.envs.warp.worlds import Worlds, end_step
 
 
 @wp.struct
@@ -110,10 +110,7 @@ def _start_episode(w: int, p: BalanceParams, s: Worlds):
 
 
 @wp.kernel
-def finish_step(p: BalanceParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
-                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
-                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
-                episode_length: wp.array(dtype=wp.int32)):
+def finish_step(p: BalanceParams, s: Worlds):
     """After the physics substeps of one env step, per world: observation, reward
     ``1 / (1 + distance to (0, 0, 0.7)) x 1 / (1 + speed)`` of the ball, termination when it
     fell below ``fall_height``, truncation, totals and the same-step reset of ended worlds."""
@@ -131,9 +128,7 @@ def finish_step(p: BalanceParams, s: Worlds, final_obs: wp.array2d(dtype=wp.floa
     speed = wp.sqrt(vx * vx + vy * vy + vz * vz)
     r = 1.0 / (1.0 + dist) * (1.0 / (1.0 + speed))
     fell = z < p.fall_height
-    if end_episode_totals(w, s, r, p.max_episode_steps, fell, reward, terminated, truncated,
-                          episode_return, episode_length):
-        keep_final_obs(w, s, final_obs)
+    if end_step(w, s, r, p.max_episode_steps, fell):
         _start_episode(w, p, s)
 
 

@@ -25,7 +25,6 @@ when the drawer is open more than 0.39 m, truncated after 500 steps.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import tempfile
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 
 import mujoco
 import numpy as np
+
+from gmi_drl.envs.warp import robotics_asset
 
 DEFAULT_DOF_POS = (1.157, -1.066, -0.155, -2.239, -1.841, 1.003, 0.469, 0.035, 0.035)
 """Isaac Gym's ``franka_default_dof_pos`` (rad; m for the fingers)"""
@@ -43,20 +44,6 @@ GRASP_ROT_IN_LINK7 = (0.92388, 0.0, 0.0, -0.382683)
 """the grasp frame's orientation in ``panda0_link7``'s frame (w first): the fingers'"""
 DRAWER_GRASP = (0.3, 0.01, 0.0)
 """the drawer's grasp point in the drawer body's frame (Isaac's ``drawer_local_grasp_pose``)"""
-
-
-def franka_assets_dir() -> str:
-    """gymnasium-robotics' Franka Panda MJCF directory (``pip install 'gmi-drl[gpu]'``).
-
-    Raises:
-        RuntimeError: gymnasium-robotics is not installed.
-    """
-    spec = importlib.util.find_spec("gymnasium_robotics")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("FrankaCabinet-gmi-v0 needs the Franka MJCF of gymnasium-robotics; "
-                           "pip install 'gmi-drl[gpu]' (or gymnasium-robotics)")
-    return os.path.join(spec.submodule_search_locations[0], "envs", "assets", "kitchen_franka",
-                        "franka_assets")
 
 
 def franka_xml(timestep: float) -> str:
@@ -133,7 +120,8 @@ class FrankaTask:
 
     def build_model(self) -> mujoco.MjModel:
         with tempfile.TemporaryDirectory() as tmp:  # the includes resolve beside the scene
-            os.symlink(franka_assets_dir(), os.path.join(tmp, "franka_assets"))
+            os.symlink(robotics_asset(self.task_id, "kitchen_franka", "franka_assets"),
+                       os.path.join(tmp, "franka_assets"))
             path = os.path.join(tmp, "scene.xml")
             with open(path, "w") as f:
                 f.write(franka_xml(self.control_dt / self.frame_skip))

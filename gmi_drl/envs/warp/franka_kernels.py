@@ -12,7 +12,7 @@ import warp as wp
 
 from gmi_drl.envs.warp.franka import (DEFAULT_DOF_POS, DRAWER_GRASP, GRASP_IN_LINK7,
                                       GRASP_ROT_IN_LINK7, FrankaLayout, FrankaTask)
-from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
+from gmi_drl.envs.warp.worlds import Worlds, end_step
 
 BODY_STATES = True
 """the observation reads body poses (gripper and drawer grasp frames)"""
@@ -198,19 +198,14 @@ def _start_episode(w: int, p: FrankaParams, s: Worlds):
 
 
 @wp.kernel
-def finish_step(p: FrankaParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
-                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
-                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
-                episode_length: wp.array(dtype=wp.int32)):
+def finish_step(p: FrankaParams, s: Worlds):
     """After the physics substeps of one env step, per world: observation, reward, termination
     once the drawer is open, truncation, totals and the same-step reset of ended worlds."""
     w = wp.tid()
     _observe(w, p, s)
     r = _reward(w, p, s)
     opened = s.qpos[w, p.drawer_qpos] > p.open_distance
-    if end_episode_totals(w, s, r, p.max_episode_steps, opened, reward, terminated, truncated,
-                          episode_return, episode_length):
-        keep_final_obs(w, s, final_obs)
+    if end_step(w, s, r, p.max_episode_steps, opened):
         _start_episode(w, p, s)
 
 

@@ -32,30 +32,16 @@ position (dropped), truncated after 600 steps (10 s).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 from dataclasses import dataclass
 
 import mujoco
 import numpy as np
 
+from gmi_drl.envs.warp import robotics_asset
+
 FINGERTIPS = ("robot0:ffdistal", "robot0:mfdistal", "robot0:rfdistal", "robot0:lfdistal",
               "robot0:thdistal")
-
-
-def hand_xml_path() -> str:
-    """gymnasium-robotics' block-manipulation MJCF (``pip install 'gmi-drl[gpu]'``).
-
-    Raises:
-        RuntimeError: gymnasium-robotics is not installed.
-    """
-    spec = importlib.util.find_spec("gymnasium_robotics")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("ShadowHand-gmi-v0 needs the Shadow hand MJCF of gymnasium-robotics; "
-                           "pip install 'gmi-drl[gpu]' (or gymnasium-robotics)")
-    return os.path.join(spec.submodule_search_locations[0], "envs", "assets", "hand",
-                        "manipulate_block.xml")
 
 
 @dataclass(frozen=True)
@@ -110,7 +96,8 @@ class HandTask:
     state_dim = 4  # the goal orientation, (x, y, z, w)
 
     def build_model(self) -> mujoco.MjModel:
-        spec = mujoco.MjSpec.from_file(hand_xml_path())
+        spec = mujoco.MjSpec.from_file(
+            robotics_asset(self.task_id, "hand", "manipulate_block.xml"))
         spec.delete(spec.body("target"))
         for sensor in list(spec.sensors):
             spec.delete(sensor)

@@ -12,7 +12,7 @@ import math
 import warp as wp
 
 from gmi_drl.envs.warp.hand import HandLayout, HandTask
-from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
+from gmi_drl.envs.warp.worlds import Worlds, end_step
 
 BODY_STATES = True
 """the observation reads body poses and velocities (fingertips): the pool recomputes them from
@@ -187,10 +187,7 @@ def _start_episode(w: int, p: HandParams, s: Worlds):
 
 
 @wp.kernel
-def finish_step(p: HandParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
-                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
-                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
-                episode_length: wp.array(dtype=wp.int32)):
+def finish_step(p: HandParams, s: Worlds):
     """After the physics substeps of one env step, per world: observation, reward, a new goal
     where this one was reached, termination when the block was dropped, truncation, totals and
     the same-step reset of ended worlds."""
@@ -209,9 +206,7 @@ def finish_step(p: HandParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32
     if reached:
         r = r + p.reach_goal_bonus
     fell = goal_dist >= p.fall_dist
-    if end_episode_totals(w, s, r, p.max_episode_steps, fell, reward, terminated, truncated,
-                          episode_return, episode_length):
-        keep_final_obs(w, s, final_obs)
+    if end_step(w, s, r, p.max_episode_steps, fell):
         _start_episode(w, p, s)
     elif reached:
         _new_goal(w, s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warp as wp
 
 from gmi_drl.envs.warp.locomotion import TARGET, LocomotionTask, ModelLayout
-from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
+from gmi_drl.envs.warp.worlds import Worlds, end_step
 
 
 @wp.struct
@@ -194,10 +194,7 @@ def _start_episode(w: int, p: LocomotionParams, s: Worlds):
 
 
 @wp.kernel
-def finish_step(p: LocomotionParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
-                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
-                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
-                episode_length: wp.array(dtype=wp.int32)):
+def finish_step(p: LocomotionParams, s: Worlds):
     """After the physics substeps of one env step, per world: observation, reward, termination
     (torso below ``termination_height``: reward = ``death_cost``), truncation (time limit),
     episode totals, and the same-step reset of ended worlds, whose last observation goes to
@@ -210,9 +207,7 @@ def finish_step(p: LocomotionParams, s: Worlds, final_obs: wp.array2d(dtype=wp.f
     fell = s.obs[w, 0] < p.termination_height
     if fell:
         r = p.death_cost
-    if end_episode_totals(w, s, r, p.max_episode_steps, fell, reward, terminated, truncated,
-                          episode_return, episode_length):
-        keep_final_obs(w, s, final_obs)
+    if end_step(w, s, r, p.max_episode_steps, fell):
         _start_episode(w, p, s)
 
 

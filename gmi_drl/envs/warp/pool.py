@@ -164,7 +164,9 @@ class WarpPool:
                 self._d, seed=self._seed, resets=self._resets, actions=self._actions,
                 potentials=self._potentials, running_return=self._running_return,
                 running_length=self._running_length, obs=self._obs,
-                task_state=self._task_state)
+                task_state=self._task_state, final_obs=self._final_obs, reward=self._reward,
+                terminated=self._terminated, truncated=self._truncated,
+                episode_return=self._episode_return, episode_length=self._episode_length)
         view = self._view
         self._out = {k: view(getattr(self, "_" + k)) for k in (
             "obs", "final_obs", "reward", "terminated", "truncated", "episode_return",
@@ -321,9 +323,7 @@ class WarpPool:
             self._mjw.step(self._m, d)
         if self._body_states:
             self._body_kinematics()
-        self._launch(self._wt.finish_step, [
-            self._params, self._worlds, self._final_obs, self._reward, self._terminated,
-            self._truncated, self._episode_return, self._episode_length])
+        self._launch(self._wt.finish_step, [self._params, self._worlds])
         if self._body_states:
             self._observe_reset()
 

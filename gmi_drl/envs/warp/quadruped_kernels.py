@@ -10,7 +10,7 @@ import warp as wp
 
 from gmi_drl.envs.warp.locomotion import ModelLayout
 from gmi_drl.envs.warp.quadruped import QuadrupedTask
-from gmi_drl.envs.warp.worlds import Worlds, end_episode_totals, keep_final_obs
+from gmi_drl.envs.warp.worlds import Worlds, end_step
 
 
 @wp.struct
@@ -105,10 +105,7 @@ def _start_episode(w: int, p: QuadrupedParams, s: Worlds):
 
 
 @wp.kernel
-def finish_step(p: QuadrupedParams, s: Worlds, final_obs: wp.array2d(dtype=wp.float32),
-                reward: wp.array(dtype=wp.float32), terminated: wp.array(dtype=wp.bool),
-                truncated: wp.array(dtype=wp.bool), episode_return: wp.array(dtype=wp.float64),
-                episode_length: wp.array(dtype=wp.int32)):
+def finish_step(p: QuadrupedParams, s: Worlds):
     """After the physics substeps of one env step, per world: observation, the velocity
     tracking reward (clipped at 0), termination on base or thigh contact, truncation, totals
     and the same-step reset of ended worlds (last observation to ``final_obs``)."""
@@ -129,9 +126,7 @@ def finish_step(p: QuadrupedParams, s: Worlds, final_obs: wp.array2d(dtype=wp.fl
     for k in range(s.sensordata.shape[1]):  # touch: the base, then each thigh
         if s.sensordata[w, k] > p.contact_threshold:
             fell = True
-    if end_episode_totals(w, s, r, p.max_episode_steps, fell, reward, terminated, truncated,
-                          episode_return, episode_length):
-        keep_final_obs(w, s, final_obs)
+    if end_step(w, s, r, p.max_episode_steps, fell):
         _start_episode(w, p, s)
 
 

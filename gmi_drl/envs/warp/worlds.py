@@ -13,7 +13,7 @@ class Worlds:
 
     ``task_state (num_envs, state_dim)``: floats a task keeps per world (Anymal's command).
     ``xpos``, ``xquat``, ``cvel``, ``subtree_com``: MuJoCo's body poses and velocities (the
-    fingertip states of ShadowHand).
+    fingertip states of ShadowHand). ``final_obs`` to ``episode_length``: what a step returns.
     """
 
     seed: wp.array(dtype=wp.int32)
@@ -33,6 +33,12 @@ class Worlds:
     xquat: wp.array2d(dtype=wp.quat)
     cvel: wp.array2d(dtype=wp.spatial_vector)
     subtree_com: wp.array2d(dtype=wp.vec3)
+    final_obs: wp.array2d(dtype=wp.float32)
+    reward: wp.array(dtype=wp.float32)
+    terminated: wp.array(dtype=wp.bool)
+    truncated: wp.array(dtype=wp.bool)
+    episode_return: wp.array(dtype=wp.float64)
+    episode_length: wp.array(dtype=wp.int32)
 
 
 def make_worlds(data, **arrays) -> Worlds:
@@ -61,28 +67,22 @@ def apply_actions(actions_in: wp.array2d(dtype=wp.float32), scale: wp.array(dtyp
 
 
 @wp.func
-def end_episode_totals(w: int, s: Worlds, r: wp.float32, max_episode_steps: wp.int32,
-                       fell: bool, reward: wp.array(dtype=wp.float32),
-                       terminated: wp.array(dtype=wp.bool), truncated: wp.array(dtype=wp.bool),
-                       episode_return: wp.array(dtype=wp.float64),
-                       episode_length: wp.array(dtype=wp.int32)) -> bool:
-    """Record world ``w``'s step: reward, terminated (``fell``), truncated (time limit), episode
-    totals including this step; returns whether the episode ended (the caller resets it)."""
+def end_step(w: int, s: Worlds, r: wp.float32, max_episode_steps: wp.int32, ended: bool) -> bool:
+    """Record world ``w``'s step: reward ``r``, terminated (``ended``: the task's end), truncated
+    (time limit), episode totals including this step, and where the episode ended its last
+    observation in ``final_obs``. Returns whether it ended (the caller starts the next)."""
     length = s.running_length[w] + 1
     total = s.running_return[w] + wp.float64(r)
     timeout = length >= max_episode_steps
-    reward[w] = r
-    terminated[w] = fell
-    truncated[w] = timeout and not fell
-    episode_return[w] = total
-    episode_length[w] = length
+    s.reward[w] = r
+    s.terminated[w] = ended
+    s.truncated[w] = timeout and not ended
+    s.episode_return[w] = total
+    s.episode_length[w] = length
     s.running_return[w] = total
     s.running_length[w] = length
-    return fell or timeout
-
-
-@wp.func
-def keep_final_obs(w: int, s: Worlds, final_obs: wp.array2d(dtype=wp.float32)):
-    """Copy world ``w``'s observation (its episode's last) to ``final_obs``."""
-    for i in range(s.obs.shape[1]):
-        final_obs[w, i] = s.obs[w, i]
+    if ended or timeout:
+        for i in range(s.obs.shape[1]):
+            s.final_obs[w, i] = s.obs[w, i]
+        return True
+    return False
