@@ -18,16 +18,14 @@ also runs where the core is not built.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
-from gymnasium.utils import seeding
 
 from gmi_drl.envs import classic_control
 from gmi_drl.envs.engine import LocalEngine
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
+from gmi_drl.envs.spec import AutoresetMode, EnvGenerators, EnvSpec, env_seeds
 from gmi_drl.envs.stepper import EpisodeEndedError, Slots, Stepper
 
 try:
@@ -70,7 +68,7 @@ class CartPoleNativePool(EnvPool):
         self.num_envs, self.env_batch_size = num_envs, env_batch_size
         self.autoreset = AutoresetMode(autoreset)
         self._pending_seeds: list[int | None] = env_seeds(seeds, num_envs).tolist()
-        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        self._rngs = EnvGenerators(num_envs)
         self._closed = False
         self._core = _cartpole_pool.CartPolePool(
             num_envs, env_batch_size, _MODES[self.autoreset], MAX_EPISODE_STEPS,
@@ -90,11 +88,9 @@ class CartPoleNativePool(EnvPool):
 
     def _draw(self, i: int) -> np.ndarray:
         """The next `DRAW_BLOCK` reset states of env ``i``, ``(DRAW_BLOCK, 4) float64``."""
-        seed = self._pending_seeds[i]
-        if seed is not None or self._rngs[i] is None:
-            self._rngs[i], _ = seeding.np_random(None if seed is None else operator.index(seed))
-            self._pending_seeds[i] = None
-        return self._rngs[i].uniform(low=-0.05, high=0.05, size=(DRAW_BLOCK, 4))
+        rng = self._rngs(i, self._pending_seeds[i])
+        self._pending_seeds[i] = None
+        return rng.uniform(low=-0.05, high=0.05, size=(DRAW_BLOCK, 4))
 
 
 def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seeds: np.ndarray,

@@ -34,9 +34,9 @@ from typing import Sequence
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.utils import seeding
 
 from gmi_drl.envs.batched import BatchedEnv, StepResult
+from gmi_drl.envs.spec import EnvGenerators
 
 _F32, _F64 = np.float32, np.float64
 
@@ -70,7 +70,7 @@ class ClassicControlBatch(BatchedEnv):
             raise ValueError(f"num_envs={num_envs!r} must be >= 1")
         self.num_envs = n
         self._state = np.zeros((self.state_dim, n), _F64)
-        self._rngs: list[np.random.Generator | None] = [None] * n
+        self._rngs = EnvGenerators(n)
         self._all_ids = np.arange(n, dtype=np.int64).tobytes()
         self._obs = np.zeros((n, *self.observation_space.shape), self.observation_space.dtype)
         self._reward = np.zeros(n, _F64)
@@ -97,11 +97,7 @@ class ClassicControlBatch(BatchedEnv):
         n = len(ids_list)
         draws = []
         for i, seed in zip(ids_list, seeds):
-            if seed is not None:
-                rngs[i] = seeding.np_random(int(seed))[0]
-            elif rngs[i] is None:
-                rngs[i] = seeding.np_random()[0]
-            draws.append(self._draw(rngs[i]))
+            draws.append(self._draw(rngs(i, seed)))
         states = np.array(draws, _F64).T  # (state_dim, n), Gymnasium's order
         internal = states if self._ROWS is None else states[self._ROWS]
         if n == 1:

@@ -25,7 +25,6 @@ Not supported: rendering, ``info`` dicts, Gymnasium's ``default_camera_config``/
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import Sequence
 
@@ -33,10 +32,10 @@ import gymnasium
 import mujoco
 import numpy as np
 from gymnasium import spaces
-from gymnasium.utils import seeding
 from mujoco.batch import Batch
 
 from gmi_drl.envs.batched import BatchedEnv, StepResult
+from gmi_drl.envs.spec import EnvGenerators
 
 _ASSET_DIR = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets")
 
@@ -119,7 +118,7 @@ class MujocoBatch(BatchedEnv):
         self._reset_row = self._batch.state[0].copy()  # mj_resetData's state (every field of it)
         self._cfrc = np.zeros((self.num_envs, self.model.nbody, 6)) if contact_forces else None
         self._scratch = mujoco.MjData(self.model) if contact_forces else None
-        self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
+        self._rngs = EnvGenerators(self.num_envs)
         bounds = self.model.actuator_ctrlrange.copy().astype(np.float32)
         self.action_space = spaces.Box(low=bounds[:, 0], high=bounds[:, 1], dtype=np.float32)
         self.observation_space = spaces.Box(-np.inf, np.inf, (self._obs_size(),), np.float64)
@@ -204,9 +203,7 @@ class MujocoBatch(BatchedEnv):
     # --- shared pieces --------------------------------------------------------------------------
     def _generator(self, i: int, seed: int | None) -> np.random.Generator:
         """Env ``i``'s generator, re-seeded as ``gymnasium.Env.reset(seed=seed)`` does."""
-        if seed is not None or self._rngs[i] is None:
-            self._rngs[i], _ = seeding.np_random(None if seed is None else operator.index(seed))
-        return self._rngs[i]
+        return self._rngs(i, seed)
 
     def _reset_state(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``reset_model``'s noisy ``(qpos (nq,), qvel (nv,))``, drawn qpos first."""

@@ -26,16 +26,14 @@ where the core is missing.
 from __future__ import annotations
 
 import functools
-import operator
 from typing import Any
 
 import mujoco
 import numpy as np
-from gymnasium.utils import seeding
 
 from gmi_drl.envs import mujoco_locomotion as ml
 from gmi_drl.envs.engine import Engine, LocalEngine, queue_workers
-from gmi_drl.envs.spec import AutoresetMode, EnvSpec
+from gmi_drl.envs.spec import AutoresetMode, EnvGenerators, EnvSpec
 from gmi_drl.envs.stepper import Slots, Stepper
 
 try:
@@ -122,7 +120,7 @@ class MujocoThreadEngine(Engine):
         self._next_qvel = np.zeros((num_envs, model.nv))
         self._has_next = np.zeros(num_envs, bool)
         self._pending_seeds: list[int | None] = [int(s) for s in seeds]
-        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        self._rngs = EnvGenerators(num_envs)
         s = self.slots
         buffers = dict(obs=s.obs, final_obs=s.final_obs, reward=s.reward,
                        terminated=s.terminated, truncated=s.truncated,
@@ -160,12 +158,9 @@ class MujocoThreadEngine(Engine):
     def _draw(self, ids: np.ndarray) -> None:
         """Draw each env's next reset state from its generator (Gymnasium's reset order)."""
         for i in ids.tolist():
-            seed = self._pending_seeds[i]
-            if seed is not None or self._rngs[i] is None:
-                self._rngs[i], _ = seeding.np_random(None if seed is None
-                                                     else operator.index(seed))
-                self._pending_seeds[i] = None
-            self._next_qpos[i], self._next_qvel[i] = self._env._reset_state(self._rngs[i])
+            rng = self._rngs(i, self._pending_seeds[i])
+            self._pending_seeds[i] = None
+            self._next_qpos[i], self._next_qvel[i] = self._env._reset_state(rng)
             self._has_next[i] = True
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 
 
 class AutoresetMode(str, enum.Enum):
@@ -73,3 +74,28 @@ def random_seed(num_envs: int = 1) -> int:
     """A fresh random seed ``s`` whose env seeds ``s .. s + num_envs - 1`` stay below ``2**31``
     (every engine's range): what an unseeded Gymnasium or SB3 face starts from."""
     return int(np.random.SeedSequence().generate_state(1)[0]) % (2**31 - num_envs)
+
+
+class EnvGenerators:
+    """Each env's ``np.random.Generator``, kept as ``gymnasium.Env`` keeps its ``np_random``: a
+    seed re-creates it (``gymnasium.utils.seeding.np_random(seed)``), ``None`` continues it,
+    and an env never seeded gets a randomly seeded one. The one seeding rule of the NumPy and
+    C++ engines, whose trajectories equal Gymnasium's (the warp engine's worlds draw from Warp's
+    counter-based generator instead)."""
+
+    def __init__(self, num_envs: int) -> None:
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+
+    def __call__(self, i: int, seed: int | None = None) -> np.random.Generator:
+        """Env ``i``'s generator for a reset with ``seed``.
+
+        Raises:
+            gymnasium.error.Error: a negative seed.
+        """
+        if seed is not None or self._rngs[i] is None:
+            self._rngs[i], _ = seeding.np_random(None if seed is None else operator.index(seed))
+        return self._rngs[i]
+
+    def __getitem__(self, i: int) -> np.random.Generator:
+        """Env ``i``'s current generator (it was reset at least once)."""
+        return self._rngs[i]
