@@ -41,6 +41,18 @@ def robotics_asset(task_id: str, *parts: str) -> str:
     return os.path.join(spec.submodule_search_locations[0], "envs", "assets", *parts)
 
 
+def rotate(q, v, inverse: bool = False):
+    """``v (3,)`` rotated by the unit quaternion ``q = (w, x, y, z)`` (MuJoCo's order), or by its
+    inverse, in float64 through MuJoCo's ``mju_rotVecQuat``: the tasks' NumPy references."""
+    import mujoco
+    import numpy as np
+
+    q = np.asarray(q, np.float64) * ([1.0, -1.0, -1.0, -1.0] if inverse else 1.0)
+    out = np.zeros(3)
+    mujoco.mju_rotVecQuat(out, np.asarray(v, np.float64), q)
+    return out
+
+
 def tasks() -> dict:
     """``{task_id: task definition}`` of every warp task (imports MuJoCo, not Warp)."""
     from gmi_drl.envs.warp import balance, franka, hand, locomotion, quadruped

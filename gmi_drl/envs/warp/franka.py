@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from gmi_drl.envs.warp import robotics_asset
+from gmi_drl.envs.warp import robotics_asset, rotate
 
 DEFAULT_DOF_POS = (1.157, -1.066, -0.155, -2.239, -1.841, 1.003, 0.469, 0.035, 0.035)
 """Isaac Gym's ``franka_default_dof_pos`` (rad; m for the fingers)"""
@@ -152,12 +152,6 @@ class FrankaTask:
 FRANKA_CABINET = FrankaTask()
 
 
-def _rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``v`` rotated by the unit quaternion ``q = (w, x, y, z)``."""
-    w, u = q[0], q[1:]
-    return v * (2 * w * w - 1) + np.cross(u, v) * 2 * w + u * 2 * np.dot(u, v)
-
-
 def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.zeros(4)
     mujoco.mju_mulQuat(out, a, b)
@@ -168,9 +162,9 @@ def grasp_frames(xpos: np.ndarray, xquat: np.ndarray, layout: FrankaLayout):
     """``(gripper pos, gripper quat, drawer pos, drawer quat)`` (w-first) of one world's body
     poses, in plain NumPy (Isaac's ``compute_grasp_transforms``)."""
     h, dr = layout.hand, layout.drawer
-    gpos = xpos[h] + _rotate(xquat[h], np.array(GRASP_IN_LINK7))
+    gpos = xpos[h] + rotate(xquat[h], np.array(GRASP_IN_LINK7))
     grot = _quat_mul(xquat[h], np.array(GRASP_ROT_IN_LINK7))
-    dpos = xpos[dr] + _rotate(xquat[dr], np.array(DRAWER_GRASP))
+    dpos = xpos[dr] + rotate(xquat[dr], np.array(DRAWER_GRASP))
     return gpos, grot, dpos, xquat[dr]
 
 
@@ -191,8 +185,8 @@ def reference_reward(task: FrankaTask, layout: FrankaLayout, qpos, xpos, xquat,
     gpos, grot, dpos, drot = grasp_frames(xpos, xquat, layout)
     d = float(np.linalg.norm(gpos - dpos))
     dist = (1.0 / (1.0 + d * d)) ** 2 * (2.0 if d <= 0.02 else 1.0)
-    dot1 = _rotate(grot, np.array([0.0, 0, 1])) @ _rotate(drot, np.array([-1.0, 0, 0]))
-    dot2 = _rotate(grot, np.array([0.0, 1, 0])) @ _rotate(drot, np.array([0.0, 0, 1]))
+    dot1 = rotate(grot, np.array([0.0, 0, 1])) @ rotate(drot, np.array([-1.0, 0, 0]))
+    dot2 = rotate(grot, np.array([0.0, 1, 0])) @ rotate(drot, np.array([0.0, 0, 1]))
     rot = 0.5 * (math.copysign(dot1 * dot1, dot1) + math.copysign(dot2 * dot2, dot2))
     lz, rz = xpos[layout.lfinger][2], xpos[layout.rfinger][2]
     around = 0.5 if lz > dpos[2] and rz < dpos[2] else 0.0

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from gmi_drl.envs.warp import robotics_asset
+from gmi_drl.envs.warp import robotics_asset, rotate
 
 FINGERTIPS = ("robot0:ffdistal", "robot0:mfdistal", "robot0:rfdistal", "robot0:lfdistal",
               "robot0:thdistal")
@@ -150,11 +150,6 @@ def quat_mul_xyzw(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                      aw * bz + ax * by - ay * bx + az * bw, aw * bw - ax * bx - ay * by - az * bz])
 
 
-def _rotate_wxyz(q: np.ndarray, v: np.ndarray) -> np.ndarray:
-    w, u = q[0], q[1:]
-    return v * (2 * w * w - 1) + np.cross(u, v) * 2 * w + u * 2 * np.dot(u, v)
-
-
 def _xyzw(q_wxyz: np.ndarray) -> np.ndarray:
     return np.array([q_wxyz[1], q_wxyz[2], q_wxyz[3], q_wxyz[0]])
 
@@ -175,7 +170,7 @@ def reference_observation(task: HandTask, layout: HandLayout, qpos, qvel, qfrc, 
         qvel[layout.dof_qvel] * task.vel_obs_scale,
         qfrc[layout.dof_qvel] * task.force_torque_obs_scale,
         qpos[o:o + 3], obj_rot, qvel[v:v + 3],
-        _rotate_wxyz(qpos[o + 3:o + 7], qvel[v + 3:v + 6]) * task.vel_obs_scale,
+        rotate(qpos[o + 3:o + 7], qvel[v + 3:v + 6]) * task.vel_obs_scale,
         goal_pos, goal_rot, quat_mul_xyzw(obj_rot, goal_rot * [-1, -1, -1, 1]),
         *tips, sensordata * task.force_torque_obs_scale, np.clip(actions, -1, 1)])
     return np.clip(obs, -task.clip_obs, task.clip_obs)

@@ -245,20 +245,19 @@ def reference_observation(task: LocomotionTask, layout: ModelLayout, qpos: np.nd
                           actions: np.ndarray) -> np.ndarray:
     """The observation of one recorded state, in plain NumPy float64 (the tests' reference of
     the kernel), from the formulas of Isaac Gym's ``compute_*_observations``."""
-    pos, (qw, x, y, z) = qpos[:3], qpos[3:7]
+    from gmi_drl.envs.warp import rotate
 
-    def rotate(v, inverse=False):
-        u = np.array([x, y, z]) * (-1.0 if inverse else 1.0)
-        return v * (2 * qw * qw - 1) + np.cross(u, v) * 2 * qw + u * 2 * np.dot(u, v)
-
+    pos, quat = qpos[:3], qpos[3:7]
+    qw, x, y, z = quat
     to_target = np.array(TARGET) - pos
     to_target[2] = 0.0
-    up, heading = rotate(np.array([0.0, 0, 1]))[2], rotate(np.array([1.0, 0, 0]))
+    up, heading = rotate(quat, [0.0, 0, 1])[2], rotate(quat, [1.0, 0, 0])
     roll = math.atan2(2 * (qw * x + y * z), qw * qw - x * x - y * y + z * z)
     yaw = math.atan2(2 * (qw * z + x * y), qw * qw + x * x - y * y - z * z)
     angle = math.atan2(TARGET[2] - pos[2], TARGET[0] - pos[0]) - yaw
     lo, hi = layout.dof_lower, layout.dof_upper
-    parts = [[pos[2]], rotate(qvel[:3], inverse=True), qvel[3:6] * task.angular_velocity_scale,
+    parts = [[pos[2]], rotate(quat, qvel[:3], inverse=True),
+             qvel[3:6] * task.angular_velocity_scale,
              [yaw, roll, math.atan2(math.sin(angle), math.cos(angle)), up,
               heading @ (to_target / max(np.linalg.norm(to_target), 1e-9))],
              (2 * qpos[layout.dof_qpos] - hi - lo) / (hi - lo),

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
+from gmi_drl.envs.warp import rotate
 from gmi_drl.envs.warp.locomotion import ModelLayout, model_layout
 
 LEGS = {"LF": (1, 1), "RF": (1, -1), "LH": (-1, 1), "RH": (-1, -1)}
@@ -163,20 +164,14 @@ class QuadrupedTask:
 ANYMAL = QuadrupedTask()
 
 
-def _rotate(q: np.ndarray, v: np.ndarray, inverse: bool = False) -> np.ndarray:
-    """``v`` rotated by the unit quaternion ``q = (w, x, y, z)`` (or by its inverse)."""
-    w, u = q[0], q[1:] * (-1.0 if inverse else 1.0)
-    return v * (2 * w * w - 1) + np.cross(u, v) * 2 * w + u * 2 * np.dot(u, v)
-
-
 def reference_observation(task: QuadrupedTask, layout: ModelLayout, qpos: np.ndarray,
                           qvel: np.ndarray, command: np.ndarray,
                           actions: np.ndarray) -> np.ndarray:
     """One world's observation in plain NumPy float64 (``compute_anymal_observations``)."""
     quat = qpos[3:7]
-    lin = _rotate(quat, qvel[:3], inverse=True) * task.lin_vel_scale
+    lin = rotate(quat, qvel[:3], inverse=True) * task.lin_vel_scale
     ang = qvel[3:6] * task.ang_vel_scale  # MuJoCo's free joint: already in the base frame
-    gravity = _rotate(quat, np.array([0.0, 0.0, -1.0]))
+    gravity = rotate(quat, np.array([0.0, 0.0, -1.0]))
     scales = np.array([task.lin_vel_scale, task.lin_vel_scale, task.ang_vel_scale])
     obs = np.concatenate([lin, ang, gravity, command * scales,
                           (qpos[layout.dof_qpos] - layout.dof_initial) * task.dof_pos_scale,
@@ -189,7 +184,7 @@ def reference_reward(task: QuadrupedTask, layout: ModelLayout, qpos: np.ndarray,
                      touch: np.ndarray) -> tuple[float, bool]:
     """``(reward, terminated)`` of one step in plain NumPy (``compute_anymal_reward``):
     ``torques (ndof,)`` the actuator forces at the joints, ``touch (5,)`` base and thighs."""
-    lin = _rotate(qpos[3:7], qvel[:3], inverse=True)
+    lin = rotate(qpos[3:7], qvel[:3], inverse=True)
     lin_err = ((command[:2] - lin[:2]) ** 2).sum()
     ang_err = (command[2] - qvel[5]) ** 2
     dt = task.control_dt
