@@ -46,8 +46,9 @@ class EnvConfig:
     num_workers: int | None = None
     """env worker processes/threads (None: the CPU cores this process may use, at most num_envs)"""
     engine: str = "auto"
-    """the task's engine (auto: its fastest here; e.g. native/numpy for CartPole, threads/numpy
-    for MuJoCo, warp for the *-gmi-v0 tasks, whose worlds run on --device)"""
+    """the task's engine (auto: its fastest here; gmi_drl.envs.engines(task_id) lists a task's:
+    native (C++), warp (the *-gmi-v0 tasks, whose worlds run on --device), numpy, ale (Atari),
+    gymnasium (any Gymnasium id, in worker processes)"""
 
 
 @dataclass
@@ -536,7 +537,7 @@ def validate(cfg: TrainConfig) -> None:
     Raises:
         ConfigError: listing every invalid field, one per line.
     """
-    from gmi_drl.envs import list_tasks
+    from gmi_drl.envs import engines, list_tasks
 
     e, m, lg, n = cfg.env, cfg.model, cfg.log, cfg.norm
     errors: list[str] = []
@@ -545,8 +546,12 @@ def validate(cfg: TrainConfig) -> None:
         if not ok:
             errors.append(msg)
 
-    need(e.task_id in list_tasks() or e.task_id in gym.registry,
-         f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id")
+    known = e.task_id in list_tasks() or e.task_id in gym.registry
+    need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id")
+    if known:
+        names = engines(e.task_id)
+        need(e.engine == "auto" or e.engine in names,
+             f"env.engine={e.engine!r} must be one of {['auto', *names]} for {e.task_id}")
     need(e.num_envs >= 1, f"env.num_envs={e.num_envs} must be >= 1")
     need(e.num_workers is None or 1 <= e.num_workers <= e.num_envs,
          f"env.num_workers={e.num_workers} must be in [1, env.num_envs={e.num_envs}] or None")

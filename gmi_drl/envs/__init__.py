@@ -12,8 +12,8 @@
 
 from gmi_drl.envs.gym_vector import GymVectorEnv, make_vec
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.registry import list_tasks, make, register, task_spec
+from gmi_drl.envs.registry import engines, list_tasks, make, register, task_spec
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 
-__all__ = ["AutoresetMode", "EnvPool", "EnvSpec", "GymVectorEnv", "list_tasks", "make",
-           "make_vec", "register", "task_spec"]
+__all__ = ["AutoresetMode", "EnvPool", "EnvSpec", "GymVectorEnv", "engines", "list_tasks",
+           "make", "make_vec", "register", "task_spec"]

@@ -11,9 +11,10 @@ more than the step.
 Python keeps each env's ``np.random.Generator`` (Gymnasium's ``seeding.np_random``): the core asks
 for an env's reset states in blocks of `DRAW_BLOCK`, drawn in one call as ``uniform(-0.05,
 0.05, (DRAW_BLOCK, 4))`` (the same stream as that many ``reset`` calls), so trajectories equal
-Gymnasium's step for step (``tests/envs/test_cartpole_native.py``). ``engine="numpy"`` selects
-the vectorised NumPy task in the Python pool (`gmi_drl.envs.classic_control.CartPole`), which
-also runs where the core is not built.
+Gymnasium's step for step (``tests/envs/test_cartpole_native.py``). This is CartPole-v1's
+``native`` engine; ``engine="numpy"`` selects the vectorised NumPy task in the Python pool
+(`gmi_drl.envs.classic_control.CartPole`), which ``"auto"`` also takes where the core is not
+built.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from gmi_drl.envs import classic_control
-from gmi_drl.envs.engine import LocalEngine
+from gmi_drl.envs.factories import EngineEntry, PoolRequest
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvGenerators, EnvSpec, env_seeds
-from gmi_drl.envs.stepper import EpisodeEndedError, Slots, Stepper
+from gmi_drl.envs.stepper import EpisodeEndedError
 
 try:
     from gmi_drl.envs import _cartpole_pool
@@ -39,7 +40,6 @@ else:
 TASK_ID = "CartPole-v1"
 MAX_EPISODE_STEPS = 500
 DRAW_BLOCK = 64
-ENGINES = ("auto", "native", "numpy")
 _MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 
 
@@ -93,27 +93,20 @@ class CartPoleNativePool(EnvPool):
         return rng.uniform(low=-0.05, high=0.05, size=(DRAW_BLOCK, 4))
 
 
-def make_pool(num_envs: int, env_batch_size: int, num_threads: int, seeds: np.ndarray,
-              autoreset: AutoresetMode, engine: str = "auto", **kwargs: Any) -> EnvPool:
-    """The registry's pool factory of CartPole-v1.
-
-    Args:
-        engine: ``"native"`` (the C++ pool; raises where it is not built), ``"numpy"`` (the
-            vectorised task in the Python pool) or ``"auto"`` (native where built).
-        **kwargs: ``sutton_barto_reward`` (Gymnasium's keyword).
+def _native_pool(request: PoolRequest, **kwargs: Any) -> CartPoleNativePool:
+    """The ``native`` engine's pool. ``kwargs``: ``sutton_barto_reward`` (Gymnasium's keyword).
 
     Raises:
-        ValueError: an unknown ``engine`` or keyword, or ``"native"`` where it is not built.
+        ValueError: an unknown keyword.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
     unknown = set(kwargs) - {"sutton_barto_reward"}
     if unknown:
         raise ValueError(f"unknown CartPole-v1 keyword(s) {sorted(unknown)}")
-    if engine == "native" or (engine == "auto" and UNAVAILABLE is None):
-        return CartPoleNativePool(num_envs, env_batch_size, seeds, autoreset, **kwargs)
-    env = classic_control.CartPole(num_envs, num_threads, **kwargs)
-    spec = EnvSpec(TASK_ID, env.observation_space, env.action_space, MAX_EPISODE_STEPS)
-    slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-    engine = LocalEngine(Stepper(env, slots, autoreset, MAX_EPISODE_STEPS, seeds))
-    return EnvPool(spec, engine, num_envs, env_batch_size, autoreset)
+    return CartPoleNativePool(request.num_envs, request.env_batch_size, request.seeds,
+                              request.autoreset, **kwargs)
+
+
+def engines() -> dict[str, dict[str, EngineEntry]]:
+    """CartPole-v1's ``native`` engine (the registry's table: task id -> engine name ->
+    `EngineEntry`); its ``numpy`` engine is `gmi_drl.envs.classic_control`'s."""
+    return {TASK_ID: {"native": EngineEntry(_native_pool, unavailable=lambda kwargs: UNAVAILABLE)}}

@@ -36,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 from gmi_drl.envs.batched import BatchedEnv, StepResult
+from gmi_drl.envs.factories import EngineEntry, stepped
 from gmi_drl.envs.spec import EnvGenerators
 
 _F32, _F64 = np.float32, np.float64
@@ -677,12 +678,11 @@ def make_batch(task_id: str, num_envs: int, num_threads: int = 1, **kwargs) -> C
     return cls(num_envs, num_threads, **kwargs)
 
 
-def register_tasks(register) -> None:
-    """Register the five tasks of `TASKS` with ``register`` (`gmi_drl.envs.register`), natively,
-    with Gymnasium's time limits."""
-    for task_id, (_, max_episode_steps) in TASKS.items():
-        register(task_id, batched=functools.partial(make_batch, task_id),
-                 max_episode_steps=max_episode_steps)
+def engines() -> dict[str, dict[str, EngineEntry]]:
+    """The ``numpy`` engine of each task of `TASKS`, with Gymnasium's time limits (the
+    registry's table: task id -> engine name -> `EngineEntry`)."""
+    return {task_id: {"numpy": stepped(functools.partial(make_batch, task_id), max_steps)}
+            for task_id, (_, max_steps) in TASKS.items()}
 
 
 def _left_wall_and_goal(position: np.ndarray, velocity: np.ndarray, terminated: np.ndarray,

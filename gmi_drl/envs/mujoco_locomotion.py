@@ -35,6 +35,7 @@ from gymnasium import spaces
 from mujoco.batch import Batch
 
 from gmi_drl.envs.batched import BatchedEnv, StepResult
+from gmi_drl.envs.factories import EngineEntry, stepped
 from gmi_drl.envs.spec import EnvGenerators
 
 _ASSET_DIR = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets")
@@ -584,13 +585,9 @@ TASKS: dict[str, tuple[type[MujocoBatch], int]] = {
 }
 
 
-def register_tasks(register) -> None:
-    """Register every task of `TASKS` as native, with Gymnasium's episode limit.
-
-    Args:
-        register: `gmi_drl.envs.register`; called as ``register(task_id, batched=cls,
-            max_episode_steps=limit)``, the class being built as ``cls(num_envs=N,
-            num_threads=T, **kwargs)``.
-    """
-    for task_id, (cls, max_episode_steps) in TASKS.items():
-        register(task_id, batched=cls, max_episode_steps=max_episode_steps)
+def engines() -> dict[str, dict[str, EngineEntry]]:
+    """The ``numpy`` engine of each task of `TASKS`, with Gymnasium's episode limit (the
+    registry's table: task id -> engine name -> `EngineEntry`); the class is built as
+    ``cls(num_envs=N, num_threads=T, **task_kwargs)``."""
+    return {task_id: {"numpy": stepped(cls, max_steps)}
+            for task_id, (cls, max_steps) in TASKS.items()}

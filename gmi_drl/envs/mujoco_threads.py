@@ -18,9 +18,9 @@ Gymnasium's and the NumPy engine's (``tests/envs/test_mujoco_threads.py``).
 Tasks: Hopper-v5, Walker2d-v5, HalfCheetah-v5, Swimmer-v5 (observations and rewards read only
 ``qpos``/``qvel``), and Ant-v5 and Humanoid-v5, for which the core runs Gymnasium's
 ``mj_forward`` at reset and ``mj_rnePostConstraint`` after each step (contact forces, ``cinert``,
-``cvel``, ``qfrc_actuator``) and sums squares in NumPy's pairwise order. ``engine="numpy"``
-selects the vectorised NumPy engine (`gmi_drl.envs.mujoco_locomotion`) instead; it also runs
-where the core is missing.
+``cvel``, ``qfrc_actuator``) and sums squares in NumPy's pairwise order. This is these tasks'
+``native`` engine; ``engine="numpy"`` selects the vectorised NumPy one
+(`gmi_drl.envs.mujoco_locomotion`), which ``"auto"`` also takes where the core cannot run.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ import mujoco
 import numpy as np
 
 from gmi_drl.envs import mujoco_locomotion as ml
-from gmi_drl.envs.engine import Engine, LocalEngine, queue_workers
+from gmi_drl.envs.engine import Engine, queue_workers
+from gmi_drl.envs.factories import EngineEntry, PoolRequest
+from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvGenerators, EnvSpec
-from gmi_drl.envs.stepper import Slots, Stepper
+from gmi_drl.envs.stepper import Slots
 
 try:
     from gmi_drl.envs import _mujoco_core
@@ -46,7 +48,6 @@ else:
 
 TASKS = {task_id: ml.TASKS[task_id] for task_id in
          ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Swimmer-v5", "Ant-v5", "Humanoid-v5")}
-ENGINES = ("auto", "native", "numpy")
 _MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 
 
@@ -164,38 +165,19 @@ class MujocoThreadEngine(Engine):
             self._has_next[i] = True
 
 
-def make_engine(task_id: str, num_envs: int, env_batch_size: int, num_threads: int,
-                seeds: np.ndarray, autoreset: AutoresetMode, engine: str = "auto",
-                 **kwargs: Any) -> tuple[EnvSpec, Engine]:
-    """The registry's engine factory of the `TASKS`: the thread engine or the NumPy one.
-
-    Args:
-        engine: ``"native"`` (the C++ core; raises if it cannot run), ``"numpy"`` (vectorised
-            NumPy over ``mujoco.batch``), or ``"auto"`` (native where the core is built).
-        **kwargs: the task's Gymnasium keyword arguments.
-
-    Raises:
-        ValueError: an unknown ``engine``, or ``"native"`` where the core cannot run.
-    """
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+def _native_pool(task_id: str, request: PoolRequest, **kwargs: Any) -> EnvPool:
+    """The ``native`` engine's pool of ``task_id`` (``kwargs``: its Gymnasium keywords)."""
     cls, max_episode_steps = TASKS[task_id]
-    if engine != "numpy":
-        probe = cls(num_envs=1, num_threads=1, **kwargs)
-        if engine == "native" or unavailable_reason(probe) is None:
-            spec = EnvSpec(task_id, probe.observation_space, probe.action_space,
-                           max_episode_steps)
-            workers = queue_workers(num_threads)
-            return spec, MujocoThreadEngine(probe, num_envs, workers, autoreset,
-                                             max_episode_steps, seeds)
-        probe.close()
-    env = cls(num_envs=num_envs, num_threads=num_threads, **kwargs)
-    spec = EnvSpec(task_id, env.observation_space, env.action_space, max_episode_steps)
-    slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-    return spec, LocalEngine(Stepper(env, slots, autoreset, max_episode_steps, seeds))
+    probe = cls(num_envs=1, num_threads=1, **kwargs)
+    spec = EnvSpec(task_id, probe.observation_space, probe.action_space, max_episode_steps)
+    engine = MujocoThreadEngine(probe, request.num_envs, queue_workers(request.num_threads),
+                                request.autoreset, max_episode_steps, request.seeds)
+    return request.pool(spec, engine)
 
 
-def register_tasks(register) -> None:
-    """Register the `TASKS` with `make_engine` (after `mujoco_locomotion.register_tasks`)."""
-    for task_id in TASKS:
-        register(task_id, engine=functools.partial(make_engine, task_id))
+def engines() -> dict[str, dict[str, EngineEntry]]:
+    """The ``native`` engine of each of the `TASKS` (the registry's table: task id -> engine
+    name -> `EngineEntry`); their ``numpy`` engine is `gmi_drl.envs.mujoco_locomotion`'s."""
+    return {task_id: {"native": EngineEntry(functools.partial(_native_pool, task_id),
+                                            unavailable=lambda kwargs: unavailable_reason())}
+            for task_id in TASKS}

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 
 def register_all(register) -> None:
-    """Call ``register`` for every native task (classic control, MuJoCo, Atari)."""
+    """Call ``register(task_id, engines=...)`` once per native task, with every engine each
+    module offers for it (classic control, MuJoCo, Atari, MuJoCo Warp)."""
     from gmi_drl.envs import (atari_engines, cartpole_native, classic_control,
                               mujoco_locomotion, mujoco_threads)
     from gmi_drl.envs.warp import pool as warp_pool
 
-    classic_control.register_tasks(register)
-    register(cartpole_native.TASK_ID, pool=cartpole_native.make_pool)  # C++ where built
-    mujoco_locomotion.register_tasks(register)
-    mujoco_threads.register_tasks(register)  # the v5 locomotion tasks: C++ threads where built
-    atari_engines.register_tasks(register)
-    warp_pool.register_tasks(register)  # GMI-DRL's Table 6 tasks on MuJoCo Warp
+    table: dict[str, dict] = {}
+    for module in (classic_control, cartpole_native, mujoco_locomotion, mujoco_threads,
+                   atari_engines, warp_pool):
+        for task_id, engines in module.engines().items():
+            table.setdefault(task_id, {}).update(engines)
+    for task_id, engines in table.items():
+        register(task_id, engines=engines)

@@ -1,101 +1,126 @@
-"""Task registry and `make`: which implementation runs a task, and how a pool is built.
+"""Task registry and `make`: one registration shape, one engine selector.
 
-Native tasks (vectorised NumPy classic control, MuJoCo on its own thread pool, Atari through
-ale-py's C++ vector env) run in the pool's process; every other Gymnasium id and every user
-callable runs through the generic path (worker processes over shared memory).
+Every task registers its engines by name (`gmi_drl.envs.factories.EngineEntry`); `make` picks
+one (``engine=``, or the first of `ENGINE_ORDER` that can run here), validates the request once
+and hands it to that engine's factory. Any Gymnasium id also has the ``gymnasium`` engine (its
+own env in worker processes), so an unregistered id works too.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.engine import Engine, LocalEngine
-from gmi_drl.envs.batched import BatchedEnv, GymnasiumBatch
+from gmi_drl.envs import factories
+from gmi_drl.envs.factories import ENGINE_ORDER, EngineEntry, PoolRequest
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
-from gmi_drl.envs.stepper import Slots, Stepper
-from gmi_drl.envs.workers import ProcessEngine
-
-BatchedFactory = Callable[..., BatchedEnv]
-# An engine that brings its own autoreset (the C++ cores, ale-py's vector env): (spec, Engine).
-EngineFactory = Callable[..., tuple[EnvSpec, Engine]]
-# A whole pool in native code (CartPole-v1): returns an `EnvPool`.
-PoolFactory = Callable[..., EnvPool]
 
 
 @dataclass(frozen=True)
 class TaskEntry:
-    """How to build one task.
-
-    Exactly one of ``batched``, ``engine``, ``pool`` and ``env_fn`` is set:
-        batched: ``batched(num_envs, num_threads, **kwargs) -> BatchedEnv``, stepped in-process
-            (vectorised NumPy tasks).
-        engine: ``engine(num_envs, env_batch_size, num_threads, seeds, autoreset, **kwargs)``
-            (``seeds``: `env_seeds`)
-            returning ``(EnvSpec, Engine)``, for engines with their own autoreset.
-        pool: the same arguments, returning a whole `EnvPool` (a pool in C++).
-        env_fn: a Gymnasium id or ``env_fn(**kwargs) -> gymnasium.Env``, run in worker processes.
-    max_episode_steps: time limit the pool applies to a batched task (``None``: none, or the
-        env's own).
-    """
+    """How to build one task: its engines by name, and default keywords for their factories."""
 
     task_id: str
-    batched: BatchedFactory | None = None
-    engine: EngineFactory | None = None
-    pool: PoolFactory | None = None
-    env_fn: str | Callable[..., gym.Env] | None = None
-    max_episode_steps: int | None = None
+    engines: dict[str, EngineEntry]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    on_device: bool = False
-    """the pool factory takes ``device=`` (engines that simulate on a device: warp)"""
+
+    def select(self, engine: str, task_kwargs: dict[str, Any]) -> tuple[str, EngineEntry]:
+        """The engine ``engine`` names (``"auto"``: the first of `ENGINE_ORDER` available here).
+
+        Raises:
+            ValueError: an engine this task does not have, one that cannot run here, or (auto)
+                none that can; the message names the engines and why each cannot run.
+        """
+        names = [n for n in ENGINE_ORDER if n in self.engines]
+        names += [n for n in self.engines if n not in names]
+        if engine != "auto":
+            if engine not in self.engines:
+                raise ValueError(f"engine={engine!r} must be one of {['auto', *names]} for "
+                                 f"{self.task_id}")
+            reason = self.engines[engine].unavailable(task_kwargs)
+            if reason is not None:
+                raise ValueError(f"engine={engine!r} cannot run {self.task_id}: {reason}")
+            return engine, self.engines[engine]
+        reasons = []
+        for name in names:
+            reason = self.engines[name].unavailable(task_kwargs)
+            if reason is None:
+                return name, self.engines[name]
+            reasons.append(f"{name}: {reason}")
+        raise ValueError(f"no engine of {self.task_id} can run here ({'; '.join(reasons)})")
 
 
 _REGISTRY: dict[str, TaskEntry] = {}
 
 
 def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
-             batched: BatchedFactory | None = None, engine: EngineFactory | None = None,
-             pool: PoolFactory | None = None, max_episode_steps: int | None = None,
-             on_device: bool = False, **kwargs: Any) -> None:
+             engines: Mapping[str, EngineEntry] | None = None, **kwargs: Any) -> None:
     """Register ``task_id``; `make` then builds pools of it.
 
     Args:
         task_id: the name to make it by.
-        env_fn: a Gymnasium id, or a callable returning a ``gymnasium.Env`` (generic path).
-        batched: a `BatchedEnv` factory (stepped in-process), instead of ``env_fn``.
-        engine: a factory of ``(EnvSpec, Engine)`` (engines with their own autoreset).
-        pool: a factory of a whole `EnvPool` (pools in C++).
-        max_episode_steps: pool-applied time limit for batched tasks.
-        on_device: the ``pool`` factory takes ``device=`` (`make` passes it on).
-        **kwargs: default keyword arguments for the factory.
+        env_fn: a Gymnasium id, or a callable returning a ``gymnasium.Env``: the task runs on the
+            ``gymnasium`` engine (one env per sub-environment, in worker processes). Shorthand
+            for ``engines={"gymnasium": factories.gymnasium(env_fn)}``.
+        engines: the task's engines by name (`factories.EngineEntry`; names from
+            `ENGINE_ORDER`, or new ones, which ``"auto"`` tries last).
+        **kwargs: default keyword arguments for the engines' factories.
 
     Raises:
-        ValueError: not exactly one of ``env_fn``, ``batched``, ``engine``, ``pool`` given.
+        ValueError: neither or both of ``env_fn`` and ``engines``, or no engine.
     """
-    if sum(x is not None for x in (env_fn, batched, engine, pool)) != 1:
-        raise ValueError(f"register({task_id!r}): give exactly one of env_fn, batched, engine, "
-                         "pool")
-    _REGISTRY[task_id] = TaskEntry(task_id, batched, engine, pool, env_fn, max_episode_steps,
-                                   kwargs, on_device)
+    if (env_fn is None) == (engines is None) or engines == {}:
+        raise ValueError(f"register({task_id!r}): give exactly one of env_fn and a non-empty "
+                         "engines mapping")
+    table = dict(engines) if engines is not None else {"gymnasium": factories.gymnasium(env_fn)}
+    _REGISTRY[task_id] = TaskEntry(task_id, table, kwargs)
 
 
-def task_spec(task_id: str) -> EnvSpec:
-    """The `EnvSpec` of ``task_id`` (its spaces), without simulating: the warp tasks read it from
-    their definition; other tasks from a one-env pool made in this process.
+def _entry(task_id: str) -> TaskEntry | None:
+    _register_builtin()
+    entry = _REGISTRY.get(task_id)
+    if entry is not None and "gymnasium" not in entry.engines and task_id in gym.registry:
+        entry = TaskEntry(task_id, {**entry.engines, "gymnasium": factories.gymnasium(task_id)},
+                          entry.kwargs)
+    elif entry is None and task_id in gym.registry:
+        entry = TaskEntry(task_id, {"gymnasium": factories.gymnasium(task_id)})
+    return entry
+
+
+def engines(task_id: str) -> list[str]:
+    """The engines ``task_id`` has, in the order ``engine="auto"`` tries them.
 
     Raises:
         ValueError: unknown ``task_id``.
     """
-    _register_builtin()
-    entry = _REGISTRY.get(task_id)
-    if entry is not None and entry.on_device:
-        return entry.pool.spec()
-    with make(task_id, 1, num_workers=0) as pool:
+    entry = _entry(task_id)
+    if entry is None:
+        raise ValueError(f"unknown task_id={task_id!r}")
+    return [n for n in ENGINE_ORDER if n in entry.engines] + \
+        [n for n in entry.engines if n not in ENGINE_ORDER]
+
+
+def task_spec(task_id: str, engine: str = "auto", **task_kwargs: Any) -> EnvSpec:
+    """The `EnvSpec` of ``task_id`` (its spaces) on ``engine``, without simulating where the
+    engine knows it (the warp tasks read it from their definition); otherwise from a one-env pool
+    made in this process.
+
+    Raises:
+        ValueError: unknown ``task_id``, or as `make`.
+    """
+    entry = _entry(task_id)
+    if entry is None:
+        raise ValueError(f"unknown task_id={task_id!r}")
+    kwargs = {**entry.kwargs, **task_kwargs}
+    _, chosen = entry.select(engine, kwargs)
+    if chosen.spec is not None:
+        return chosen.spec()
+    with make(task_id, 1, num_workers=0, engine=engine, **task_kwargs) as pool:
         return pool.spec
 
 
@@ -108,7 +133,7 @@ def list_tasks() -> list[str]:
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
          autoreset: str | AutoresetMode = "next_step", device: str | None = None,
-         **task_kwargs: Any) -> EnvPool:
+         engine: str = "auto", **task_kwargs: Any) -> EnvPool:
     """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id``.
 
     Args:
@@ -116,26 +141,24 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         num_envs: sub-environments in the pool.
         env_batch_size: envs returned per `EnvPool.recv`; ``None`` means ``num_envs``
             (synchronous). Must be in ``[1, num_envs]``.
-        num_workers: threads (native tasks) or processes (generic path); ``None``: the CPU
-            cores this process may use, at most ``num_envs``; ``0`` steps the generic path in
-            this process (no worker processes: what the serial placement uses).
+        num_workers: threads (native engines) or processes (``gymnasium`` engine); ``None``: the
+            CPU cores this process may use, at most ``num_envs``; ``0`` steps the ``gymnasium``
+            engine in this process (no worker processes: what the serial placement uses).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``),
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
             continue that env's generator.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
         device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
-        **task_kwargs: passed to the task's constructor (e.g. ``frame_skip``), among them
-            ``engine``, one vocabulary for every task: ``"auto"`` (the fastest built here),
-            ``"native"`` (C++: CartPole-v1, the MuJoCo v5 locomotion tasks, Atari),
-            ``"numpy"`` (vectorised NumPy: CartPole-v1, MuJoCo v5), ``"ale"`` (ale-py's vector
-            envs: Atari), ``"warp"`` (MuJoCo Warp: the ``*-gmi-v0`` tasks); a task given an
-            engine it does not have raises ``ValueError`` naming the ones it has.
+        engine: which of the task's engines runs it (`engines(task_id)` lists them; names in
+            `factories.ENGINE_ORDER`): ``"auto"`` takes the first that can run here.
+        **task_kwargs: passed to the engine's factory (the task's options, e.g. ``frame_skip``).
 
     Raises:
-        ValueError: unknown ``task_id`` or an invalid size, mode or keyword (all named at once).
+        ValueError: unknown ``task_id``, an invalid size or mode (all named at once), an engine
+            the task does not have or that cannot run here (with the reason), or a keyword the
+            engine does not take.
     """
-    _register_builtin()
     errors = []
     if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         errors.append(f"num_envs={num_envs!r} must be an int >= 1")
@@ -152,13 +175,10 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     except ValueError:
         errors.append(f"autoreset={autoreset!r} must be one of "
                       f"{[m.value for m in AutoresetMode]}")
-    entry = _REGISTRY.get(task_id)
+    entry = _entry(task_id)
     if entry is None:
-        if task_id in gym.registry:
-            entry = TaskEntry(task_id, env_fn=task_id)
-        else:
-            errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
-                          "nor a Gymnasium id")
+        errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
+                      "nor a Gymnasium id")
     try:
         seeds = env_seeds(seed, num_envs)
     except ValueError as e:
@@ -166,51 +186,10 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if errors:
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
-    if entry.on_device:
-        kwargs["device"] = device or "cpu"
-    if entry.pool is not None:
-        return entry.pool(num_envs=num_envs, env_batch_size=batch, num_threads=max(workers, 1),
-                          seeds=seeds, autoreset=mode, **kwargs)
-    if entry.engine is not None:
-        spec, engine = entry.engine(num_envs=num_envs, env_batch_size=batch,
-                                    num_threads=max(workers, 1), seeds=seeds, autoreset=mode,
-                                    **kwargs)
-    elif entry.batched is not None:
-        env = entry.batched(num_envs=num_envs, num_threads=max(workers, 1), **kwargs)
-        spec = EnvSpec(task_id, env.observation_space, env.action_space, entry.max_episode_steps)
-        slots = Slots.allocate(num_envs, env.observation_space.shape, env.observation_space.dtype)
-        engine = LocalEngine(Stepper(env, slots, mode, entry.max_episode_steps, seeds))
-    else:
-        spec, engine = _generic(task_id, entry.env_fn, kwargs, num_envs, workers, mode, seeds)
-    return EnvPool(spec, engine, num_envs, batch, mode)
-
-
-def _generic(task_id, env_fn, kwargs, num_envs, workers, mode, seeds):
-    if isinstance(env_fn, str):
-        gym_id = env_fn
-
-        def make_one() -> gym.Env:
-            return gym.make(gym_id, **kwargs)
-    else:
-        def make_one() -> gym.Env:
-            return env_fn(**kwargs)
-
-    probe = make_one()
-    try:
-        obs_space, act_space = probe.observation_space, probe.action_space
-    finally:
-        probe.close()
-    spec = EnvSpec(task_id, obs_space, act_space, None)
-
-    def make_shard(env_ids: list[int]) -> BatchedEnv:
-        return GymnasiumBatch([make_one] * len(env_ids))
-
-    if workers == 0:  # the same envs and stepper, in this process
-        slots = Slots.allocate(num_envs, obs_space.shape, obs_space.dtype)
-        return spec, LocalEngine(Stepper(make_shard(list(range(num_envs))), slots, mode, None,
-                                          seeds))
-    engine = ProcessEngine(make_shard, num_envs, workers, obs_space, act_space, mode, None, seeds)
-    return spec, engine
+    _, chosen = entry.select(engine, kwargs)
+    request = PoolRequest(task_id, int(num_envs), int(batch), int(workers), seeds, mode,
+                          device or "cpu")
+    return chosen.build(request, **kwargs)
 
 
 _BUILTIN_DONE = False

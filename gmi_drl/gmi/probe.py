@@ -124,7 +124,7 @@ def _sizes(cfg) -> dict:
     """S, A, W of Table 3 for ``cfg``'s task, bytes."""
     from gmi_drl import envs
 
-    spec = envs.task_spec(cfg.env.task_id)
+    spec = envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
     obs, act = spec.observation_space, spec.action_space
     return {"state_bytes": float(np.prod(obs.shape or (1,)) * np.dtype(obs.dtype).itemsize),
             "action_bytes": float(np.prod(act.shape or (1,)) * np.dtype(act.dtype).itemsize),

@@ -104,7 +104,7 @@ def _own_channels(spec: AsyncSpec, num_serving: int | None = None):
 def _task_spec(cfg):
     from gmi_drl import envs
 
-    return envs.task_spec(cfg.env.task_id)
+    return envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
 
 
 def _setup_threads(cfg) -> None:
@@ -325,7 +325,7 @@ class Server:
         self.pool = envs.make(e.task_id, e.num_envs,
                               num_workers=0 if in_process else e.num_workers,
                               seed=cfg.seed + index * e.num_envs, autoreset="same_step",
-                              **({} if e.engine == "auto" else {"engine": e.engine}))
+                              engine=e.engine)
         torch.manual_seed(cfg.seed)
         model = build_model(self.pool.spec, cfg.model)
         acting = make_acting(model, torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1)),

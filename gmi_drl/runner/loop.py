@@ -114,7 +114,7 @@ class Trainer:
                               num_workers=0 if cfg.placement == "serial" else e.num_workers,
                               seed=cfg.seed + start_step + rank * e.num_envs,
                               autoreset="same_step", device=cfg.device,
-                              **({} if e.engine == "auto" else {"engine": e.engine}))
+                              engine=e.engine)
         arrays, n = arrays_for(device), cfg.norm
         space = self.pool.observation_space
         self.obs_norm = (ObsNormalizer(space.shape, n.obs_clip, arrays=arrays) if n.obs

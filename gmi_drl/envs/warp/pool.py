@@ -30,6 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from gmi_drl.envs.factories import EngineEntry, PoolRequest
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 
 # Overflow bits that mean the physics dropped something (contacts, constraints, DOFs); the
@@ -417,12 +418,9 @@ class WarpPool:
             raise RuntimeError(f"{self!r} is closed")
 
 
-ENGINES = ("auto", "warp")
-
-
 class WarpTaskFactory:
-    """The registry's pool factory of one warp task (``register(task_id, pool=...,
-    on_device=True)``); `spec` gives its spaces without building a model."""
+    """The ``warp`` engine's pool factory of one warp task; `spec` gives its spaces without
+    building a model."""
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
@@ -435,30 +433,32 @@ class WarpTaskFactory:
                        gym.spaces.Box(-1.0, 1.0, (t.action_dim,), np.float32),
                        t.max_episode_steps)
 
-    def __call__(self, num_envs: int, env_batch_size: int, num_threads: int,
-                 seeds: np.ndarray, autoreset: AutoresetMode, engine: str = "auto",
-                 device: str = "cpu", **kwargs: Any) -> WarpPool:
-        """Raises ``ValueError`` (every problem at once) for an engine other than ``auto`` /
-        ``warp``, partial batches or an autoreset mode other than ``same_step``."""
+    def __call__(self, request: PoolRequest, **kwargs: Any) -> WarpPool:
+        """Raises ``ValueError`` (every problem at once) for partial batches or an autoreset
+        mode other than ``same_step``, or as `WarpPool`."""
         from gmi_drl.envs.warp import tasks
 
         errors = []
-        if engine not in ENGINES:
-            errors.append(f"engine={engine!r} must be one of {ENGINES} for {self.task_id}")
-        if env_batch_size != num_envs:
+        if request.env_batch_size != request.num_envs:
             errors.append("the warp engine steps every world at once: env_batch_size must be "
-                          f"num_envs ({num_envs})")
-        if AutoresetMode(autoreset) is not AutoresetMode.SAME_STEP:
+                          f"num_envs ({request.num_envs})")
+        if request.autoreset is not AutoresetMode.SAME_STEP:
             errors.append("the warp engine resets ended worlds in the same step: make the pool "
                           "with autoreset='same_step'")
         if errors:
             raise ValueError(f"invalid pool of {self.task_id}: " + "; ".join(errors))
-        return WarpPool(tasks()[self.task_id], num_envs, seeds, device, **kwargs)
+        return WarpPool(tasks()[self.task_id], request.num_envs, request.seeds, request.device,
+                        **kwargs)
 
 
-def register_tasks(register) -> None:
-    """Register the warp tasks (`gmi_drl.envs.warp.tasks`) with the pool registry."""
+def engines() -> dict[str, dict[str, EngineEntry]]:
+    """The ``warp`` engine of each warp task (`gmi_drl.envs.warp.tasks`): the registry's table,
+    task id -> engine name -> `EngineEntry`."""
     from gmi_drl.envs.warp import tasks
 
+    table = {}
     for task_id in tasks():
-        register(task_id, pool=WarpTaskFactory(task_id), on_device=True)
+        factory = WarpTaskFactory(task_id)
+        table[task_id] = {"warp": EngineEntry(factory, unavailable=lambda kwargs: warp_error(),
+                                              spec=factory.spec)}
+    return table

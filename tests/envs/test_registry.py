@@ -1,0 +1,101 @@
+"""The registry's one registration shape and one engine selector (`gmi_drl.envs.registry`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gmi_drl import envs
+from gmi_drl.config import ConfigError, EnvConfig, TrainConfig, validate
+from gmi_drl.envs import cartpole_native
+from gmi_drl.envs.classic_control import make_batch
+from gmi_drl.envs.factories import EngineEntry, stepped
+
+CARTPOLE = stepped(lambda num_envs, num_threads: make_batch("CartPole-v1", num_envs), 500)
+
+
+def _missing(reason):
+    return EngineEntry(lambda request, **kw: pytest.fail("an unavailable engine was built"),
+                       unavailable=lambda kwargs: reason)
+
+
+def test_engines_are_listed_in_the_order_auto_tries_them():
+    assert envs.engines("Pong-v5") == ["native", "ale"]
+    assert envs.engines("Ant-gmi-v0") == ["warp"]
+    # every Gymnasium id also has Gymnasium's own env as an engine, last
+    assert envs.engines("CartPole-v1") == ["native", "numpy", "gymnasium"]
+    assert envs.engines("Hopper-v5") == ["native", "numpy", "gymnasium"]
+    assert envs.engines("Pendulum-v1") == ["numpy", "gymnasium"]
+    assert envs.engines("Taxi-v4") == ["gymnasium"]
+    with pytest.raises(ValueError, match="unknown task_id='Nope-v0'"):
+        envs.engines("Nope-v0")
+
+
+def test_auto_skips_an_engine_that_cannot_run_here_and_explicit_choice_names_why():
+    envs.register("Fallback-test", engines={"native": _missing("core not built here"),
+                                            "numpy": CARTPOLE})
+    with envs.make("Fallback-test", 3, seed=1) as pool:
+        obs, _ = pool.reset()
+        assert obs.shape == (3, 4) and pool.spec.max_episode_steps == 500
+    with pytest.raises(ValueError, match="engine='native' cannot run Fallback-test: core not"):
+        envs.make("Fallback-test", 3, engine="native")
+    with pytest.raises(ValueError, match=r"must be one of \['auto', 'native', 'numpy'\]"):
+        envs.make("Fallback-test", 3, engine="warp")
+
+    envs.register("Nowhere-test", engines={"native": _missing("no compiler"),
+                                           "warp": _missing("no GPU stack")})
+    with pytest.raises(ValueError, match=r"no engine of Nowhere-test can run here "
+                                         r"\(native: no compiler; warp: no GPU stack\)"):
+        envs.make("Nowhere-test", 2)
+
+
+def test_an_engine_unavailable_for_some_options_gives_way_to_the_next():
+    # ale-py's groups are an option of the ale engine only: auto moves on to it
+    with envs.make("Pong-v5", 2, group_size=2) as pool:
+        assert type(pool._engine).__name__ == "AtariEngine"
+
+
+def test_new_engine_names_are_tried_after_the_known_ones():
+    envs.register("Custom-test", engines={"mine": CARTPOLE, "numpy": _missing("off")})
+    assert envs.engines("Custom-test") == ["numpy", "mine"]
+    with envs.make("Custom-test", 2) as pool:
+        assert pool.observation_space.shape == (4,)
+
+
+@pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None, reason="C++ CartPole pool not built")
+@pytest.mark.parametrize("engine", ["numpy", "gymnasium"])
+def test_every_cartpole_engine_follows_the_same_seeds(engine):
+    """One seeding rule: the C++ pool, the NumPy task and Gymnasium's own env (in worker
+    processes) give the same trajectories for the same seeds and actions."""
+    actions = np.random.default_rng(0).integers(0, 2, (120, 4))
+    out = {}
+    for name in ("native", engine):
+        with envs.make("CartPole-v1", 4, seed=11, engine=name, num_workers=2) as pool:
+            obs, _ = pool.reset()
+            seen = [obs.copy()]
+            for a in actions:
+                obs, *_ = pool.step(a)
+                seen.append(obs.copy())
+        out[name] = np.array(seen)
+    np.testing.assert_array_equal(out["native"], out[engine])
+
+
+def test_register_takes_one_shape():
+    with pytest.raises(ValueError, match="exactly one"):
+        envs.register("Both-test", "CartPole-v1", engines={"numpy": CARTPOLE})
+    with pytest.raises(ValueError, match="exactly one"):
+        envs.register("Empty-test", engines={})
+
+
+def test_task_spec_reads_the_chosen_engine():
+    spec = envs.task_spec("Ant-gmi-v0")  # from the task definition: no model is built
+    assert spec.observation_space.shape == (60,) and spec.action_space.shape == (8,)
+    assert envs.task_spec("CartPole-v1", engine="gymnasium").max_episode_steps is None
+    assert envs.task_spec("CartPole-v1", engine="numpy").max_episode_steps == 500
+
+
+def test_config_refuses_an_engine_the_task_does_not_have():
+    cfg = TrainConfig(env=EnvConfig(task_id="Pendulum-v1", num_envs=2, engine="native"))
+    with pytest.raises(ConfigError, match=r"env.engine='native' must be one of "
+                                          r"\['auto', 'numpy', 'gymnasium'\] for Pendulum-v1"):
+        validate(cfg)
