@@ -24,6 +24,13 @@ envs, 1 trainer GMI) against PPO in the sync_training template (2 holistic GMIs 
 Hopper-v5, both 2,048 samples per update, 4 epochs of 4 minibatches: the same cores (every core
 of this machine), the same env count. Target: APPO env steps/s >= 1.3x sync PPO's.
 
+Part ``splits``: double-buffered sampling (``--async.env-splits``, Sample Factory's
+``worker_num_splits``): each serving GMI's envs in one pool against two pools, acting on one
+half while the C++ threads step the other. First a serving role alone (the real `ServingRole`
+with its preset's policy and a thread that drains its channel; env steps/s over 2-second
+windows, median of 5) on Hopper-v5 and Pong-v5, then APPO end to end on Hopper-v5 (PPS and
+TTOP as above).
+
 Part ``sample-factory``: Sample Factory 2.1.1's APPO (`sf_examples.mujoco.train_mujoco`) on
 Hopper with the same env count (2 workers x 8 envs), 1 learner, 64-step rollouts, batch 2,048,
 on CPU, run with the interpreter of its own venv (``--sf-python``; it needs gymnasium 0.29.1
@@ -58,8 +65,8 @@ from gmi_drl.train import train
 
 @dataclass
 class Args:
-    parts: list[Literal["channels", "channel-only", "sync", "sample-factory"]] = field(
-        default_factory=lambda: ["channel-only", "channels", "sync", "sample-factory"])
+    parts: list[Literal["channels", "channel-only", "sync", "splits", "sample-factory"]] = field(
+        default_factory=lambda: ["channel-only", "channels", "sync", "splits", "sample-factory"])
     """which comparisons to run"""
     tasks: list[str] = field(default_factory=lambda: ["Hopper-v5", "Pong-v5"])
     """tasks of the channels part (Pong's trainer is slow on a CPU: a few minutes per run)"""
@@ -73,6 +80,8 @@ class Args:
     """env steps trained on per Pong run (10 updates of 512)"""
     serving_gmis: int = 2
     """serving GMIs of the APPO runs"""
+    envs_per_serving: int = 8
+    """env.num_envs of each serving GMI in the APPO runs"""
     trainer_share: float | None = None
     """gmi.trainer_share of the APPO runs (None: every GMI shares the cores)"""
     sf_python: str = "/tmp/sfvenv/bin/python"
@@ -113,9 +122,13 @@ def _steady(run_dir: Path) -> Rates:
 
 
 def _appo(task: str, channel: str, steps: int, seed: int, serving: int, out: Path,
-          trainer_share: float | None = None) -> TrainConfig:
+          trainer_share: float | None = None, splits: int = 1,
+          num_envs: int | None = None) -> TrainConfig:
     cfg = preset("auto", task, "appo")
     cfg.gmi.serving_gmis, cfg.async_.channel = serving, channel
+    cfg.async_.env_splits = splits
+    if num_envs is not None:
+        cfg.env.num_envs = num_envs
     cfg.gmi.trainer_share = trainer_share
     cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(out)
     cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
@@ -272,6 +285,87 @@ def part_sync(args: Args, out: Path) -> None:
     print(f"| async / sync | {ratio:.2f}x (target >= 1.3) | | |", flush=True)
 
 
+def _serving_rate(task: str, num_envs: int, splits: int, windows: int = 5) -> float:
+    """Env steps/s of one `ServingRole` alone (its channel drained by a thread)."""
+    import threading
+
+    import numpy as np
+    import torch
+
+    from gmi_drl import envs
+    from gmi_drl.algos.appo import build_model
+    from gmi_drl.comm.channels import Batcher, ChannelPlan, Dispenser, Fabric
+    from gmi_drl.comm.weights import WeightStore
+    from gmi_drl.rollout.acting import make_acting
+    from gmi_drl.rollout.arrays import HostArrays
+    from gmi_drl.rollout.trajectory import fragment_fields
+    from gmi_drl.runner.roles import ServingRole
+
+    torch.set_num_threads(1)
+    cfg = preset("auto", task, "appo")
+    T, per = cfg.algo.num_steps, num_envs // splits
+    pools = [envs.make(task, per, seed=s * per, autoreset="same_step") for s in range(splits)]
+    spec = pools[0].spec
+    fields = fragment_fields(spec.observation_space, spec.action_space, T, num_envs)
+    fabric = Fabric.create(ChannelPlan(fields, T, num_envs, 1, 1, "multi", 1, 4, "block"))
+    store = WeightStore.create(8)
+    try:
+        model = build_model(spec, cfg.model)
+        acting = make_acting(model, torch.Generator().manual_seed(1), HostArrays())
+        role = ServingRole(pools, model, acting, None, None, Dispenser(fabric, 0), store)
+        batcher = Batcher(fabric, 0, 1)
+
+        def drain() -> None:
+            try:
+                while True:
+                    batcher.next()
+            except Exception:  # the channels stopped
+                pass
+
+        drainer = threading.Thread(target=drain, daemon=True)
+        drainer.start()
+        for _ in range(3):  # warm-up
+            role.collect()
+        rates = []
+        for _ in range(windows):
+            t0, n0 = time.perf_counter(), role.env_steps
+            while time.perf_counter() - t0 < 2.0:
+                role.collect()
+            rates.append((role.env_steps - n0) / (time.perf_counter() - t0))
+        fabric.stop()
+        drainer.join(5)
+        return float(np.median(rates))
+    finally:
+        for pool in pools:
+            pool.close()
+        fabric.close()
+        store.close()
+
+
+def part_splits(args: Args, out: Path) -> None:
+    print("\n## env splits: a serving role alone, env steps/s\n")
+    print("| task | envs | 1 pool | 2 pools | 2 / 1 |\n|---|---:|---:|---:|---:|")
+    for task, num_envs in (("Hopper-v5", 16), ("Hopper-v5", 64), ("Pong-v5", 16)):
+        one, two = (_serving_rate(task, num_envs, s) for s in (1, 2))
+        print(f"| {task} | {num_envs} | {one:,.0f} | {two:,.0f} | {two / one:.2f}x |", flush=True)
+    print(f"\n## env splits: APPO Hopper-v5, {args.serving_gmis} serving GMIs x "
+          f"{args.envs_per_serving} envs, 1 trainer GMI\n")
+    print("| env splits | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
+          "|---:|---:|---:|---:|")
+    rates: dict[int, list[Rates]] = {1: [], 2: []}
+    for seed in range(1, args.repeats + 1):
+        for splits in rates:
+            rates[splits].append(_run(_appo(
+                "Hopper-v5", "multi", args.hopper_steps, seed, args.serving_gmis,
+                out / f"splits-{splits}-{seed}", args.trainer_share, splits,
+                args.envs_per_serving)))
+    for splits, rs in rates.items():
+        print(f"| {splits} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} | {len(rs)} |")
+    pps = _median(rates[2], "pps") / _median(rates[1], "pps")
+    ttop = _median(rates[2], "ttop") / _median(rates[1], "ttop")
+    print(f"| 2 / 1 | {pps:.2f}x | {ttop:.2f}x | |", flush=True)
+
+
 _SF_REPORT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\].*Total num frames: (\d+)")
 _SF_TOTAL = re.compile(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)")
 
@@ -338,7 +432,7 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs in {out}")
     parts = {"channels": part_channels, "channel-only": part_channel_only, "sync": part_sync,
-             "sample-factory": part_sample_factory}
+             "splits": part_splits, "sample-factory": part_sample_factory}
     for name in args.parts:
         parts[name](args, out)
 

@@ -182,6 +182,10 @@ class AsyncConfig:
     tolerate_serving_failures: bool = False
     """a serving GMI that dies, raises or hangs is logged and the run goes on with the others
     (local placement); False: any GMI failure stops the run"""
+    env_splits: int = 1
+    """double-buffered sampling (Sample Factory's worker_num_splits): each serving GMI steps
+    env.num_envs / env_splits envs per pool in this many pools, and acts on one split while the
+    pools' threads step the others (send/recv); 1: one pool, stepped in turn with acting"""
 
 
 @dataclass
@@ -676,6 +680,9 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     need(a.max_policy_lag is None or a.max_policy_lag >= 0,
          f"async.max_policy_lag={a.max_policy_lag} must be >= 0 or None")
     need(a.timeout_s > 0, f"async.timeout_s={a.timeout_s} must be > 0")
+    need(a.env_splits >= 1 and cfg.env.num_envs % a.env_splits == 0,
+         f"async.env_splits={a.env_splits} must be >= 1 and divide env.num_envs="
+         f"{cfg.env.num_envs}")
     need(not a.tolerate_serving_failures or cfg.placement == "local",
          "async.tolerate_serving_failures needs a process per GMI (--placement local)")
 

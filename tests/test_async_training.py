@@ -39,8 +39,9 @@ def test_serial_appo_learns_cartpole_and_writes_its_run(tmp_path):
     assert lags[0] == "policy_lag,fragments" and len(lags) > 1
 
 
-@pytest.mark.parametrize("algo", ["appo", "a3c"])
-def test_the_first_update_is_the_same_in_one_process_and_in_gmi_processes(tmp_path, algo):
+@pytest.mark.parametrize("algo,splits", [("appo", 1), ("a3c", 1), ("appo", 2)])
+def test_the_first_update_is_the_same_in_one_process_and_in_gmi_processes(tmp_path, algo,
+                                                                          splits):
     """Where determinism allows: the first batch is collected with the initial weights in
     both modes, so the weights after the first update are bit-identical. (After it they part
     ways: a serving GMI process keeps collecting with the old weights while the trainer
@@ -49,6 +50,7 @@ def test_the_first_update_is_the_same_in_one_process_and_in_gmi_processes(tmp_pa
     for placement in ("serial", "local"):
         cfg = _appo(tmp_path, placement, algo, placement=placement, compile=False)
         cfg.total_timesteps = cfg.batch_size
+        cfg.async_.env_splits = splits
         digests.append(train(cfg).weight_digests[0])
     assert digests[0] == digests[1]
 
@@ -119,6 +121,11 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
         validate(cfg)
     assert "gmi.num_gmis=2 is the holistic GMIs of sync_training" in str(err.value)
     assert "placement='serial' runs one serving and one trainer role" in str(err.value)
+    cfg = _appo(tmp_path, "bad3")
+    cfg.async_.env_splits = 3  # 8 envs
+    with pytest.raises(ConfigError, match="async.env_splits=3 must be >= 1 and divide "
+                                          "env.num_envs=8"):
+        validate(cfg)
 
 
 def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
@@ -178,3 +185,65 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
     summary = (run / "summary.md").read_text()
     assert "serving GMI 2: failed during the run; the run went on without it" in summary
     assert "serving GMI 1: " in summary
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_split_serving_fragments_replay_on_the_envs(splits):
+    """Double-buffered sampling (``async.env_splits``): with the envs in ``splits`` pools
+    stepped in the background while the role acts on another split, every column of every
+    fragment is still its env's own trajectory: replaying the fragments' actions on one pool of
+    the same seeds gives their observations, rewards, flags and last observations."""
+    import torch
+
+    from gmi_drl import envs
+    from gmi_drl.algos.appo import build_model
+    from gmi_drl.comm.channels import Batcher, ChannelPlan, Dispenser, Fabric
+    from gmi_drl.comm.weights import WeightStore
+    from gmi_drl.config import ModelConfig
+    from gmi_drl.rollout.acting import make_acting
+    from gmi_drl.rollout.arrays import HostArrays
+    from gmi_drl.rollout.trajectory import fragment_fields
+    from gmi_drl.runner.roles import ServingRole
+
+    T, B, F = 16, 4, 3
+    per = B // splits
+    pools = [envs.make("Hopper-v5", per, seed=s * per, autoreset="same_step", num_workers=2
+                       if per > 1 else 1) for s in range(splits)]
+    spec = pools[0].spec
+    fields = fragment_fields(spec.observation_space, spec.action_space, T, B)
+    fabric = Fabric.create(ChannelPlan(fields, T, B, 1, 1, "multi", 1, F, "block"))
+    store = WeightStore.create(8)
+    try:
+        torch.manual_seed(0)
+        model = build_model(spec, ModelConfig())
+        acting = make_acting(model, torch.Generator().manual_seed(1), HostArrays())
+        role = ServingRole(pools, model, acting, None, None, Dispenser(fabric, 0), store)
+        batcher = Batcher(fabric, 0, fragments_per_batch=1)
+        fragments = []
+        for _ in range(F):
+            role.collect()
+            assert batcher.next(timeout_s=5)
+            fragments.append({k: v.numpy().copy() for k, v in batcher.batch.items()})
+        assert role.env_steps == F * T * B
+    finally:
+        for pool in pools:
+            pool.close()
+        fabric.close()
+        store.close()
+
+    space = spec.action_space
+    ends = 0
+    with envs.make("Hopper-v5", B, seed=0, autoreset="same_step") as ref:
+        obs, _ = ref.reset()
+        for frag in fragments:
+            for t in range(T):
+                np.testing.assert_array_equal(frag["obs"][t], obs.astype(np.float32))
+                action = np.clip(frag["actions"][t], space.low, space.high)
+                obs, reward, term, trunc, _ = ref.step(action.astype(space.dtype))
+                np.testing.assert_array_equal(frag["rewards"][t], reward.astype(np.float32))
+                np.testing.assert_array_equal(frag["terminated"][t], term)
+                np.testing.assert_array_equal(frag["truncated"][t], trunc)
+                ends += int(term.sum())
+            np.testing.assert_array_equal(frag["last_obs"], obs.astype(np.float32))
+            assert (frag["policy_version"] == 0).all()
+    assert ends > 0  # the episodes ended and were reset inside the fragments

@@ -105,12 +105,16 @@ class RewardNormalizer:
         self.returns = self.rms.arrays.full((num_envs,), 0.0)
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
-    def __call__(self, rewards: Array, done: Array) -> Array:
-        """``rewards (num_envs,) float``, ``done (num_envs,) bool`` -> normalised rewards (a new
-        float64 array)."""
-        self.returns = self.returns * self.gamma + rewards
-        self.rms.update(self.returns)
-        self.returns[done] = 0.0
+    def __call__(self, rewards: Array, done: Array, rows: slice = slice(None)) -> Array:
+        """``rewards (n,) float``, ``done (n,) bool`` of the envs ``rows`` (default: all
+        ``num_envs``) -> normalised rewards (a new float64 array)."""
+        returns = self.returns[rows] * self.gamma + rewards
+        self.rms.update(returns)
+        returns[done] = 0.0
+        if rows != slice(None):  # a new array, never written in place (state_dict may share it)
+            returns, part = self.rms.arrays.copy(self.returns), returns
+            returns[rows] = part
+        self.returns = returns
         return (rewards / (self.rms.var + self.eps) ** 0.5).clip(-self.clip, self.clip)
 
     def state_dict(self) -> dict:

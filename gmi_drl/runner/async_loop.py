@@ -322,19 +322,23 @@ class Server:
                                         process_name=f"gmi-{trainers + index} serving"))
         if not in_process:
             set_tree(self.tree)
-        self.pool = envs.make(e.task_id, e.num_envs,
-                              num_workers=0 if in_process else e.num_workers,
-                              seed=cfg.seed + index * e.num_envs, autoreset="same_step",
-                              engine=e.engine)
+        splits = cfg.async_.env_splits
+        per = e.num_envs // splits
+        workers = 0 if in_process else (None if e.num_workers is None
+                                         else max(1, e.num_workers // splits))
+        self.pools = [envs.make(e.task_id, per, num_workers=workers,
+                                seed=cfg.seed + index * e.num_envs + s * per,
+                                autoreset="same_step", engine=e.engine) for s in range(splits)]
+        task = self.pools[0].spec
         torch.manual_seed(cfg.seed)
-        model = build_model(self.pool.spec, cfg.model)
+        model = build_model(task, cfg.model)
         acting = make_acting(model, torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1)),
                              HostArrays(), cfg.compile)
-        obs_norm = (ObsNormalizer(self.pool.observation_space.shape, n.obs_clip) if n.obs
+        obs_norm = (ObsNormalizer(task.observation_space.shape, n.obs_clip) if n.obs
                     else None)
         reward_norm = (RewardNormalizer(e.num_envs, cfg.algo.gamma, n.reward_clip) if n.reward
                        else None)
-        self.role = ServingRole(self.pool, model, acting, obs_norm, reward_norm,
+        self.role = ServingRole(self.pools, model, acting, obs_norm, reward_norm,
                                 Dispenser(fabric, self.slot), store)
         self.gmi_dir = spec.run.gmi_dir(trainers + index)
         self.fragments, self.versions = 0, 0
@@ -348,7 +352,8 @@ class Server:
         return episodes
 
     def close(self, write_timeline: bool = True) -> None:
-        self.pool.close()
+        for pool in self.pools:
+            pool.close()
         if write_timeline:
             self.gmi_dir.mkdir(parents=True, exist_ok=True)
             self.tree.timeline.write(self.gmi_dir / "timeline.json")

@@ -26,28 +26,38 @@ from gmi_drl.telemetry.timer import timer
 
 
 class ServingRole:
-    """Serving GMI ``serving``: a pool, a copy of the policy, a dispenser.
+    """Serving GMI ``serving``: its pools, a copy of the policy, a dispenser.
+
+    With one pool, each step acts on every env and then steps them. With ``k`` pools (the
+    env splits; Sample Factory's double-buffered sampling), the role acts on one split while the
+    pools' threads step the others: ``send`` returns at once and ``recv`` collects a split's
+    results, so inference overlaps the physics of native engines. A fragment's columns are the
+    splits' envs in order, and every step of it is acted with one ``policy_version``: weights
+    are picked up only between fragments, when no split is in flight.
 
     Args:
-        pool: a full-batch ``same_step`` `EnvPool` of ``B`` envs.
+        pools: full-batch ``same_step`` pools whose envs together are the ``B`` columns of a
+            fragment, in order.
         model: the policy's module (its tensors are overwritten by published weights).
         acting: `make_acting` of ``model``.
         obs_norm: the trainer's observation statistics (loaded with the weights, never
             updated here), or ``None``.
-        reward_norm: this serving GMI's reward normaliser, or ``None``.
+        reward_norm: this serving GMI's reward normaliser over the ``B`` envs, or ``None``.
         dispenser: where fragments go. store: where weights come from.
     """
 
-    def __init__(self, pool, model: torch.nn.Module, acting: Acting,
+    def __init__(self, pools: list, model: torch.nn.Module, acting: Acting,
                  obs_norm: ObsNormalizer | None, reward_norm: RewardNormalizer | None,
                  dispenser: Dispenser, store: WeightStore) -> None:
-        self.pool, self.acting, self.dispenser, self.store = pool, acting, dispenser, store
+        self.pools, self.acting, self.dispenser, self.store = pools, acting, dispenser, store
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
         self.targets = [t.numpy() for t in model.state_dict().values()]
         if obs_norm is not None:
             self.targets += [obs_norm.rms.mean, obs_norm.rms.var]
         self.policy_version = 0
-        space = pool.action_space
+        bounds = np.cumsum([0] + [p.num_envs for p in pools])
+        self._splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        space = pools[0].action_space
         self._clip = (space.low, space.high, space.dtype) if isinstance(space, gym.spaces.Box) \
             else None
         self._obs: np.ndarray | None = None
@@ -72,45 +82,64 @@ class ServingRole:
         with timer("weights"):
             self.pull_weights()
         if self._obs is None:
-            self._obs = self.pool.reset()[0].copy()
+            self._obs = np.concatenate([pool.reset()[0] for pool in self.pools])
         d = self.dispenser
         frag = d.begin(self.policy_version)
         T = d.plan.num_steps
         returns, lengths = [], []
+        for s in range(len(self.pools)):
+            self._act(frag, 0, s)
         for t in range(T):
-            frag["obs"][t] = self._obs
-            with timer("inference"):
-                action, logprob, _ = self.acting.act(self._input(self._obs))
-            frag["actions"][t] = action
-            frag["logprobs"][t] = logprob
-            env_action = action
-            if self._clip is not None:
-                low, high, dtype = self._clip
-                env_action = np.clip(action, low, high).astype(dtype, copy=False)
-            with timer("env_step"):
-                obs, reward, terminated, truncated, info = self.pool.step(env_action)
-            done = terminated | truncated
-            frag["rewards"][t] = (reward if self.reward_norm is None
-                                  else self.reward_norm(reward, done))
-            frag["terminated"][t], frag["truncated"][t] = terminated, truncated
-            frag["final_values"][t] = 0.0
-            end = info["episode_end"]  # Atari with episodic life: whole games only
-            frag["episode_end"][t] = end
-            frag["episode_return"][t] = np.where(end, info["episode_return"], 0.0)
-            frag["episode_length"][t] = np.where(end, info["episode_length"], 0)
-            if done.any():
-                returns.append(info["episode_return"][end].copy())
-                lengths.append(info["episode_length"][end].copy())
-                cut = np.flatnonzero(truncated & ~terminated)
-                if len(cut):
-                    frag["final_values"][t, cut] = self.acting.value(
-                        self._input(info["final_obs"][cut]))
-            self._obs[...] = obs
+            for s, pool in enumerate(self.pools):
+                with timer("env_step"):
+                    result = pool.recv()
+                self._record(frag, t, s, result, returns, lengths)
+                if t + 1 < T:
+                    self._act(frag, t + 1, s)
             with timer("dispense"):
-                d.step_done(t, obs)
+                d.step_done(t, self._obs)
         d.end()
         self.env_steps += T * len(self._obs)
         return Episodes.concat(returns, lengths)
+
+    def _act(self, frag: dict, t: int, s: int) -> None:
+        """Act on split ``s``'s observations (row ``t`` of the fragment) and send the actions."""
+        cols = self._splits[s]
+        obs = self._obs[cols]
+        frag["obs"][t, cols] = obs
+        with timer("inference"):
+            action, logprob, _ = self.acting.act(self._input(obs))
+        frag["actions"][t, cols] = action
+        frag["logprobs"][t, cols] = logprob
+        if self._clip is not None:
+            low, high, dtype = self._clip
+            action = np.clip(action, low, high).astype(dtype, copy=False)
+        with timer("env_step"):
+            self.pools[s].send(action)
+
+    def _record(self, frag: dict, t: int, s: int, result, returns: list,
+                lengths: list) -> None:
+        """Write split ``s``'s step result into row ``t``; its next observations into
+        ``self._obs``."""
+        obs, reward, terminated, truncated, info = result
+        cols = self._splits[s]
+        done = terminated | truncated
+        frag["rewards"][t, cols] = (reward if self.reward_norm is None
+                                    else self.reward_norm(reward, done, cols))
+        frag["terminated"][t, cols], frag["truncated"][t, cols] = terminated, truncated
+        frag["final_values"][t, cols] = 0.0
+        end = info["episode_end"]  # Atari with episodic life: whole games only
+        frag["episode_end"][t, cols] = end
+        frag["episode_return"][t, cols] = np.where(end, info["episode_return"], 0.0)
+        frag["episode_length"][t, cols] = np.where(end, info["episode_length"], 0)
+        if done.any():
+            returns.append(info["episode_return"][end].copy())
+            lengths.append(info["episode_length"][end].copy())
+            cut = np.flatnonzero(truncated & ~terminated)
+            if len(cut):
+                frag["final_values"][t, cols.start + cut] = self.acting.value(
+                    self._input(info["final_obs"][cut]))
+        self._obs[cols] = obs
 
 
 class TrainStep(NamedTuple):

@@ -37,6 +37,20 @@ def test_reward_normalizer_tracks_discounted_return_and_resets_on_done():
     np.testing.assert_allclose(out, np.array([1.0, 1.0]) / np.sqrt(norm.rms.var + 1e-8))
 
 
+def test_reward_normalizer_rows_update_only_their_envs():
+    """The serving role's env splits normalise one split at a time: ``rows`` touches only those
+    envs' returns, and a state_dict taken before is not changed afterwards."""
+    norm = RewardNormalizer(num_envs=4, gamma=0.5)
+    norm(np.array([1.0, 1.0, 1.0, 1.0]), np.zeros(4, bool))
+    saved = norm.state_dict()["returns"].clone()
+    before = norm.state_dict()["returns"]
+    out = norm(np.array([2.0, 4.0]), np.array([False, True]), slice(2, 4))
+    np.testing.assert_array_equal(norm.returns, [1.0, 1.0, 2.5, 0.0])
+    assert np.isclose(norm.rms.count - RunningMeanStd(()).count, 6)  # 4 returns, then 2
+    np.testing.assert_allclose(out, np.array([2.0, 4.0]) / np.sqrt(norm.rms.var + 1e-8))
+    np.testing.assert_array_equal(before.numpy(), saved.numpy())
+
+
 def test_device_arrays_normalise_like_host_arrays():
     """The torch path (what runs on a GPU; here torch on the CPU) equals the NumPy path."""
     from gmi_drl.rollout.arrays import DeviceArrays
