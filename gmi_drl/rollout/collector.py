@@ -3,7 +3,8 @@ algorithms) and transitions into a `ReplayBuffer` (off-policy algorithms)."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -23,13 +24,28 @@ class Episodes(NamedTuple):
     """``(k,) float64``, undiscounted, unnormalised episode returns"""
     lengths: np.ndarray
     """``(k,) int64``, env steps per episode"""
+    extras: Mapping[str, np.ndarray] = MappingProxyType({})
+    """``{name: (k,) float64}``: a task's own per-episode totals, from the pool's
+    ``info["episode_<name>"]`` (ShadowHand's ``successes``), logged as ``env/episodic_<name>``"""
 
     @staticmethod
-    def concat(returns: list[np.ndarray], lengths: list[np.ndarray]) -> "Episodes":
+    def concat(returns: list[np.ndarray], lengths: list[np.ndarray],
+               extras: Mapping[str, list[np.ndarray]] | None = None) -> "Episodes":
         """One `Episodes` from per-step pieces (empty lists: no episode)."""
-        return Episodes(np.concatenate(returns).astype(np.float64) if returns else np.zeros(0),
-                        np.concatenate(lengths).astype(np.int64) if lengths
-                        else np.zeros(0, np.int64))
+        def join(parts: list[np.ndarray], dtype) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+        return Episodes(join(returns, np.float64), join(lengths, np.int64),
+                        {k: join(v, np.float64) for k, v in (extras or {}).items()})
+
+
+_TOTALS = ("episode_return", "episode_length", "episode_end")
+
+
+def extra_totals(info: dict) -> list[str]:
+    """The ``info`` keys of a task's own per-episode totals: ``episode_<name>`` other than
+    return, length and end."""
+    return [k for k in info if k.startswith("episode_") and k not in _TOTALS]
 
 
 class Collector:
@@ -102,7 +118,7 @@ class Collector:
         if self.next_obs is None:
             self.reset()
         pool, arrays, rows = self.pool, self.arrays, buf.rows(self.arrays)
-        ep_returns, ep_lengths = [], []
+        ep_returns, ep_lengths, ep_extras = [], [], {}
         ends = _DeviceEnds(buf.num_steps, pool.num_envs, arrays.device) if self._on_device \
             else None
         for t in range(buf.num_steps):
@@ -132,6 +148,9 @@ class Collector:
                 end = info["episode_end"]  # Atari with episodic life: whole games only
                 ep_returns.append(to_host(info["episode_return"][end]))
                 ep_lengths.append(to_host(info["episode_length"][end]))
+                for key in extra_totals(info):
+                    ep_extras.setdefault(key[len("episode_"):], []).append(
+                        to_host(info[key][end]))
                 cut = flatnonzero(truncated & ~terminated)
                 if len(cut):
                     final = self._normalized(arrays.from_pool(info["final_obs"][cut]),
@@ -141,7 +160,7 @@ class Collector:
         pool.check_limits()
         if ends is not None:
             return ends.episodes()
-        return Episodes.concat(ep_returns, ep_lengths)
+        return Episodes.concat(ep_returns, ep_lengths, ep_extras)
 
     def _env_action(self, action: Array):
         """The action the pool steps: the sample clipped to a Box space, as the pool takes it."""
@@ -164,15 +183,22 @@ class _DeviceEnds:
         self.end = torch.zeros(num_steps, num_envs, dtype=torch.bool, device=device)
         self.returns = torch.zeros(num_steps, num_envs, dtype=torch.float64, device=device)
         self.lengths = torch.zeros(num_steps, num_envs, dtype=torch.int64, device=device)
+        self.extras: dict = {}  # name -> (num_steps, num_envs) float64, made at first sight
 
     def record(self, t: int, info: dict) -> None:
         self.end[t] = info["episode_end"]
         self.returns[t] = info["episode_return"]
         self.lengths[t] = info["episode_length"]
+        for key in extra_totals(info):
+            if key not in self.extras:
+                self.extras[key] = self.returns.new_zeros(self.returns.shape)
+            self.extras[key][t] = info[key]
 
     def episodes(self) -> Episodes:
         end = self.end.cpu()
-        return Episodes(self.returns.cpu()[end].numpy(), self.lengths.cpu()[end].numpy())
+        return Episodes(self.returns.cpu()[end].numpy(), self.lengths.cpu()[end].numpy(),
+                        {k[len("episode_"):]: v.cpu()[end].numpy()
+                         for k, v in self.extras.items()})
 
 
 def _check_pool(pool) -> None:

@@ -256,6 +256,8 @@ def _log(t: Trainer, global_step: int, episodes: Episodes, losses: dict, sps: fl
     if len(episodes.returns):
         metrics["env/episodic_return"] = float(episodes.returns.mean())
         metrics["env/episodic_length"] = float(episodes.lengths.mean())
+        for name, totals in episodes.extras.items():
+            metrics[f"env/episodic_{name}"] = float(totals.mean())
     metrics["perf/sps"] = sps
     now = {**t.tree.snapshot_s(), **_cpu_keys(t.tree.snapshot_cpu_s())}
     for path, total in now.items():

@@ -55,6 +55,8 @@ def test_table6_sizes_and_spaces(task_id, sizes):
         obs, info = p.reset()
         assert obs.shape == (N, t.obs_dim) and obs.dtype == np.float32
         assert info["env_id"].tolist() == list(range(N))
+        _, _, _, _, info = p.step(np.zeros((N, t.action_dim), np.float32))
+        assert ("episode_successes" in info) == (task_id == "ShadowHand-gmi-v0")
 
 
 def test_observation_reward_and_termination_match_the_formulas(pool):
@@ -233,9 +235,10 @@ def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
         o = layout.object_qpos
         rot = qpos[1, o + 3:o + 7]
         p._task_state.assign(np.stack([goal[0], [rot[1], rot[2], rot[3], rot[0]]]))
-        obs, rew, term, _, _ = p.step(np.zeros((2, 20), np.float32))
+        obs, rew, term, _, info = p.step(np.zeros((2, 20), np.float32))
         new_goal = p._task_state.numpy()
         assert rew[1] > 200 and rew[0] < 200 and not term.any()
+        np.testing.assert_array_equal(info["episode_successes"], [0, 1])  # counted per episode
         assert not np.allclose(new_goal[1], [rot[1], rot[2], rot[3], rot[0]], atol=1e-2)
         np.testing.assert_allclose(new_goal[0], goal[0])
         np.testing.assert_allclose(obs[1, 88:92], new_goal[1], rtol=1e-5)  # seen at once
@@ -245,6 +248,14 @@ def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
         p._d.qpos.assign(qpos)
         _, _, term, _, info = p.step(np.zeros((2, 20), np.float32))
         assert term[0] and not term[1] and info["final_obs"][0, 74] < -0.3
+        np.testing.assert_array_equal(info["episode_successes"], [0, 1])
+        # world 1's episode ends by the time limit with its success; world 0 starts from 0
+        p._running_length.assign(np.array([0, task.max_episode_steps - 1], np.int32))
+        _, _, term, trunc, info = p.step(np.zeros((2, 20), np.float32))
+        assert trunc[1] and not (term | trunc)[0]
+        np.testing.assert_array_equal(info["episode_successes"], [0, 1])
+        _, _, _, _, info = p.step(np.zeros((2, 20), np.float32))
+        np.testing.assert_array_equal(info["episode_successes"], [0, 0])  # both restarted
 
 
 def test_frankacabinet_matches_the_formulas_and_ends_with_the_drawer_open():
@@ -471,6 +482,34 @@ def test_device_collection_equals_host_collection():
     np.testing.assert_array_equal(ea.returns, eb.returns)
     np.testing.assert_array_equal(ea.lengths, eb.lengths)
     assert len(ea.returns) >= N * 2
+
+
+@pytest.mark.parametrize("tensors", [False, True])
+def test_collector_reports_a_tasks_own_episode_totals(tensors):
+    """ShadowHand's successes reach `Episodes.extras` on the host and the device path: with
+    every orientation within tolerance, each step is a success, so an episode's successes
+    equal its length."""
+    import dataclasses
+    import math
+
+    from gmi_drl.envs.spec import env_seeds
+    from gmi_drl.envs.warp.hand import HandTask
+    from gmi_drl.envs.warp.pool import WarpPool
+    from gmi_drl.models.actor_critic import build_actor_critic
+    from gmi_drl.rollout.acting import make_acting
+    from gmi_drl.rollout.arrays import DeviceArrays
+    from gmi_drl.rollout.collector import Collector
+    from gmi_drl.rollout.storage import RolloutBuffer
+
+    task = dataclasses.replace(HandTask(), max_episode_steps=5, success_tolerance=math.pi)
+    with WarpPool(task, 2, env_seeds(3, 2), tensors=tensors) as p:
+        model = build_actor_critic(p.spec.observation_space, p.spec.action_space)
+        arrays = DeviceArrays("cpu")
+        acting = make_acting(model, torch.Generator().manual_seed(0), arrays, False)
+        buf = RolloutBuffer(12, 2, p.spec.observation_space, p.spec.action_space, "cpu")
+        episodes = Collector(p, acting, arrays, None, None).collect(buf)
+    assert len(episodes.lengths) >= 4
+    np.testing.assert_array_equal(episodes.extras["successes"], episodes.lengths)
 
 
 def test_ppo_trains_on_the_warp_engine(tmp_path):

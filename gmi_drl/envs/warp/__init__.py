@@ -18,7 +18,8 @@ command), ``build_model()``, ``layout(model)`` and ``kernels`` (the name of its 
 the kernel module has ``make_params(task, layout, device)``, ``finish_step``,
 ``reset_worlds``; where actions are not ``scale x action + offset`` (the task's
 ``action_map``), its own ``apply_actions``; where the observation reads body states,
-``BODY_STATES = True`` and ``observe_reset``.
+``BODY_STATES = True`` and ``observe_reset``. A definition with ``episode_metric`` (a name)
+has its kernel ``count`` something per episode (`gmi_drl.envs.warp.worlds.count`).
 """
 
 from __future__ import annotations

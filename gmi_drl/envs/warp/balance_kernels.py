@@ -12,7 +12,7 @@ import math
 import warp as wp
 
 from gmi_drl.envs.warp.balance import BalanceLayout, BalanceTask
-from gmi_drl.envs.warp.worlds import Worlds, end_step
+from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
 
 @wp.struct
@@ -105,8 +105,7 @@ def _start_episode(w: int, p: BalanceParams, s: Worlds):
     s.qvel[w, v + 1] = -speed * wp.sin(angle)
     s.qvel[w, v + 2] = -5.0
     _observe(w, p, s, 0.0)
-    s.running_return[w] = wp.float64(0.0)
-    s.running_length[w] = 0
+    start_totals(w, s)
 
 
 @wp.kernel

@@ -12,7 +12,7 @@ import warp as wp
 
 from gmi_drl.envs.warp.franka import (DEFAULT_DOF_POS, DRAWER_GRASP, GRASP_IN_LINK7,
                                       GRASP_ROT_IN_LINK7, FrankaLayout, FrankaTask)
-from gmi_drl.envs.warp.worlds import Worlds, end_step
+from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
 BODY_STATES = True
 """the observation reads body poses (gripper and drawer grasp frames)"""
@@ -193,8 +193,7 @@ def _start_episode(w: int, p: FrankaParams, s: Worlds):
         s.task_state[w, j] = q
     s.qpos[w, p.drawer_qpos] = 0.0
     _observe(w, p, s)
-    s.running_return[w] = wp.float64(0.0)
-    s.running_length[w] = 0
+    start_totals(w, s)
 
 
 @wp.kernel

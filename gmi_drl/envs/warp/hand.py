@@ -26,7 +26,8 @@ Observation (float32, Isaac Gym's order and its (x, y, z, w) quaternions, clippe
 
 Reward ``-10 |block - goal| + 1 / (|rotation distance| + 0.1) - 0.0002 |action|^2``, plus 250
 when the rotation distance is within 0.1 rad, where a new goal orientation is drawn in the same
-step (Isaac draws it at the next). Terminated when the block is 0.24 m or more from the goal
+step (Isaac draws it at the next); each such step is a success, counted per episode in
+``info["episode_successes"]``. Terminated when the block is 0.24 m or more from the goal
 position (dropped), truncated after 600 steps (10 s).
 """
 
@@ -74,6 +75,9 @@ class HandTask:
     control_dt: float = 1.0 / 60.0
     frame_skip: int = 8  # the MJCF's 2 ms physics step: 8 per env step (Isaac: 2 of 8.3 ms)
     max_episode_steps: int = 600
+    episode_metric: str = "successes"
+    """goals reached per episode: ``info["episode_successes"]`` (Isaac Gym's ``successes``;
+    its ``consecutive_successes`` is their running average over finished episodes)"""
     vel_obs_scale: float = 0.2
     force_torque_obs_scale: float = 10.0
     clip_obs: float = 5.0

@@ -12,7 +12,7 @@ import math
 import warp as wp
 
 from gmi_drl.envs.warp.hand import HandLayout, HandTask
-from gmi_drl.envs.warp.worlds import Worlds, end_step
+from gmi_drl.envs.warp.worlds import Worlds, count, end_step, start_totals
 
 BODY_STATES = True
 """the observation reads body poses and velocities (fingertips): the pool recomputes them from
@@ -182,8 +182,7 @@ def _start_episode(w: int, p: HandParams, s: Worlds):
         s.qpos[w, p.dof_qpos[j]] = p.reset_dof_pos_noise * wp.randf(state, p.dof_lower[j],
                                                                      p.dof_upper[j])
     _observe(w, p, s, 0.0)
-    s.running_return[w] = wp.float64(0.0)
-    s.running_length[w] = 0
+    start_totals(w, s)
 
 
 @wp.kernel
@@ -205,6 +204,7 @@ def finish_step(p: HandParams, s: Worlds):
     reached = wp.abs(rot_dist) <= p.success_tolerance
     if reached:
         r = r + p.reach_goal_bonus
+        count(w, s, 1.0)  # a success (Isaac Gym's ``successes``)
     fell = goal_dist >= p.fall_dist
     if end_step(w, s, r, p.max_episode_steps, fell):
         _start_episode(w, p, s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warp as wp
 
 from gmi_drl.envs.warp.locomotion import TARGET, LocomotionTask, ModelLayout
-from gmi_drl.envs.warp.worlds import Worlds, end_step
+from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
 
 @wp.struct
@@ -189,8 +189,7 @@ def _start_episode(w: int, p: LocomotionParams, s: Worlds):
     _reset_world(w, p, s.seed, s.resets, s.qpos, s.qvel, s.qacc_warmstart)
     _observe(w, p, s.qpos, s.qvel, s.sensordata, s.qfrc_actuator, s.actions, 0.0, s.obs,
              s.potentials)
-    s.running_return[w] = wp.float64(0.0)
-    s.running_length[w] = 0
+    start_totals(w, s)
 
 
 @wp.kernel

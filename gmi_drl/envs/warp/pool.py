@@ -75,7 +75,10 @@ class WarpPool:
     (num_envs,) float32``, ``terminated``/``truncated (num_envs,) bool`` and ``info`` with
     ``env_id``, ``episode_return (num_envs,) float64`` and ``episode_length (num_envs,) int32``
     (totals including this step; the finished episode's where it ended), ``episode_end`` and
-    ``final_obs (num_envs, obs_dim)`` (rows valid where the episode ended). On CUDA these are
+    ``final_obs (num_envs, obs_dim)`` (rows valid where the episode ended), and for a task with
+    its own per-episode count (its definition's ``episode_metric``, e.g. ShadowHand's
+    ``successes``) ``episode_<name> (num_envs,) float32``, totalled as ``episode_return``. On
+    CUDA these are
     torch tensors on ``device``; on the CPU, NumPy arrays. Both alias the pool's buffers and stay
     valid until the next `send`/`step`/`reset`. Actions are clipped to [-1, 1] on the device.
 
@@ -148,6 +151,7 @@ class WarpPool:
             self._potentials = z(n, dtype=wp.float64)
             self._running_return = z(n, dtype=wp.float64)
             self._running_length = z(n, dtype=wp.int32)
+            self._running_metric = z(n, dtype=wp.float32)
             self._obs = z((n, task.obs_dim), dtype=wp.float32)
             self._final_obs = z((n, task.obs_dim), dtype=wp.float32)
             self._reward = z(n, dtype=wp.float32)
@@ -155,6 +159,7 @@ class WarpPool:
             self._truncated = z(n, dtype=wp.bool)
             self._episode_return = z(n, dtype=wp.float64)
             self._episode_length = z(n, dtype=wp.int32)
+            self._episode_metric = z(n, dtype=wp.float32)
             self._mask = z(n, dtype=wp.int32)
             self._task_state = z((n, max(task.state_dim, 1)), dtype=wp.float32)
             if not hasattr(wt, "apply_actions"):  # the shared kernel: ctrl = scale x a + offset
@@ -164,14 +169,17 @@ class WarpPool:
             self._worlds = worlds.make_worlds(
                 self._d, seed=self._seed, resets=self._resets, actions=self._actions,
                 potentials=self._potentials, running_return=self._running_return,
-                running_length=self._running_length, obs=self._obs,
+                running_length=self._running_length, running_metric=self._running_metric,
+                obs=self._obs,
                 task_state=self._task_state, final_obs=self._final_obs, reward=self._reward,
                 terminated=self._terminated, truncated=self._truncated,
-                episode_return=self._episode_return, episode_length=self._episode_length)
+                episode_return=self._episode_return, episode_length=self._episode_length,
+                episode_metric=self._episode_metric)
         view = self._view
         self._out = {k: view(getattr(self, "_" + k)) for k in (
             "obs", "final_obs", "reward", "terminated", "truncated", "episode_return",
-            "episode_length", "actions_in")}
+            "episode_length", "episode_metric", "actions_in")}
+        self._metric = getattr(task, "episode_metric", None)
         self._all_ids = (torch.arange(n, device=self.device) if self.tensors
                          else np.arange(n, dtype=np.int64))
         self._graph = None
@@ -261,6 +269,8 @@ class WarpPool:
         info = {"env_id": self._all_ids, "episode_return": o["episode_return"],
                 "episode_length": o["episode_length"], "episode_end": end,
                 "final_obs": o["final_obs"]}
+        if self._metric is not None:
+            info[f"episode_{self._metric}"] = o["episode_metric"]
         return o["obs"], o["reward"], o["terminated"], o["truncated"], info
 
     def step(self, actions, env_id: Any = None):

@@ -10,7 +10,7 @@ import warp as wp
 
 from gmi_drl.envs.warp.locomotion import ModelLayout
 from gmi_drl.envs.warp.quadruped import QuadrupedTask
-from gmi_drl.envs.warp.worlds import Worlds, end_step
+from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
 
 @wp.struct
@@ -100,8 +100,7 @@ def _start_episode(w: int, p: QuadrupedParams, s: Worlds):
     for i in range(3):
         s.task_state[w, i] = wp.randf(state, p.command_low[i], p.command_high[i])
     _observe(w, p, s, 0.0)
-    s.running_return[w] = wp.float64(0.0)
-    s.running_length[w] = 0
+    start_totals(w, s)
 
 
 @wp.kernel

@@ -13,7 +13,9 @@ class Worlds:
 
     ``task_state (num_envs, state_dim)``: floats a task keeps per world (Anymal's command).
     ``xpos``, ``xquat``, ``cvel``, ``subtree_com``: MuJoCo's body poses and velocities (the
-    fingertip states of ShadowHand). ``final_obs`` to ``episode_length``: what a step returns.
+    fingertip states of ShadowHand). ``final_obs`` to ``episode_metric``: what a step returns
+    (``episode_metric``: the total of the task's own per-episode count, ShadowHand's goals
+    reached, kept by `count`).
     """
 
     seed: wp.array(dtype=wp.int32)
@@ -27,6 +29,7 @@ class Worlds:
     potentials: wp.array(dtype=wp.float64)
     running_return: wp.array(dtype=wp.float64)
     running_length: wp.array(dtype=wp.int32)
+    running_metric: wp.array(dtype=wp.float32)
     obs: wp.array2d(dtype=wp.float32)
     task_state: wp.array2d(dtype=wp.float32)
     xpos: wp.array2d(dtype=wp.vec3)
@@ -39,6 +42,7 @@ class Worlds:
     truncated: wp.array(dtype=wp.bool)
     episode_return: wp.array(dtype=wp.float64)
     episode_length: wp.array(dtype=wp.int32)
+    episode_metric: wp.array(dtype=wp.float32)
 
 
 def make_worlds(data, **arrays) -> Worlds:
@@ -81,8 +85,23 @@ def end_step(w: int, s: Worlds, r: wp.float32, max_episode_steps: wp.int32, ende
     s.episode_length[w] = length
     s.running_return[w] = total
     s.running_length[w] = length
+    s.episode_metric[w] = s.running_metric[w]
     if ended or timeout:
         for i in range(s.obs.shape[1]):
             s.final_obs[w, i] = s.obs[w, i]
         return True
     return False
+
+
+@wp.func
+def count(w: int, s: Worlds, x: wp.float32):
+    """Add ``x`` to world ``w``'s per-episode count (before this step's `end_step`)."""
+    s.running_metric[w] = s.running_metric[w] + x
+
+
+@wp.func
+def start_totals(w: int, s: Worlds):
+    """World ``w`` starts an episode: its running return, length and count restart."""
+    s.running_return[w] = wp.float64(0.0)
+    s.running_length[w] = 0
+    s.running_metric[w] = wp.float32(0.0)
