@@ -13,7 +13,8 @@ schedules, network sizes, envs):
 |---|---|---:|---|
 | ppo-cartpole | ppo cartpole-zoo | 200k | mean(last 20) >= 475 on 3/3 seeds |
 | ppo-hopper | ppo mujoco, 8 envs x 256 steps | 1M | >= 1500 on 2/3 seeds |
-| dqn-cartpole | dqn cartpole-zoo | 100k | >= 475 on 3/3 seeds |
+| dqn-cartpole | dqn cartpole | 100k | >= 475 on 3/3 seeds |
+| dqn-cartpole-zoo | dqn cartpole-zoo (RL-Zoo's entry) | 100k | >= 475 on 3/3 seeds |
 | a2c-cartpole | a2c classic | 500k | >= 475 on 3/3 seeds |
 | ddpg-halfcheetah, td3-halfcheetah | mujoco | 300k | median final mean >= SB3's |
 | dqn-pong | dqn atari, Pong-v5 | 500k (2M frames) | >= 0 on 1 seed |
@@ -66,7 +67,8 @@ class Case:
 CASES = {
     "ppo-cartpole": Case("ppo", "cartpole-zoo", None, 200_000, 475.0, 3),
     "ppo-hopper": Case("ppo", "mujoco", "Hopper-v5", 1_000_000, 1500.0, 2),
-    "dqn-cartpole": Case("dqn", "cartpole-zoo", None, 100_000, 475.0, 3),
+    "dqn-cartpole": Case("dqn", "cartpole", None, 100_000, 475.0, 3),
+    "dqn-cartpole-zoo": Case("dqn", "cartpole-zoo", None, 100_000, 475.0, 3),
     "a2c-cartpole": Case("a2c", "classic", None, 500_000, 475.0, 3),
     "ddpg-halfcheetah": Case("ddpg", "mujoco", "HalfCheetah-v5", 300_000, None, 0),
     "td3-halfcheetah": Case("td3", "mujoco", "HalfCheetah-v5", 300_000, None, 0),

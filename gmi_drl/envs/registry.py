@@ -29,6 +29,11 @@ class TaskEntry:
     engines: dict[str, EngineEntry]
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def order(self) -> list[str]:
+        """The engine names in the order ``"auto"`` tries them: `ENGINE_ORDER`, then new names."""
+        names = [n for n in ENGINE_ORDER if n in self.engines]
+        return names + [n for n in self.engines if n not in names]
+
     def select(self, engine: str, task_kwargs: dict[str, Any]) -> tuple[str, EngineEntry]:
         """The engine ``engine`` names (``"auto"``: the first of `ENGINE_ORDER` available here).
 
@@ -36,8 +41,7 @@ class TaskEntry:
             ValueError: an engine this task does not have, one that cannot run here, or (auto)
                 none that can; the message names the engines and why each cannot run.
         """
-        names = [n for n in ENGINE_ORDER if n in self.engines]
-        names += [n for n in self.engines if n not in names]
+        names = self.order()
         if engine != "auto":
             if engine not in self.engines:
                 raise ValueError(f"engine={engine!r} must be one of {['auto', *names]} for "
@@ -101,8 +105,7 @@ def engines(task_id: str) -> list[str]:
     entry = _entry(task_id)
     if entry is None:
         raise ValueError(f"unknown task_id={task_id!r}")
-    return [n for n in ENGINE_ORDER if n in entry.engines] + \
-        [n for n in entry.engines if n not in ENGINE_ORDER]
+    return entry.order()
 
 
 def task_spec(task_id: str, engine: str = "auto", **task_kwargs: Any) -> EnvSpec:
