@@ -31,6 +31,12 @@ with its preset's policy and a thread that drains its channel; env steps/s over 
 windows, median of 5) on Hopper-v5 and Pong-v5, then APPO end to end on Hopper-v5 (PPS and
 TTOP as above).
 
+Part ``bridge``: the experience channels across hosts (``--placement ray``: one Ray actor per
+GMI, a local Ray instance, every GMI on this one host) against shared memory (``--placement
+local``): APPO Hopper-v5, 2 serving GMIs x 8 envs, with 1 trainer GMI, then with 2 trainer GMIs
+(each with its own bridge, the serving GMIs spreading transfers by queued work, the trainers
+reducing through a gloo ring); PPS and TTOP as above, runs alternating.
+
 Part ``sample-factory``: Sample Factory 2.1.1's APPO (`sf_examples.mujoco.train_mujoco`) on
 Hopper with the same env count (2 workers x 8 envs), 1 learner, 64-step rollouts, batch 2,048,
 on CPU, run with the interpreter of its own venv (``--sf-python``; it needs gymnasium 0.29.1
@@ -65,8 +71,10 @@ from gmi_drl.train import train
 
 @dataclass
 class Args:
-    parts: list[Literal["channels", "channel-only", "sync", "splits", "sample-factory"]] = field(
-        default_factory=lambda: ["channel-only", "channels", "sync", "splits", "sample-factory"])
+    parts: list[Literal["channels", "channel-only", "sync", "splits", "bridge",
+                        "sample-factory"]] = field(
+        default_factory=lambda: ["channel-only", "channels", "sync", "splits", "bridge",
+                                 "sample-factory"])
     """which comparisons to run"""
     tasks: list[str] = field(default_factory=lambda: ["Hopper-v5", "Pong-v5"])
     """tasks of the channels part (Pong's trainer is slow on a CPU: a few minutes per run)"""
@@ -366,6 +374,29 @@ def part_splits(args: Args, out: Path) -> None:
     print(f"| 2 / 1 | {pps:.2f}x | {ttop:.2f}x | |", flush=True)
 
 
+def part_bridge(args: Args, out: Path) -> None:
+    print(f"\n## bridge: APPO Hopper-v5, {args.serving_gmis} serving GMIs x 8 envs, shared "
+          "memory vs TCP bridges (Ray actors on this host)\n")
+    print("| placement | trainer GMIs | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
+          "|---|---:|---:|---:|---:|")
+    setups = (("local", 1), ("ray", 1), ("ray", 2))
+    rates: dict[tuple[str, int], list[Rates]] = {s: [] for s in setups}
+    for seed in range(1, args.repeats + 1):
+        for placement, trainers in setups:
+            cfg = _appo("Hopper-v5", "multi", args.hopper_steps, seed, args.serving_gmis,
+                        out / f"bridge-{placement}-{trainers}-{seed}")
+            cfg.placement, cfg.gmi.trainer_gmis = placement, trainers
+            rates[(placement, trainers)].append(_run(cfg))
+    for (placement, trainers), rs in rates.items():
+        print(f"| {placement} | {trainers} | {_median(rs, 'pps'):,.0f} | "
+              f"{_median(rs, 'ttop'):,.0f} | {len(rs)} |")
+    base = rates[("local", 1)]
+    for setup in setups[1:]:
+        print(f"| {setup[0]} / local | {setup[1]} | "
+              f"{_median(rates[setup], 'pps') / _median(base, 'pps'):.2f}x | "
+              f"{_median(rates[setup], 'ttop') / _median(base, 'ttop'):.2f}x | |", flush=True)
+
+
 _SF_REPORT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\].*Total num frames: (\d+)")
 _SF_TOTAL = re.compile(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)")
 
@@ -432,7 +463,8 @@ def main(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs in {out}")
     parts = {"channels": part_channels, "channel-only": part_channel_only, "sync": part_sync,
-             "splits": part_splits, "sample-factory": part_sample_factory}
+             "splits": part_splits, "bridge": part_bridge,
+             "sample-factory": part_sample_factory}
     for name in args.parts:
         parts[name](args, out)
 

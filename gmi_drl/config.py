@@ -677,10 +677,6 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     need(g.reduction in ("auto", "mpr", "mrr", "har", "ring"),
          f"gmi.reduction={g.reduction!r}: trainer GMIs of an async_training run reduce with "
          "auto, mpr, mrr, har or ring")
-    need(cfg.placement != "ray" or g.trainer_gmis == 1,
-         f"gmi.trainer_gmis={g.trainer_gmis} with placement='ray': across hosts one trainer GMI "
-         "takes every serving GMI's experience (its bridge); several trainers run with "
-         "--placement local")
     need(cfg.placement != "serial" or g.serving_gmis == g.trainer_gmis == 1,
          f"placement='serial' runs one serving and one trainer role in one process, not "
          f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")
@@ -723,9 +719,14 @@ def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> 
         return
     need(importlib.util.find_spec("ray") is not None,
          "placement='ray' needs the ray package: pip install 'gmi-drl[ray]'")
-    need(g.reduction in ("auto", "switch"), f"gmi.reduction={g.reduction!r} is for the local "
-         "placement; on Ray the reduction follows the nodes (HAR across nodes, MPR within "
-         "one): use gmi.reduction auto or switch")
+    if cfg.is_async:
+        need(g.reduction == "auto", f"gmi.reduction={g.reduction!r} is for the local "
+             "placement; on Ray the trainer GMIs of an async_training run reduce through a "
+             "gloo ring wherever Ray placed them: use gmi.reduction auto")
+    else:
+        need(g.reduction in ("auto", "switch"), f"gmi.reduction={g.reduction!r} is for the "
+             "local placement; on Ray the reduction follows the nodes (HAR across nodes, MPR "
+             "within one): use gmi.reduction auto or switch")
     need(g.netns is None, "gmi.netns is for the local placement (namespaces of this machine)")
     need(len(set(g.switch_addrs)) <= 1, f"gmi.switch_addr={g.switch_addr!r}: with "
          "placement='ray' give one switch address for all GMIs")

@@ -124,6 +124,16 @@ def test_ray_refuses_the_local_launchers_reduction_options():
         assert needle in msg
 
 
+def test_ray_async_trainers_reduce_through_a_ring_whatever_their_number():
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.placement, cfg.gmi.trainer_gmis, cfg.gmi.reduction = "ray", 2, "mpr"
+    with pytest.raises(ConfigError, match="the trainer GMIs of an async_training run reduce "
+                                          "through a gloo ring"):
+        validate(cfg)
+    cfg.gmi.reduction = "auto"
+    validate(cfg)  # several trainer GMIs on Ray
+
+
 def test_ray_settings_without_the_ray_launcher_are_refused():
     cfg = preset("classic")
     cfg.ray.address, cfg.ray.max_restarts = "auto", 1

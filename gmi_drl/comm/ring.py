@@ -28,22 +28,25 @@ class RingReducer(GradReducer):
         backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors).
         mpl: GMI-to-device map for multi-ring reduction; ``None`` means one flat ring.
         timeout_s: collective timeout (seconds) after which the group is broken.
+        store: a ``torch.distributed.Store`` to rendezvous through instead of ``init_method``
+            (the async template's trainers on Ray share the run's `BridgeDirectory` store).
 
     Raises:
         ValueError: ``mpl`` is given but is not a layout MRR supports (`reduction.why_not`).
     """
 
     def __init__(self, rank: int, world_size: int, init_method: str, backend: str = "gloo",
-                 mpl: Sequence[Sequence[int]] | None = None, timeout_s: float = 60.0) -> None:
+                 mpl: Sequence[Sequence[int]] | None = None, timeout_s: float = 60.0,
+                 store=None) -> None:
         import datetime
 
         self.rank, self.world_size = rank, world_size
         problem = None if mpl is None else why_not(Reduction.MRR, mpl)
         if problem is not None:
             raise ValueError(problem)
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        where = {"store": store} if store is not None else {"init_method": init_method}
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s), **where)
         self._flat = torch.empty(0)
         self._rings = None
         if mpl is not None:

@@ -43,9 +43,9 @@ class AsyncSpec:
         weights: ``shm``: the weight store's handle; ``tcp``: ``None``.
         weight_bytes: bytes of one weight publication.
         transport: ``shm``: every GMI attaches to one block and one store the placement made
-            (one host); ``tcp``: each GMI makes its own, and a bridge joins trainer 0 and each
-            serving GMI (`gmi_drl.comm.channels.bridge`; trainer 0 listens on the address in
-            ``ctx.reduction.init_method``).
+            (one host); ``tcp``: each GMI makes its own, and bridges join every trainer and
+            every serving GMI (`gmi_drl.comm.channels.bridge`; GMI 0 hosts the run's
+            `BridgeDirectory` at ``ctx.reduction.init_method``).
         trainer_layout: the trainer GMIs' own layout (their reduction), or ``None`` for one.
         trainer_group: the trainers' `gmi_drl.gmi.context.ReductionGroup`, or ``None``.
         progress: called by trainer 0 with a `Progress`, or ``None``.
@@ -72,32 +72,34 @@ class ServingResult(NamedTuple):
     phases: dict[str, SectionStats]
     peak_memory_bytes: int = 0
     """this GMI's peak memory on its device (`gmi_drl.telemetry.memory`), bytes"""
+    transfers_per_trainer: tuple[int, ...] = ()
+    """over bridges (``tcp``): transfers sent to each trainer GMI, by rank"""
 
 
 def async_main(ctx) -> LoopResult | ServingResult:
     """One GMI of an async run (every placement's target): trainer or serving by id."""
     spec: AsyncSpec = ctx.payload
     trainers = spec.run.config.gmi.trainer_gmis
-    bridge = _bridge_address(ctx) if spec.transport == "tcp" else None
+    directory = None
+    if spec.transport == "tcp":
+        from gmi_drl.comm.channels.bridge import BridgeDirectory
+
+        directory = BridgeDirectory(ctx.reduction.init_method, is_host=ctx.gmi_id == 0,
+                                    timeout_s=spec.run.config.async_.timeout_s)
     if ctx.gmi_id < trainers:
         return trainer_main(spec, ctx.gmi_id, spec.progress if ctx.gmi_id == 0 else None,
-                            bridge)
-    return serving_main(spec, ctx.gmi_id - trainers, bridge)
-
-
-def _bridge_address(ctx) -> tuple[str, int]:
-    """``(host, port)`` of trainer 0's bridge: the launcher's rendezvous address."""
-    host, _, port = ctx.reduction.init_method.removeprefix("tcp://").rpartition(":")
-    return host, int(port)
+                            directory)
+    return serving_main(spec, ctx.gmi_id - trainers, directory)
 
 
 def _own_channels(spec: AsyncSpec, num_serving: int | None = None):
-    """A fabric and a weight store of this GMI's own (``tcp``): all serving GMIs' channels to
-    the trainer, or (``num_serving=1``) a serving GMI's one channel."""
+    """A fabric and a weight store of this GMI's own (``tcp``): every serving GMI's channel
+    to this trainer, or (``num_serving=1``) a serving GMI's one channel, which its bridge
+    distributes over the trainers."""
     import dataclasses
 
-    plan = spec.channels if num_serving is None else dataclasses.replace(
-        spec.channels, num_serving=num_serving)
+    plan = dataclasses.replace(spec.channels, num_trainers=1,
+                               num_serving=num_serving or spec.channels.num_serving)
     return Fabric.create(plan), WeightStore.create(spec.weight_bytes)
 
 
@@ -115,7 +117,8 @@ def _setup_threads(cfg) -> None:
 class Trainer:
     """Trainer GMI ``rank``: learner, batcher, weight store, sinks, timer."""
 
-    def __init__(self, spec: AsyncSpec, rank: int, fabric: Fabric, store: WeightStore) -> None:
+    def __init__(self, spec: AsyncSpec, rank: int, fabric: Fabric, store: WeightStore,
+                 slot: int | None = None, group_store=None) -> None:
         import functools
 
         from gmi_drl.algos import AlgoContext, build_algorithm
@@ -131,7 +134,7 @@ class Trainer:
         task = _task_spec(cfg)
         self.obs_norm = (ObsNormalizer(task.observation_space.shape, cfg.norm.obs_clip,
                                        arrays=arrays_for(device)) if cfg.norm.obs else None)
-        self.reducer = _trainer_reducer(spec, rank)
+        self.reducer = _trainer_reducer(spec, rank, group_store)
         steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile)
         self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
                                         process_name=f"gmi-{rank} trainer"))
@@ -151,7 +154,8 @@ class Trainer:
             except (ValueError, KeyError) as err:
                 raise CheckpointError(f"checkpoint does not match this run: {err}") from None
         self.episode_wall_s = [0.0] * len(self.episode_steps)
-        self.batcher = Batcher(fabric, rank, cfg.algo.fragments_per_batch, device)
+        self.batcher = Batcher(fabric, rank if slot is None else slot,
+                               cfg.algo.fragments_per_batch, device)
         self.role = TrainerRole(self.learner, self.batcher, store, publish=rank == 0,
                                 max_policy_lag=cfg.async_.max_policy_lag)
         self.lags: list[np.ndarray] = []
@@ -196,11 +200,18 @@ class Trainer:
         set_tree(TimingTree())
 
 
-def _trainer_reducer(spec: AsyncSpec, rank: int):
-    """The gradient reducer among trainer GMIs (the identity for one)."""
+def _trainer_reducer(spec: AsyncSpec, rank: int, group_store=None):
+    """The gradient reducer among trainer GMIs (the identity for one): the layout's reducer
+    on one host; with ``group_store`` (``tcp``, trainers wherever Ray placed them) a gloo ring
+    that meets through it."""
     from gmi_drl.comm.reducer import IdentityReducer
     from gmi_drl.gmi.context import REDUCERS
 
+    trainers = spec.run.config.gmi.trainer_gmis
+    if group_store is not None and trainers > 1:
+        from gmi_drl.comm.ring import RingReducer
+
+        return RingReducer(rank, trainers, "", "gloo", store=group_store)
     layout = spec.trainer_layout
     if layout is None or layout.num_gmis == 1:
         return IdentityReducer()
@@ -208,29 +219,39 @@ def _trainer_reducer(spec: AsyncSpec, rank: int):
 
 
 def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None] | None,
-                 bridge: tuple[str, int] | None = None) -> LoopResult:
+                 directory=None) -> LoopResult:
     """Trainer GMI ``rank``: ``num_iterations`` updates, each from one batch; trainer 0 logs,
     checkpoints and publishes, and stops the channels at the end (or on any failure). With a
-    ``bridge`` address, trainer 0 listens there for the serving GMIs of other hosts."""
-    from gmi_drl.comm.channels.bridge import BridgeServer
+    `BridgeDirectory` (``tcp``), it listens for the serving GMIs of every host at an address
+    it publishes there; a trainer other than 0 also follows trainer 0's weights."""
+    from gmi_drl.comm.channels.bridge import BridgeServer, WeightFollower
 
-    server = None
-    if bridge is not None:
+    server = follower = None
+    slot, group_store = rank, None
+    if directory is not None:
         fabric, store = _own_channels(spec)
-        server = BridgeServer(fabric, store, spec.weight_bytes, bridge)
+        slot, group_store = 0, directory.group_store()
     else:
         fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
     try:
-        t = Trainer(spec, rank, fabric, store)
-        result = _train(t, progress, lambda block: t.role.step(block, t.cfg.async_.timeout_s),
-                        None)
+        timeout_s = spec.run.config.async_.timeout_s
+        if directory is not None:
+            server = BridgeServer(fabric, store, spec.weight_bytes, (directory.local_ip(), 0),
+                                  push=rank == 0)
+            directory.publish(rank, server.address)
+            if rank > 0:
+                follower = WeightFollower(store, spec.weight_bytes, directory.lookup(1)[0],
+                                          rank, timeout_s)
+        t = Trainer(spec, rank, fabric, store, slot, group_store)
+        result = _train(t, progress, lambda block: t.role.step(block, timeout_s), None)
         if server is not None:  # every serving GMI learns of the end through its connection
-            server.wait_greeted(spec.channels.num_serving, t.cfg.async_.timeout_s)
+            server.wait_greeted(spec.channels.num_serving, timeout_s)
         return result
     finally:
         fabric.stop()
-        if server is not None:
-            server.close()
+        for end in (follower, server):
+            if end is not None:
+                end.close()
         fabric.close()
         store.close()
 
@@ -360,22 +381,23 @@ class Server:
             set_tree(TimingTree())
 
 
-def serving_main(spec: AsyncSpec, index: int,
-                 bridge: tuple[str, int] | None = None) -> ServingResult:
-    """Serving GMI ``index``: fragments until the trainers stop the channels (or, over a
-    ``bridge``, close it)."""
+def serving_main(spec: AsyncSpec, index: int, directory=None) -> ServingResult:
+    """Serving GMI ``index``: fragments until the trainers stop the channels (or, over the
+    bridges of a `BridgeDirectory`, close one)."""
     from gmi_drl.comm.channels.bridge import BridgeClient
 
     client, slot = None, index
-    if bridge is not None:
+    if directory is not None:
         fabric, store = _own_channels(spec, num_serving=1)
         slot = 0  # its own fabric holds only its channel
     else:
         fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
     server, t0 = None, time.perf_counter()
     try:
-        if bridge is not None:
-            client = BridgeClient(fabric, store, spec.weight_bytes, index, bridge, local=slot)
+        if directory is not None:
+            addresses = directory.lookup(spec.run.config.gmi.trainer_gmis)
+            client = BridgeClient(fabric, store, spec.weight_bytes, index, addresses,
+                                  spec.run.config.async_.timeout_s, local=slot)
         server = Server(spec, index, fabric, store, slot=slot)
         fabric.set_alive(slot, True)
         while not fabric.stopped():
@@ -385,7 +407,8 @@ def serving_main(spec: AsyncSpec, index: int,
                 break
         return ServingResult(server.role.env_steps, server.fragments, time.perf_counter() - t0,
                              server.versions, server.tree.stats(),
-                             peak_memory_bytes(spec.run.config.device))
+                             peak_memory_bytes(spec.run.config.device),
+                             tuple(client.sent) if client is not None else ())
     finally:
         fabric.set_alive(slot, False)
         if server is not None:

@@ -102,8 +102,9 @@ class AsyncPlacement:
             return self.results
 
     def _launch_ray(self, payload, task) -> list[Any]:
-        """One Ray actor per GMI; each makes its own channels, and trainer 0's bridge joins
-        them (`gmi_drl.comm.channels.bridge`) wherever Ray placed the GMIs."""
+        """One Ray actor per GMI; each makes its own channels, and every trainer's bridge
+        joins them to every serving GMI (`gmi_drl.comm.channels.bridge`) wherever Ray placed
+        the GMIs."""
         from gmi_drl.cluster.ray_launcher import launch
         from gmi_drl.runner.async_loop import AsyncSpec
         from gmi_drl.runner.placement import _printing
@@ -126,8 +127,9 @@ class AsyncPlacement:
         n_tr = g.trainer_gmis
         where = {"serial": "one trainer and one serving role in this process, alternating",
                  "local": "one process per GMI",
-                 "ray": "one Ray actor per GMI; trainer 0's TCP bridge joins every serving "
-                        "GMI's channels to its own"}[cfg.placement]
+                 "ray": "one Ray actor per GMI; each trainer GMI's TCP bridge joins every "
+                        "serving GMI's channel to its own, and each serving GMI sends each "
+                        "transfer to the trainer with the least queued work"}[cfg.placement]
         text = f"- placement: {cfg.placement}: {where}\n"
         if cfg.placement == "ray":
             run = self._ray
@@ -139,9 +141,14 @@ class AsyncPlacement:
                 + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
                 f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")
         lay = self.trainer_layout
-        text += ("- gradient reduction among trainer GMIs: "
-                 + (f"`{lay.reduction.value}`: {lay.reduction_reason}\n" if lay is not None
-                    else "none (one trainer GMI)\n"))
+        if lay is None:
+            how = "none (one trainer GMI)"
+        elif cfg.placement == "ray":
+            how = ("`ring`: gloo among the trainer GMIs wherever Ray placed them, meeting "
+                   "through the run's rendezvous store")
+        else:
+            how = f"`{lay.reduction.value}`: {lay.reduction_reason}"
+        text += f"- gradient reduction among trainer GMIs: {how}\n"
         how = "one per field (MCC)" if a.channel == "multi" else "one message per step (UCC)"
         text += (f"- experience channels: {a.channel} ({how}), "
                  f"{a.fragments_per_transfer} fragment(s) of {cfg.algo.num_steps} steps per "
@@ -154,7 +161,9 @@ class AsyncPlacement:
                          "it (async.tolerate_serving_failures; its reason is in train.log)\n")
                 continue
             text += (f"- serving GMI {gmi}: {r.env_steps:,} env steps in {r.fragments:,} "
-                     f"fragments, {r.policy_versions} weight versions picked up\n")
+                     f"fragments, {r.policy_versions} weight versions picked up"
+                     + (f", transfers to trainer GMIs {list(r.transfers_per_trainer)}"
+                        if len(r.transfers_per_trainer) > 1 else "") + "\n")
         if a.max_policy_lag is not None:
             text += f"- fragments more than {a.max_policy_lag} versions old were dropped\n"
         return text

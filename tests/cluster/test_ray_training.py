@@ -172,7 +172,7 @@ def _kill_gmi_after_first_checkpoint(run_dir: Path, gmi_id: int, killed: list) -
 
 def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path):
     """One trainer GMI and two serving GMIs as Ray actors on two nodes: each GMI makes its own
-    channels, trainer 0's TCP bridge joins them; the run learns, the weights reach every
+    channels, the trainer's TCP bridge joins them; the run learns, the weights reach every
     serving GMI, and nothing is left."""
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
@@ -183,11 +183,35 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     assert result.global_step == 30_720
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
     summary = (result.run_dir / "summary.md").read_text()
-    assert "one Ray actor per GMI; trainer 0's TCP bridge" in summary
+    assert "one Ray actor per GMI; each trainer GMI's TCP bridge" in summary
     assert summary.count("node ") >= 2 or summary.count("- node") >= 2, summary
     for gmi in (1, 2):
         line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))
         # "50 weight versions" must not read as "0 weight versions": compare the numbers
         m = re.search(r": ([\d,]+) env steps in [\d,]+ fragments, (\d+) weight versions", line)
         assert m and int(m[1].replace(",", "")) > 0 and int(m[2]) > 0, line
+    assert_nothing_left(ray_cluster)
+
+
+def test_async_appo_with_two_trainers_across_two_nodes(ray_cluster, tmp_path):
+    """Two trainer GMIs and two serving GMIs as Ray actors on two nodes: each trainer listens
+    on its own bridge (found through the run's rendezvous store), each serving GMI spreads its
+    transfers over both, the trainers reduce gradients through a gloo ring and end with
+    identical weights, and the run learns."""
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.gmi.serving_gmis, cfg.gmi.trainer_gmis, cfg.placement = 2, 2, "ray"
+    cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, 1
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 30_720, False, False
+    cfg.run_dir = str(tmp_path / "async-2")
+    result = train(cfg)
+    assert result.global_step == 30_720
+    assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
+    assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
+    summary = (result.run_dir / "summary.md").read_text()
+    assert "gradient reduction among trainer GMIs: `ring`: gloo" in summary, summary
+    for gmi in (2, 3):
+        line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))
+        m = re.search(r"(\d+) weight versions picked up, transfers to trainer GMIs "
+                      r"\[(\d+), (\d+)\]", line)
+        assert m and all(int(x) > 0 for x in m.groups()), line
     assert_nothing_left(ray_cluster)
