@@ -35,7 +35,8 @@ Part ``bridge``: the experience channels across hosts (``--placement ray``: one 
 GMI, a local Ray instance, every GMI on this one host) against shared memory (``--placement
 local``): APPO Hopper-v5, 2 serving GMIs x 8 envs, with 1 trainer GMI, then with 2 trainer GMIs
 (each with its own bridge, the serving GMIs spreading transfers by queued work, the trainers
-reducing through a gloo ring); PPS and TTOP as above, runs alternating.
+reducing through a gloo ring; on one host, through shared memory); PPS and TTOP as above, runs
+alternating; ratios at equal trainer counts.
 
 Part ``sample-factory``: Sample Factory 2.1.1's APPO (`sf_examples.mujoco.train_mujoco`) on
 Hopper with the same env count (2 workers x 8 envs), 1 learner, 64-step rollouts, batch 2,048,
@@ -379,7 +380,7 @@ def part_bridge(args: Args, out: Path) -> None:
           "memory vs TCP bridges (Ray actors on this host)\n")
     print("| placement | trainer GMIs | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
           "|---|---:|---:|---:|---:|")
-    setups = (("local", 1), ("ray", 1), ("ray", 2))
+    setups = (("local", 1), ("ray", 1), ("local", 2), ("ray", 2))
     rates: dict[tuple[str, int], list[Rates]] = {s: [] for s in setups}
     for seed in range(1, args.repeats + 1):
         for placement, trainers in setups:
@@ -390,11 +391,10 @@ def part_bridge(args: Args, out: Path) -> None:
     for (placement, trainers), rs in rates.items():
         print(f"| {placement} | {trainers} | {_median(rs, 'pps'):,.0f} | "
               f"{_median(rs, 'ttop'):,.0f} | {len(rs)} |")
-    base = rates[("local", 1)]
-    for setup in setups[1:]:
-        print(f"| {setup[0]} / local | {setup[1]} | "
-              f"{_median(rates[setup], 'pps') / _median(base, 'pps'):.2f}x | "
-              f"{_median(rates[setup], 'ttop') / _median(base, 'ttop'):.2f}x | |", flush=True)
+    for trainers in (1, 2):
+        ray, local = rates[("ray", trainers)], rates[("local", trainers)]
+        print(f"| ray / local | {trainers} | {_median(ray, 'pps') / _median(local, 'pps'):.2f}x | "
+              f"{_median(ray, 'ttop') / _median(local, 'ttop'):.2f}x | |", flush=True)
 
 
 _SF_REPORT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\].*Total num frames: (\d+)")
