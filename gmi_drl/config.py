@@ -351,11 +351,18 @@ def _ppo_gmi(task_id: str, num_steps: int, epochs: int, lr: float, hidden: str):
     return factory
 
 
+def _few_steps_per_iteration() -> dict:
+    """Metrics every 100 iterations and a checkpoint every 10,000: for off-policy presets whose
+    iterations are a few env steps (a metrics row or a checkpoint per iteration would cost more
+    than the iteration)."""
+    return {"log": LogConfig(log_every=100), "checkpoint": CheckpointConfig(every=10_000)}
+
+
 def _dqn_classic() -> TrainConfig:
     """CleanRL's ``dqn.py`` on CartPole-v1."""
     return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=1), algo=DQNConfig(),
                        model=ModelConfig(critic_hidden="120:84", activation="relu"),
-                       total_timesteps=500_000)
+                       total_timesteps=500_000, **_few_steps_per_iteration())
 
 
 def _dqn_cartpole() -> TrainConfig:
@@ -370,7 +377,8 @@ def _dqn_cartpole() -> TrainConfig:
                        learning_starts=1000, train_frequency=4, gradient_steps=4,
                        target_network_frequency=4, tau=0.02, exploration_fraction=0.1,
                        end_e=0.01),
-        model=ModelConfig(critic_hidden="256:256", activation="relu"), total_timesteps=100_000)
+        model=ModelConfig(critic_hidden="256:256", activation="relu"), total_timesteps=100_000,
+        **_few_steps_per_iteration())
 
 
 def _dqn_cartpole_zoo() -> TrainConfig:
@@ -392,7 +400,7 @@ def _dqn_atari() -> TrainConfig:
                        exploration_fraction=0.10, learning_starts=80_000, train_frequency=4,
                        target_network_frequency=1000),
         model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
-        torch_threads=os.cpu_count() or 1)
+        torch_threads=os.cpu_count() or 1, **_few_steps_per_iteration())
 
 
 def _dqn_iswitch() -> TrainConfig:
@@ -411,7 +419,8 @@ def _ppo_iswitch() -> TrainConfig:
 def _a2c_classic() -> TrainConfig:
     """RL-Zoo's ``a2c.yml`` CartPole-v1 entry."""
     return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
-                       algo=A2CConfig(ent_coef=0.0), total_timesteps=500_000, log=_sparse_log())
+                       algo=A2CConfig(ent_coef=0.0), total_timesteps=500_000,
+                       **_few_steps_per_iteration())
 
 
 def _a2c_atari() -> TrainConfig:
@@ -419,7 +428,8 @@ def _a2c_atari() -> TrainConfig:
     return TrainConfig(
         env=EnvConfig(task_id="Breakout-v5", num_envs=16),
         algo=A2CConfig(ent_coef=0.01, vf_coef=0.25), model=ModelConfig(encoder="nature_cnn"),
-        total_timesteps=10_000_000, torch_threads=os.cpu_count() or 1, log=_sparse_log())
+        total_timesteps=10_000_000, torch_threads=os.cpu_count() or 1,
+        **_few_steps_per_iteration())
 
 
 def _a2c_iswitch() -> TrainConfig:
@@ -427,11 +437,6 @@ def _a2c_iswitch() -> TrainConfig:
     cfg = _a2c_atari()
     cfg.env.task_id, cfg.model.cnn_features = "Qbert-v5", 256
     return cfg
-
-
-def _sparse_log() -> LogConfig:
-    """Metrics every 100 iterations: for algorithms whose iterations are a few env steps."""
-    return LogConfig(log_every=100)
 
 
 def _continuous(algo: DeterministicPGConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
@@ -494,7 +499,7 @@ def _a3c_classic() -> TrainConfig:
     bonus), one fragment per update."""
     return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
                        algo=A3CConfig(num_steps=5, fragments_per_batch=1, ent_coef=0.0),
-                       total_timesteps=500_000, log=_sparse_log())
+                       total_timesteps=500_000, **_few_steps_per_iteration())
 
 
 def _a3c_atari() -> TrainConfig:
@@ -503,7 +508,7 @@ def _a3c_atari() -> TrainConfig:
                        algo=A3CConfig(num_steps=5, fragments_per_batch=1, ent_coef=0.01,
                                       vf_coef=0.25),
                        model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
-                       torch_threads=os.cpu_count() or 1, log=_sparse_log())
+                       torch_threads=os.cpu_count() or 1, **_few_steps_per_iteration())
 
 
 PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
