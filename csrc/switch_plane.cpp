@@ -926,6 +926,95 @@ class ClientPath {
     return py::make_tuple(seq0, m, count);
   }
 
+  // The worker's receive loop for the round in flight whose segment i has stream index
+  // base + i: reads buffers from the switch at (ip, port) without waiting, and while a buffer
+  // holds only result datagrams of this round's segments, writes each new one's mean (payload
+  // / count, as the Python path divides) into `out` at segment i, marks done[i] and drops
+  // duplicates and results of segments not sent yet (as the Python path does). Returns
+  // (results taken, the highest segment index taken or -1, pending): pending is None when the
+  // socket has nothing more, else (nbytes, tos, (ip, port), seg bytes) of a buffer left in
+  // `rx` for the Python path (control packets, other rounds, malformed datagrams, strangers).
+  py::tuple take(py::buffer rx, py::buffer out, py::buffer done, int64_t base, int64_t sent,
+                 int64_t seg_floats, const std::string& ip, int port) {
+    py::buffer_info rb = rx.request(true), ob = out.request(true), db = done.request(true);
+    if (ob.itemsize != 4 || db.itemsize != 1) throw std::invalid_argument("out: float32, done: bool");
+    uint8_t* buf = static_cast<uint8_t*>(rb.ptr);
+    size_t cap = size_t(rb.size) * size_t(rb.itemsize);
+    float* dst = static_cast<float*>(ob.ptr);
+    uint8_t* flags_done = static_cast<uint8_t*>(db.ptr);
+    int64_t total = ob.size, nseg = db.size;
+    sockaddr_in want = make_addr(ip, port);
+    int64_t taken = 0, last = -1;
+    alignas(cmsghdr) uint8_t control[kCmsg];
+    while (true) {
+      sockaddr_in from{};
+      iovec iov{buf, cap};
+      msghdr h{};
+      h.msg_name = &from;
+      h.msg_namelen = sizeof from;
+      h.msg_iov = &iov;
+      h.msg_iovlen = 1;
+      h.msg_control = control;
+      h.msg_controllen = sizeof control;
+      ssize_t r = recvmsg(fd_, &h, MSG_DONTWAIT);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        continue;  // an ICMP error queued on the socket (the switch restarting): read on
+      }
+      size_t nbytes = size_t(r);
+      int tos = 0, gso = 0;
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
+        if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS) tos = *CMSG_DATA(cm);
+        if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
+          std::memcpy(&gso, CMSG_DATA(cm), sizeof gso);
+        }
+      }
+      size_t seg = (gso > 0 && size_t(gso) < nbytes) ? size_t(gso) : nbytes;
+      bool ours = from.sin_addr.s_addr == want.sin_addr.s_addr && from.sin_port == want.sin_port &&
+                  tos == L_.tos_data && nbytes > 0;
+      if (ours) {  // every datagram a well-formed result of this round's segments?
+        for (size_t off = 0; off < nbytes && ours; off += seg) {
+          size_t len = std::min(seg, nbytes - off);
+          const uint8_t* d = buf + off;
+          size_t payload = len > size_t(L_.header_bytes) ? len - size_t(L_.header_bytes) : 0;
+          uint32_t fl = payload ? L_.flags.read(d) : 0;
+          int64_t i = int64_t(uint32_t(L_.seq.read(d) - uint32_t(base)));
+          int64_t k = int64_t(payload / 4);
+          ours = payload >= 4 && payload % 4 == 0 && (fl & L_.flag_result) &&
+                 !(fl & ~L_.known_flags) && L_.count.read(d) != 0 && i < nseg &&
+                 k == std::min(seg_floats, total - i * seg_floats);
+        }
+      }
+      if (!ours) {
+        char text[INET_ADDRSTRLEN] = {0};
+        inet_ntop(AF_INET, &from.sin_addr, text, sizeof text);
+        return py::make_tuple(taken, last,
+                              py::make_tuple(int64_t(nbytes), tos,
+                                             py::make_tuple(std::string(text), int(ntohs(from.sin_port))),
+                                             int64_t(seg)));
+      }
+      for (size_t off = 0; off < nbytes; off += seg) {
+        const uint8_t* d = buf + off;
+        int64_t i = int64_t(uint32_t(L_.seq.read(d) - uint32_t(base)));
+        if (i >= sent || flags_done[i]) continue;  // not sent yet (stale) or a duplicate
+        int64_t k = std::min(seg_floats, total - i * seg_floats);
+        float count = float(L_.count.read(d));
+        float* o = dst + i * seg_floats;
+        const uint8_t* src = d + L_.header_bytes;
+        for (int64_t j = 0; j < k; ++j) {
+          float v;
+          std::memcpy(&v, src + 4 * j, 4);
+          o[j] = v / count;
+        }
+        flags_done[i] = 1;
+        ++taken;
+        last = std::max(last, i);
+      }
+    }
+    return py::make_tuple(taken, last, py::none());
+  }
+
  private:
   int fd_;
   Layout L_;
@@ -962,5 +1051,6 @@ PYBIND11_MODULE(_plane, m) {
   py::class_<ClientPath>(m, "ClientPath")
       .def(py::init<int, const py::dict&>(), py::arg("fd"), py::arg("layout"))
       .def("send", &ClientPath::send)
-      .def("results", &ClientPath::results);
+      .def("results", &ClientPath::results)
+      .def("take", &ClientPath::take);
 }

@@ -203,12 +203,19 @@ class SwitchReducer(GradReducer):
                 return False
         got = False
         while True:
-            try:
-                nbytes, tos, addr, seg = P.recv_segments(sock, self._rx, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return got
-            except OSError:  # ICMP unreachable while the switch restarts
-                continue
+            if self._native is not None and self._rounds:
+                taken, pending = self._take_native()
+                got = got or taken
+                if pending is None:
+                    return got
+                nbytes, tos, addr, seg = pending
+            else:
+                try:
+                    nbytes, tos, addr, seg = P.recv_segments(sock, self._rx, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    return got
+                except OSError:  # ICMP unreachable while the switch restarts
+                    continue
             got = True
             if addr != self._switch or seg == 0:
                 continue
@@ -224,6 +231,19 @@ class SwitchReducer(GradReducer):
                         self._on_control(*P.decode_control(self._rx[off:off + n]))
                 except P.ProtocolError as e:
                     log.debug("worker %d: malformed packet from the switch: %s", self.rank, e)
+
+    def _take_native(self):
+        """The C++ receive loop (`ClientPath.take`) for the oldest round in flight: it takes
+        every buffer that holds only results of that round; returns ``(any taken, pending)``,
+        ``pending`` the buffer it left in ``self._rx`` for the general path (``None``: the
+        socket has nothing more)."""
+        r = self._rounds[0]
+        taken, last, pending = self._native.take(
+            self._rx, r.out, r.done, r.base % P.SEQ_MOD, r.sent, self._seg_floats,
+            *self._switch)
+        if taken:
+            self._took(r, last, taken)
+        return taken > 0, pending
 
     def _on_control(self, action: Action, value) -> None:
         now = time.monotonic()
