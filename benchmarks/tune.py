@@ -44,8 +44,10 @@ def run_task(task: str, args) -> None:
     cfg = config(task)
     print(f"\n## {task} (PPO, num_steps {cfg.algo.num_steps}): GMIs {max_gmis}..1 x num_envs "
           f"{grid[0]}..{grid[-1]}, {cores} cores, probes {args.warmup} + >= {args.iterations} "
-          f"iterations, >= {args.min_steps:,} env steps\n", flush=True)
-    tuner = Tuner(cfg, 1, cores, args.warmup, args.iterations, args.min_steps, args.timeout_s)
+          f"iterations, >= {args.min_steps:,} env steps and >= {args.min_seconds} s\n",
+          flush=True)
+    tuner = Tuner(cfg, 1, cores, args.warmup, args.iterations, args.min_steps, args.timeout_s,
+                  min_seconds=args.min_seconds)
     start, points = time.perf_counter(), []
     for gmis in range(max_gmis, 0, -1):
         for n in grid:
@@ -61,7 +63,8 @@ def run_task(task: str, args) -> None:
     with tempfile.TemporaryDirectory() as out:
         options = TuneOptions(max_gmis=max_gmis, envs_min=args.envs_min, envs_max=args.envs_max,
                               alpha=args.alpha, warmup=args.warmup, iterations=args.iterations,
-                              min_steps=args.min_steps, probe_timeout_s=args.timeout_s, out=out)
+                              min_steps=args.min_steps, min_seconds=args.min_seconds,
+                              probe_timeout_s=args.timeout_s, out=out)
         report = tune(cfg, options)
     pick = report.chosen
     in_grid = measured[(pick.gmis, pick.num_envs)]
@@ -101,6 +104,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--min-steps", type=int, default=40_000)
+    parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=180.0)
     args = parser.parse_args()
     for task in args.tasks:

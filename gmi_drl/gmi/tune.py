@@ -228,6 +228,8 @@ class Tuner:
             resource shares.
         warmup, iterations: iterations each probe leaves out, then measures (at least).
         min_steps: env steps (every GMI's) each probe measures at least.
+        min_seconds: seconds each probe measures at least, judged from the throughput of the
+            previous point of the same GMI count (its first point measures ``min_steps``).
         timeout_s: a probe that runs longer is killed and not runnable.
         bw_bytes_per_s: BW between devices for the estimate's allreduce term (None: the
             bandwidth the probes' own reductions reached).
@@ -244,13 +246,16 @@ class Tuner:
     bw_bytes_per_s: float | None = None
     cache: PointCache | None = None
     measured_bw: float | None = None
+    min_seconds: float = 0.0
+    _last_top: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    """env steps/s of the last runnable point of each GMI count"""
 
     def profile(self, gmis: int, num_envs: int) -> Point:
         """Algorithm 2's ``profile``: a cached point, or a probe run (never raises for a
         point that does not run: it comes back not runnable, with the reason)."""
         cached = self.cache.get(gmis, num_envs) if self.cache else None
         if cached is not None:
-            self._learn_bw(cached)
+            self._learn(cached)
             return cached
         from gmi_drl.config import ConfigError, to_dict, validate
 
@@ -261,8 +266,10 @@ class Tuner:
         start = time.perf_counter()
         try:
             validate(cfg)
+            steps = max(self.min_steps, math.ceil(self._last_top.get(gmis, 0.0)
+                                                  * self.min_seconds))
             figures = run_probe(to_dict(cfg), self.warmup, self.iterations, self.timeout_s,
-                                self.min_steps)
+                                steps)
             point = Point(gmis, num_envs, True, figures.pop("top"), figures.pop("mem"),
                           terms=figures)
         except (ProbeFailed, ConfigError) as e:
@@ -270,11 +277,14 @@ class Tuner:
         point.seconds = time.perf_counter() - start
         if self.cache is not None:
             self.cache.put(point)
-        self._learn_bw(point)
+        self._learn(point)
         return point
 
-    def _learn_bw(self, point: Point) -> None:
-        """The path bandwidth the first reducing point reached: allreduce bytes / seconds."""
+    def _learn(self, point: Point) -> None:
+        """Keep the point's throughput (the next probe's length) and the path bandwidth the
+        first reducing point reached: allreduce bytes / seconds."""
+        if point.runnable:
+            self._last_top[point.gmis] = point.top
         t = point.terms
         if self.measured_bw is None and point.runnable and point.gmis > 1 and t.get("t_comm"):
             self.measured_bw = (cost.allreduce_bytes(t["model_bytes"], point.gmis)
@@ -396,14 +406,15 @@ def compare(reference: Point, points: Sequence[Point], device_cores: int,
 
 
 def cache_key(config: dict, warmup: int, iterations: int, machine: str,
-              min_steps: int = 0) -> str:
+              min_steps: int = 0, min_seconds: float = 0.0) -> str:
     """A digest of what changes a measured point."""
     data = json.loads(json.dumps(config))
     data["env"].pop("num_envs", None)
     data["gmi"].pop("num_gmis", None)
     for volatile in ("run_dir", "preset", "resume", "config", "total_timesteps"):
         data.pop(volatile, None)
-    text = json.dumps([data, warmup, iterations, min_steps, machine], sort_keys=True)
+    text = json.dumps([data, warmup, iterations, min_steps, machine]
+                      + ([min_seconds] if min_seconds else []), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -429,6 +440,10 @@ class TuneOptions:
     min_steps: int = 40_000
     """env steps (over the device's GMIs) each probe measures, at least: more iterations where
     one holds fewer, so a fast task's probe is not over before it is measured"""
+    min_seconds: float = 1.0
+    """seconds each probe measures, at least, judged from the throughput of the previous point
+    with the same GMIs per device: 40,000 steps of a task at 300,000 steps/s are 0.13 s, too
+    short a window for a stable figure"""
     probe_timeout_s: float = 180.0
     """a probe that runs longer hangs: it is killed and its point is not runnable"""
     num_devices: int | None = None
@@ -497,10 +512,11 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     cache_path = out / "tune_cache.json"
     if options.fresh and cache_path.exists():
         cache_path.unlink()
+    key = cache_key(base, options.warmup, options.iterations, fingerprint, options.min_steps,
+                    options.min_seconds)
     tuner = Tuner(cfg, devices, cores, options.warmup, options.iterations, options.min_steps,
-                  options.probe_timeout_s, options.bw,
-                  PointCache(cache_path, cache_key(base, options.warmup, options.iterations,
-                                                   fingerprint, options.min_steps)))
+                  options.probe_timeout_s, options.bw, PointCache(cache_path, key),
+                  min_seconds=options.min_seconds)
     start = time.perf_counter()
     over = ((lambda: time.perf_counter() - start > options.budget_s)
             if options.budget_s is not None else (lambda: False))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
-from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, TuneOptions, envs_grid,
+from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
 from tests.procs import group_members
 
@@ -135,6 +135,22 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
     time.sleep(0.5)
     assert group_members(started[0], zombies=False) == []
+
+
+def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypatch):
+    """Each GMI count's first probe measures min_steps; the next ones at least min_seconds at
+    the throughput of that GMI count's previous runnable point."""
+    asked = []
+
+    def probe(config, warmup, iterations, timeout_s, min_steps):
+        asked.append((config["gmi"]["num_gmis"], config["env"]["num_envs"], min_steps))
+        return {"top": 1000.0 * config["env"]["num_envs"], "mem": 1.0}
+
+    monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
+    tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
+    for gmis, n in ((2, 4), (2, 8), (1, 4), (1, 16)):
+        tuner.profile(gmis, n)
+    assert asked == [(2, 4, 500), (2, 8, 8000), (1, 4, 500), (1, 16, 8000)]
 
 
 def test_a_probe_that_crashes_is_not_runnable_with_the_reason():
