@@ -52,6 +52,23 @@ def _rows(buf):
     return [getattr(buf, f) for f in Rows._fields] + [buf.advantages, buf.returns]
 
 
+def test_a_sparse_metrics_row_summarises_every_episode_since_the_last_row(tmp_path):
+    """With log_every 3, each env/episodic_return row is the mean of all episodes that ended
+    in the 3 iterations it covers, not only in the last one."""
+    cfg = _quick_cfg(tmp_path)
+    cfg.total_timesteps, cfg.log.log_every = 12 * cfg.batch_size, 3
+    result = train(cfg)
+    rows = {int(r["global_step"]): float(r["value"])
+            for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv"))
+            if r["name"] == "env/episodic_return"}
+    edges = [3 * k * cfg.batch_size for k in range(5)]
+    assert sorted(rows) == edges[1:]
+    for lo, hi in zip(edges, edges[1:]):
+        at = (result.episode_steps > lo) & (result.episode_steps <= hi)
+        assert at.sum() > len(np.unique(result.episode_steps[at]))  # several iterations' worth
+        assert rows[hi] == pytest.approx(result.episode_returns[at].mean(), rel=1e-5)  # 6 digits
+
+
 def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     cfg = _quick_cfg(tmp_path, num_steps=16)
     cfg.norm.obs = cfg.norm.reward = True

@@ -38,6 +38,15 @@ class Episodes(NamedTuple):
         return Episodes(join(returns, np.float64), join(lengths, np.int64),
                         {k: join(v, np.float64) for k, v in (extras or {}).items()})
 
+    @staticmethod
+    def merge(parts: list["Episodes"]) -> "Episodes":
+        """The episodes of several collections, in order (a logged row covers every iteration
+        since the last one)."""
+        names = {k for p in parts for k in p.extras}
+        return Episodes.concat([p.returns for p in parts], [p.lengths for p in parts],
+                               {k: [p.extras[k] for p in parts if k in p.extras]
+                                for k in names})
+
 
 _TOTALS = ("episode_return", "episode_length", "episode_end")
 

@@ -154,6 +154,8 @@ class Trainer:
             except (ValueError, KeyError) as err:
                 raise CheckpointError(f"checkpoint does not match this run: {err}") from None
         self.episode_wall_s = [0.0] * len(self.episode_steps)
+        self.unlogged: list[Episodes] = []
+        """the episodes since the last logged update (its row summarises them all)"""
         self.batcher = Batcher(fabric, rank if slot is None else slot,
                                cfg.algo.fragments_per_batch, device)
         self.role = TrainerRole(self.learner, self.batcher, store, publish=rank == 0,
@@ -189,6 +191,8 @@ class Trainer:
         self.episode_returns += step.episodes.returns.tolist()
         self.episode_wall_s += [wall_s] * n
         self.lags.append(step.lags)
+        if n:
+            self.unlogged.append(step.episodes)
 
     def close(self) -> None:
         self.learner.close()
@@ -277,9 +281,11 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                 if (k + 1) % cfg.log.log_every == 0 or last:
                     _digest(chain, t.learner.state_dict()["modules"])
                     if t.rank == 0:
-                        _log(t, global_step, step, (k + 1 - first) * batch / elapsed,
+                        _log(t, global_step, step._replace(episodes=Episodes.merge(t.unlogged)),
+                             (k + 1 - first) * batch / elapsed,
                              (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, before,
                              progress)
+                    t.unlogged.clear()
                 every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
                     t.run.save_checkpoint(t.state_dict(global_step, k + 1))

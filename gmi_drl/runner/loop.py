@@ -148,6 +148,8 @@ class Trainer:
             except (ValueError, KeyError) as err:
                 raise CheckpointError(f"checkpoint does not match this run: {err}") from None
         self.episode_wall_s = [0.0] * len(self.episode_steps)
+        self.unlogged: list[Episodes] = []
+        """the episodes since the last logged iteration (its row summarises them all)"""
         self.writer = (MetricsWriter(run.run_dir, cfg.log.tensorboard,
                                      purge_step=start_step or None) if rank == 0 else None)
 
@@ -161,6 +163,8 @@ class Trainer:
         self.episode_steps += [global_step] * n
         self.episode_returns += episodes.returns.tolist()
         self.episode_wall_s += [wall_s] * n
+        if n:
+            self.unlogged.append(episodes)
 
     def state_dict(self, global_step: int, iteration: int) -> dict:
         """What a checkpoint holds (the config is added by `Run.save_checkpoint`)."""
@@ -223,7 +227,9 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                     if (k + 1) % cfg.log.log_every == 0 or last:
                         _digest(chain, algo.state_dict()["modules"])
                         sps = (k + 1 - first) * batch / elapsed
-                        _log(t, global_step, episodes, metrics, sps, elapsed, before, progress)
+                        _log(t, global_step, Episodes.merge(t.unlogged), metrics, sps,
+                             elapsed, before, progress)
+                        t.unlogged.clear()
                 every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
                     with prof.phase("checkpoint"):
