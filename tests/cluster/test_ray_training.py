@@ -201,10 +201,11 @@ def test_async_appo_with_two_trainers_across_two_nodes(ray_cluster, tmp_path):
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.gmi.trainer_gmis, cfg.placement = 2, 2, "ray"
     cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, 1
-    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 30_720, False, False
+    # each update averages two trainers' batches: twice the steps of the one-trainer test
+    cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 61_440, False, False
     cfg.run_dir = str(tmp_path / "async-2")
     result = train(cfg)
-    assert result.global_step == 30_720
+    assert result.global_step == 61_440
     assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
     summary = (result.run_dir / "summary.md").read_text()
