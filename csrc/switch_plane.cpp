@@ -73,6 +73,17 @@ uint64_t addr_key(const sockaddr_in& a) {
   return (uint64_t(ntohl(a.sin_addr.s_addr)) << 16) | ntohs(a.sin_port);
 }
 
+// The IP_TOS byte and the UDP_GRO segment size of a received message (left as they are where
+// the message has none).
+void read_cmsgs(msghdr& h, int& tos, int& gso) {
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
+    if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS) tos = *CMSG_DATA(cm);
+    if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
+      std::memcpy(&gso, CMSG_DATA(cm), sizeof gso);
+    }
+  }
+}
+
 sockaddr_in make_addr(const std::string& ip, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -452,13 +463,7 @@ class NativePlane {
     const uint8_t* buf = &rx_[size_t(i) * L_.rx_bytes];
     size_t nbytes = rx_msgs_[i].msg_len;
     int tos = 0, gso = 0;
-    msghdr& h = rx_msgs_[i].msg_hdr;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
-      if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS) tos = *CMSG_DATA(cm);
-      if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
-        std::memcpy(&gso, CMSG_DATA(cm), sizeof gso);
-      }
-    }
+    read_cmsgs(rx_msgs_[i].msg_hdr, tos, gso);
     if (gso <= 0 || size_t(gso) >= nbytes) {
       on_datagram(buf, nbytes, tos, rx_from_[i], now, controls, strangers);
       return;
@@ -964,12 +969,7 @@ class ClientPath {
       }
       size_t nbytes = size_t(r);
       int tos = 0, gso = 0;
-      for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
-        if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS) tos = *CMSG_DATA(cm);
-        if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
-          std::memcpy(&gso, CMSG_DATA(cm), sizeof gso);
-        }
-      }
+      read_cmsgs(h, tos, gso);
       size_t seg = (gso > 0 && size_t(gso) < nbytes) ? size_t(gso) : nbytes;
       bool ours = from.sin_addr.s_addr == want.sin_addr.s_addr && from.sin_port == want.sin_port &&
                   tos == L_.tos_data && nbytes > 0;

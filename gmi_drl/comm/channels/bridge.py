@@ -89,6 +89,29 @@ def _send(conn: socket.socket, kind: int, serving: int = 0, nbytes: int = 0,
     conn.sendall(HEADER.pack(MAGIC, kind, serving, nbytes, value))
 
 
+def _take_weights(conn: socket.socket, kind: int, nbytes: int, version: int,
+                  scratch: np.ndarray, store: WeightStore) -> None:
+    """After a header ``(kind, nbytes, version)``: receive a WEIGHTS payload into ``scratch``
+    and publish it in ``store``.
+
+    Raises:
+        BridgeError: the message is not weights of ``scratch.nbytes`` bytes.
+    """
+    if kind != WEIGHTS or nbytes != scratch.nbytes:
+        raise BridgeError(f"expected weights of {scratch.nbytes} bytes, got kind {kind} of "
+                          f"{nbytes}")
+    _recv_into(conn, memoryview(scratch))
+    store.publish([scratch], version)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Wake whatever waits on ``sock`` (close alone does not)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 class BridgeServer:
     """A trainer's end: listens on ``bind``, fills ``fabric``'s channels to ``trainer`` (its
     index in ``fabric``) and, with ``push``, sends ``store``'s new versions (``store_bytes``
@@ -193,14 +216,7 @@ class BridgeServer:
             if queued == last:
                 continue
             last = queued
-            with self._lock:
-                conns = list(self._conns.items())
-            for serving, (conn, sending) in conns:
-                try:
-                    with sending:
-                        _send(conn, QUEUED, serving, 0, queued)
-                except OSError:
-                    pass  # its reader notices and forgets it
+            self._broadcast(HEADER.pack(MAGIC, QUEUED, 0, 0, queued))
 
     def _push(self) -> None:
         version = -1
@@ -210,16 +226,21 @@ class BridgeServer:
                 time.sleep(0.001)
                 continue
             version = got
-            header = HEADER.pack(MAGIC, WEIGHTS, 0, self._scratch.nbytes, version)
-            with self._lock:
-                conns = list(self._conns.values()) + list(self._followers.values())
-            for conn, sending in conns:
-                try:
-                    with sending:
-                        conn.sendall(header)
-                        conn.sendall(memoryview(self._scratch))
-                except OSError:
-                    pass  # its reader notices and forgets it
+            self._broadcast(HEADER.pack(MAGIC, WEIGHTS, 0, self._scratch.nbytes, version),
+                            memoryview(self._scratch), followers=True)
+
+    def _broadcast(self, *pieces, followers: bool = False) -> None:
+        """Send ``pieces`` to every serving GMI (and ``followers``); a connection that fails
+        is left to its reader, which notices and forgets it."""
+        with self._lock:
+            conns = [*self._conns.values(), *(self._followers.values() if followers else ())]
+        for conn, sending in conns:
+            try:
+                with sending:
+                    for piece in pieces:
+                        conn.sendall(piece)
+            except OSError:
+                pass
 
     def wait_greeted(self, count: int, timeout_s: float) -> bool:
         """Wait until ``count`` serving GMIs have said HELLO (at any time since the start), at
@@ -232,18 +253,12 @@ class BridgeServer:
     def close(self) -> None:
         """Stop accepting, close every connection (each serving GMI stops), join the threads."""
         self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close does not)
-        except OSError:
-            pass
+        _shutdown(self._sock)  # wakes the accepting thread
         self._sock.close()
         with self._lock:
             conns = [conn for conn, _ in [*self._conns.values(), *self._followers.values()]]
         for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shutdown(conn)
         for t in list(self._threads):
             t.join(5)
 
@@ -357,14 +372,10 @@ class BridgeClient:
                         self._queued[k] = value
                         self._routing.notify()
                     continue
-                if kind != WEIGHTS or nbytes != self._store_bytes:
-                    raise BridgeError(f"expected weights of {self._store_bytes} bytes from "
-                                      f"trainer {k}, got kind {kind} of {nbytes}")
                 if scratch is None:
                     scratch = np.empty(self._store_bytes, np.uint8)
-                _recv_into(conn, memoryview(scratch))
                 with self._store_lock:  # the store has one writer at a time
-                    self.store.publish([scratch], value)
+                    _take_weights(conn, kind, nbytes, value, scratch, self.store)
         except (ConnectionError, OSError):
             pass
         except BridgeError as e:
@@ -375,10 +386,7 @@ class BridgeClient:
     def close(self) -> None:
         self._closed = True
         for conn in self._conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shutdown(conn)
             conn.close()
         for t in self._threads:
             t.join(5)
@@ -407,21 +415,14 @@ class WeightFollower:
         try:
             while True:
                 kind, _, nbytes, version = _recv_header(self._conn)
-                if kind != WEIGHTS or nbytes != self._scratch.nbytes:
-                    raise BridgeError(f"expected weights of {self._scratch.nbytes} bytes, got "
-                                      f"kind {kind} of {nbytes}")
-                _recv_into(self._conn, memoryview(self._scratch))
-                self.store.publish([self._scratch], version)
+                _take_weights(self._conn, kind, nbytes, version, self._scratch, self.store)
         except (ConnectionError, OSError):
             pass
         except BridgeError as e:
             log.error("bridge: %s", e)
 
     def close(self) -> None:
-        try:
-            self._conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _shutdown(self._conn)
         self._conn.close()
         self._thread.join(5)
 
