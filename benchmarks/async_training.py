@@ -100,6 +100,9 @@ class Args:
     its envs while the other half waits for actions); 1 turns it off"""
     sf_steps: int = 204_800
     """env steps per run of the Sample Factory comparison (it reports every 5 s)"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """the learners' device (``--device`` of every run compared: trainer GMIs of the APPO runs,
+    the GMIs of sync PPO); envs step on CPU cores either way"""
     out_dir: str | None = None
     """where the runs go (default: a new directory under the system's temp)"""
 
@@ -153,7 +156,8 @@ def _ppo_sync(steps: int, seed: int, out: Path) -> TrainConfig:
     return cfg
 
 
-def _run(cfg: TrainConfig) -> Rates:
+def _run(cfg: TrainConfig, device: str = "cpu") -> Rates:
+    cfg.device = device
     train(cfg)
     return _steady(Path(cfg.run_dir))
 
@@ -174,7 +178,7 @@ def part_channels(args: Args, out: Path) -> None:
             for channel in ("multi", "uni"):
                 cfg = _appo(task, channel, steps, seed, args.serving_gmis,
                             out / f"channels-{task}-{channel}-{seed}")
-                rates[channel].append(_run(cfg))
+                rates[channel].append(_run(cfg, args.device))
         for channel, rs in rates.items():
             print(f"| {task} | {channel} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} "
                   f"| {len(rs)} |")
@@ -285,9 +289,9 @@ def part_sync(args: Args, out: Path) -> None:
     for seed in range(1, args.repeats + 1):
         rates["async (APPO)"].append(_run(_appo("Hopper-v5", "multi", args.hopper_steps, seed,
                                                 args.serving_gmis, out / f"sync-appo-{seed}",
-                                                args.trainer_share)))
+                                                args.trainer_share), args.device))
         rates["sync (PPO)"].append(_run(_ppo_sync(args.hopper_steps, seed,
-                                                  out / f"sync-ppo-{seed}")))
+                                                  out / f"sync-ppo-{seed}"), args.device))
     for name, rs in rates.items():
         print(f"| {name} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} | {len(rs)} |")
     ratio = _median(rates["async (APPO)"], "pps") / _median(rates["sync (PPO)"], "pps")
@@ -367,7 +371,7 @@ def part_splits(args: Args, out: Path) -> None:
             rates[splits].append(_run(_appo(
                 "Hopper-v5", "multi", args.hopper_steps, seed, args.serving_gmis,
                 out / f"splits-{splits}-{seed}", args.trainer_share, splits,
-                args.envs_per_serving)))
+                args.envs_per_serving), args.device))
     for splits, rs in rates.items():
         print(f"| {splits} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} | {len(rs)} |")
     pps = _median(rates[2], "pps") / _median(rates[1], "pps")
@@ -387,7 +391,7 @@ def part_bridge(args: Args, out: Path) -> None:
             cfg = _appo("Hopper-v5", "multi", args.hopper_steps, seed, args.serving_gmis,
                         out / f"bridge-{placement}-{trainers}-{seed}")
             cfg.placement, cfg.gmi.trainer_gmis = placement, trainers
-            rates[(placement, trainers)].append(_run(cfg))
+            rates[(placement, trainers)].append(_run(cfg, args.device))
     for (placement, trainers), rs in rates.items():
         print(f"| {placement} | {trainers} | {_median(rs, 'pps'):,.0f} | "
               f"{_median(rs, 'ttop'):,.0f} | {len(rs)} |")

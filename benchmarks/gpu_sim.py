@@ -79,27 +79,49 @@ def _run(task_id: str, num_envs: int, device: str, seconds: float, repeats: int,
 
 def _gmi(args_tuple, start, out) -> None:
     task_id, num_envs, device, seconds, repeats = args_tuple
-    rates, _ = _run(task_id, num_envs, device, seconds, repeats, True, start)
+    try:
+        rates, _ = _run(task_id, num_envs, device, seconds, repeats, True, start)
+    except BaseException as e:  # the parent reports it instead of waiting for rates
+        start.abort()
+        out.put(f"{type(e).__name__}: {e}")
+        raise
     out.put(rates)
 
 
 def serving(task_id: str, total: int, gmis: int, device: str, seconds: float,
             repeats: int) -> float:
-    """Summed env steps/s of ``gmis`` processes of ``total // gmis`` worlds each (median)."""
+    """Summed env steps/s of ``gmis`` processes of ``total // gmis`` worlds each (median).
+
+    Raises:
+        RuntimeError: a GMI failed or died (its error or exit code).
+    """
+    import queue
+
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(gmis), ctx.Queue()
     procs = [ctx.Process(target=_gmi, args=((task_id, total // gmis, device, seconds, repeats),
                                             start, out)) for _ in range(gmis)]
     for p in procs:
         p.start()
-    per_gmi = [out.get(timeout=1800) for _ in procs]
-    for p in procs:
-        p.join()
+    per_gmi: list = []
+    try:
+        while len(per_gmi) < gmis:
+            try:
+                got = out.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"{task_id}: a GMI process died (exit code {dead[0]})")
+                continue
+            if isinstance(got, str):
+                raise RuntimeError(f"{task_id}: a GMI failed: {got}")
+            per_gmi.append(got)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
     return float(sum(statistics.median(r) for r in per_gmi))
-
-
-def _mps_running() -> bool:
-    return os.path.exists(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
 
 
 def main() -> None:
@@ -114,23 +136,74 @@ def main() -> None:
     ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--parts", nargs="+", choices=["physics", "serving"],
+                    default=["physics", "serving"])
+    ap.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                    help="run the serving part's GMIs as MPS clients of a private MPS daemon "
+                         "started here (auto: where nvidia-cuda-mps-control exists)")
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("skipped: no CUDA device here (run with --device cpu to try the code on Warp's "
               "CPU device)")
         return
-    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    print(f"device: {args.device} ({where}); MPS daemon: "
-          f"{'running' if _mps_running() else 'not found'}")
+    daemon = _start_mps(args) if "serving" in args.parts else None
+    try:
+        _report(args, daemon)
+    finally:
+        if daemon is not None:
+            daemon.stop()
 
+
+def _start_mps(args):
+    """A private MPS daemon whose clients are this process and the GMIs it spawns (they inherit
+    its pipe directory), or None (``--mps off``, the CPU device, or no daemon binary with
+    ``--mps auto``)."""
+    import tempfile
+
+    from gmi_drl.gmi.backends import MPSDaemon
+
+    if args.mps == "off" or not args.device.startswith("cuda"):
+        return None
+    if not MPSDaemon.available():
+        if args.mps == "on":
+            raise SystemExit(f"--mps on: {MPSDaemon.BINARY} is not on PATH")
+        return None
+    import pynvml
+
+    pynvml.nvmlInit()
+    index = int(args.device.split(":")[1]) if ":" in args.device else 0
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    daemon = MPSDaemon(tempfile.mkdtemp(prefix="gpu-sim-mps-"), [uuid])
+    daemon.start()
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        os.environ[key] = daemon.env[key]
+    return daemon
+
+
+def _report(args, daemon) -> None:
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(f"device: {args.device} ({where}); serving GMIs share the GPU "
+          f"{'through MPS (a daemon started here)' if daemon else 'without MPS (time slicing)'}",
+          flush=True)
+
+    if "physics" in args.parts:
+        _physics(args)
+    if "serving" in args.parts:
+        _serving(args)
+
+
+def _physics(args) -> None:
     print("\n(b) physics: env steps/s and device memory vs num_envs (medians of "
           f"{args.repeats} x {args.seconds:.0f} s)")
     print(f"{'task':<18}{'num_envs':>10}{'steps/s':>14}{'memory MiB':>12}")
     for task in args.tasks:
         for n in args.num_envs:
             rates, mem = _run(task, n, args.device, args.seconds, args.repeats, False)
-            print(f"{task:<18}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}")
+            print(f"{task:<18}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}",
+                  flush=True)
 
+
+def _serving(args) -> None:
     print(f"\n(a) serving (physics + policy): {args.total_envs:,} worlds as 1..N GMIs, "
           "summed env steps/s")
     print(f"{'task':<18}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
@@ -139,7 +212,7 @@ def main() -> None:
         for g in args.gmis:
             rate = serving(task, args.total_envs, g, args.device, args.seconds, args.repeats)
             base = base or rate
-            print(f"{task:<18}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x")
+            print(f"{task:<18}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x", flush=True)
 
 
 if __name__ == "__main__":

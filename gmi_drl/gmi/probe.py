@@ -29,6 +29,7 @@ def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
     steps (over every GMI) take, whichever is more, in a scratch run directory; return
     `measure`'s figures."""
     from gmi_drl.config import from_dict, validate
+    from gmi_drl.telemetry.progress import ProgressPrinter
     from gmi_drl.train import train, weight_count
 
     cfg = from_dict(config)
@@ -41,7 +42,8 @@ def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
         cfg.log.tensorboard, cfg.log.log_every, cfg.log.cpu_times = False, 1, True
         cfg.log.gpu_util_interval_s, cfg.checkpoint.every = 0.0, 0
         validate(cfg)
-        result = train(cfg)
+        # a progress line per update: what `tune` quotes when this probe runs past its limit
+        result = train(cfg, on_progress=ProgressPrinter(interval_s=0.0))
         rows = _metric_rows(Path(tmp) / "metrics.csv")
     figures = measure(rows, warmup, cfg.batch_size, cfg.num_trainers)
     figures["mem"] = float(max(result.peak_memory_bytes))

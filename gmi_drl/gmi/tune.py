@@ -191,7 +191,9 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed)") from None
+            log.seek(0)
+            raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed) "
+                              f"{_how_far(log.read())}") from None
         finally:
             _kill_group(proc)  # GMIs or workers the probe left behind
         log.seek(0)
@@ -203,6 +205,17 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
             last = [line for line in text.strip().splitlines() if line.strip()][-1:]
             raise ProbeFailed(f"{what}: {last[0][:300] if last else 'no output'}")
         return json.loads(result.read_text())
+
+
+def _how_far(log: str) -> str:
+    """Where a probe stood when it was killed, from the progress lines it prints per update:
+    still starting (imports, env workers, compilation), or its last update, so that a user can
+    tell a stuck point from a time limit too short for the job."""
+    steps = [line.strip() for line in log.splitlines() if line.startswith("step ")]
+    if not steps:
+        return "before its first update ended (start-up: imports, envs, compilation)"
+    return (f"at {steps[-1].split('|')[0].strip()} after {len(steps)} update(s): still "
+            "progressing, so --probe-timeout-s may be too short for this job")
 
 
 class ProbeFailed(RuntimeError):

@@ -126,7 +126,8 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     watcher.start()
     t0 = time.perf_counter()
     try:
-        with pytest.raises(ProbeFailed, match="hung"):
+        with pytest.raises(ProbeFailed, match=r"hung: still running after 15 s \(killed\) "
+                           r"(at step [\d,]+/[\d,]+|before its first update)"):
             run_probe(to_dict(cfg), warmup=1, iterations=10**6, timeout_s=15, min_steps=10**9)
     finally:
         done.set()
@@ -135,6 +136,18 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
     time.sleep(0.5)
     assert group_members(started[0], zombies=False) == []
+
+
+def test_a_killed_probe_says_how_far_it_got():
+    from gmi_drl.gmi.tune import _how_far
+
+    for log in ("", "W1126 a compiler warning\n"):
+        assert _how_far(log).startswith("before its first update ended")
+    log = ("step 2,048/65,536 (  3%) | 900 sps | return   n/a | 2s elapsed | ETA 1m10s\n"
+           "step 4,096/65,536 (  6%) | 950 sps | return 21.0 | 4s elapsed | ETA 1m05s\n")
+    said = _how_far(log)
+    assert "at step 4,096/65,536 (  6%) after 2 update(s)" in said
+    assert "--probe-timeout-s" in said
 
 
 def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypatch):
