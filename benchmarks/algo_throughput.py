@@ -12,9 +12,12 @@ Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
 - ``ddpg`` / ``td3``: HalfCheetah-v5, 1 env, 400:300 ReLU, lr 1e-3, batch 256, learning starts
   1,000 (RL-Zoo: 10,000; fewer, so the run measures training), Gaussian noise 0.1; 3,000 steps.
 
-Train steps/s = env steps / wall time of the training call. gmi-drl's *steady* steps/s leaves
-out the iterations up to the end of the first logged iteration after ``learning_starts`` (its
-one-time ``torch.compile``), from the run's metrics.csv. Runs alternate (gmi-drl, SB3, ...), each
+Train steps/s = env steps / wall time of the training call. The *steady* steps/s count only
+training: gmi-drl's leaves out the iterations up to the end of the first logged iteration after
+``learning_starts`` (its one-time ``torch.compile``), from the run's metrics.csv; SB3's runs from
+its first env step past ``learning_starts`` to its last (a callback's clock). The steady ratio
+compares the two steady figures (the whole-run figures include the cheap steps before
+``learning_starts``: a third of the DDPG/TD3 runs). Runs alternate (gmi-drl, SB3, ...), each
 in a fresh process; medians and their ratios are printed. Target (issue 13): >= 3x SB3.
 """
 
@@ -103,9 +106,26 @@ SB3 = """
 import json, time, torch
 torch.set_num_threads(1)
 import gymnasium as gym
+from stable_baselines3.common.callbacks import BaseCallback
 {model}
-t0 = time.perf_counter(); m.learn({steps}); wall = time.perf_counter() - t0
-print(json.dumps({{"steps": {steps}, "wall": wall}}))
+
+
+class Clock(BaseCallback):  # (env steps, seconds) at each step past learning_starts
+    def __init__(self):
+        super().__init__()
+        self.first = self.last = None
+
+    def _on_step(self):
+        if self.num_timesteps > {learning_starts}:
+            mark = (self.num_timesteps, time.perf_counter())
+            self.first, self.last = self.first or mark, mark
+        return True
+
+
+clock = Clock()
+t0 = time.perf_counter(); m.learn({steps}, callback=clock); wall = time.perf_counter() - t0
+(s0, t_0), (s1, t_1) = clock.first, clock.last
+print(json.dumps({{"steps": {steps}, "wall": wall, "steady": (s1 - s0) / (t_1 - t_0)}}))
 """
 
 
@@ -131,7 +151,7 @@ def _steady_sps(run_dir: Path, learning_starts: int) -> float:
 
 def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, float]:
     steps = int(case.steps * args.scale)
-    gmi, steady, sb3 = [], [], []
+    gmi, steady, sb3, sb3_steady = [], [], [], []
     for seed in range(1, args.repeats + 1):
         run_dir = tmp / f"{name}-{seed}"
         # about 20 logged rows per run: the steady figure needs a few after learning_starts
@@ -139,11 +159,13 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
                             log_every=f"{steps // 20} // cfg.batch_size"))
         gmi.append(r["steps"] / r["wall"])
         steady.append(_steady_sps(run_dir, case.learning_starts))
-        s = _run(SB3.format(model=case.sb3.replace("SEED", str(seed)), steps=steps))
+        s = _run(SB3.format(model=case.sb3.replace("SEED", str(seed)), steps=steps,
+                            learning_starts=case.learning_starts))
         sb3.append(s["steps"] / s["wall"])
+        sb3_steady.append(s["steady"])
         print(f"{name} seed {seed}: gmi-drl {gmi[-1]:,.0f} (steady {steady[-1]:,.0f}) | "
-              f"SB3 {sb3[-1]:,.0f} steps/s", flush=True)
-    return statistics.median(gmi), statistics.median(steady), statistics.median(sb3)
+              f"SB3 {sb3[-1]:,.0f} (steady {sb3_steady[-1]:,.0f}) steps/s", flush=True)
+    return tuple(statistics.median(x) for x in (gmi, steady, sb3, sb3_steady))
 
 
 def main(args: Args) -> None:
@@ -157,11 +179,11 @@ def main(args: Args) -> None:
             rows.append((name, case, *_case(name, case, args, Path(tmp))))
     print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
           f"median of {args.repeats}")
-    print("| algo | task | env steps | gmi-drl | gmi-drl steady | SB3 | ratio | steady ratio "
-          "(target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, case, g, gs, s in rows:
+    print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
+          "steady ratio (target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, case, g, gs, s, ss in rows:
         print(f"| {name} | {case.task_id} | {int(case.steps * args.scale):,} | {g:,.0f} | "
-              f"{gs:,.0f} | {s:,.0f} | {g / s:.2f} | {gs / s:.2f} |")
+              f"{s:,.0f} | {g / s:.2f} | {gs:,.0f} | {ss:,.0f} | {gs / ss:.2f} |")
 
 
 if __name__ == "__main__":

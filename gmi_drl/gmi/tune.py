@@ -183,22 +183,22 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"config": config, "warmup": warmup,
                                        "iterations": iterations, "min_steps": min_steps}))
-        log = open(Path(tmp) / "probe.log", "w+")
-        proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.gmi.probe", str(request),
-                                 str(result)], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
+        with open(Path(tmp) / "probe.log", "w+") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.gmi.probe", str(request),
+                                     str(result)], stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+                hung = False
+            except subprocess.TimeoutExpired:
+                hung = True
+            finally:
+                _kill_group(proc)  # on a timeout the probe; always GMIs or workers it left
             log.seek(0)
+            text = log.read()
+        if hung:
             raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed) "
-                              f"{_how_far(log.read())}") from None
-        finally:
-            _kill_group(proc)  # GMIs or workers the probe left behind
-        log.seek(0)
-        text = log.read()
-        log.close()
+                              f"{_how_far(text)}")
         if proc.returncode != 0 or not result.exists():
             what = ("killed by the kernel (out of memory?)" if proc.returncode == -9
                     else f"exit status {proc.returncode}")
