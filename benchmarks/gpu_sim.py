@@ -3,9 +3,10 @@
 Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
 
 (a) serving throughput (physics + Table 6 policy inference, env steps/s summed over GMIs) of
-    one process holding all ``--total-envs`` worlds against 2 / 4 / 8 GMI processes sharing the
-    GPU, each with its share of the worlds, all started together (with the MPS daemon running,
-    they share the GPU through MPS; the table says whether it was);
+    one process holding all ``--total-envs`` worlds (each total given) against 2 / 4 / 8 GMI
+    processes sharing the GPU, each with its share of the worlds, all started together (as MPS
+    clients of a private daemon where ``nvidia-cuda-mps-control`` exists, else time slicing;
+    the first line printed says which);
 (b) physics throughput (env steps/s) and device memory against ``num_envs`` for each task.
 
     python benchmarks/gpu_sim.py                          # on cuda:0; skips without CUDA
@@ -132,7 +133,9 @@ def main() -> None:
                                                   "ShadowHand-gmi-v0"])
     ap.add_argument("--num-envs", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--total-envs", type=int, default=8192)
+    ap.add_argument("--total-envs", type=int, nargs="+", default=[8192],
+                    help="worlds in all of the serving part, split over the GMIs (each total is "
+                         "one comparison: fewer worlds leave one process latency-bound)")
     ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=3)
@@ -168,12 +171,11 @@ def _start_mps(args):
         if args.mps == "on":
             raise SystemExit(f"--mps on: {MPSDaemon.BINARY} is not on PATH")
         return None
-    import pynvml
+    from gmi_drl.gmi.devices import discover
 
-    pynvml.nvmlInit()
     index = int(args.device.split(":")[1]) if ":" in args.device else 0
-    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-    daemon = MPSDaemon(tempfile.mkdtemp(prefix="gpu-sim-mps-"), [uuid])
+    gpu = next(g for g in discover().gpus if g.index == index)
+    daemon = MPSDaemon(tempfile.mkdtemp(prefix="gpu-sim-mps-"), [gpu.uuid])
     daemon.start()
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         os.environ[key] = daemon.env[key]
@@ -182,9 +184,10 @@ def _start_mps(args):
 
 def _report(args, daemon) -> None:
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    print(f"device: {args.device} ({where}); serving GMIs share the GPU "
-          f"{'through MPS (a daemon started here)' if daemon else 'without MPS (time slicing)'}",
-          flush=True)
+    sharing = ("through MPS (a daemon started here)" if daemon
+               else "without MPS (time slicing)" if args.device.startswith("cuda")
+               else "the CPU's cores")
+    print(f"device: {args.device} ({where}); serving GMIs share {sharing}", flush=True)
 
     if "physics" in args.parts:
         _physics(args)
@@ -204,15 +207,16 @@ def _physics(args) -> None:
 
 
 def _serving(args) -> None:
-    print(f"\n(a) serving (physics + policy): {args.total_envs:,} worlds as 1..N GMIs, "
-          "summed env steps/s")
-    print(f"{'task':<18}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
+    print("\n(a) serving (physics + policy): the worlds as 1..N GMIs, summed env steps/s")
+    print(f"{'task':<18}{'worlds':>8}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
     for task in args.tasks:
-        base = None
-        for g in args.gmis:
-            rate = serving(task, args.total_envs, g, args.device, args.seconds, args.repeats)
-            base = base or rate
-            print(f"{task:<18}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x", flush=True)
+        for total in args.total_envs:
+            base = None
+            for g in args.gmis:
+                rate = serving(task, total, g, args.device, args.seconds, args.repeats)
+                base = base or rate
+                print(f"{task:<18}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,9 @@ class Args:
     """seeds per case"""
     sb3: bool = True
     """also train Stable-Baselines3 with the same hyper-parameters (``--no-sb3``: gmi-drl only)"""
+    gmi: bool = True
+    """train gmi-drl (``--no-gmi``: SB3 only, e.g. in a second invocation beside a ``--no-sb3``
+    one, each side on its own core; the verdict then needs both tables)"""
     scale: float = 1.0
     """multiply every case's env steps by this (a quick look; targets are for 1.0)"""
     out_dir: str | None = None
@@ -267,23 +270,24 @@ def main(args: Args) -> None:
         runs: dict[str, list[Result]] = {"gmi-drl": [], "SB3": []}
         for seed in args.seeds:
             cfg = _config(case, seed, steps, out_dir / f"{name}-seed{seed}")
-            runs["gmi-drl"].append(_gmi(cfg))
-            print(_row("gmi-drl", seed, runs["gmi-drl"][-1], case.target), flush=True)
-            if cfg.is_async:
-                print(f"  ({_lags(Path(cfg.run_dir))})", flush=True)
+            if args.gmi:
+                runs["gmi-drl"].append(_gmi(cfg))
+                print(_row("gmi-drl", seed, runs["gmi-drl"][-1], case.target), flush=True)
+                if cfg.is_async:
+                    print(f"  ({_lags(Path(cfg.run_dir))})", flush=True)
             if args.sb3 and case.sb3:
                 runs["SB3"].append(_sb3(cfg, out_dir / f"sb3-{name}-seed{seed}.csv"))
                 print(_row("SB3", seed, runs["SB3"][-1], case.target), flush=True)
         medians = {who: statistics.median(map(_final, rs)) for who, rs in runs.items() if rs}
         line = ", ".join(f"{who} median final {v:.1f}" for who, v in medians.items())
-        if case.need:
+        if case.need and runs["gmi-drl"]:
             passed = sum(_reached(r, case.target) for r in runs["gmi-drl"])
             sb3 = (f" (SB3: {sum(_reached(r, case.target) for r in runs['SB3'])}/"
                    f"{len(runs['SB3'])})" if runs["SB3"] else "")
             verdict = "PASS" if passed >= need else "FAIL"
             print(f"{name}: gmi-drl reached on {passed}/{len(args.seeds)} seeds{sb3}; {line} "
                   f"-> {verdict}")
-        elif "SB3" in medians:
+        elif "SB3" in medians and "gmi-drl" in medians:
             verdict = "PASS" if medians["gmi-drl"] >= medians["SB3"] else "FAIL"
             print(f"{name}: {line} -> {verdict}")
         else:
