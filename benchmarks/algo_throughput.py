@@ -149,7 +149,9 @@ def _steady_sps(run_dir: Path, learning_starts: int) -> float:
     return (steps[-1] - steps[0]) / (elapsed[steps[-1]] - elapsed[steps[0]])
 
 
-def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, float]:
+def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, float, float]:
+    """Medians over the repeats: gmi-drl's whole-call and steady steps/s, SB3's whole-call and
+    steady steps/s."""
     steps = int(case.steps * args.scale)
     gmi, steady, sb3, sb3_steady = [], [], [], []
     for seed in range(1, args.repeats + 1):

@@ -49,7 +49,9 @@ over their time; whole run: its own final FPS figure, and gmi-drl's env steps ov
 ``train`` call (process start-up included). Target: gmi-drl APPO env steps/s >= 1.0x Sample
 Factory's.
 
-Every figure is the median over ``--repeats`` runs (seeds 1..repeats).
+Every figure is the median over ``--repeats`` runs (seeds 1..repeats). ``--device cuda`` puts
+the learners of every compared gmi-drl run on the GPU (the envs step on CPU cores either way;
+the Sample Factory part stays on the CPU).
 """
 
 from __future__ import annotations
