@@ -431,6 +431,17 @@ def cache_key(config: dict, warmup: int, iterations: int, machine: str,
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def envs_on_device(cfg) -> bool:
+    """Whether ``cfg``'s envs step on its learner's device (the warp engine) rather than on CPU
+    cores: what the paper's GPU grid of num_envs (128..16,384 per GMI) is for. A CPU-stepped task
+    with a GPU learner keeps the CPU grid: 16,384 Hopper envs per GMI would be one rollout of
+    33M env steps."""
+    from gmi_drl.envs import engines
+
+    engine = cfg.env.engine
+    return (engine if engine != "auto" else engines(cfg.env.task_id)[0]) == "warp"
+
+
 @dataclass
 class TuneOptions:
     """What `tune` searches and how long each probe runs (the ``gmi-drl tune`` flags)."""
@@ -439,9 +450,10 @@ class TuneOptions:
     """most GMIs per device, searched down to 1 (None: the device's CPU cores on CPU, 10 per
     GPU, as in the paper)"""
     envs_min: int | None = None
-    """smallest num_envs per GMI of the doubling grid (None: 2 on CPU, 128 on a GPU)"""
+    """smallest num_envs per GMI of the doubling grid (None: 128 where the envs step on a GPU,
+    the warp engine with --device cuda; else 2)"""
     envs_max: int | None = None
-    """largest num_envs per GMI (None: 256 on CPU, 16384 on a GPU)"""
+    """largest num_envs per GMI (None: 16384 where the envs step on a GPU; else 256)"""
     alpha: float = 0.1
     """saturation threshold: Sat = R_top / R_mem below it ends a GMI count's num_envs loop"""
     budget_s: float | None = None
@@ -508,8 +520,9 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
         return default if value is None else value
 
     max_gmis = given(options.max_gmis, 10 if gpu else cores)
-    grid = envs_grid(given(options.envs_min, 128 if gpu else 2),
-                     given(options.envs_max, 16384 if gpu else 256))
+    sim_on_gpu = gpu and envs_on_device(cfg)
+    grid = envs_grid(given(options.envs_min, 128 if sim_on_gpu else 2),
+                     given(options.envs_max, 16384 if sim_on_gpu else 256))
     if cfg.is_async and devices > 1:
         raise ValueError("tune projects an async_training run onto one device only "
                          "(--num-devices 1)")

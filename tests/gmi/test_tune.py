@@ -82,6 +82,18 @@ def test_saturation_when_memory_does_not_grow():
     assert saturation(-0.1, -0.2) == -math.inf
 
 
+def test_the_gpu_grid_is_for_envs_that_step_on_the_gpu():
+    from gmi_drl.gmi.tune import envs_on_device
+
+    hopper = preset("auto", "Hopper-v5", "ppo")
+    hopper.device = "cuda"  # a GPU learner: Hopper's envs still step on CPU cores
+    assert not envs_on_device(hopper)
+    ant = preset("gmi-ant")
+    assert ant.env.engine == "warp" and envs_on_device(ant)
+    ant.env.engine = "auto"  # the warp tasks' only engine
+    assert envs_on_device(ant)
+
+
 def test_envs_grid():
     assert envs_grid(2, 256) == [2, 4, 8, 16, 32, 64, 128, 256]
     assert envs_grid(128, 300) == [128, 256]
