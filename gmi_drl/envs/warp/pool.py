@@ -298,9 +298,13 @@ class WarpPool:
         self._d.overflow.zero_()
 
     def close(self) -> None:
-        """Free the device buffers and the graph. Idempotent."""
+        """Free the device buffers and the graph, once the pool's stream has finished the step
+        in flight (a run stopped mid-rollout may close a pool whose graph is still executing).
+        Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._on_cuda:
+                self._wp.synchronize_stream(self._stream)
             self._graph = None
             self._out = {}
             self._d = self._m = None
