@@ -7,7 +7,12 @@ Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
     processes sharing the GPU, each with its share of the worlds, all started together (as MPS
     clients of a private daemon where ``nvidia-cuda-mps-control`` exists, else time slicing;
     the first line printed says which);
-(b) physics throughput (env steps/s) and device memory against ``num_envs`` for each task.
+(b) physics throughput (env steps/s) and device memory against ``num_envs`` for each task;
+(c) training throughput (PPO with the task's ``gmi-*`` preset, end to end on the device): one
+    process holding all the worlds against N GMIs of ``--total-envs / N`` worlds each
+    (``cuda_mps`` GMIs on a GPU, reducing gradients through MPR), each at the preset's
+    minibatch of 32,768 samples over all GMIs; steady env steps/s between the first and the
+    last update of ``--train-steps`` (Fig. 7's training half).
 
     python benchmarks/gpu_sim.py                          # on cuda:0; skips without CUDA
     python benchmarks/gpu_sim.py --device cpu --num-envs 4 8 --gmis 1 2 --total-envs 8 \\
@@ -89,6 +94,54 @@ def _gmi(args_tuple, start, out) -> None:
     out.put(rates)
 
 
+def _collect(procs, out, what: str) -> list:
+    """One result per process from ``out``, in arrival order; joins them (kills stragglers).
+
+    Raises:
+        RuntimeError: a process put an error string, or died without a result.
+    """
+    import queue
+
+    got: list = []
+    try:
+        while len(got) < len(procs):
+            try:
+                item = out.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"{what}: a process died (exit code {dead[0]})") from None
+                continue
+            if isinstance(item, str):
+                raise RuntimeError(f"{what}: {item}")
+            got.append(item)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return got
+
+
+def _child_main(fn, args, out) -> None:
+    try:
+        out.put(fn(*args))
+    except BaseException as e:
+        out.put(f"{type(e).__name__}: {e}")
+        raise
+
+
+def _in_child(fn, *args):
+    """``fn(*args)`` in a spawned process of its own: each measurement gets a fresh CUDA
+    context, and this process never holds one (an MPS daemon started later serves clean
+    clients)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_main, args=(fn, args, out))
+    proc.start()
+    return _collect([proc], out, getattr(fn, "__name__", "child"))[0]
+
+
 def serving(task_id: str, total: int, gmis: int, device: str, seconds: float,
             repeats: int) -> float:
     """Summed env steps/s of ``gmis`` processes of ``total // gmis`` worlds each (median).
@@ -96,32 +149,13 @@ def serving(task_id: str, total: int, gmis: int, device: str, seconds: float,
     Raises:
         RuntimeError: a GMI failed or died (its error or exit code).
     """
-    import queue
-
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(gmis), ctx.Queue()
     procs = [ctx.Process(target=_gmi, args=((task_id, total // gmis, device, seconds, repeats),
                                             start, out)) for _ in range(gmis)]
     for p in procs:
         p.start()
-    per_gmi: list = []
-    try:
-        while len(per_gmi) < gmis:
-            try:
-                got = out.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"{task_id}: a GMI process died (exit code {dead[0]})")
-                continue
-            if isinstance(got, str):
-                raise RuntimeError(f"{task_id}: a GMI failed: {got}")
-            per_gmi.append(got)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    per_gmi = _collect(procs, out, f"{task_id}, {gmis} GMIs")
     return float(sum(statistics.median(r) for r in per_gmi))
 
 
@@ -139,8 +173,10 @@ def main() -> None:
     ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parts", nargs="+", choices=["physics", "serving"],
-                    default=["physics", "serving"])
+    ap.add_argument("--parts", nargs="+", choices=["physics", "serving", "training"],
+                    default=["physics", "serving", "training"])
+    ap.add_argument("--train-steps", type=int, default=20_000_000,
+                    help="env steps of each training run of the training part")
     ap.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
                     help="run the serving part's GMIs as MPS clients of a private MPS daemon "
                          "started here (auto: where nvidia-cuda-mps-control exists)")
@@ -149,18 +185,39 @@ def main() -> None:
         print("skipped: no CUDA device here (run with --device cpu to try the code on Warp's "
               "CPU device)")
         return
-    daemon = _start_mps(args) if "serving" in args.parts else None
-    try:
-        _report(args, daemon)
-    finally:
-        if daemon is not None:
-            daemon.stop()
+    # this process holds no CUDA context: every measurement runs in processes of its own
+    print(f"device: {args.device} ({_device_name(args.device)})", flush=True)
+    if "physics" in args.parts:
+        _physics(args)
+    if "serving" in args.parts:
+        daemon = _start_mps(args)
+        print(f"\nserving GMIs share the {'GPU' if args.device.startswith('cuda') else 'CPU'} "
+              f"{'through MPS (a daemon started here)' if daemon else 'by time slicing'}")
+        try:
+            _serving(args)
+        finally:
+            if daemon is not None:
+                daemon.stop()
+                for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+                    os.environ.pop(key, None)
+    if "training" in args.parts:
+        _training(args)
+
+
+def _device_name(device: str) -> str:
+    """The GPU's name from NVML (no CUDA context here), or ``"cpu"``."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    from gmi_drl.gmi.devices import discover
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    return next(g.name for g in discover().gpus if g.index == index)
 
 
 def _start_mps(args):
-    """A private MPS daemon whose clients are this process and the GMIs it spawns (they inherit
-    its pipe directory), or None (``--mps off``, the CPU device, or no daemon binary with
-    ``--mps auto``)."""
+    """A private MPS daemon whose clients are the serving GMIs spawned while it runs (they
+    inherit its pipe directory), or None (``--mps off``, the CPU device, or no daemon binary
+    with ``--mps auto``)."""
     import tempfile
 
     from gmi_drl.gmi.backends import MPSDaemon
@@ -182,26 +239,14 @@ def _start_mps(args):
     return daemon
 
 
-def _report(args, daemon) -> None:
-    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    sharing = ("through MPS (a daemon started here)" if daemon
-               else "without MPS (time slicing)" if args.device.startswith("cuda")
-               else "the CPU's cores")
-    print(f"device: {args.device} ({where}); serving GMIs share {sharing}", flush=True)
-
-    if "physics" in args.parts:
-        _physics(args)
-    if "serving" in args.parts:
-        _serving(args)
-
-
 def _physics(args) -> None:
     print("\n(b) physics: env steps/s and device memory vs num_envs (medians of "
           f"{args.repeats} x {args.seconds:.0f} s)")
     print(f"{'task':<18}{'num_envs':>10}{'steps/s':>14}{'memory MiB':>12}")
     for task in args.tasks:
         for n in args.num_envs:
-            rates, mem = _run(task, n, args.device, args.seconds, args.repeats, False)
+            rates, mem = _in_child(_run, task, n, args.device, args.seconds, args.repeats,
+                                   False)
             print(f"{task:<18}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}",
                   flush=True)
 
@@ -214,6 +259,50 @@ def _serving(args) -> None:
             base = None
             for g in args.gmis:
                 rate = serving(task, total, g, args.device, args.seconds, args.repeats)
+                base = base or rate
+                print(f"{task:<18}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
+                      flush=True)
+
+
+def training(task_id: str, total: int, gmis: int, device: str, steps: int, run_dir: str
+             ) -> float:
+    """Steady env steps/s of PPO on ``task_id`` (its ``gmi-*`` preset) with ``total`` worlds as
+    ``gmis`` GMIs, between the run's first and last update."""
+    import csv
+
+    from gmi_drl.config import preset
+    from gmi_drl.train import train
+
+    cfg = preset("gmi-" + task_id.split("-gmi")[0].lower())
+    cuda = device.startswith("cuda")
+    cfg.device = "cuda" if cuda else "cpu"
+    cfg.gmi.num_gmis, cfg.env.num_envs = gmis, total // gmis
+    cfg.gmi.backend = ("cuda_mps" if gmis > 1 else "cuda_shared") if cuda else "cpu"
+    # the same minibatch over all GMIs as one process of `total` worlds (the preset's 32,768)
+    cfg.algo.num_minibatches = max(1, total * cfg.algo.num_steps // 32768)
+    cfg.total_timesteps, cfg.run_dir = steps, run_dir
+    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
+    train(cfg)
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        rows = [(float(r["global_step"]), float(r["wall_s"])) for r in csv.DictReader(f)
+                if r["name"] == "perf/sps"]
+    (s0, w0), (s1, w1) = rows[0], rows[-1]
+    return (s1 - s0) / (w1 - w0) if w1 > w0 else float("nan")
+
+
+def _training(args) -> None:
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="gpu-sim-train-")
+    print(f"\n(c) training (PPO, gmi-* preset, {args.train_steps:,} env steps per run): the "
+          f"worlds as 1..N GMIs, steady env steps/s; runs in {out}")
+    print(f"{'task':<18}{'worlds':>8}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
+    for task in args.tasks:
+        for total in args.total_envs:
+            base = None
+            for g in args.gmis:
+                rate = _in_child(training, task, total, g, args.device, args.train_steps,
+                                 os.path.join(out, f"{task}-{total}-{g}"))
                 base = base or rate
                 print(f"{task:<18}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
                       flush=True)
