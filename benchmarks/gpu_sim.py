@@ -6,7 +6,7 @@ Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
     one process holding all ``--total-envs`` worlds (each total given) against 2 / 4 / 8 GMI
     processes sharing the GPU, each with its share of the worlds, all started together (as MPS
     clients of a private daemon where ``nvidia-cuda-mps-control`` exists, else time slicing;
-    the first line printed says which);
+    the line above its table says which);
 (b) physics throughput (env steps/s) and device memory against ``num_envs`` for each task;
 (c) training throughput (PPO with the task's ``gmi-*`` preset, end to end on the device): one
     process holding all the worlds against N GMIs of ``--total-envs / N`` worlds each
