@@ -204,14 +204,16 @@ def main() -> None:
         _training(args)
 
 
-def _device_name(device: str) -> str:
-    """The GPU's name from NVML (no CUDA context here), or ``"cpu"``."""
-    if not device.startswith("cuda"):
-        return "cpu"
+def _gpu(device: str):
+    """The `gmi_drl.gmi.devices.Gpu` of ``"cuda[:k]"``, from NVML (no CUDA context here)."""
     from gmi_drl.gmi.devices import discover
 
     index = int(device.split(":")[1]) if ":" in device else 0
-    return next(g.name for g in discover().gpus if g.index == index)
+    return next(g for g in discover().gpus if g.index == index)
+
+
+def _device_name(device: str) -> str:
+    return _gpu(device).name if device.startswith("cuda") else "cpu"
 
 
 def _start_mps(args):
@@ -228,11 +230,7 @@ def _start_mps(args):
         if args.mps == "on":
             raise SystemExit(f"--mps on: {MPSDaemon.BINARY} is not on PATH")
         return None
-    from gmi_drl.gmi.devices import discover
-
-    index = int(args.device.split(":")[1]) if ":" in args.device else 0
-    gpu = next(g for g in discover().gpus if g.index == index)
-    daemon = MPSDaemon(tempfile.mkdtemp(prefix="gpu-sim-mps-"), [gpu.uuid])
+    daemon = MPSDaemon(tempfile.mkdtemp(prefix="gpu-sim-mps-"), [_gpu(args.device).uuid])
     daemon.start()
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         os.environ[key] = daemon.env[key]
