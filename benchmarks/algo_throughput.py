@@ -3,6 +3,7 @@ hyper-parameters, one invocation.
 
     .venv/bin/python benchmarks/algo_throughput.py                     # dqn, a2c, ddpg; 3 repeats
     .venv/bin/python benchmarks/algo_throughput.py --algos td3 --repeats 5
+    python benchmarks/algo_throughput.py --device cuda --sb3-device cpu   # each side's device
 
 Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
 
@@ -54,12 +55,12 @@ from stable_baselines3 import DQN
 m = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64,
         buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
         train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED)"""),
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED, device=DEVICE)"""),
     "a2c": Case("CartPole-v1", 50_000, 0, 'cfg = preset("classic", algo="a2c")', """
 from stable_baselines3 import A2C
 from stable_baselines3.common.env_util import make_vec_env
 m = A2C("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=SEED), ent_coef=0.0,
-        seed=SEED)"""),
+        seed=SEED, device=DEVICE)"""),
     "ddpg": Case("HalfCheetah-v5", 3_000, 1000, """cfg = preset("mujoco", algo="ddpg")
 cfg.algo.learning_starts = 1000""", """
 import numpy as np
@@ -68,7 +69,7 @@ from stable_baselines3.common.noise import NormalActionNoise
 env = gym.make("HalfCheetah-v5")
 m = DDPG("MlpPolicy", env, learning_starts=1000, learning_rate=1e-3, batch_size=256,
          action_noise=NormalActionNoise(np.zeros(6), 0.1 * np.ones(6)),
-         policy_kwargs=dict(net_arch=[400, 300]), seed=SEED)"""),
+         policy_kwargs=dict(net_arch=[400, 300]), seed=SEED, device=DEVICE)"""),
     "td3": Case("HalfCheetah-v5", 3_000, 1000, """cfg = preset("mujoco", algo="td3")
 cfg.algo.learning_starts = 1000""", """
 import numpy as np
@@ -77,7 +78,7 @@ from stable_baselines3.common.noise import NormalActionNoise
 env = gym.make("HalfCheetah-v5")
 m = TD3("MlpPolicy", env, learning_starts=1000, learning_rate=1e-3, batch_size=256,
         action_noise=NormalActionNoise(np.zeros(6), 0.1 * np.ones(6)),
-        policy_kwargs=dict(net_arch=[400, 300]), seed=SEED)"""),
+        policy_kwargs=dict(net_arch=[400, 300]), seed=SEED, device=DEVICE)"""),
 }
 
 
@@ -89,6 +90,10 @@ class Args:
     """runs per framework and case (median reported)"""
     scale: float = 1.0
     """multiply every case's env steps by this"""
+    device: str = "cpu"
+    """gmi-drl's device (``cfg.device``): cpu or cuda"""
+    sb3_device: str | None = None
+    """SB3's ``device`` (None: the same as ``--device``)"""
 
 
 GMI = """
@@ -97,6 +102,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 {setup}
 cfg.total_timesteps, cfg.seed, cfg.run_dir = {steps}, {seed}, {run_dir!r}
+cfg.device = {device!r}
 cfg.log.tensorboard, cfg.log.log_every = False, max(1, {log_every})
 t0 = time.perf_counter(); r = train(cfg); wall = time.perf_counter() - t0
 print(json.dumps({{"steps": r.global_step, "wall": wall}}))
@@ -158,10 +164,12 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
         run_dir = tmp / f"{name}-{seed}"
         # about 20 logged rows per run: the steady figure needs a few after learning_starts
         r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
-                            log_every=f"{steps // 20} // cfg.batch_size"))
+                            log_every=f"{steps // 20} // cfg.batch_size", device=args.device))
         gmi.append(r["steps"] / r["wall"])
         steady.append(_steady_sps(run_dir, case.learning_starts))
-        s = _run(SB3.format(model=case.sb3.replace("SEED", str(seed)), steps=steps,
+        model = case.sb3.replace("SEED", str(seed)).replace(
+            "DEVICE", repr(args.sb3_device or args.device))
+        s = _run(SB3.format(model=model, steps=steps,
                             learning_starts=case.learning_starts))
         sb3.append(s["steps"] / s["wall"])
         sb3_steady.append(s["steady"])
@@ -180,7 +188,8 @@ def main(args: Args) -> None:
             case = CASES[name]
             rows.append((name, case, *_case(name, case, args, Path(tmp))))
     print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}; devices: gmi-drl {args.device}, SB3 "
+          f"{args.sb3_device or args.device}")
     print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
           "steady ratio (target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, case, g, gs, s, ss in rows:

@@ -8,11 +8,13 @@ Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
     clients of a private daemon where ``nvidia-cuda-mps-control`` exists, else time slicing;
     the line above its table says which);
 (b) physics throughput (env steps/s) and device memory against ``num_envs`` for each task;
-(c) training throughput (PPO with the task's ``gmi-*`` preset, end to end on the device): one
-    process holding all the worlds against N GMIs of ``--total-envs / N`` worlds each
-    (``cuda_mps`` GMIs on a GPU, reducing gradients through MPR), each at the preset's
-    minibatch of 32,768 samples over all GMIs; steady env steps/s between the first and the
-    last update of ``--train-steps`` (Fig. 7's training half).
+(c) training (PPO with the task's ``gmi-*`` preset, end to end on the device) for each layout
+    of ``--train-layouts`` (``GxN``: G GMIs of N worlds each; ``cuda_mps`` GMIs on a GPU,
+    reducing gradients through MPR; each GMI a data-parallel replica at the preset's
+    minibatch of 32,768 samples): steady env steps/s summed over the GMIs between the first
+    and the last update of ``--train-steps``, each against the best one-process layout listed
+    (the paper tunes its baselines the same way: one process per GPU at the ``num_envs`` of
+    its peak throughput; Fig. 7's training half).
 
     python benchmarks/gpu_sim.py                          # on cuda:0; skips without CUDA
     python benchmarks/gpu_sim.py --device cpu --num-envs 4 8 --gmis 1 2 --total-envs 8 \\
@@ -177,6 +179,10 @@ def main() -> None:
                     default=["physics", "serving", "training"])
     ap.add_argument("--train-steps", type=int, default=20_000_000,
                     help="env steps of each training run of the training part")
+    ap.add_argument("--train-layouts", nargs="+", type=_layout,
+                    default=[(1, 4096), (1, 8192), (1, 16384), (2, 4096), (4, 4096), (2, 8192)],
+                    help="GxN: G GMIs of N worlds each, for the training part (the best 1xN "
+                         "listed is the one-process baseline)")
     ap.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
                     help="run the serving part's GMIs as MPS clients of a private MPS daemon "
                          "started here (auto: where nvidia-cuda-mps-control exists)")
@@ -262,10 +268,22 @@ def _serving(args) -> None:
                       flush=True)
 
 
-def training(task_id: str, total: int, gmis: int, device: str, steps: int, run_dir: str
+def _layout(text: str) -> tuple[int, int]:
+    """``"GxN"`` -> ``(G, N)``: G GMIs of N worlds each."""
+    try:
+        g, n = (int(v) for v in text.lower().split("x"))
+        if g < 1 or n < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a layout is GxN with positive integers, "
+                                         "e.g. 4x4096 (4 GMIs of 4,096 worlds)") from None
+    return g, n
+
+
+def training(task_id: str, gmis: int, num_envs: int, device: str, steps: int, run_dir: str
              ) -> float:
-    """Steady env steps/s of PPO on ``task_id`` (its ``gmi-*`` preset) with ``total`` worlds as
-    ``gmis`` GMIs, between the run's first and last update."""
+    """Steady env steps/s (summed over GMIs) of PPO on ``task_id`` (its ``gmi-*`` preset) as
+    ``gmis`` GMIs of ``num_envs`` worlds each, between the run's first and last update."""
     import csv
 
     from gmi_drl.config import preset
@@ -274,10 +292,10 @@ def training(task_id: str, total: int, gmis: int, device: str, steps: int, run_d
     cfg = preset("gmi-" + task_id.split("-gmi")[0].lower())
     cuda = device.startswith("cuda")
     cfg.device = "cuda" if cuda else "cpu"
-    cfg.gmi.num_gmis, cfg.env.num_envs = gmis, total // gmis
+    cfg.gmi.num_gmis, cfg.env.num_envs = gmis, num_envs
     cfg.gmi.backend = ("cuda_mps" if gmis > 1 else "cuda_shared") if cuda else "cpu"
-    # the same minibatch over all GMIs as one process of `total` worlds (the preset's 32,768)
-    cfg.algo.num_minibatches = max(1, total * cfg.algo.num_steps // 32768)
+    # each GMI a replica at the preset's minibatch of 32,768 samples
+    cfg.algo.num_minibatches = max(1, num_envs * cfg.algo.num_steps // 32768)
     cfg.total_timesteps, cfg.run_dir = steps, run_dir
     cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
     train(cfg)
@@ -292,18 +310,25 @@ def _training(args) -> None:
     import tempfile
 
     out = tempfile.mkdtemp(prefix="gpu-sim-train-")
-    print(f"\n(c) training (PPO, gmi-* preset, {args.train_steps:,} env steps per run): the "
-          f"worlds as 1..N GMIs, steady env steps/s; runs in {out}")
-    print(f"{'task':<18}{'worlds':>8}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
+    print(f"\n(c) training (PPO, gmi-* preset, {args.train_steps:,} env steps per run): GMIs x "
+          f"worlds each, steady env steps/s summed over GMIs; runs in {out}")
+    print(f"{'task':<18}{'GMIs':>6}{'worlds/GMI':>12}{'steps/s':>14}")
     for task in args.tasks:
-        for total in args.total_envs:
-            base = None
-            for g in args.gmis:
-                rate = _in_child(training, task, total, g, args.device, args.train_steps,
-                                 os.path.join(out, f"{task}-{total}-{g}"))
-                base = base or rate
-                print(f"{task:<18}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
-                      flush=True)
+        rates = {}
+        for g, n in args.train_layouts:  # each figure printed as it comes (a cut run keeps it)
+            try:
+                rates[g, n] = _in_child(training, task, g, n, args.device, args.train_steps,
+                                        os.path.join(out, f"{task}-{g}x{n}"))
+                print(f"{task:<18}{g:>6}{n:>12,}{rates[g, n]:>14,.0f}", flush=True)
+            except RuntimeError as e:  # a layout that fails (out of memory, ...) is a result
+                print(f"{task:<18}{g:>6}{n:>12,}  not runnable: {e}", flush=True)
+        one = {k: r for k, r in rates.items() if k[0] == 1}
+        gmis = {k: r for k, r in rates.items() if k[0] > 1}
+        if one and gmis:
+            (g1, n1), (g, n) = max(one, key=one.get), max(gmis, key=gmis.get)
+            print(f"{task}: best GMI layout {g}x{n} {gmis[g, n]:,.0f} steps/s = "
+                  f"{gmis[g, n] / one[g1, n1]:.2f}x the best one process ({g1}x{n1}, "
+                  f"{one[g1, n1]:,.0f})", flush=True)
 
 
 if __name__ == "__main__":

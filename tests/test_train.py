@@ -197,3 +197,21 @@ def test_gpu_learner_matches_the_cpu_learner_closely(tmp_path):
     # CUDA kernels round differently, so trajectories drift apart slowly; returns stay close
     assert results["cuda"].global_step == results["cpu"].global_step
     assert abs(results["cuda"].episode_returns.mean() - results["cpu"].episode_returns.mean()) < 15
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU build of torch "
+                    "or no driver here)")
+@pytest.mark.parametrize("algo,preset_name", [("dqn", "cartpole"), ("a2c", "classic"),
+                                              ("ddpg", "classic"), ("td3", "classic")])
+def test_every_algorithm_trains_on_cuda(tmp_path, algo, preset_name):
+    """Acting (exploration draws from the runner's CUDA generator), replay and the update on
+    CUDA, through the warm-up steps and past them."""
+    cfg = preset(preset_name, algo=algo)
+    cfg.device, cfg.run_dir, cfg.log.tensorboard = "cuda", str(tmp_path / algo), False
+    cfg.total_timesteps = 600
+    if hasattr(cfg.algo, "learning_starts"):
+        cfg.algo.learning_starts = 200
+    result = train(cfg)
+    assert result.global_step >= 600
+    assert (tmp_path / algo / "metrics.csv").read_text().count("losses/") > 0

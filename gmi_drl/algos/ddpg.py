@@ -224,9 +224,10 @@ class GaussianExploration:
             action = action.numpy() if self._host else action
         if deterministic or self.noise == 0:
             return action
-        noise = torch.randn(action.shape, generator=self.generator)
+        g = self.generator  # drawn on its device (the runner's, a GPU's with --device cuda)
+        noise = torch.randn(action.shape, generator=g, device=g.device)
         if self._host:
-            action += self.noise * noise.numpy()
+            action += self.noise * noise.cpu().numpy()
             return np.clip(action, -1.0, 1.0, out=action)
         return (action + self.noise * noise.to(action.device)).clamp_(-1.0, 1.0)
 
@@ -314,8 +315,9 @@ class DDPG:
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         arrays, acting = self.ctx.arrays, self.acting
         if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as SB3
-            u = torch.rand((len(obs), self.action_dim), generator=self.ctx.action_generator)
-            scaled = u.numpy() * 2.0 - 1.0
+            g = self.ctx.action_generator
+            u = torch.rand((len(obs), self.action_dim), generator=g, device=g.device)
+            scaled = u.cpu().numpy() * 2.0 - 1.0
         else:
             scaled = arrays.to_pool(acting.scaled(arrays.from_pool(obs)))
         self.env_steps += len(obs)

@@ -191,10 +191,11 @@ class EpsilonGreedy:
             value, action = q.max(1)
         if not deterministic:
             n = len(action)
-            coin = torch.rand(n, generator=self.generator)
-            random = torch.randint(self.num_actions, (n,), generator=self.generator)
+            g = self.generator  # drawn on its device (the runner's, a GPU's with --device cuda)
+            coin = torch.rand(n, generator=g, device=g.device)
+            random = torch.randint(self.num_actions, (n,), generator=g, device=g.device)
             if self._host:
-                action = np.where(coin.numpy() < self.epsilon, random.numpy(), action)
+                action = np.where(coin.cpu().numpy() < self.epsilon, random.cpu().numpy(), action)
             else:
                 explore = (coin < self.epsilon).to(action.device)
                 action = torch.where(explore, random.to(action.device), action)
@@ -207,8 +208,9 @@ class EpsilonGreedy:
         if not self._host:
             return self.act(obs).action
         n = len(obs)
-        coin = torch.rand(n, generator=self.generator).numpy()
-        action = torch.randint(self.num_actions, (n,), generator=self.generator).numpy()
+        g = self.generator
+        coin = torch.rand(n, generator=g, device=g.device).cpu().numpy()
+        action = torch.randint(self.num_actions, (n,), generator=g, device=g.device).cpu().numpy()
         greedy = np.flatnonzero(coin >= self.epsilon)
         if len(greedy):
             action[greedy] = self._q(obs[greedy]).numpy().argmax(1)
