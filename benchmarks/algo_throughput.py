@@ -55,7 +55,8 @@ from stable_baselines3 import DQN
 m = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64,
         buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
         train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED, device=DEVICE)"""),
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED,
+        device=DEVICE)"""),
     "a2c": Case("CartPole-v1", 50_000, 0, 'cfg = preset("classic", algo="a2c")', """
 from stable_baselines3 import A2C
 from stable_baselines3.common.env_util import make_vec_env

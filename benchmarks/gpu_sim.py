@@ -18,7 +18,7 @@ Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
 
     python benchmarks/gpu_sim.py                          # on cuda:0; skips without CUDA
     python benchmarks/gpu_sim.py --device cpu --num-envs 4 8 --gmis 1 2 --total-envs 8 \\
-        --seconds 3                                       # the same code on Warp's CPU device
+        --train-layouts 1x8 2x4 --train-steps 4000 --seconds 3   # the same on Warp's CPU device
 
 Medians of ``--repeats`` timed windows; each window steps ``--seconds`` after a warm-up (kernel
 loading and CUDA graph capture are outside it).
