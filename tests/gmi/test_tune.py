@@ -259,16 +259,16 @@ def test_timer_counts_process_cpu_seconds_per_phase():
 
     for cpu in (True, False):
         previous = set_tree(TimingTree(cpu=cpu))
-        with timer("busy"):
-            end = time.perf_counter() + 0.2
-            while time.perf_counter() < end:
+        with timer("busy"):  # spins for 0.2 s of this process's CPU, however loaded the host
+            spun = time.process_time()
+            while time.process_time() - spun < 0.2:
                 pass
         with timer("idle"):
             time.sleep(0.2)
         tree = set_tree(previous)
         stats = tree.stats()
         if cpu:
-            assert stats["busy"].cpu_s == pytest.approx(stats["busy"].total_s, rel=0.3)
+            assert 0.2 <= stats["busy"].cpu_s <= stats["busy"].total_s + 0.05
             assert stats["idle"].cpu_s < 0.05
             assert set(tree.snapshot_cpu_s()) == {"busy", "idle"}
         else:
