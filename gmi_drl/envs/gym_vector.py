@@ -7,7 +7,8 @@
     obs, rewards, terminations, truncations, info = envs.step(envs.action_space.sample())
 
 Semantics follow ``gymnasium.make_vec(task_id, num_envs, vectorization_mode="sync")``: env ``i``
-of ``reset(seed=s)`` is seeded ``s + i`` (or ``seed[i]`` for a list), the autoreset modes are
+of ``reset(seed=s)`` (or of ``make_vec(..., seed=s)``, then the first ``reset()``) is seeded
+``s + i`` (or ``seed[i]`` for a list), the autoreset modes are
 Gymnasium's (`gymnasium.vector.AutoresetMode`: next-step by default, same-step with
 ``info["final_obs"]`` / ``info["final_info"]`` and their ``_``-masks, disabled with
 ``options={"reset_mask": mask}``), rewards are float64 and the flags bool. Observations,
@@ -15,15 +16,18 @@ rewards and flags equal ``gymnasium.make_vec``'s step for step on the same seeds
 classic control, MuJoCo and Atari against ale-py's vector env, the one ``gymnasium.make_vec``
 makes for ALE ids). What differs: ``info`` carries no per-step keys of Gymnasium's single envs
 (the pool computes observations, rewards and flags only; Atari pools add ``lives``), a
-``reset(seed=...)`` after the first one rebuilds the pool (engines take seeds at construction),
+``reset(seed=...)`` after the first one rebuilds the pool (engines take seeds at construction;
+``None`` items of a seed list get seeds drawn from its ints, where Gymnasium would continue
+those envs' generators), ``step`` before any ``reset`` raises ``gymnasium.error.ResetNeeded``,
 Box actions are clipped to the action space (as Gymnasium's MuJoCo and classic-control envs do
 themselves; the pool itself refuses them), and ``render`` is not available (``gmi-drl eval
 --video`` renders a policy).
 
 Copies: with ``copy=True`` (the default, as Gymnasium users expect owned arrays) every returned
-array is a new one (one copy of the batch per call); with ``copy=False`` observations are this object's buffer and
-the flags the pool's, valid until the next ``step``/``reset`` (one copy of the observations per
-step instead of two).
+array is a new one (one copy of the batch per call); with ``copy=False`` observations are this
+object's buffer and the flags the pool's, valid until the next ``step``/``reset`` (one copy of
+the observations per step instead of two). Over a pool of torch tensors (the warp engine on
+CUDA, or ``tensors=True``) every output is copied to NumPy on the host.
 """
 
 from __future__ import annotations
@@ -36,12 +40,17 @@ import numpy as np
 from gymnasium.vector import AutoresetMode as GymAutoreset
 from gymnasium.vector.utils import batch_space
 
-from gmi_drl.envs.spec import env_seeds, random_seed
+from gmi_drl.envs.faces import check_face_args, face_seeds, host_outputs, rebuild
 
 _MODES = {GymAutoreset.NEXT_STEP: "next_step", GymAutoreset.SAME_STEP: "same_step",
           GymAutoreset.DISABLED: "disabled"}
 _POOL_KEYS = {"env_id", "episode_return", "episode_length", "episode_end", "final_obs"}
 """the pool's own info keys; any other (Atari's ``lives``) passes through"""
+_OWNED = {"autoreset": "use autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (or "
+                       "NEXT_STEP, DISABLED)",
+          "env_batch_size": "a VectorEnv returns every env at each step; gmi_drl.envs.make(..., "
+                            "env_batch_size=) gives partial batches"}
+"""`make` keywords the face sets itself, and what to use instead"""
 
 
 class GymVectorEnv(gym.vector.VectorEnv):
@@ -49,30 +58,50 @@ class GymVectorEnv(gym.vector.VectorEnv):
 
     Args:
         task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
+        seed: the seeds of the first reset (an int ``s``: ``s + i``; or one per env), as if
+            the first ``reset`` were ``reset(seed=seed)``; ``None``: random ones.
         autoreset_mode: a `gymnasium.vector.AutoresetMode` (or its value, e.g. ``"SameStep"``).
         num_workers: as `gmi_drl.envs.make`.
         copy: return new arrays (True) or the pool's buffers (False).
         episode_statistics: also put Gymnasium's ``info["episode"]`` (``r``, ``l``, ``t``) and
             ``info["_episode"]`` where an episode ended (what ``RecordEpisodeStatistics`` adds;
             leave False to chain that wrapper instead: it refuses existing statistics).
-        **task_kwargs: the task's keyword arguments.
+        **task_kwargs: the task's keyword arguments (also ``device`` and ``engine``).
 
     Raises:
-        ValueError: an unknown task, mode or keyword (from `gmi_drl.envs.make`).
+        ValueError: an invalid ``num_envs`` or seed; an unknown task, mode or keyword (from
+            `gmi_drl.envs.make`); a `make` keyword the face sets itself (``autoreset``,
+            ``env_batch_size``: the message says what to use instead).
     """
 
     def __init__(self, task_id: str, num_envs: int,
                  autoreset_mode: GymAutoreset | str = GymAutoreset.NEXT_STEP,
                  num_workers: int | None = None, copy: bool = True,
-                 episode_statistics: bool = False, **task_kwargs: Any) -> None:
+                 episode_statistics: bool = False,
+                 seed: int | Sequence[int | None] | None = None, **task_kwargs: Any) -> None:
         from gmi_drl.envs.registry import make
 
-        self._mode = GymAutoreset(autoreset_mode)
+        check_face_args("Gymnasium face", num_envs, task_kwargs, _OWNED)
+        try:
+            self._mode = GymAutoreset(autoreset_mode)
+        except ValueError:
+            raise ValueError(f"autoreset_mode={autoreset_mode!r} must be a gymnasium.vector."
+                             f"AutoresetMode or one of {[m.value for m in GymAutoreset]}") from None
         self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
                                         autoreset=_MODES[self._mode], **task_kwargs)
-        self._seeds = env_seeds(random_seed(num_envs), num_envs)  # unseeded: random
-        self.pool = self._make(self._seeds)
+        self._seeds = face_seeds(seed, num_envs)
+        try:
+            self.pool = self._make(self._seeds)
+        except ValueError as e:
+            if "autoreset=" not in str(e):
+                raise
+            raise ValueError(f"{e} (on the Gymnasium face: autoreset_mode="
+                             "gymnasium.vector.AutoresetMode.SAME_STEP)") from None
+        self._host = host_outputs(self.pool)
         self._fresh = True  # no env reset since the pool was built
+        self._needs_reset = True
+        if seed is not None:
+            super().reset(seed=int(self._seeds[0]))
         self.num_envs, self.copy, self.episode_statistics = num_envs, copy, episode_statistics
         self.single_observation_space = self.pool.observation_space
         self.single_action_space = self.pool.action_space
@@ -108,15 +137,18 @@ class GymVectorEnv(gym.vector.VectorEnv):
                 raise ValueError("reset(seed=..., options={'reset_mask': ...}): seeding a subset "
                                  "of the envs is not supported; seed all of them, or reset the "
                                  "subset without a seed")
-            seeds = env_seeds([s if s is not None else random_seed(1) for s in seed]
-                              if isinstance(seed, (list, tuple)) else seed, self.num_envs)
-            super().reset(seed=int(seeds[0]))
+            if isinstance(seed, (list, tuple)) and all(s is None for s in seed) \
+                    and len(seed) == self.num_envs:
+                seed = None  # every env continues: no new seeds
+        if seed is not None:
+            seeds = face_seeds(seed, self.num_envs)
             if not (self._fresh and np.array_equal(seeds, self._seeds)):
-                self.pool.close()
-                self._seeds, self.pool = seeds, self._make(seeds)
-        self._fresh = False
+                self.pool = rebuild(self._make, self.pool, seeds)
+                self._seeds = seeds
+            super().reset(seed=int(seeds[0]))
+        self._fresh, self._needs_reset = False, False
         ids = slice(None) if mask is None else self._mask_ids(mask)
-        obs, _ = self.pool.reset(None if mask is None else ids)
+        obs, _ = self._host(self.pool.reset(None if mask is None else ids))
         self._obs[ids] = obs
         self._episode_start[ids] = time.perf_counter()
         return (self._obs.copy() if self.copy else self._obs), {}
@@ -129,13 +161,17 @@ class GymVectorEnv(gym.vector.VectorEnv):
             ValueError: actions of another shape or dtype (the message names the expected
                 shape); an env stepped after its episode ended with autoreset disabled.
             RuntimeError: the env was closed.
+            gymnasium.error.ResetNeeded: no ``reset`` since the env was made.
         """
         self._check_open()
+        if self._needs_reset:
+            raise gym.error.ResetNeeded("step() before reset(): call reset() first (as "
+                                        "Gymnasium's envs, the face does not step unreset envs)")
         a = np.asarray(actions)
         if self._clip and a.shape == self._batch_shape and a.dtype.kind == "f":
             # (a wrong shape goes on to the pool, whose message names the expected one)
             a = np.minimum(np.maximum(a, self._low), self._high).astype(self._dtype, copy=False)
-        obs, rewards, terminated, truncated, pool_info = self.pool.step(a)
+        obs, rewards, terminated, truncated, pool_info = self._host(self.pool.step(a))
         np.copyto(self._obs, obs)
         info = {k: v.copy() for k, v in pool_info.items() if k not in _POOL_KEYS}  # e.g. lives
         if self._mode is GymAutoreset.SAME_STEP and np.count_nonzero(terminated | truncated):
@@ -147,18 +183,18 @@ class GymVectorEnv(gym.vector.VectorEnv):
         obs = self._obs
         if self.copy:
             obs, terminated, truncated = obs.copy(), terminated.copy(), truncated.copy()
-        return obs, rewards.copy(), terminated, truncated, info
+        return obs, rewards.astype(np.float64), terminated, truncated, info
 
     def _episode_ended(self, pool_info: dict[str, Any], info: dict[str, Any]) -> None:
         """Restart the episode clocks of the envs whose episode ended; add Gymnasium's
         ``episode`` statistics to ``info`` where asked to."""
-        ended, now = np.flatnonzero(pool_info["episode_end"]), time.perf_counter()
-        if self.episode_statistics:
-            for i in ended:
-                stats = {"r": float(pool_info["episode_return"][i]),
-                         "l": int(pool_info["episode_length"][i]),
-                         "t": round(now - self._episode_start[i], 6)}
-                info.update(self._add_info(info, {"episode": stats}, int(i)))
+        ended, now = pool_info["episode_end"].astype(bool), time.perf_counter()
+        if self.episode_statistics:  # RecordEpisodeStatistics' arrays: 0 where none ended
+            info["episode"] = {
+                "r": np.where(ended, pool_info["episode_return"].astype(np.float64), 0.0),
+                "l": np.where(ended, pool_info["episode_length"].astype(np.int64), 0),
+                "t": np.where(ended, np.round(now - self._episode_start, 6), 0.0)}
+            info["_episode"] = ended
         self._episode_start[ended] = now
 
     def render(self):

@@ -15,9 +15,14 @@ since this VecEnv started) marks an ended episode as ``Monitor`` does, rewards a
 Actions must lie in the action space (SB3's algorithms clip or squash them into it before they
 step): the pool refuses others with a message, where a Gymnasium env might clamp them itself.
 Observations, rewards and dones equal ``DummyVecEnv``'s step for step on the same seeds.
-Returned observations are copies (SB3 keeps them across steps); ``reset`` after ``seed(s)``
-builds the pool anew (engines take seeds at construction); ``env_method`` / ``set_attr`` have
-no per-env Python object to reach and raise.
+``env_is_wrapped(Monitor)`` is True, so SB3's ``evaluate_policy`` counts whole episodes (on
+Atari whole games, not lives) from ``infos[i]["episode"]``; a ``VecMonitor`` over this face
+would count lives instead. Returned observations are copies (SB3 keeps them across steps);
+``reset`` after ``seed(s)`` builds the pool anew (engines take seeds at construction; a seed the
+engine refuses raises and leaves the old pool in use); ``step`` before any ``reset`` raises, as
+``Monitor`` does; ``env_method`` / ``set_attr`` have no per-env Python object to reach and
+raise. Over a pool of torch tensors (the warp engine on CUDA, or ``tensors=True``) every output is
+copied to NumPy on the host.
 """
 
 from __future__ import annotations
@@ -27,9 +32,16 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
+from gmi_drl.envs.faces import check_face_args, face_seeds, host_outputs, rebuild
 from gmi_drl.envs.spec import env_seeds, random_seed
+
+_OWNED = {"autoreset": "an SB3 VecEnv resets an ended env in the same step (its last observation "
+                       "in infos[i]['terminal_observation'])",
+          "env_batch_size": "a VecEnv returns every env at each step; gmi_drl.envs.make(..., "
+                            "env_batch_size=) gives partial batches"}
 
 
 class GmiVecEnv(VecEnv):
@@ -37,21 +49,27 @@ class GmiVecEnv(VecEnv):
 
     Args:
         task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
-        num_workers: as `gmi_drl.envs.make`. **task_kwargs: the task's keyword arguments.
+        num_workers: as `gmi_drl.envs.make`.
+        seed: seeds of the pool's first reset (``seed + i``); ``None``: random ones.
+        **task_kwargs: the task's keyword arguments (also ``device`` and ``engine``).
 
     Raises:
-        ValueError: an unknown task or keyword (from `gmi_drl.envs.make`).
+        ValueError: an invalid ``num_envs``; an unknown task or keyword (from
+            `gmi_drl.envs.make`); a `make` keyword the face sets itself (``autoreset``,
+            ``env_batch_size``: the message says what to use instead).
     """
 
     def __init__(self, task_id: str, num_envs: int, num_workers: int | None = None,
-                 **task_kwargs: Any) -> None:
+                 seed: int | None = None, **task_kwargs: Any) -> None:
         from gmi_drl.envs.registry import make
 
+        check_face_args("Stable-Baselines3 face", num_envs, task_kwargs, _OWNED)
         self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
                                         autoreset="same_step", **task_kwargs)
-        self._pool_seeds = env_seeds(random_seed(num_envs), num_envs)
+        self._pool_seeds = face_seeds(seed, num_envs)
         self.pool = self._make(self._pool_seeds)
-        self._fresh = True
+        self._host = host_outputs(self.pool)
+        self._fresh, self._needs_reset = True, True
         super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
         self._t_start = time.time()
 
@@ -63,18 +81,21 @@ class GmiVecEnv(VecEnv):
         """Reset every env; ``(num_envs, *obs_shape)`` (a copy).
 
         Raises:
-            ValueError: reset options were set (the pools take none).
+            ValueError: reset options were set (the pools take none), or the engine refuses
+                the seeds of `seed` (they are dropped; the pool in use stays).
         """
         if any(self._options):
             raise ValueError(f"reset options {self._options} are not supported by gmi-drl pools")
-        if all(s is not None for s in self._seeds):
-            seeds = env_seeds(self._seeds, self.num_envs)
-            if not (self._fresh and np.array_equal(seeds, self._pool_seeds)):
-                self.pool.close()
-                self._pool_seeds, self.pool = seeds, self._make(seeds)
-        self._fresh = False
-        obs, _ = self.pool.reset()
-        self._reset_seeds()
+        try:
+            if all(s is not None for s in self._seeds):
+                seeds = env_seeds(self._seeds, self.num_envs)
+                if not (self._fresh and np.array_equal(seeds, self._pool_seeds)):
+                    self.pool = rebuild(self._make, self.pool, seeds)
+                    self._pool_seeds = seeds
+        finally:
+            self._reset_seeds()
+        self._fresh, self._needs_reset = False, False
+        obs, _ = self._host(self.pool.reset())
         self.reset_infos = [{} for _ in range(self.num_envs)]
         return obs.copy()
 
@@ -85,12 +106,16 @@ class GmiVecEnv(VecEnv):
         Raises:
             ValueError: actions of another shape or dtype (the expected shape named), or outside
                 the action space.
+            RuntimeError: no `reset` since the VecEnv was made (as SB3's ``Monitor``).
         """
+        if self._needs_reset:
+            raise RuntimeError("step before reset: call reset() first (as SB3's Monitor, the "
+                               "face does not step unreset envs)")
         self.pool.send(actions)
 
     def step_wait(self):
         """``(obs, rewards (n,) float32, dones (n,) bool, infos)`` of the actions sent."""
-        obs, rewards, terminated, truncated, info = self.pool.recv()
+        obs, rewards, terminated, truncated, info = self._host(self.pool.recv())
         dones = terminated | truncated
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": False} for _ in range(len(dones))]
         if np.count_nonzero(dones):  # (count_nonzero: a third of ndarray.any's fixed cost)
@@ -125,7 +150,10 @@ class GmiVecEnv(VecEnv):
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
                        indices: VecEnvIndices = None) -> list[bool]:
-        return [False for _ in self._get_indices(indices)]
+        """True for ``Monitor`` (and its bases): the face reports episodes as ``Monitor``
+        does (``infos[i]["episode"]``), so SB3's evaluation counts them, not ``dones``."""
+        wrapped = isinstance(wrapper_class, type) and issubclass(Monitor, wrapper_class)
+        return [wrapped for _ in self._get_indices(indices)]
 
 
 def make_vec_env(task_id: str, n_envs: int = 1, seed: int | None = None,
@@ -133,8 +161,8 @@ def make_vec_env(task_id: str, n_envs: int = 1, seed: int | None = None,
     """`GmiVecEnv` of ``n_envs`` envs, seeded ``seed + i`` at the first reset (SB3's
     ``make_vec_env`` convention); gmi-drl's answer to ``stable_baselines3.common.env_util
     .make_vec_env``."""
-    env = GmiVecEnv(task_id, n_envs, num_workers=num_workers, **task_kwargs)
+    env = GmiVecEnv(task_id, n_envs, num_workers=num_workers, seed=seed, **task_kwargs)
     if seed is not None:
-        env.seed(seed)
+        env.seed(seed)  # SB3's own record of the seeds: the first reset keeps the pool
     return env
 

@@ -206,10 +206,97 @@ def test_episode_statistics_match_record_episode_statistics():
         assert ("_episode" in info) == ("_episode" in ref_info)
         if "_episode" in info:
             np.testing.assert_array_equal(info["_episode"], ref_info["_episode"])
-            np.testing.assert_array_equal(info["episode"]["r"], ref_info["episode"]["r"])
-            np.testing.assert_array_equal(info["episode"]["l"], ref_info["episode"]["l"])
+            assert sorted(info["episode"]) == sorted(ref_info["episode"]) == ["l", "r", "t"]
+            for k in "rl":
+                np.testing.assert_array_equal(info["episode"][k], ref_info["episode"][k])
+                assert info["episode"][k].dtype == ref_info["episode"][k].dtype
             seen += 1
     assert seen > 5
+
+
+def test_seed_at_construction_is_the_first_resets_seed():
+    """The README's ``make_vec(task, n, seed=s)``: its first ``reset()`` equals Gymnasium's
+    ``reset(seed=s)``, and a first ``reset(seed=s)`` keeps the pool it was built with."""
+    ours, ref = envs.make_vec("CartPole-v1", 3, seed=5), _gym("CartPole-v1", 3,
+                                                              AutoresetMode.NEXT_STEP)
+    np.testing.assert_array_equal(ours.reset()[0], ref.reset(seed=5)[0])
+    again = envs.make_vec("CartPole-v1", 3, seed=5)
+    pool = again.pool
+    np.testing.assert_array_equal(again.reset(seed=5)[0], ref.reset(seed=5)[0])
+    assert again.pool is pool
+
+
+def _after_seed_7(seed):
+    """obs of ``reset(seed=seed)`` after ``reset(seed=7)`` and a step, and whether the pool
+    was kept."""
+    env = envs.make_vec("CartPole-v1", 3)
+    env.reset(seed=7)
+    env.step(np.array([0, 1, 0]))
+    pool = env.pool
+    return env.reset(seed=seed)[0], env.pool is pool
+
+
+def test_seed_lists_with_none_are_reproducible():
+    """All ``None``: every env continues, as in Gymnasium; some ``None``: those envs get seeds
+    drawn from the list's ints, the same for the same list."""
+    ref = _gym("CartPole-v1", 3, AutoresetMode.NEXT_STEP)
+    ref.reset(seed=7)
+    ref.step(np.array([0, 1, 0]))
+    obs, kept = _after_seed_7([None] * 3)
+    np.testing.assert_array_equal(obs, ref.reset(seed=[None] * 3)[0])
+    assert kept
+    first, kept = _after_seed_7([None, 4, None])
+    assert not kept
+    np.testing.assert_array_equal(first, _after_seed_7([None, 4, None])[0])
+    np.testing.assert_array_equal(first[1], gym.make("CartPole-v1").reset(seed=4)[0])
+    assert not np.array_equal(first, _after_seed_7([None, 5, None])[0])
+
+
+def test_faces_name_what_they_set_themselves_and_bad_sizes():
+    with pytest.raises(ValueError, match="num_envs=0 must be an int >= 1$"):
+        envs.make_vec("CartPole-v1", 0)
+    with pytest.raises(ValueError, match="num_envs=2.0 must be an int >= 1"):
+        envs.make_vec("CartPole-v1", 2.0)
+    with pytest.raises(ValueError, match="autoreset= is set by the face: use autoreset_mode="):
+        envs.make_vec("CartPole-v1", 2, autoreset="same_step")
+    with pytest.raises(ValueError, match="env_batch_size= is set by the face"):
+        envs.make_vec("CartPole-v1", 4, env_batch_size=2)
+    with pytest.raises(ValueError, match=r"one of \['NextStep', 'SameStep', 'Disabled'\]"):
+        envs.make_vec("CartPole-v1", 2, autoreset_mode="same_step")
+    with pytest.raises(gym.error.ResetNeeded, match="reset"):
+        envs.make_vec("CartPole-v1", 2).step(np.array([0, 1]))
+
+
+def test_a_seed_the_engine_refuses_leaves_the_face_usable():
+    env = envs.make_vec("Pong-v5", 2)
+    env.reset(seed=3)
+    with pytest.raises(ValueError, match="outside"):
+        env.reset(seed=2**31)
+    assert env.step(np.array([0, 1]))[0].shape == (2, 4, 84, 84)  # the old pool, still open
+    assert env.reset(seed=1)[0].shape == (2, 4, 84, 84)
+    env.close()
+
+
+def test_a_pool_of_tensors_comes_back_as_numpy_with_float64_rewards():
+    """The warp engine returns torch tensors with ``tensors=True`` (as on CUDA); the face gives
+    NumPy, rewards float64 as Gymnasium's, equal to the NumPy outputs of the same pool."""
+    from gmi_drl.envs.warp.pool import warp_error
+
+    if warp_error():
+        pytest.skip(warp_error())
+    same = AutoresetMode.SAME_STEP
+    out = []
+    for tensors in (True, False):
+        env = envs.make_vec("BallBalance-gmi-v0", 2, autoreset_mode=same, seed=0,
+                            tensors=tensors)
+        obs, _ = env.reset()
+        step = env.step(np.full((2, 3), 0.5, np.float32))
+        assert all(isinstance(x, np.ndarray) for x in (obs, *step[:4]))
+        assert step[1].dtype == np.float64 and step[2].dtype == np.bool_
+        out.append((obs, *step[:4]))
+        env.close()
+    for x, y in zip(*out):
+        np.testing.assert_array_equal(x, y)
 
 
 # --- Stable-Baselines3 ----------------------------------------------------------------------------
@@ -249,11 +336,13 @@ def test_sb3_face_matches_dummy_vec_env_step_for_step(task):
 
 def test_sb3_wrappers_chain_and_ppo_trains_on_the_face():
     from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
     from gmi_drl.envs.sb3 import make_vec_env
 
-    env = VecNormalize(VecMonitor(make_vec_env("Hopper-v5", 4, seed=1)), gamma=0.99)
+    # (no VecMonitor: the face reports episodes as Monitor-wrapped envs do, and VecMonitor
+    # warns over it as over SB3's own make_vec_env)
+    env = VecNormalize(VecFrameStack(make_vec_env("Hopper-v5", 4, seed=1), 2), gamma=0.99)
     model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=1, device="cpu")
     model.learn(total_timesteps=1024)
     assert model.num_timesteps == 1024 and len(model.ep_info_buffer) > 0
@@ -265,6 +354,7 @@ def test_sb3_face_explains_what_it_cannot_do():
     from gmi_drl.envs.sb3 import make_vec_env
 
     env = make_vec_env("CartPole-v1", 2, seed=0)
+    env.reset()
     assert env.get_attr("render_mode") == [None, None]
     with pytest.raises(AttributeError, match="no per-env method 'render'"):
         env.env_method("render")
@@ -274,3 +364,63 @@ def test_sb3_face_explains_what_it_cannot_do():
     with pytest.raises(ValueError, match="reset options"):
         env.reset()
     env.close()
+
+
+def test_sb3_face_refuses_what_it_sets_and_steps_only_after_reset():
+    from gmi_drl.envs.sb3 import make_vec_env
+
+    with pytest.raises(ValueError, match="num_envs=0 must be an int >= 1$"):
+        make_vec_env("CartPole-v1", 0)
+    with pytest.raises(ValueError, match="env_batch_size= is set by the face"):
+        make_vec_env("CartPole-v1", 4, env_batch_size=2)
+    with pytest.raises(ValueError, match="autoreset= is set by the face"):
+        make_vec_env("CartPole-v1", 2, autoreset="next_step")
+    env = make_vec_env("CartPole-v1", 2, seed=0)
+    pool = env.pool
+    with pytest.raises(RuntimeError, match="step before reset"):
+        env.step(np.array([0, 1]))
+    env.reset()
+    assert env.pool is pool  # seeded at construction: the first reset keeps the pool
+    env.close()
+    env = make_vec_env("Pong-v5", 2, seed=0)
+    env.seed(2**31)  # beyond ALE's seeds
+    with pytest.raises(ValueError, match="outside"):
+        env.reset()
+    assert env.reset().shape == (2, 4, 84, 84)  # the refused seeds were dropped, the pool kept
+    assert env.step(np.array([0, 1]))[0].shape == (2, 4, 84, 84)
+    env.close()
+
+
+def test_sb3_evaluation_counts_whole_atari_games():
+    """``env_is_wrapped(Monitor)`` is True, so ``evaluate_policy`` takes the face's
+    ``infos[i]["episode"]`` (whole games, unclipped score) rather than ``dones`` (lives)."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    from gmi_drl.envs.sb3 import make_vec_env
+
+    class Random:
+        def __init__(self):
+            self.rng = np.random.default_rng(0)
+
+        def predict(self, obs, state=None, episode_start=None, deterministic=False):
+            return self.rng.integers(0, 4, len(obs)), None
+
+    def games(n):
+        env = make_vec_env("Breakout-v5", 1, seed=0)
+        model, found, dones = Random(), [], 0
+        obs = env.reset()
+        while len(found) < n:
+            obs, _, done, infos = env.step(model.predict(obs)[0])
+            dones += int(done[0])
+            if "episode" in infos[0]:
+                found.append((infos[0]["episode"]["r"], infos[0]["episode"]["l"]))
+        return found, dones
+
+    env = make_vec_env("Breakout-v5", 1, seed=0)
+    assert env.env_is_wrapped(Monitor) == [True]
+    rewards, lengths = evaluate_policy(Random(), env, n_eval_episodes=2,
+                                       return_episode_rewards=True, warn=True)
+    want, dones = games(2)
+    assert dones > 2  # life losses end SB3 episodes: counting dones would give per-life sums
+    assert list(zip(rewards, lengths)) == want
