@@ -69,10 +69,17 @@ def list_checkpoints(path: str | Path) -> list[Path]:
 
 
 def prune_checkpoints(path: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints of a run directory; returns the deleted."""
+    """Delete all but the newest ``keep`` checkpoints of a run directory, and the temporary
+    files of writes that a killed process left (``.iteration-*.pt.<pid>.tmp`` of other
+    processes); returns the deleted checkpoints."""
     old = list_checkpoints(path)[keep:]
     for p in old:
         p.unlink(missing_ok=True)
+    directory = checkpoint_dir(path)
+    if directory.is_dir():
+        for tmp in directory.glob(".iteration-*.pt.*.tmp"):
+            if not tmp.name.endswith(f".{os.getpid()}.tmp"):
+                tmp.unlink(missing_ok=True)
     return old
 
 
@@ -135,15 +142,18 @@ def find_loadable(path: str | Path) -> tuple[Path, dict[str, Any]]:
 def _load_file(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} is corrupt or not a gmi-drl checkpoint (it holds more "
-                              "than tensors and plain data; it is not loaded, as that could run "
-                              "code)") from None
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" in str(e):  # a pickled class: refused by weights_only
+            raise CheckpointError(f"{path} is not a gmi-drl checkpoint: it holds more than "
+                                  "tensors and plain data, and is not loaded, as that could run "
+                                  "code") from None
+        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint (unreadable "
+                              "pickle)") from None
     except EOFError:
         raise CheckpointError(f"{path} is empty or cut short") from None
     except Exception as e:  # noqa: BLE001 - arbitrary bytes fail the unpickler in arbitrary ways
         reason = str(e).split(". ")[0].strip() or type(e).__name__
-        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint "
+        raise CheckpointError(f"{path} is corrupt, cut short or not a torch checkpoint "
                               f"({type(e).__name__}: {reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a gmi-drl checkpoint (no format={FORMAT!r} entry)")

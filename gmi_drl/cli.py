@@ -92,13 +92,18 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         ConfigError, CheckpointError, OSError: what the user gave does not hold.
     """
     from gmi_drl.algos import ALGORITHMS
-    from gmi_drl.checkpoint import resolve_checkpoint
-    from gmi_drl.config import ConfigError, TrainConfig, from_dict, load_config_file, preset, validate
+    from gmi_drl.config import ConfigError, TrainConfig, load_config_file, preset, validate
 
     resume, config = _flag_value(rest, "--resume"), _flag_value(rest, "--config")
+    for flag in ("--preset", "--run-dir"):
+        given = _flag_value(rest, flag) is not None
+        if given and resume is not None:
+            raise ConfigError(f"{flag} with --resume: a resumed run keeps its own "
+                              f"{flag[2:].replace('-', ' ')}; drop {flag}")
+        if given and flag == "--preset" and config is not None:
+            raise ConfigError("--preset with --config: both set the defaults; drop one")
     if resume is not None:
-        ckpt = resolve_checkpoint(resume)
-        default = from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
+        default = _resumed_config(resume)
         if default.algo_name != algo:
             raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}")
     elif config is not None:
@@ -111,10 +116,32 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
                          _flag_value(rest, "--env.task-id"), algo)
     # with several algorithms, TrainConfig.algo is a tyro subcommand union
     tyro_args = [algo, *rest] if len(ALGORITHMS) > 1 else rest
-    cfg = tyro.cli(TrainConfig, args=tyro_args, default=default, prog=f"{prog} {algo}",
+    cfg = tyro.cli(TrainConfig, args=tyro_args, default=default,
+                   prog=prog if len(ALGORITHMS) > 1 else f"{prog} {algo}",
                    description=TrainConfig.__doc__, config=(tyro.conf.CascadeSubcommandArgs,))
     validate(cfg)
     return cfg
+
+
+def _resumed_config(resume: str):
+    """The config a resumed run starts from: its ``config.json``, or, where that is missing or
+    unreadable (a checkpoint copied out of its run, a damaged file), the copy in the checkpoint.
+
+    Raises:
+        CheckpointError: no checkpoint that loads. ConfigError: neither holds a config.
+    """
+    from gmi_drl.checkpoint import find_loadable, resolve_checkpoint
+    from gmi_drl.config import ConfigError, from_dict
+
+    ckpt = resolve_checkpoint(resume)
+    try:
+        return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
+    except (OSError, ValueError, ConfigError) as e:
+        _, state = find_loadable(resume)
+        logging.getLogger(__name__).warning(
+            "%s/config.json: %s; using the config stored in the checkpoint",
+            ckpt.parent.parent, getattr(e, "strerror", None) or e)
+        return from_dict(state["config"])
 
 
 def _train(args: list[str], debug: bool = False) -> int:
@@ -125,6 +152,10 @@ def _train(args: list[str], debug: bool = False) -> int:
     from gmi_drl.telemetry.progress import ProgressPrinter
     from gmi_drl.train import train
 
+    if args[:1] in (["-h"], ["--help"]):
+        print(f"usage: gmi-drl train ALGO [flags]   (ALGO: {' '.join(ALGORITHMS)})\n"
+              "'gmi-drl train ALGO --help' lists the flags of ALGO")
+        return 0
     if not args or args[0] not in ALGORITHMS:
         print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGORITHMS)}",
               file=sys.stderr)
@@ -343,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:], debug)
+    try:
+        return commands[argv[0]](argv[1:], debug)
+    except KeyboardInterrupt:  # before a run started (imports, set-up): nothing to clean up
+        if debug:
+            traceback.print_exc()
+        print(f"gmi-drl {argv[0]}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

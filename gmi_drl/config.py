@@ -16,8 +16,12 @@ are rl_games' IsaacGymEnvs settings for GMI-DRL's six Table 6 tasks (warp engine
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
+import math
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Callable, Literal, Union
 
@@ -563,8 +567,10 @@ def validate(cfg: TrainConfig) -> None:
     """
     from gmi_drl.envs import engines, list_tasks
 
+    errors = field_type_errors(cfg)
+    if errors:  # (the rules below compare values: they need the right types)
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     e, m, lg, n = cfg.env, cfg.model, cfg.log, cfg.norm
-    errors: list[str] = []
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
@@ -606,6 +612,8 @@ def validate(cfg: TrainConfig) -> None:
          f"log.gpu_util_interval_s={lg.gpu_util_interval_s} must be >= 0 (0: off)")
     _validate_profile(cfg, need)
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
+    need(cfg.seed >= 0, f"seed={cfg.seed} must be >= 0 (env i is seeded seed + i, and Gymnasium "
+         "takes no negative seeds)")
     if cfg.device == "cuda":
         import torch
 
@@ -620,11 +628,89 @@ def validate(cfg: TrainConfig) -> None:
         need(cfg.config is None, "--config and --resume both set the defaults: a resumed run "
              "keeps its own config; drop --config")
     elif cfg.run_dir is not None:
-        need(not os.path.exists(os.path.join(cfg.run_dir, "config.json")),
-             f"run_dir={cfg.run_dir!r} already holds a run; pass --resume {cfg.run_dir} to "
-             "continue it, or choose another --run-dir")
+        # a run stopped before its first checkpoint holds nothing to continue: it starts over
+        need(not _has_checkpoints(cfg.run_dir),
+             f"run_dir={cfg.run_dir!r} already holds a run with checkpoints; pass --resume "
+             f"{cfg.run_dir} to continue it, or choose another --run-dir")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _has_checkpoints(run_dir: str) -> bool:
+    from gmi_drl.checkpoint import list_checkpoints
+
+    return bool(list_checkpoints(run_dir)) if os.path.isdir(run_dir) else False
+
+
+def field_type_errors(obj, prefix: str = "") -> list[str]:
+    """Every field of the config dataclass ``obj`` (nested ones too) whose value does not fit
+    its annotation (int, float, bool, str, a Literal's choices, ``X | None``), and every float
+    that is NaN or infinite (infinite only where the default is: ``max_grad_norm``'s "off");
+    what a config file or the Python API can get wrong and the command line cannot."""
+    errors = []
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name.rstrip("_")
+        if dataclasses.is_dataclass(value):
+            errors += field_type_errors(value, f"{name}.")
+        elif _fits(value, hints.get(f.name)) is False:
+            errors.append(f"{name}={value!r} must be {_describe(hints[f.name])}")
+        elif isinstance(value, float) and not math.isfinite(value) and not (
+                math.isinf(value) and isinstance(f.default, float) and math.isinf(f.default)):
+            errors.append(f"{name}={value!r} must be a finite number")  # (inf where it is the
+            # default means "off", e.g. max_grad_norm)
+    return errors
+
+
+def _fits(value, hint) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint``; None where it is not checked."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is type(None):
+        return value is None
+    if origin is Literal:
+        return value in args
+    if origin in (Union, types.UnionType):
+        fits = [_fits(value, a) for a in args]
+        return True if True in fits else (False if all(x is False for x in fits) else None)
+    if origin in (tuple, list):
+        return isinstance(value, (tuple, list))
+    return None
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    return {bool: "true or false", int: "an int", float: "a number", str: "a string",
+            type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def resume_conflicts(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """What ``cfg`` changes of a run trained with ``stored`` that its checkpoint cannot carry:
+    the task, the model, the normalisers and the env steps per iteration (the checkpoint counts
+    iterations). Learning rates, schedules and ``total_timesteps`` may change."""
+    out = []
+    if cfg.env.task_id != stored.env.task_id:
+        out.append(f"env.task_id={cfg.env.task_id!r} (trained on {stored.env.task_id!r})")
+    for section in ("model", "norm"):
+        new, old = dataclasses.asdict(getattr(cfg, section)), dataclasses.asdict(
+            getattr(stored, section))
+        out += [f"{section}.{k}={new[k]!r} (trained with {old[k]!r})" for k in new
+                if new[k] != old[k]]
+    if (cfg.env.num_envs, cfg.batch_size) != (stored.env.num_envs, stored.batch_size):
+        out.append(f"env.num_envs={cfg.env.num_envs} / batch_size={cfg.batch_size} (trained "
+                   f"with {stored.env.num_envs} / {stored.batch_size})")
+    return out
 
 
 def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
@@ -800,21 +886,49 @@ def load_config_file(path: str) -> TrainConfig:
                           "tuned.json from gmi-drl tune") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path} holds no config object")
-    cfg = from_dict(data.get("config", data))
+    # tuned.json holds the config under "config"; a run's config.json has a "config" field of
+    # its own (the --config it was made from: a path or null)
+    inner = data.get("config")
+    cfg = from_dict(inner if isinstance(inner, dict) and "algo" in inner else data)
     cfg.config, cfg.resume, cfg.run_dir = path, None, None
     return cfg
 
 
 def from_dict(data: dict) -> TrainConfig:
-    """Inverse of `to_dict`.
+    """Inverse of `to_dict`. Field types are checked by `validate` (`field_type_errors`).
 
     Raises:
-        ConfigError: unknown or missing fields, or an unknown algorithm.
+        ConfigError: unknown fields (with the nearest known name), no or an unknown algorithm,
+            or a section that is no object.
     """
-    try:
-        (name, fields), = data["algo"].items()
-        algo = ALGORITHMS[name][0](**fields)
-        rest = {k: _NESTED[k](**v) if k in _NESTED else v for k, v in data.items() if k != "algo"}
-        return TrainConfig(algo=algo, **rest)
-    except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise ConfigError(f"stored config does not match this gmi-drl version: {e!r}") from None
+    algo = data.get("algo")
+    if not (isinstance(algo, dict) and len(algo) == 1):
+        raise ConfigError("the config has no \"algo\": {\"<name>\": {...}} section: a config file "
+                          "is a whole run config (a run's config.json, or tuned.json from "
+                          "gmi-drl tune), not a few fields; give single fields as flags")
+    (name, fields), = algo.items()
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algo {name!r} is none of {list(ALGORITHMS)}")
+    errors = _unknown_fields(ALGORITHMS[name][0], fields, f"algo.{name}")
+    errors += _unknown_fields(TrainConfig, {k: v for k, v in data.items() if k != "algo"}, "")
+    for key, cls in _NESTED.items():
+        if key in data:
+            if not isinstance(data[key], dict):
+                errors.append(f"{key} must be an object of fields, not {data[key]!r}")
+            else:
+                errors += _unknown_fields(cls, data[key], key)
+    if errors:
+        raise ConfigError("config file: " + "; ".join(errors))
+    rest = {k: _NESTED[k](**v) if k in _NESTED else v for k, v in data.items() if k != "algo"}
+    return TrainConfig(algo=ALGORITHMS[name][0](**fields), **rest)
+
+
+def _unknown_fields(cls, given: dict, where: str) -> list[str]:
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    out = []
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(known)})"
+            out.append(f"unknown field {where + '.' if where else ''}{key}{hint}")
+    return out

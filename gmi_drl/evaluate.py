@@ -76,10 +76,14 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     absent.
 
     Raises:
-        CheckpointError: see `load_policy`. ValueError: ``episodes < 1``.
+        CheckpointError: see `load_policy`. ValueError: ``episodes < 1``, ``num_envs < 1`` or
+            ``seed < 0``.
     """
-    if episodes < 1:
-        raise ValueError(f"episodes={episodes} must be >= 1")
+    bad = [msg for ok, msg in ((episodes >= 1, f"episodes={episodes} must be >= 1"),
+                               (num_envs >= 1, f"num_envs={num_envs} must be >= 1"),
+                               (seed >= 0, f"seed={seed} must be >= 0")) if not ok]
+    if bad:
+        raise ValueError("; ".join(bad))
     from gmi_drl import envs
 
     cfg, acting, obs_norm = load_policy(path, seed)

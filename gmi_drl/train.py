@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from gmi_drl.comm.switch.client import SwitchError
-from gmi_drl.config import TrainConfig, validate
+from gmi_drl.config import ConfigError, TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
@@ -61,13 +61,16 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     iterations (the CLI prints it; GMIs in other processes print it themselves).
 
     Raises:
-        ConfigError: invalid config (every field named). CheckpointError: bad ``--resume`` file.
+        ConfigError: invalid config (every field named), a task the algorithm cannot run
+            (`preflight`), or a resume the checkpoint cannot serve; raised before the run
+            directory is written. CheckpointError: bad ``--resume`` file.
         RunStopped: the run started and stopped on an expected failure (`STOPS`), its cause
             chained; any other exception leaves as it is (CheckpointError: the checkpoint
             resumed from does not fit this run). Either way its traceback is in
             ``RUN_DIR/train.log``.
     """
     validate(cfg)
+    preflight(cfg)
     run = Run.create(cfg)
     placement = make_placement(run.config, _reduced_floats(run.config))
     try:
@@ -105,6 +108,40 @@ def _reduced_floats(cfg: TrainConfig) -> int:
 def weight_count(cfg: TrainConfig) -> int:
     """Float32 weights of ``cfg``'s algorithm, every module (built once on the CPU, untrained):
     ``4 * weight_count`` is the model size M_p in bytes."""
+    algo = _build_on_cpu(cfg)
+    return sum(t.numel() for state in algo.state_dict()["modules"].values()
+               for t in state.values())
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Build ``cfg``'s task spec and algorithm once on the CPU (no compile, no env stepping),
+    so that what only the task can tell (an action space the algorithm does not take, a
+    missing dependency of the env, observations the encoder does not fit) is found before the
+    run directory is written.
+
+    Raises:
+        ConfigError: the algorithm cannot run on the task; the message is the cause's.
+    """
+    import gymnasium as gym
+
+    from gmi_drl.envs import list_tasks
+
+    try:
+        _build_on_cpu(cfg, norms=True)
+    except (ValueError, TypeError, ImportError, gym.error.Error) as e:
+        task = cfg.env.task_id
+        hint = ""
+        if task.startswith("ALE/") and task[4:] in list_tasks():
+            hint = (f" (gmi-drl's Atari tasks drop the ALE/ prefix: --env.task-id {task[4:]} "
+                    "is the game with the standard Atari preprocessing)")
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"env.task_id={task!r} with {cfg.algo_name}: {type(e).__name__}: "
+                          f"{first}{hint}") from None
+
+
+def _build_on_cpu(cfg: TrainConfig, norms: bool = False):
+    """``cfg``'s algorithm built on the CPU from the task's spec, untrained, uncompiled; with
+    ``norms`` also given the normalisers ``cfg.norm`` asks for."""
     import functools
 
     import torch
@@ -112,10 +149,15 @@ def weight_count(cfg: TrainConfig) -> int:
     from gmi_drl import envs
     from gmi_drl.algos import AlgoContext, build_algorithm
     from gmi_drl.optim.grad_step import make_grad_step
+    from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 
-    spec = envs.task_spec(cfg.env.task_id)
+    spec = envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
+    n = cfg.norm
+    obs_norm = (ObsNormalizer(spec.observation_space.shape, n.obs_clip) if norms and n.obs
+                else None)
+    reward_norm = (RewardNormalizer(cfg.env.num_envs, cfg.algo.gamma, n.reward_clip)
+                   if norms and n.reward else None)
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
-                      functools.partial(make_grad_step, compile=False), torch.Generator())
-    algo = build_algorithm(cfg.algo, ctx)
-    return sum(t.numel() for state in algo.state_dict()["modules"].values()
-               for t in state.values())
+                      functools.partial(make_grad_step, compile=False), torch.Generator(),
+                      obs_norm=obs_norm, reward_norm=reward_norm)
+    return build_algorithm(cfg.algo, ctx)

@@ -99,3 +99,94 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["switch", "serve", "--help"])
     assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out
+
+
+BASE = ["--env.task-id", "CartPole-v1", "--env.num-envs", "2", "--algo.num-steps", "64",
+        "--log.no-tensorboard", "--no-compile", "--algo.update-epochs", "1"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A PPO CartPole run of 256 steps (2 iterations, a checkpoint after each)."""
+    run = tmp_path_factory.mktemp("cli") / "base"
+    assert main(["train", "ppo", *BASE, "--total-timesteps", "256", "--run-dir", str(run),
+                 "--checkpoint.every", "1"]) == 0
+    return run
+
+
+def _copy(run, to):
+    import shutil
+
+    return Path(shutil.copytree(run, to))
+
+
+def test_a_runs_config_json_is_a_config_file(finished, tmp_path, capsys):
+    assert main(["train", "ppo", "--config", str(finished / "config.json"), "--total-timesteps",
+                 "128", "--run-dir", str(tmp_path / "again")]) == 0
+    saved = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert saved["env"]["num_envs"] == 2 and saved["config"] == str(finished / "config.json")
+
+
+def test_a_resume_the_checkpoint_cannot_serve_changes_nothing(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "r")
+    before = (run / "config.json").read_text()
+    capsys.readouterr()
+    for flags, msg in ((["--env.task-id", "Acrobot-v1"], "env.task_id='Acrobot-v1' (trained on "
+                        "'CartPole-v1')"),
+                       (["--env.num-envs", "4"], "env.num_envs=4 / batch_size=256"),
+                       (["--model.actor-hidden", "8"], "model.actor_hidden='8'"),
+                       ([], "already at 256 env steps"),
+                       (["--run-dir", str(tmp_path / "x")], "--run-dir with --resume"),
+                       (["--preset", "demo"], "--preset with --resume")):
+        assert main(["train", "ppo", "--resume", str(run), *flags]) == 2, flags
+        assert msg in capsys.readouterr().err, flags
+    assert (run / "config.json").read_text() == before
+    assert not (tmp_path / "x").exists()
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+    assert "done: 384 steps" in capsys.readouterr().out
+
+
+def test_resume_without_config_json_uses_the_checkpoints_config(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "r")
+    (run / "config.json").write_text("{trunc")
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+    assert "done: 384 steps" in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["env"]["task_id"] == "CartPole-v1"
+
+
+def test_a_task_the_algorithm_cannot_run_is_refused_before_the_run_dir(tmp_path, capsys):
+    for algo, task, msg in (("td3", "CartPole-v1", "needs a Box action space"),
+                            ("dqn", "Pendulum-v1", "needs a Discrete action space")):
+        assert main(["train", algo, "--env.task-id", task, "--run-dir",
+                     str(tmp_path / algo)]) == 2
+        assert msg in capsys.readouterr().err
+        assert not (tmp_path / algo).exists()
+
+
+def test_default_run_dirs_of_one_second_differ(tmp_path, monkeypatch):
+    from gmi_drl.config import preset
+    from gmi_drl.runner.run import Run
+
+    monkeypatch.chdir(tmp_path)
+    dirs = {Run.create(preset("classic")).run_dir for _ in range(3)}
+    assert len(dirs) == 3 and all(d.is_dir() for d in dirs)
+
+
+def test_stale_checkpoint_temporaries_are_removed(tmp_path):
+    from gmi_drl.checkpoint import prune_checkpoints
+
+    stale = tmp_path / "checkpoints" / ".iteration-0000003.pt.99999999.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"cut short by a kill")
+    prune_checkpoints(tmp_path, 2)
+    assert not stale.exists()
+
+
+def test_eval_and_help_arguments(finished, capsys):
+    assert main(["eval", str(finished), "--num-envs", "0", "--seed", "-1"]) == 2
+    assert "num_envs=0 must be >= 1; seed=-1 must be >= 0" in capsys.readouterr().err
+    assert main(["train", "--help"]) == 0
+    assert "gmi-drl train ALGO" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "ppo", "--help"])
+    assert "usage: gmi-drl train ppo [" in capsys.readouterr().out

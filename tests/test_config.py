@@ -67,15 +67,41 @@ def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
     data = to_dict(cfg)
     assert list(data["algo"]) == ["ppo"] and data["algo"]["ppo"]["num_steps"] == 2048
     assert from_dict(data) == cfg
-    with pytest.raises(ConfigError, match="does not match"):
+    with pytest.raises(ConfigError, match="unknown field bogus"):
         from_dict({**data, "bogus": 1})
-    with pytest.raises(ConfigError, match="does not match"):
+    with pytest.raises(ConfigError, match="algo 'sac' is none of"):
         from_dict({**data, "algo": {"sac": {}}})
+    with pytest.raises(ConfigError, match=r"unknown field env.num_envz \(did you mean 'num_envs'\?\)"):
+        from_dict({**data, "env": {"num_envz": 8}})
+    with pytest.raises(ConfigError, match="no \"algo\""):
+        from_dict({"env": {"num_envs": 8}})
 
 
-def test_existing_run_dir_needs_resume(tmp_path):
+def test_fields_of_the_wrong_type_or_not_finite_are_named():
+    """What a config file or the Python API can get wrong and tyro's flags cannot."""
+    cfg = preset("classic")
+    cfg.env.num_envs, cfg.placement, cfg.algo.learning_rate = "8", "cloud", float("inf")
+    cfg.gmi.num_devices, cfg.seed = 2.5, True
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    for msg in ("env.num_envs='8' must be an int", "placement='cloud' must be one of ['serial', "
+                "'local', 'ray']", "algo.learning_rate=inf must be a finite number",
+                "gmi.num_devices=2.5 must be an int or null", "seed=True must be an int"):
+        assert msg in str(e.value)
+    cfg = preset("classic")
+    cfg.seed = -1
+    with pytest.raises(ConfigError, match="seed=-1 must be >= 0"):
+        validate(cfg)
+
+
+def test_existing_run_dir_needs_resume_once_it_holds_a_checkpoint(tmp_path):
+    """A run stopped before its first checkpoint has nothing to continue: the same command
+    starts it over; one with checkpoints needs --resume."""
     (tmp_path / "config.json").write_text("{}")
     cfg = TrainConfig(run_dir=str(tmp_path))
+    validate(cfg)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "iteration-0000001.pt").write_bytes(b"x")
     with pytest.raises(ConfigError, match="--resume"):
         validate(cfg)
 

@@ -8,7 +8,7 @@ import torch
 
 from gmi_drl.checkpoint import CheckpointError, load_checkpoint
 from gmi_drl.comm.reducer import IdentityReducer
-from gmi_drl.config import preset
+from gmi_drl.config import ConfigError, preset
 from gmi_drl.rollout.storage import Rows
 from gmi_drl.runner.loop import Trainer
 from gmi_drl.runner.run import Run
@@ -164,6 +164,17 @@ def test_a_corrupt_checkpoint_is_one_clear_line(tmp_path, content):
     text = str(err.value)
     assert text.startswith(str(bad)) and "\n" not in text
     assert "weights_only" not in text  # torch's advice to load it unsafely is not passed on
+    assert "could run code" not in text  # said only of a file that pickles a class
+
+
+class _Pickled:  # a class in a file: what weights_only refuses
+    pass
+
+
+def test_a_checkpoint_that_pickles_code_is_refused_as_such(tmp_path):
+    torch.save({"format": "gmi-drl-checkpoint", "cls": _Pickled}, tmp_path / "code.pt")
+    with pytest.raises(CheckpointError, match="not loaded, as that could run code"):
+        load_checkpoint(tmp_path / "code.pt")
 
 
 def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
@@ -178,8 +189,11 @@ def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
     narrow = _quick_cfg(tmp_path)
     narrow.run_dir, narrow.resume, narrow.total_timesteps = None, str(tmp_path / "run"), 512
     narrow.model.actor_hidden = "32"
-    with pytest.raises(CheckpointError, match="(?s)does not match this run.*size mismatch"):
-        train(narrow)
+    before = (tmp_path / "run" / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"cannot continue with model.actor_hidden='32' "
+                       r"\(trained with '64:64'\)"):
+        train(narrow)  # refused before anything is written
+    assert (tmp_path / "run" / "config.json").read_text() == before
 
 
 @pytest.mark.gpu

@@ -111,7 +111,7 @@ class QNetwork(nn.Module):
                  hidden: str, activation: str, cnn_features: int = 512) -> None:
         super().__init__()
         if encoder == "nature_cnn":
-            cnn = NatureCNN(observation_space.shape[0], cnn_features)
+            cnn = NatureCNN.for_observations(observation_space.shape, cnn_features)
             self.net = nn.Sequential(cnn, nn.Linear(cnn.out_features, num_actions))
         else:
             n_in = int(np.prod(observation_space.shape))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import multiprocessing as mp
 import os
+import signal
 import traceback
 from multiprocessing import shared_memory
 from typing import Callable
@@ -85,6 +86,9 @@ def _slots(a: dict[str, np.ndarray], lo: int, hi: int) -> Slots:
 def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes: bytes,
                  mode: str, max_episode_steps: int | None, seeds: np.ndarray, go, done,
                  err_conn, parent_pid: int) -> None:
+    # Ctrl-C reaches the whole process group: the pool's process stops and closes its workers,
+    # which must not die first (or print tracebacks) on the same signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # attaching registers the name with the resource tracker the pool's process shares with its
     # workers (a set, so no double entry); the pool's process unlinks the block in close()
     shm = shared_memory.SharedMemory(name=shm_name)

@@ -110,9 +110,7 @@ def build_actor_critic(observation_space: gym.spaces.Box, action_space: gym.spac
         critic = MLP(f"{shape[0]}:{critic_hidden}:1", activation, out_gain=1.0)
         return ActorCritic(nn.Identity(), actor, critic, head)
     if encoder == "nature_cnn":
-        if len(shape) != 3 or shape[1:] != (84, 84):
-            raise ValueError(f"encoder 'nature_cnn' needs observations (C, 84, 84), got {shape}")
-        trunk = NatureCNN(shape[0], cnn_features)
+        trunk = NatureCNN.for_observations(shape, cnn_features)
         actor = layer_init(nn.Linear(trunk.out_features, n_out), 0.01)
         critic = layer_init(nn.Linear(trunk.out_features, 1), 1.0)
         return ActorCritic(trunk, actor, critic, head)

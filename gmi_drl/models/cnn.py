@@ -30,5 +30,17 @@ class NatureCNN(nn.Module):
         )
         self.out_features = out_features
 
+    @classmethod
+    def for_observations(cls, shape: tuple[int, ...], out_features: int = 512) -> "NatureCNN":
+        """The encoder of observations of ``shape`` ``(C, 84, 84)``.
+
+        Raises:
+            ValueError: another shape (e.g. raw ``(210, 160, 3)`` frames of ``ALE/...`` ids).
+        """
+        shape = tuple(shape)
+        if len(shape) != 3 or shape[1:] != (84, 84):
+            raise ValueError(f"encoder 'nature_cnn' needs observations (C, 84, 84), got {shape}")
+        return cls(shape[0], out_features)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float() / 255.0)

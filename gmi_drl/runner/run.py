@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gmi_drl.checkpoint import (checkpoint_name, find_loadable, list_checkpoints, load_checkpoint,
                                 prune_checkpoints, save_checkpoint)
-from gmi_drl.config import TrainConfig, to_dict
+from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -85,20 +85,33 @@ class Run:
         """Resolve the directory of ``cfg`` once: the resumed run's (``cfg.resume``, a run
         directory or checkpoint file), ``cfg.run_dir``, or ``runs/<task>-<algo>-<stamp>``.
 
-        Every GMI resumes from one file: the newest of the run that loads.
+        Every GMI resumes from one file: the newest of the run that loads. A resumed run stays
+        in its own directory (``cfg.run_dir`` is not used). A new directory is claimed when it
+        is made (``mkdir``), so two runs started in the same second get two directories.
 
         Raises:
             CheckpointError: ``cfg.resume`` names no checkpoint that loads.
+            ConfigError: ``cfg`` changes what the checkpoint cannot carry (`resume_conflicts`),
+                or the checkpoint is already at ``cfg.total_timesteps`` or past it.
         """
         cfg = copy.deepcopy(cfg)
         if cfg.resume is not None:
-            ckpt, _ = find_loadable(cfg.resume)
+            ckpt, state = find_loadable(cfg.resume)
+            _check_resumable(cfg, ckpt, state)
             return cls(ckpt.parent.parent, cfg, ckpt)
         if cfg.run_dir is not None:
             return cls(Path(cfg.run_dir), cfg)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo_name}-{stamp}"
-        return cls(Path("runs") / name, cfg)
+        base = Path("runs") / f"{cfg.env.task_id.replace('/', '_')}-{cfg.algo_name}-{stamp}"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 1000):
+            path = base if k == 1 else base.with_name(f"{base.name}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path, cfg)
+        raise FileExistsError(f"{base}: 999 runs of this name exist; pass --run-dir")
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -117,11 +130,18 @@ class Run:
         return self.run_dir / "profile" / f"gmi-{gmi_id}"
 
     def start(self) -> None:
-        """The controller, before any GMI starts: make the directories, write config.json."""
+        """The controller, before any GMI starts: make the directories, write config.json. A
+        fresh start in a directory that holds an attempt stopped before its first checkpoint
+        drops that attempt's metrics (`gmi_drl.config.validate` refuses a directory with checkpoints)."""
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        if self.resume_from is None:
+            for old in [self.run_dir / "metrics.csv", *self.run_dir.glob("events.out.tfevents.*")]:
+                old.unlink(missing_ok=True)
         saved = to_dict(self.config)
         saved["run_dir"], saved["resume"] = str(self.run_dir), None
-        (self.run_dir / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
+        tmp = self.run_dir / f".config.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(saved, indent=2) + "\n")
+        os.replace(tmp, self.run_dir / "config.json")  # a kill leaves the old or the new file
         log.info("run directory: %s", self.run_dir)
 
     def restarted(self) -> "Run":
@@ -220,6 +240,25 @@ class Run:
         return path
 
 
+def _check_resumable(cfg: TrainConfig, ckpt: Path, state: dict) -> None:
+    """Refuse, before anything is written, a resume the checkpoint cannot serve."""
+    try:
+        stored = from_dict(state["config"])
+    except (ConfigError, KeyError, TypeError) as e:
+        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
+    conflicts = resume_conflicts(stored, cfg)
+    if conflicts:
+        raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
+                          + "; ".join(conflicts) + ". Drop those flags (a resumed run keeps its "
+                          "task, model, normalisers and env steps per iteration), or start a "
+                          "new run")
+    done = int(state["global_step"])
+    if done >= cfg.total_timesteps:
+        raise ConfigError(f"--resume {cfg.resume}: the run is already at {done:,} env steps "
+                          f"(total_timesteps={cfg.total_timesteps:,}); raise --total-timesteps "
+                          "to train on")
+
+
 def config_origin(path: str) -> str:
     """Markdown lines for `summary.md` on where the config's defaults came from: ``path``
     (``--config``), and, for ``tuned.json`` of `gmi-drl tune`, the point it chose."""
@@ -231,9 +270,12 @@ def config_origin(path: str) -> str:
     except (OSError, ValueError, AttributeError):
         return text + "- (the file is no longer readable)\n"
     if tune:
-        text += (f"- tuned by `gmi-drl tune` on {tune['date']} (GMI-DRL Algorithm 2, chosen by "
-                 f"{tune['chosen_by']}): num_envs {tune['num_envs']}, "
-                 f"{tune['gmis_per_device']} GMI(s) per device x {tune['num_devices']} "
-                 f"device(s), estimate {tune['estimate']:,.0f} env steps/s; "
-                 f"{tune['points']} points in {tune['search_s']} s\n")
+        try:
+            text += (f"- tuned by `gmi-drl tune` on {tune['date']} (GMI-DRL Algorithm 2, chosen "
+                     f"by {tune['chosen_by']}): num_envs {tune['num_envs']}, "
+                     f"{tune['gmis_per_device']} GMI(s) per device x {tune['num_devices']} "
+                     f"device(s), estimate {tune['estimate']:,.0f} env steps/s; "
+                     f"{tune['points']} points in {tune['search_s']} s\n")
+        except (KeyError, TypeError, ValueError):  # a hand-edited record
+            text += "- tuned by `gmi-drl tune` (its record in the file is incomplete)\n"
     return text

@@ -231,7 +231,7 @@ def test_config_file_errors_say_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match="No such file"):
         load_config_file(str(tmp_path / "missing.json"))
     bad.write_text(json.dumps({"config": {"algo": {"nope": {}}}}))
-    with pytest.raises(ConfigError, match="does not match"):
+    with pytest.raises(ConfigError, match="algo 'nope' is none of"):
         load_config_file(str(bad))
 
 
