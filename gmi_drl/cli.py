@@ -95,11 +95,12 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     from gmi_drl.config import ConfigError, TrainConfig, load_config_file, preset, validate
 
     resume, config = _flag_value(rest, "--resume"), _flag_value(rest, "--config")
-    for flag in ("--preset", "--run-dir"):
+    for flag in ("--preset", "--run-dir", "--config"):
         given = _flag_value(rest, flag) is not None
         if given and resume is not None:
-            raise ConfigError(f"{flag} with --resume: a resumed run keeps its own "
-                              f"{flag[2:].replace('-', ' ')}; drop {flag}")
+            what = "config" if flag == "--config" else flag[2:].replace("-", " ")
+            raise ConfigError(f"{flag} with --resume: a resumed run keeps its own {what}; "
+                              f"drop {flag}")
         if given and flag == "--preset" and config is not None:
             raise ConfigError("--preset with --config: both set the defaults; drop one")
     if resume is not None:
@@ -136,7 +137,7 @@ def _resumed_config(resume: str):
     ckpt = resolve_checkpoint(resume)
     try:
         return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
-    except (OSError, ValueError, ConfigError) as e:
+    except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
         _, state = find_loadable(resume)
         logging.getLogger(__name__).warning(
             "%s/config.json: %s; using the config stored in the checkpoint",

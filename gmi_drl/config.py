@@ -623,10 +623,8 @@ def validate(cfg: TrainConfig) -> None:
     algo = algo_name(cfg.algo)
     need(cfg.preset == "auto" or cfg.preset in PRESETS.get(algo, {}),
          f"preset={cfg.preset!r} must be one of {['auto', *PRESETS.get(algo, {})]}")
-    if cfg.resume is not None:
+    if cfg.resume is not None:  # (a run made from --config keeps that path in its config)
         need(os.path.exists(cfg.resume), f"resume={cfg.resume!r} does not exist")
-        need(cfg.config is None, "--config and --resume both set the defaults: a resumed run "
-             "keeps its own config; drop --config")
     elif cfg.run_dir is not None:
         # a run stopped before its first checkpoint holds nothing to continue: it starts over
         need(not _has_checkpoints(cfg.run_dir),
@@ -700,6 +698,8 @@ def resume_conflicts(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
     the task, the model, the normalisers and the env steps per iteration (the checkpoint counts
     iterations). Learning rates, schedules and ``total_timesteps`` may change."""
     out = []
+    if cfg.algo_name != stored.algo_name:
+        out.append(f"algo {cfg.algo_name} (trained with {stored.algo_name})")
     if cfg.env.task_id != stored.env.task_id:
         out.append(f"env.task_id={cfg.env.task_id!r} (trained on {stored.env.task_id!r})")
     for section in ("model", "norm"):
@@ -901,7 +901,7 @@ def from_dict(data: dict) -> TrainConfig:
         ConfigError: unknown fields (with the nearest known name), no or an unknown algorithm,
             or a section that is no object.
     """
-    algo = data.get("algo")
+    algo = data.get("algo") if isinstance(data, dict) else None
     if not (isinstance(algo, dict) and len(algo) == 1):
         raise ConfigError("the config has no \"algo\": {\"<name>\": {...}} section: a config file "
                           "is a whole run config (a run's config.json, or tuned.json from "
@@ -909,6 +909,8 @@ def from_dict(data: dict) -> TrainConfig:
     (name, fields), = algo.items()
     if name not in ALGORITHMS:
         raise ConfigError(f"algo {name!r} is none of {list(ALGORITHMS)}")
+    if not isinstance(fields, dict):
+        raise ConfigError(f"algo.{name} must be an object of fields, not {fields!r}")
     errors = _unknown_fields(ALGORITHMS[name][0], fields, f"algo.{name}")
     errors += _unknown_fields(TrainConfig, {k: v for k, v in data.items() if k != "algo"}, "")
     for key, cls in _NESTED.items():

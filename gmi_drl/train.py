@@ -14,11 +14,12 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from gmi_drl.comm.switch.client import SwitchError
-from gmi_drl.config import ConfigError, TrainConfig, validate
+from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
+from gmi_drl.runner.preflight import build_on_cpu, preflight
 from gmi_drl.runner.run import Run, RunStopped
 from gmi_drl.telemetry.progress import Progress
 
@@ -62,19 +63,21 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
 
     Raises:
         ConfigError: invalid config (every field named), a task the algorithm cannot run
-            (`preflight`), or a resume the checkpoint cannot serve; raised before the run
-            directory is written. CheckpointError: bad ``--resume`` file.
+            (`preflight`), a resume the checkpoint cannot serve (`check_resumable`), or a run
+            directory another process is using; raised before the run directory is written.
+            CheckpointError: bad ``--resume`` file.
         RunStopped: the run started and stopped on an expected failure (`STOPS`), its cause
             chained; any other exception leaves as it is (CheckpointError: the checkpoint
             resumed from does not fit this run). Either way its traceback is in
             ``RUN_DIR/train.log``.
     """
     validate(cfg)
-    preflight(cfg)
-    run = Run.create(cfg)
-    placement = make_placement(run.config, _reduced_floats(run.config))
+    algo = preflight(cfg)
+    placement = make_placement(cfg, _reduced_floats(cfg, algo))
+    run = Run.create(cfg, algo)
+    del algo
     try:
-        with run.log_file():
+        with run.claimed(), run.log_file():
             run.start()
             with run.telemetry():
                 results = placement.launch(TARGET, LoopSpec(run, on_progress))
@@ -97,67 +100,17 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                        r.episode_wall_s, digests, memory)
 
 
-def _reduced_floats(cfg: TrainConfig) -> int:
+def _reduced_floats(cfg: TrainConfig, algo=None) -> int:
     """The most float32 values one allreduce of the run carries: every weight of the algorithm
-    (`weight_count`), or 1 when no GMI shares memory with another."""
+    (`weight_count`, of ``algo`` where given), or 1 when no GMI shares memory with another."""
     if cfg.num_trainers == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
         return 1
-    return weight_count(cfg)
+    return weight_count(cfg, algo)
 
 
-def weight_count(cfg: TrainConfig) -> int:
-    """Float32 weights of ``cfg``'s algorithm, every module (built once on the CPU, untrained):
-    ``4 * weight_count`` is the model size M_p in bytes."""
-    algo = _build_on_cpu(cfg)
+def weight_count(cfg: TrainConfig, algo=None) -> int:
+    """Float32 weights of ``cfg``'s algorithm, every module (``algo``, or built once on the CPU,
+    untrained): ``4 * weight_count`` is the model size M_p in bytes."""
+    algo = build_on_cpu(cfg) if algo is None else algo
     return sum(t.numel() for state in algo.state_dict()["modules"].values()
                for t in state.values())
-
-
-def preflight(cfg: TrainConfig) -> None:
-    """Build ``cfg``'s task spec and algorithm once on the CPU (no compile, no env stepping),
-    so that what only the task can tell (an action space the algorithm does not take, a
-    missing dependency of the env, observations the encoder does not fit) is found before the
-    run directory is written.
-
-    Raises:
-        ConfigError: the algorithm cannot run on the task; the message is the cause's.
-    """
-    import gymnasium as gym
-
-    from gmi_drl.envs import list_tasks
-
-    try:
-        _build_on_cpu(cfg, norms=True)
-    except (ValueError, TypeError, ImportError, gym.error.Error) as e:
-        task = cfg.env.task_id
-        hint = ""
-        if task.startswith("ALE/") and task[4:] in list_tasks():
-            hint = (f" (gmi-drl's Atari tasks drop the ALE/ prefix: --env.task-id {task[4:]} "
-                    "is the game with the standard Atari preprocessing)")
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"env.task_id={task!r} with {cfg.algo_name}: {type(e).__name__}: "
-                          f"{first}{hint}") from None
-
-
-def _build_on_cpu(cfg: TrainConfig, norms: bool = False):
-    """``cfg``'s algorithm built on the CPU from the task's spec, untrained, uncompiled; with
-    ``norms`` also given the normalisers ``cfg.norm`` asks for."""
-    import functools
-
-    import torch
-
-    from gmi_drl import envs
-    from gmi_drl.algos import AlgoContext, build_algorithm
-    from gmi_drl.optim.grad_step import make_grad_step
-    from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
-
-    spec = envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
-    n = cfg.norm
-    obs_norm = (ObsNormalizer(spec.observation_space.shape, n.obs_clip) if norms and n.obs
-                else None)
-    reward_norm = (RewardNormalizer(cfg.env.num_envs, cfg.algo.gamma, n.reward_clip)
-                   if norms and n.reward else None)
-    ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
-                      functools.partial(make_grad_step, compile=False), torch.Generator(),
-                      obs_norm=obs_norm, reward_norm=reward_norm)
-    return build_algorithm(cfg.algo, ctx)

@@ -136,6 +136,7 @@ def test_a_resume_the_checkpoint_cannot_serve_changes_nothing(finished, tmp_path
                        (["--env.num-envs", "4"], "env.num_envs=4 / batch_size=256"),
                        (["--model.actor-hidden", "8"], "model.actor_hidden='8'"),
                        ([], "already at 256 env steps"),
+                       (["--total-timesteps", "300"], "iteration 2 of the 2 that"),
                        (["--run-dir", str(tmp_path / "x")], "--run-dir with --resume"),
                        (["--preset", "demo"], "--preset with --resume")):
         assert main(["train", "ppo", "--resume", str(run), *flags]) == 2, flags
@@ -190,3 +191,51 @@ def test_eval_and_help_arguments(finished, capsys):
     with pytest.raises(SystemExit):
         main(["train", "ppo", "--help"])
     assert "usage: gmi-drl train ppo [" in capsys.readouterr().out
+
+
+def test_resume_refuses_another_optimizer_and_a_checkpoint_outside_a_run(tmp_path, capsys):
+    run = tmp_path / "a2c"
+    assert main(["train", "a2c", "--env.task-id", "CartPole-v1", "--total-timesteps", "80",
+                 "--run-dir", str(run), "--log.no-tensorboard", "--no-compile"]) == 0
+    before = (run / "config.json").read_text()
+    capsys.readouterr()
+    assert main(["train", "a2c", "--resume", str(run), "--total-timesteps", "160",
+                 "--algo.optimizer", "adam"]) == 2  # the dry run of the GMIs' load
+    assert "cannot continue with its weights or optimizer state" in capsys.readouterr().err
+    assert (run / "config.json").read_text() == before
+    loose = tmp_path / "x" / "y" / "best.pt"
+    loose.parent.mkdir(parents=True)
+    loose.write_bytes(next((run / "checkpoints").glob("*.pt")).read_bytes())
+    assert main(["train", "a2c", "--resume", str(loose), "--total-timesteps", "160"]) == 2
+    assert "not in a run's checkpoints/ folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["y"]  # nothing written there
+
+
+def test_a_run_made_from_config_resumes(finished, tmp_path, capsys):
+    run = tmp_path / "from-config"
+    assert main(["train", "ppo", "--config", str(finished / "config.json"), "--total-timesteps",
+                 "128", "--run-dir", str(run)]) == 0
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "256"]) == 0
+    assert "done: 256 steps" in capsys.readouterr().out
+    assert main(["train", "ppo", "--resume", str(run), "--config", str(run / "config.json")]) == 2
+    assert "--config with --resume" in capsys.readouterr().err
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path, capsys):
+    from gmi_drl.config import preset
+    from gmi_drl.runner.run import Run
+
+    cfg = preset("classic")
+    cfg.run_dir = str(tmp_path / "live")
+    with Run.create(cfg).claimed():  # what a running train holds
+        assert main(["train", "ppo", *BASE, "--total-timesteps", "128", "--run-dir",
+                     cfg.run_dir]) == 2
+        assert "is in use by a running gmi-drl (pid " in capsys.readouterr().err
+    assert main(["train", "ppo", *BASE, "--total-timesteps", "128", "--run-dir",
+                 cfg.run_dir]) == 0  # released
+
+
+def test_a_placement_error_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", *BASE, "--gmi.num-gmis", "2", "--gmi.backend", "mig"]) == 2
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

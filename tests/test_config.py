@@ -71,7 +71,8 @@ def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
         from_dict({**data, "bogus": 1})
     with pytest.raises(ConfigError, match="algo 'sac' is none of"):
         from_dict({**data, "algo": {"sac": {}}})
-    with pytest.raises(ConfigError, match=r"unknown field env.num_envz \(did you mean 'num_envs'\?\)"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown field env.num_envz \(did you mean 'num_envs'\?\)"):
         from_dict({**data, "env": {"num_envz": 8}})
     with pytest.raises(ConfigError, match="no \"algo\""):
         from_dict({"env": {"num_envs": 8}})

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gmi_drl import envs
+from gmi_drl.checkpoint import load_checkpoint
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 from gmi_drl.config import preset
 from gmi_drl.gmi.launcher import GMIError
@@ -105,8 +106,9 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
     assert "GMIError: GMI " in (run / "train.log").read_text()
     if debug:
         return
+    done = load_checkpoint(run)["global_step"]  # (how far the run got depends on the host)
     resumed = subprocess.run([sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--resume",
-                              str(run), "--total-timesteps", "1024"], cwd=tmp_path,
+                              str(run), "--total-timesteps", str(done + 512)], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "done: " in resumed.stdout

@@ -41,12 +41,13 @@ def check_face_args(face: str, num_envs: Any, task_kwargs: dict[str, Any],
 def face_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> np.ndarray:
     """``(num_envs,) int64`` first-reset seeds of a face's pool: ``seed + i`` for an int, the
     items of a list, and for ``None`` items seeds drawn from the list's ints (reproducible: the
-    same list gives the same seeds); ``None`` gives random seeds.
+    same list gives the same seeds); ``None``, or a list of ``None`` only, gives random seeds.
 
     Raises:
         ValueError: a list of another length, or an item that is no int (`env_seeds`).
     """
-    if seed is None:
+    if seed is None or (isinstance(seed, (list, tuple)) and seed
+                        and all(s is None for s in seed)):
         return env_seeds(random_seed(num_envs), num_envs)
     if isinstance(seed, (list, tuple)) and any(s is None for s in seed):
         given = [s for s in seed if s is not None]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gmi_drl.checkpoint import (checkpoint_name, find_loadable, list_checkpoints, load_checkpoint,
                                 prune_checkpoints, save_checkpoint)
-from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts, to_dict
+from gmi_drl.config import ConfigError, TrainConfig, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +81,31 @@ class Run:
     resume_from: Path | None = None
 
     @classmethod
-    def create(cls, cfg: TrainConfig) -> "Run":
+    def create(cls, cfg: TrainConfig, algo=None) -> "Run":
         """Resolve the directory of ``cfg`` once: the resumed run's (``cfg.resume``, a run
         directory or checkpoint file), ``cfg.run_dir``, or ``runs/<task>-<algo>-<stamp>``.
 
         Every GMI resumes from one file: the newest of the run that loads. A resumed run stays
         in its own directory (``cfg.run_dir`` is not used). A new directory is claimed when it
         is made (``mkdir``), so two runs started in the same second get two directories.
+        ``algo``: `preflight`'s build of the algorithm, for the dry run of a resume's load.
 
         Raises:
             CheckpointError: ``cfg.resume`` names no checkpoint that loads.
-            ConfigError: ``cfg`` changes what the checkpoint cannot carry (`resume_conflicts`),
-                or the checkpoint is already at ``cfg.total_timesteps`` or past it.
+            ConfigError: a checkpoint outside a run directory, or one that cannot serve
+                ``cfg`` (`check_resumable`).
         """
+        from gmi_drl.runner.preflight import check_resumable
+
         cfg = copy.deepcopy(cfg)
         if cfg.resume is not None:
             ckpt, state = find_loadable(cfg.resume)
-            _check_resumable(cfg, ckpt, state)
+            if ckpt.parent.name != "checkpoints":
+                raise ConfigError(f"--resume {cfg.resume}: {ckpt} is not in a run's "
+                                  "checkpoints/ folder, so there is no run to continue; put it "
+                                  "in RUN_DIR/checkpoints/ with the run's config.json, or start "
+                                  "a new run (gmi-drl eval reads it as it is)")
+            check_resumable(cfg, ckpt, state, algo)
             return cls(ckpt.parent.parent, cfg, ckpt)
         if cfg.run_dir is not None:
             return cls(Path(cfg.run_dir), cfg)
@@ -132,9 +140,9 @@ class Run:
     def start(self) -> None:
         """The controller, before any GMI starts: make the directories, write config.json. A
         fresh start in a directory that holds an attempt stopped before its first checkpoint
-        drops that attempt's metrics (`gmi_drl.config.validate` refuses a directory with checkpoints)."""
+        drops that attempt's metrics (`gmi_drl.config.validate` refuses one with checkpoints)."""
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        if self.resume_from is None:
+        if self.resume_from is None and (self.run_dir / "config.json").exists():
             for old in [self.run_dir / "metrics.csv", *self.run_dir.glob("events.out.tfevents.*")]:
                 old.unlink(missing_ok=True)
         saved = to_dict(self.config)
@@ -143,6 +151,35 @@ class Run:
         tmp.write_text(json.dumps(saved, indent=2) + "\n")
         os.replace(tmp, self.run_dir / "config.json")  # a kill leaves the old or the new file
         log.info("run directory: %s", self.run_dir)
+
+    @contextlib.contextmanager
+    def claimed(self):
+        """Hold the run directory for the block: an exclusive ``flock`` on ``RUN_DIR/.lock``
+        (released when this process exits, however it exits), so that a second ``train`` or
+        ``--resume`` of the same directory is refused instead of writing beside this one.
+
+        Raises:
+            ConfigError: another process holds the directory.
+        """
+        import fcntl
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / ".lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "?"
+                raise ConfigError(f"{self.run_dir} is in use by a running gmi-drl (pid "
+                                  f"{holder}); wait for it, or choose another --run-dir") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def restarted(self) -> "Run":
         """This run continued from its newest checkpoint that loads (from the start when none
@@ -238,25 +275,6 @@ class Run:
         path = write_summary(summary, self.run_dir, sections)
         log.info("wrote %s", path)
         return path
-
-
-def _check_resumable(cfg: TrainConfig, ckpt: Path, state: dict) -> None:
-    """Refuse, before anything is written, a resume the checkpoint cannot serve."""
-    try:
-        stored = from_dict(state["config"])
-    except (ConfigError, KeyError, TypeError) as e:
-        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
-    conflicts = resume_conflicts(stored, cfg)
-    if conflicts:
-        raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
-                          + "; ".join(conflicts) + ". Drop those flags (a resumed run keeps its "
-                          "task, model, normalisers and env steps per iteration), or start a "
-                          "new run")
-    done = int(state["global_step"])
-    if done >= cfg.total_timesteps:
-        raise ConfigError(f"--resume {cfg.resume}: the run is already at {done:,} env steps "
-                          f"(total_timesteps={cfg.total_timesteps:,}); raise --total-timesteps "
-                          "to train on")
 
 
 def config_origin(path: str) -> str:

@@ -1,0 +1,110 @@
+"""Checks that need the task or the checkpoint, made by the controller before a run writes
+anything: the algorithm built once on the CPU from the task's spaces (`preflight`), and a
+resumed checkpoint loaded into that build (`check_resumable`). `gmi_drl.config.validate` checks
+what the config alone can tell.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts
+
+
+def build_on_cpu(cfg: TrainConfig, norms: bool = False):
+    """``cfg``'s algorithm built on the CPU from the task's spec, untrained and uncompiled;
+    with ``norms`` also given the normalisers ``cfg.norm`` asks for.
+
+    Raises:
+        ValueError, TypeError, ImportError, gymnasium.error.Error: what the task or the
+            algorithm's constructor raise (an action space it does not take, a missing
+            dependency of the env, observations the encoder does not fit).
+    """
+    import torch
+
+    from gmi_drl import envs
+    from gmi_drl.algos import AlgoContext, build_algorithm
+    from gmi_drl.optim.grad_step import make_grad_step
+    from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+
+    spec = envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
+    n = cfg.norm
+    obs_norm = (ObsNormalizer(spec.observation_space.shape, n.obs_clip) if norms and n.obs
+                else None)
+    reward_norm = (RewardNormalizer(cfg.env.num_envs, cfg.algo.gamma, n.reward_clip)
+                   if norms and n.reward else None)
+    ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
+                      functools.partial(make_grad_step, compile=False), torch.Generator(),
+                      obs_norm=obs_norm, reward_norm=reward_norm)
+    return build_algorithm(cfg.algo, ctx)
+
+
+def _on_controller(cfg: TrainConfig) -> bool:
+    """Whether this process can build the task: not with Ray, whose GMIs may run on nodes
+    that have the task's dependencies where the head node has not."""
+    return cfg.placement != "ray"
+
+
+def preflight(cfg: TrainConfig):
+    """The algorithm of ``cfg`` built once (`build_on_cpu`), so that what only the task can
+    tell is found before the run directory is written; ``None`` on Ray (`_on_controller`).
+
+    Raises:
+        ConfigError: the algorithm cannot run on the task; the message is the cause's.
+    """
+    import gymnasium as gym
+
+    from gmi_drl.envs import list_tasks
+
+    if not _on_controller(cfg):
+        return None
+    try:
+        return build_on_cpu(cfg, norms=True)
+    except (ValueError, TypeError, ImportError, gym.error.Error) as e:
+        task = cfg.env.task_id
+        hint = ""
+        if task.startswith("ALE/") and task[4:] in list_tasks():
+            hint = (f" (gmi-drl's Atari tasks drop the ALE/ prefix: --env.task-id {task[4:]} "
+                    "is the game with the standard Atari preprocessing)")
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"env.task_id={task!r} with {cfg.algo_name}: {type(e).__name__}: "
+                          f"{first}{hint}") from None
+
+
+def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:
+    """Refuse a resume that the checkpoint ``ckpt`` (loaded: ``state``) cannot serve: a config
+    that changes what it carries (`resume_conflicts`), a replay buffer of another size, a run
+    already at ``cfg``'s last iteration, or, where ``algo`` (`preflight`'s build) is given,
+    weights or optimizer state that do not load into it (a dry run of the GMIs' load; a saved
+    replay buffer is left out of it).
+
+    Raises:
+        ConfigError: what does not fit, and what to do instead.
+    """
+    try:
+        stored = from_dict(state["config"])
+    except (ConfigError, KeyError, TypeError) as e:
+        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
+    conflicts = resume_conflicts(stored, cfg)
+    saved = state.get("algo", {})
+    size = getattr(cfg.algo, "buffer_size", None)
+    if "replay" in saved and size != getattr(stored.algo, "buffer_size", None):
+        conflicts.append(f"algo.buffer_size={size} (the saved replay buffer holds "
+                         f"{stored.algo.buffer_size})")
+    if not conflicts and algo is not None:
+        try:
+            algo.load_state_dict({k: v for k, v in saved.items() if k != "replay"})
+        except (ValueError, KeyError, RuntimeError, TypeError) as e:
+            conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
+    if conflicts:
+        raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
+                          + "; ".join(conflicts) + ". Drop the flags that changed them (a "
+                          "resumed run keeps its task, model, normalisers, optimizer and env "
+                          "steps per iteration), or start a new run")
+    if int(state["iteration"]) >= cfg.num_iterations:
+        raise ConfigError(f"--resume {cfg.resume}: the run is already at "
+                          f"{int(state['global_step']):,} env steps, iteration "
+                          f"{int(state['iteration'])} of the {cfg.num_iterations} that "
+                          f"total_timesteps={cfg.total_timesteps:,} allows; raise "
+                          "--total-timesteps to train on")
