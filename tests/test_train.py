@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gmi_drl.checkpoint import CheckpointError, load_checkpoint
+from gmi_drl.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from gmi_drl.comm.reducer import IdentityReducer
 from gmi_drl.config import ConfigError, preset
 from gmi_drl.rollout.storage import Rows
@@ -194,6 +194,10 @@ def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
                        r"\(trained with '64:64'\)"):
         train(narrow)  # refused before anything is written
     assert (tmp_path / "run" / "config.json").read_text() == before
+    # the GMIs' own check, what a Ray run (no dry run on its controller) relies on
+    ckpt = resolve_checkpoint(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="(?s)does not match this run.*size mismatch"):
+        Trainer(Run(tmp_path / "run", narrow, ckpt), 0, IdentityReducer())
 
 
 @pytest.mark.gpu

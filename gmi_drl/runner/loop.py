@@ -146,6 +146,7 @@ class Trainer:
             try:
                 self._restore(state)
             except (ValueError, KeyError) as err:
+                self.pool.close()  # (its env threads or workers would outlive the error)
                 raise CheckpointError(f"checkpoint does not match this run: {err}") from None
         self.episode_wall_s = [0.0] * len(self.episode_steps)
         self.unlogged: list[Episodes] = []
