@@ -565,6 +565,7 @@ def validate(cfg: TrainConfig) -> None:
     Raises:
         ConfigError: listing every invalid field, one per line.
     """
+    from gmi_drl.checkpoint import list_checkpoints
     from gmi_drl.envs import engines, list_tasks
 
     errors = field_type_errors(cfg)
@@ -627,17 +628,11 @@ def validate(cfg: TrainConfig) -> None:
         need(os.path.exists(cfg.resume), f"resume={cfg.resume!r} does not exist")
     elif cfg.run_dir is not None:
         # a run stopped before its first checkpoint holds nothing to continue: it starts over
-        need(not _has_checkpoints(cfg.run_dir),
+        need(not list_checkpoints(cfg.run_dir),
              f"run_dir={cfg.run_dir!r} already holds a run with checkpoints; pass --resume "
              f"{cfg.run_dir} to continue it, or choose another --run-dir")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-
-
-def _has_checkpoints(run_dir: str) -> bool:
-    from gmi_drl.checkpoint import list_checkpoints
-
-    return bool(list_checkpoints(run_dir)) if os.path.isdir(run_dir) else False
 
 
 def field_type_errors(obj, prefix: str = "") -> list[str]:

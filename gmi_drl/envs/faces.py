@@ -14,6 +14,13 @@ import numpy as np
 from gmi_drl.envs.spec import env_seeds, random_seed
 
 
+OWNED_BY_EVERY_FACE = {"env_batch_size": "a vector env returns every env at each step; "
+                                         "gmi_drl.envs.make(..., env_batch_size=) gives partial "
+                                         "batches"}
+"""`make` keywords both faces set themselves (`check_face_args`'s ``owned``), and what to use
+instead"""
+
+
 def check_face_args(face: str, num_envs: Any, task_kwargs: dict[str, Any],
                     owned: dict[str, str]) -> None:
     """Refuse what a face sets itself, before any pool is built.

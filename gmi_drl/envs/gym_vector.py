@@ -40,16 +40,15 @@ import numpy as np
 from gymnasium.vector import AutoresetMode as GymAutoreset
 from gymnasium.vector.utils import batch_space
 
-from gmi_drl.envs.faces import check_face_args, face_seeds, host_outputs, rebuild
+from gmi_drl.envs.faces import (OWNED_BY_EVERY_FACE, check_face_args, face_seeds, host_outputs,
+                                rebuild)
 
 _MODES = {GymAutoreset.NEXT_STEP: "next_step", GymAutoreset.SAME_STEP: "same_step",
           GymAutoreset.DISABLED: "disabled"}
 _POOL_KEYS = {"env_id", "episode_return", "episode_length", "episode_end", "final_obs"}
 """the pool's own info keys; any other (Atari's ``lives``) passes through"""
 _OWNED = {"autoreset": "use autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (or "
-                       "NEXT_STEP, DISABLED)",
-          "env_batch_size": "a VectorEnv returns every env at each step; gmi_drl.envs.make(..., "
-                            "env_batch_size=) gives partial batches"}
+                       "NEXT_STEP, DISABLED)", **OWNED_BY_EVERY_FACE}
 """`make` keywords the face sets itself, and what to use instead"""
 
 
@@ -98,8 +97,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"{e} (on the Gymnasium face: autoreset_mode="
                              "gymnasium.vector.AutoresetMode.SAME_STEP)") from None
         self._host = host_outputs(self.pool)
-        self._fresh = True  # no env reset since the pool was built
-        self._needs_reset = True
+        self._fresh = True  # no reset yet: the pool is the first one, and step() must wait
         if seed is not None:
             super().reset(seed=int(self._seeds[0]))
         self.num_envs, self.copy, self.episode_statistics = num_envs, copy, episode_statistics
@@ -146,7 +144,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
                 self.pool = rebuild(self._make, self.pool, seeds)
                 self._seeds = seeds
             super().reset(seed=int(seeds[0]))
-        self._fresh, self._needs_reset = False, False
+        self._fresh = False
         ids = slice(None) if mask is None else self._mask_ids(mask)
         obs, _ = self._host(self.pool.reset(None if mask is None else ids))
         self._obs[ids] = obs
@@ -164,7 +162,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
             gymnasium.error.ResetNeeded: no ``reset`` since the env was made.
         """
         self._check_open()
-        if self._needs_reset:
+        if self._fresh:
             raise gym.error.ResetNeeded("step() before reset(): call reset() first (as "
                                         "Gymnasium's envs, the face does not step unreset envs)")
         a = np.asarray(actions)

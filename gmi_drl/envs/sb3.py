@@ -35,13 +35,12 @@ import numpy as np
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
-from gmi_drl.envs.faces import check_face_args, face_seeds, host_outputs, rebuild
+from gmi_drl.envs.faces import (OWNED_BY_EVERY_FACE, check_face_args, face_seeds, host_outputs,
+                                rebuild)
 from gmi_drl.envs.spec import env_seeds, random_seed
 
 _OWNED = {"autoreset": "an SB3 VecEnv resets an ended env in the same step (its last observation "
-                       "in infos[i]['terminal_observation'])",
-          "env_batch_size": "a VecEnv returns every env at each step; gmi_drl.envs.make(..., "
-                            "env_batch_size=) gives partial batches"}
+                       "in infos[i]['terminal_observation'])", **OWNED_BY_EVERY_FACE}
 
 
 class GmiVecEnv(VecEnv):
@@ -69,7 +68,7 @@ class GmiVecEnv(VecEnv):
         self._pool_seeds = face_seeds(seed, num_envs)
         self.pool = self._make(self._pool_seeds)
         self._host = host_outputs(self.pool)
-        self._fresh, self._needs_reset = True, True
+        self._fresh = True  # no reset yet: the pool is the first one, and step must wait
         super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
         self._t_start = time.time()
 
@@ -94,7 +93,7 @@ class GmiVecEnv(VecEnv):
                     self._pool_seeds = seeds
         finally:
             self._reset_seeds()
-        self._fresh, self._needs_reset = False, False
+        self._fresh = False
         obs, _ = self._host(self.pool.reset())
         self.reset_infos = [{} for _ in range(self.num_envs)]
         return obs.copy()
@@ -108,7 +107,7 @@ class GmiVecEnv(VecEnv):
                 the action space.
             RuntimeError: no `reset` since the VecEnv was made (as SB3's ``Monitor``).
         """
-        if self._needs_reset:
+        if self._fresh:
             raise RuntimeError("step before reset: call reset() first (as SB3's Monitor, the "
                                "face does not step unreset envs)")
         self.pool.send(actions)
