@@ -397,6 +397,28 @@ def test_contact_overflow_fails_loudly():
                 p.check_limits()
 
 
+@pytest.mark.parametrize("task_id", ["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0",
+                                     "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
+                                     "ShadowHand-gmi-v0"])
+def test_saturated_actions_neither_diverge_nor_overflow(task_id):
+    """Bang-bang actions (PPO's clipped exploration at its extreme) must neither blow the
+    integration up nor overflow the task's own constraint rows, or training learns from exploded
+    worlds or stops at its first rollout check. Both happened on a GPU: Anymal under explicit
+    Euler reached joint velocities of 2e9 and 156 rows of its 128."""
+    n = 32
+    with envs.make(task_id, n, seed=2, autoreset="same_step") as p:
+        p.reset()
+        rng = np.random.default_rng(3)
+        most, fastest = 0, 0.0
+        for _ in range(150):
+            p.step(np.sign(rng.uniform(-1, 1, (n, p.model.nu))).astype(np.float32))
+            most = max(most, int(p._d.nefc.numpy().max()))
+            fastest = max(fastest, float(np.abs(p._d.qvel.numpy()).max()))
+        p.check_limits()
+        assert fastest < 1e3, f"a joint or body reached {fastest:.3g} (m or rad)/s: diverged"
+        assert most <= 0.8 * p.task.njmax, f"{most} of {p.task.njmax} constraint rows"
+
+
 def test_invalid_pools_and_actions_say_what_is_wrong():
     with pytest.raises(ValueError, match="autoreset='same_step'"):
         envs.make("Ant-gmi-v0", 2)

@@ -114,7 +114,7 @@ class FrankaTask:
     action_dim: int = 9
     policy: tuple[int, ...] = (256, 128, 64)
     nconmax: int = 64
-    njmax: int = 256
+    njmax: int = 512  # a finger on the drawer: 25 contacts of condim 6 (10 rows each)
     kernels = "franka_kernels"
     state_dim = 9  # the PD targets of the Franka's joints
 

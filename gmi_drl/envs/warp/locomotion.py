@@ -57,6 +57,9 @@ class LocomotionTask:
         policy: the policy's hidden sizes in Table 6.
         nconmax, njmax: MuJoCo Warp's contacts and constraint rows per world, sized for a body
             lying on the ground with its joints at their limits (`WarpPool.check_limits`).
+        integrator: MuJoCo's integrator by name (``"implicitfast"``, ...); ``None``: the MJCF's
+            own. Isaac's PhysX integrates joint damping implicitly; MuJoCo's explicit Euler at
+            Isaac's step diverges on bodies with light, damped limbs (the humanoid).
     """
 
     task_id: str
@@ -84,6 +87,7 @@ class LocomotionTask:
     policy: tuple[int, ...]
     nconmax: int = 48
     njmax: int = 128
+    integrator: str | None = None
     kernels = "locomotion_kernels"
     state_dim = 0
 
@@ -141,7 +145,8 @@ HUMANOID = LocomotionTask(
     dof_vel_scale=0.1, angular_velocity_scale=0.25, contact_force_scale=0.01,
     heading_weight=0.5, up_weight=0.1, actions_cost=0.01, energy_cost=0.05,
     joints_at_limit_cost=0.25, limit_cost=LIMIT_SCALED, alive_reward=2.0, death_cost=-1.0,
-    termination_height=0.8, obs_dim=108, action_dim=21, policy=(200, 400, 100), njmax=256)
+    termination_height=0.8, obs_dim=108, action_dim=21, policy=(200, 400, 100), njmax=256,
+    integrator="implicitfast")
 
 TARGET = (1000.0, 0.0, 0.0)
 """Isaac Gym's walk target, metres (the potential is the distance to it in the ground plane)."""
@@ -159,7 +164,7 @@ def resolve_xml(path: str) -> str:
 
 def build_model(task: LocomotionTask) -> mujoco.MjModel:
     """The task's `mujoco.MjModel`: its MJCF with a site and a force and torque sensor on each
-    foot, and ``timestep = control_dt / frame_skip``."""
+    foot, ``timestep = control_dt / frame_skip`` and the task's integrator."""
     spec = mujoco.MjSpec.from_file(resolve_xml(task.xml_path))
     bodies = [b for b in spec.bodies if b.name != "world"]
     if task.feet is None:
@@ -177,6 +182,8 @@ def build_model(task: LocomotionTask) -> mujoco.MjModel:
             spec.add_sensor(type=kind, objtype=mujoco.mjtObj.mjOBJ_SITE, objname=site.name)
     model = spec.compile()
     model.opt.timestep = task.control_dt / task.frame_skip
+    if task.integrator is not None:
+        model.opt.integrator = getattr(mujoco.mjtIntegrator, f"mjINT_{task.integrator.upper()}")
     return model
 
 

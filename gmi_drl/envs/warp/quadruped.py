@@ -12,6 +12,11 @@ ANYmal C's URDF (the paper's model) has meshes, ~50 kg and other inertias; this 
 kinematic structure, not its dynamics. Each joint has a MuJoCo ``position`` actuator with
 Isaac's PD gains (kp 85 N m/rad, kd 2 N m s/rad); a touch sensor on the base and on each thigh
 measures contact force for the termination (Isaac's net contact force of the base and knees).
+The body touches the floor only, never itself: Isaac creates the actor with collision filter 1
+(``create_actor(..., i, 1, 0)``), which turns self-collisions off. The integrator is MuJoCo's
+implicit-in-velocity one (``implicitfast``), as PhysX's drives are implicit: with the explicit
+Euler integrator, the drives' damping on the light shanks diverged under saturated (bang-bang)
+actions within 3 env steps, and the exploded worlds overflowed the constraint rows.
 
 Observation (float32, Isaac Gym's order, clipped to +-``clip_obs``)::
 
@@ -76,10 +81,10 @@ def anymal_xml(timestep: float, kp: float, kd: float) -> str:
                           for j in joints)
     touch = "\n".join(f'    <touch site="{leg}_THIGH_touch"/>' for leg in LEGS)
     return f"""<mujoco model="anymal-gmi">
-  <option timestep="{timestep}"/>
-  <default><geom friction="1 0.005 0.0001" condim="3"/></default>
+  <option timestep="{timestep}" integrator="implicitfast"/>
+  <default><geom friction="1 0.005 0.0001" condim="3" contype="0" conaffinity="1"/></default>
   <worldbody>
-    <geom name="floor" type="plane" size="0 0 0.05"/>
+    <geom name="floor" type="plane" size="0 0 0.05" contype="1"/>
     <body name="base" pos="0 0 0.62">
       <freejoint/>
       <inertial pos="0 0 0" mass="20" diaginertia="0.25 0.9 1.0"/>
