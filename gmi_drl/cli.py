@@ -111,7 +111,7 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         default = load_config_file(config)
         if default.algo_name != algo:
             raise ConfigError(f"--config {config} configures {default.algo_name}, not {algo}: "
-                              f"run gmi-drl train {default.algo_name} --config {config}")
+                              f"run {prog} {default.algo_name} --config {config}")
     else:
         default = preset(_flag_value(rest, "--preset") or "auto",
                          _flag_value(rest, "--env.task-id"), algo)
@@ -206,7 +206,8 @@ def _tune(args: list[str], debug: bool = False) -> int:
 
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.config import ConfigError
-    from gmi_drl.gmi.tune import TuneOptions, tune
+    from gmi_drl.gmi.tune import TuneOptions, check_options, tune
+    from gmi_drl.runner.preflight import preflight
 
     names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TuneOptions)}
     names |= {"--no-" + n[2:] for n in names}  # tyro's negated booleans
@@ -220,7 +221,9 @@ def _tune(args: list[str], debug: bool = False) -> int:
     try:
         options = tyro.cli(TuneOptions, args=mine, prog="gmi-drl tune")
         cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
-    except (ConfigError, CheckpointError, OSError) as e:
+        check_options(options)
+        preflight(cfg)  # an algorithm that cannot run the task fails here, not in every probe
+    except (ConfigError, CheckpointError, OSError, ValueError) as e:
         print(f"gmi-drl tune: {e}", file=sys.stderr)
         return 2
     print(f"gmi-drl tune: {cfg.algo_name} on {cfg.env.task_id}, GMI-DRL Algorithm 2 "
@@ -229,6 +232,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
     header = (f"| {'serving GMIs' if cfg.is_async else 'GMIs'}/device | num_envs | runnable | "
               f"{'samples trained/s' if cfg.is_async else 'env steps/s'} | peak mem/GMI | Sat | "
               "estimate | s |")
+    role = "serving GMI(s)" if cfg.is_async else "GMI(s)"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} "
                   "points"), TimeElapsedColumn()) as bar:
         task = bar.add_task("profiling", total=None)
@@ -236,7 +240,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
 
         def row(p) -> None:
             bar.advance(task)
-            bar.update(task, description=f"profiled {p.gmis} GMIs x {p.num_envs} envs")
+            bar.update(task, description=f"profiled {p.gmis} {role} x {p.num_envs} envs")
             sat = "" if p.sat is None else f"{p.sat:.3g}"
             est = "" if p.estimate is None else f"{p.estimate:,.0f}"
             ok = "yes" + (" (cached)" if p.cached else "") if p.runnable else f"no: {p.reason}"

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gmi_drl.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from gmi_drl.config import TrainConfig, from_dict
+from gmi_drl.config import TrainConfig, field_type_errors, from_dict
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.normalize import ObsNormalizer
 
@@ -44,7 +44,19 @@ def load_policy(path: str | Path, seed: int = 0
     from gmi_drl.optim.grad_step import make_grad_step
 
     state = load_checkpoint(path)
-    cfg = from_dict(state["config"])
+    missing = [k for k in ("config", "algo", "obs_norm") if k not in state]
+    if missing:
+        raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: it has no "
+                              f"{', '.join(missing)} (a gmi-drl checkpoint holds config, algo "
+                              "and obs_norm)")
+    try:  # the fields only: where it trained (a GPU, Ray) need not exist here
+        cfg = from_dict(state["config"])
+        errors = field_type_errors(cfg)
+    except (TypeError, ValueError, AttributeError) as e:
+        errors = [str(e)]
+    if errors:
+        raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: its config "
+                              f"does not hold: {'; '.join(errors)}")
     spec = envs.task_spec(cfg.env.task_id)
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
                       functools.partial(make_grad_step, compile=False),
@@ -52,13 +64,13 @@ def load_policy(path: str | Path, seed: int = 0
     algo = build_algorithm(cfg.algo, ctx)
     try:
         algo.load_state_dict(state["algo"])
-    except (ValueError, KeyError) as e:
+        obs_norm = None
+        if state["obs_norm"] is not None:
+            obs_norm = ObsNormalizer(spec.observation_space.shape, cfg.norm.obs_clip)
+            obs_norm.load_state_dict(state["obs_norm"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"{resolve_checkpoint(path)}: weights do not fit the model of its "
                               f"config: {e}") from None
-    obs_norm = None
-    if state["obs_norm"] is not None:
-        obs_norm = ObsNormalizer(spec.observation_space.shape, cfg.norm.obs_clip)
-        obs_norm.load_state_dict(state["obs_norm"])
     return cfg, algo.acting, obs_norm
 
 

@@ -193,6 +193,28 @@ def test_eval_and_help_arguments(finished, capsys):
     assert "usage: gmi-drl train ppo [" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("damage", ["no config", "no obs_norm", "a field of the wrong type"])
+def test_eval_of_a_checkpoint_with_damaged_contents_says_so(finished, tmp_path, capsys, damage):
+    """Right format and version, wrong insides: a clear refusal, not a traceback."""
+    import torch
+
+    from gmi_drl.checkpoint import list_checkpoints
+
+    state = torch.load(list_checkpoints(finished)[0], weights_only=False)
+    if damage == "no config":
+        del state["config"]
+    elif damage == "no obs_norm":
+        del state["obs_norm"]
+    else:
+        state["config"]["env"]["num_envs"] = "abc"
+    path = tmp_path / "damaged.pt"
+    torch.save(state, path)
+    assert main(["eval", str(path), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "not a usable checkpoint" in err and "Traceback" not in err
+    assert ("num_envs='abc'" in err) == (damage == "a field of the wrong type")
+
+
 def test_resume_refuses_another_optimizer_and_a_checkpoint_outside_a_run(tmp_path, capsys):
     run = tmp_path / "a2c"
     assert main(["train", "a2c", "--env.task-id", "CartPole-v1", "--total-timesteps", "80",

@@ -152,13 +152,19 @@ class PointCache:
                 data = json.loads(self.path.read_text())
             except (OSError, ValueError):
                 data = {}
-            if data.get("key") == key and data.get("version") == CACHE_VERSION:
-                self.points = data.get("points", {})
+            if (isinstance(data, dict) and data.get("key") == key
+                    and data.get("version") == CACHE_VERSION
+                    and isinstance(data.get("points"), dict)):
+                self.points = data["points"]
 
     def get(self, gmis: int, num_envs: int) -> Point | None:
+        """The cached point, or ``None`` (also for an entry edited into another shape: it is
+        measured again)."""
         data = self.points.get(f"{gmis},{num_envs}")
-        return None if data is None else Point(**{**data, "cached": True, "sat": None,
-                                                  "estimate": None})
+        try:
+            return Point(**{**data, "cached": True, "sat": None, "estimate": None})
+        except TypeError:  # None, not a dict, or other fields
+            return None
 
     def put(self, point: Point) -> None:
         data = dataclasses.asdict(point)
@@ -276,6 +282,7 @@ class Tuner:
         cfg.env = dataclasses.replace(cfg.env, num_envs=num_envs)
         cfg.gmi = dataclasses.replace(cfg.gmi, num_devices=1,
                                       **{gmi_field(cfg): gmis})
+        cfg.total_timesteps = max(cfg.total_timesteps, cfg.batch_size)  # the probe sets its own
         start = time.perf_counter()
         try:
             validate(cfg)
@@ -288,7 +295,7 @@ class Tuner:
         except (ProbeFailed, ConfigError) as e:
             point = Point(gmis, num_envs, False, reason=str(e))
         point.seconds = time.perf_counter() - start
-        if self.cache is not None:
+        if self.cache is not None and point.runnable:  # a failure may be the options' doing
             self.cache.put(point)
         self._learn(point)
         return point
@@ -317,8 +324,9 @@ class Tuner:
         t = point.terms
         bw = self.bw_bytes_per_s or self.measured_bw
         if not bw:
-            raise ValueError("estimating several devices needs a bandwidth: pass bw_bytes_per_s "
-                             "(benchmarks/reduce.py measures it) or profile 2+ GMIs per device")
+            raise ValueError("estimating several devices needs a bandwidth: pass --bw "
+                             "BYTES_PER_S (benchmarks/reduce.py measures it) or profile 2+ GMIs "
+                             "per device")
         local = t["t_s"] + t["t_a"] + t["t_t"] + t.get("t_comm", 0.0)
         terms = cost.Terms(t["t_s"], t["t_a"], t["t_t"], r_s=1 / gmis, r_a=1 / gmis,
                            r_t=1 / gmis, model_bytes=t["model_bytes"],
@@ -514,7 +522,9 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
 
     machine = discover()
     gpu = cfg.device == "cuda" and bool(machine.gpus)
-    devices = options.num_devices or (len(machine.gpus) if gpu else 1)
+    check_options(options)
+    devices = (options.num_devices if options.num_devices is not None
+               else (len(machine.gpus) if gpu else 1))
     cores = len(machine.cpu_cores) if gpu else max(1, len(machine.cpu_cores) // devices)
     def given(value, default):
         return default if value is None else value
@@ -526,12 +536,20 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     if cfg.is_async and devices > 1:
         raise ValueError("tune projects an async_training run onto one device only "
                          "(--num-devices 1)")
-    if options.alpha < 0 or options.warmup < 0 or options.iterations < 1 or max_gmis < 1:
-        raise ValueError(f"need --alpha >= 0, --warmup >= 0, --iterations >= 1 and --max-gmis "
-                         f">= 1 (got {options.alpha}, {options.warmup}, {options.iterations}, "
-                         f"{max_gmis})")
+    if max_gmis < 1:
+        raise ValueError(f"need --max-gmis >= 1 (got {max_gmis})")
+    if devices > 1 and options.bw is None and max_gmis < 2:
+        raise ValueError(f"projecting onto {devices} devices needs the bandwidth between them: "
+                         "pass --bw BYTES_PER_S (benchmarks/reduce.py measures it), or let "
+                         "--max-gmis be 2+ so that the probes' own reductions measure one")
     out = Path(options.out or f"tune/{cfg.env.task_id}-{cfg.algo_name}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"--out {out} is not a directory (a file is in the way); give a "
+                         "directory for tuned.json, tune_cache.json and tune.png") from None
+    for stale in ("tuned.json", "tune.png"):  # a search that finds nothing leaves no old pick
+        (out / stale).unlink(missing_ok=True)
     base = to_dict(cfg)
     fingerprint = (f"{machine.gpus if gpu else 'cpu'}:{len(machine.cpu_cores)}:{devices}:"
                    f"{os.uname().nodename}")
@@ -573,11 +591,29 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
         tuned.write_text(json.dumps({"config": best, "tune": {
             "num_envs": chosen.num_envs, "gmis_per_device": chosen.gmis, "num_devices": devices,
             "chosen_by": chosen_by, "estimate": chosen.estimate or chosen.top,
+            "unit": top_unit(cfg), "gmis_counted": gmi_role(cfg),
             "search_s": round(wall, 1), "points": len(result.points),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}}, indent=1))
-    plot_path = plot(result.points, chosen, out / "tune.png")
+    plot_path = plot(result.points, chosen, out / "tune.png", top_unit(cfg), gmi_role(cfg))
     return TuneReport(result, chosen, chosen_by, wall, predictions, reference, out, tuned,
                       plot_path)
+
+
+def check_options(options: TuneOptions) -> None:
+    """Raise ``ValueError`` naming every option that cannot hold, before any probe runs."""
+    bad = [f"--{name} {value} (needs {need})" for name, value, ok, need in (
+        ("alpha", options.alpha, options.alpha >= 0, ">= 0"),
+        ("warmup", options.warmup, options.warmup >= 0, ">= 0"),
+        ("iterations", options.iterations, options.iterations >= 1, ">= 1"),
+        ("probe-timeout-s", options.probe_timeout_s, options.probe_timeout_s > 0, "> 0"),
+        ("num-devices", options.num_devices,
+         options.num_devices is None or options.num_devices >= 1, ">= 1"),
+        ("bw", options.bw, options.bw is None or options.bw > 0, "> 0 bytes/s"),
+        ("min-steps", options.min_steps, options.min_steps >= 0, ">= 0"),
+        ("min-seconds", options.min_seconds, options.min_seconds >= 0, ">= 0"))
+        if not ok]
+    if bad:
+        raise ValueError("invalid options: " + "; ".join(bad))
 
 
 def gmi_field(cfg) -> str:
@@ -585,6 +621,17 @@ def gmi_field(cfg) -> str:
     sync_training run (``num_gmis``), the serving GMIs of an async_training run
     (``serving_gmis``; its trainer GMIs stay as configured)."""
     return "serving_gmis" if cfg.is_async else "num_gmis"
+
+
+def top_unit(cfg) -> str:
+    """What a point's ``top`` counts: env steps/s (sync_training), or samples the trainer
+    GMIs learned from per second (async_training)."""
+    return "samples trained/s" if cfg.is_async else "env steps/s"
+
+
+def gmi_role(cfg) -> str:
+    """Which GMIs `tune` counts per device (`gmi_field`), for labels."""
+    return "serving GMI(s)" if cfg.is_async else "GMI(s)"
 
 
 def _choose(result: SearchResult) -> tuple[Point | None, str]:
@@ -600,9 +647,10 @@ def _choose(result: SearchResult) -> tuple[Point | None, str]:
     return max(runnable, key=lambda p: p.top), "fastest measured point (Algorithm 2 estimated none)"
 
 
-def plot(points: list[Point], chosen: Point | None, path: Path) -> Path | None:
-    """Throughput and memory against num_envs, one line per GMIs-per-device value, the chosen
-    point marked; ``None`` when no point ran."""
+def plot(points: list[Point], chosen: Point | None, path: Path, unit: str = "env steps/s",
+         gmis: str = "GMI(s)") -> Path | None:
+    """Throughput (in ``unit``) and memory against num_envs, one line per value of ``gmis``
+    per device, the chosen point marked; ``None`` when no point ran."""
     runnable = [p for p in points if p.runnable]
     if not runnable:
         return None
@@ -612,15 +660,15 @@ def plot(points: list[Point], chosen: Point | None, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (ax_top, ax_mem) = plt.subplots(1, 2, figsize=(11, 4))
-    for gmis in sorted({p.gmis for p in runnable}):
-        line = sorted((p for p in runnable if p.gmis == gmis), key=lambda p: p.num_envs)
+    for count in sorted({p.gmis for p in runnable}):
+        line = sorted((p for p in runnable if p.gmis == count), key=lambda p: p.num_envs)
         xs = [p.num_envs for p in line]
-        ax_top.plot(xs, [p.top for p in line], "o-", label=f"{gmis} GMI(s)/device")
-        ax_mem.plot(xs, [p.mem / 2**20 for p in line], "o-", label=f"{gmis} GMI(s)/device")
+        ax_top.plot(xs, [p.top for p in line], "o-", label=f"{count} {gmis}/device")
+        ax_mem.plot(xs, [p.mem / 2**20 for p in line], "o-", label=f"{count} {gmis}/device")
     if chosen is not None:
         ax_top.plot([chosen.num_envs], [chosen.top], "k*", markersize=16, label="chosen")
         ax_mem.plot([chosen.num_envs], [chosen.mem / 2**20], "k*", markersize=16, label="chosen")
-    for ax, label in ((ax_top, "env steps/s (one device)"), (ax_mem, "peak memory per GMI, MiB")):
+    for ax, label in ((ax_top, f"{unit} (one device)"), (ax_mem, "peak memory per GMI, MiB")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("num_envs per GMI")
         ax.set_ylabel(label)

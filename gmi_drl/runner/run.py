@@ -291,8 +291,9 @@ def config_origin(path: str) -> str:
         try:
             text += (f"- tuned by `gmi-drl tune` on {tune['date']} (GMI-DRL Algorithm 2, chosen "
                      f"by {tune['chosen_by']}): num_envs {tune['num_envs']}, "
-                     f"{tune['gmis_per_device']} GMI(s) per device x {tune['num_devices']} "
-                     f"device(s), estimate {tune['estimate']:,.0f} env steps/s; "
+                     f"{tune['gmis_per_device']} {tune.get('gmis_counted', 'GMI(s)')} per "
+                     f"device x {tune['num_devices']} device(s), estimate "
+                     f"{tune['estimate']:,.0f} {tune.get('unit', 'env steps/s')}; "
                      f"{tune['points']} points in {tune['search_s']} s\n")
         except (KeyError, TypeError, ValueError):  # a hand-edited record
             text += "- tuned by `gmi-drl tune` (its record in the file is incomplete)\n"

@@ -112,6 +112,25 @@ def test_point_cache_round_trips_and_ignores_another_key(tmp_path):
     assert PointCache(path, "k2").get(2, 8) is None
     path.write_text("{not json")
     assert PointCache(path, "k1").get(2, 8) is None
+    path.write_text("[]")  # edited by hand into other shapes: measured again, no crash
+    assert PointCache(path, "k1").get(2, 8) is None
+    cache = PointCache(path, "k1")
+    cache.put(Point(2, 8, True, 123.0, 456.0))
+    data = json.loads(path.read_text())
+    data["points"]["2,8"]["extra"] = 1
+    data["points"]["2,16"] = "oops"
+    path.write_text(json.dumps(data))
+    assert PointCache(path, "k1").get(2, 8) is None and PointCache(path, "k1").get(2, 16) is None
+
+
+def test_a_point_that_failed_is_measured_again_not_cached(tmp_path):
+    """A failure may be the options' doing (a probe limit too short): a later search with
+    other options must not inherit it."""
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    cache = PointCache(tmp_path / "cache.json", "k")
+    point = Tuner(cfg, timeout_s=0.5, cache=cache).profile(1, 2)
+    assert not point.runnable and "hung" in point.reason
+    assert PointCache(tmp_path / "cache.json", "k").get(1, 2) is None
 
 
 def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
@@ -250,6 +269,8 @@ def test_tune_searches_serving_gmis_of_an_async_run(tmp_path):
     tuned = json.loads(report.tuned_path.read_text())["config"]
     assert tuned["gmi"]["serving_gmis"] == report.chosen.gmis
     assert tuned["gmi"]["trainer_gmis"] == 1 and tuned["env"]["num_envs"] == report.chosen.num_envs
+    record = json.loads(report.tuned_path.read_text())["tune"]
+    assert record["unit"] == "samples trained/s" and record["gmis_counted"] == "serving GMI(s)"
     with pytest.raises(ValueError, match="one device"):
         tune(cfg, TuneOptions(out=str(tmp_path), num_devices=2))
 
@@ -298,14 +319,47 @@ def test_probe_measure_splits_the_iteration_into_the_roles():
         measure(rows[:1], warmup=1, batch_size=100, num_gmis=2)
 
 
-@pytest.mark.parametrize("field, value, match", [("max_gmis", 0, "max-gmis"),
-                                                 ("envs_min", 0, "num_envs grid"),
-                                                 ("iterations", 0, "iterations")])
+@pytest.mark.parametrize("field, value, match", [
+    ("max_gmis", 0, "max-gmis"), ("envs_min", 0, "num_envs grid"),
+    ("iterations", 0, "iterations"),
+    ("probe_timeout_s", 0.0, "probe-timeout-s 0.0 \\(needs > 0\\)"),
+    ("num_devices", -1, "num-devices -1"), ("bw", 0.0, "--bw 0.0"),
+    ("num_devices", 2, "needs the bandwidth between them: pass --bw")])
 def test_tune_refuses_bad_options_before_profiling(tmp_path, field, value, match):
     cfg = preset("auto", "CartPole-v1", "ppo")
-    options = TuneOptions(out=str(tmp_path), **{field: value})
+    options = TuneOptions(out=str(tmp_path), **{"max_gmis": 1, field: value})
     with pytest.raises(ValueError, match=match):
         tune(cfg, options)
+    assert not (tmp_path / "tune_cache.json").exists()
+
+
+def test_tune_out_must_be_a_directory_and_a_fruitless_search_leaves_no_old_pick(tmp_path,
+                                                                                capsys):
+    from gmi_drl.cli import main
+
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        with pytest.raises(ValueError, match="is not a directory"):
+            tune(cfg, TuneOptions(out=str(out)))
+    assert main(["tune", "--out", str(blocker), "--max-gmis", "1"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "tuned.json").write_text("{}")  # from an earlier search
+    report = tune(cfg, TuneOptions(out=str(out), max_gmis=1, budget_s=0.0))
+    assert report.chosen is None and not (out / "tuned.json").exists()
+
+
+def test_tune_refuses_an_algorithm_the_task_cannot_run_before_probing(tmp_path, capsys):
+    from gmi_drl.cli import main
+
+    t0 = time.perf_counter()
+    assert main(["tune", "--algo", "dqn", "--env.task-id", "Pendulum-v1", "--max-gmis", "1",
+                 "--out", str(tmp_path)]) == 2
+    assert "Discrete" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 10  # no probe ran (one takes longer)
     assert not (tmp_path / "tune_cache.json").exists()
 
 
