@@ -228,7 +228,7 @@ class FrameReplayBuffer:
             ValueError: a batch of another size than ``num_envs``.
         """
         obs, next_obs = np.asarray(obs), np.asarray(next_obs)
-        e, k = self.num_envs, self.stack
+        e = self.num_envs
         if len(obs) != e:
             raise ValueError(f"frame replay takes one transition per env ({e}), got {len(obs)}")
         continues = (self._last_end >= 0) & _rows_equal(obs, self._last_next)

@@ -57,7 +57,6 @@ def test_mpr_equals_sum_over_world_size(world_size):
 
 
 def test_capacity_and_rank_errors():
-    ctx = mp.get_context("fork")
     group, owner = ShmGroup.create(1, 4)
     with pytest.raises(ValueError, match="rank=1"):
         SharedMemoryReducer(group, 1)
@@ -72,7 +71,6 @@ def test_capacity_and_rank_errors():
 
 
 def test_dead_member_breaks_the_group_with_a_clear_error():
-    ctx = mp.get_context("fork")
     group, owner = ShmGroup.create(2, 8)
     red = SharedMemoryReducer(group, 0, timeout_s=0.5)  # member 1 never arrives
     with pytest.raises(RuntimeError, match="MPR group broken at rank 0"):
