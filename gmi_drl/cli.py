@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Annotated
@@ -166,6 +167,7 @@ def _train(args: list[str], debug: bool = False) -> int:
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
+    start = time.perf_counter()
     try:
         result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
@@ -179,7 +181,7 @@ def _train(args: list[str], debug: bool = False) -> int:
         return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
-    print(f"done: {result.global_step:,} steps in {result.wall_s:.1f} s, "
+    print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "
           f"final return (last 20 episodes) {final}; run dir {result.run_dir}")
     return 0
 

@@ -225,8 +225,9 @@ class TrainConfig:
         default_factory=AsyncConfig)
     placement: Literal["serial", "local", "ray"] = "local"
     """where the GMIs run: serial (all in this process, one thread each, env workers in-process
-    too: for debugging), local (one process per GMI on this machine; one GMI runs in this
-    process) or ray (one Ray actor per GMI, on the cluster of ray.address)"""
+    too: for debugging), local (one process per GMI on this machine; a sync_training run keeps
+    GMI 0 in this process, an async_training run starts every GMI as a child) or ray (one Ray
+    actor per GMI, on the cluster of ray.address)"""
     total_timesteps: int = 500_000
     """env steps over all envs and GMIs (global_step at the end; rounded down to iterations)"""
     seed: int = 1
@@ -538,7 +539,7 @@ defaults of each task family (``--preset auto``)"""
 
 def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainConfig:
     """A fresh `TrainConfig` of preset ``name`` of algorithm ``algo`` (``"auto"``: the family of
-    ``task_id``).
+    ``task_id``, or ``"classic"`` where ``algo`` has no preset of that family).
 
     ``task_id``, when given, replaces the preset's task.
 
@@ -547,8 +548,9 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
     """
     if algo not in PRESETS:
         raise ConfigError(f"algo={algo!r} must be one of {list(PRESETS)}")
-    if name == "auto":
+    if name == "auto":  # an algorithm without a preset of the task's family: its general one
         name = task_family(task_id) if task_id else "classic"
+        name = name if name in PRESETS[algo] else "classic"
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "
                           f"for {algo}")
@@ -746,6 +748,8 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     own = "async_training" if is_async(cfg.algo) else "sync_training"
     need(g.template in ("auto", own), f"gmi.template={g.template!r}: {name} runs in the {own} "
          "template (sync_training: ppo, a2c, dqn, ddpg, td3; async_training: appo, a3c)")
+    if own == "async_training" and g.template != "auto" and g.template != own:
+        return  # the line above says it; the async flags are not the mistake
     if not cfg.is_async:
         changed = [f"async.{f.name}" for f in dataclasses.fields(AsyncConfig)
                    if getattr(a, f.name) != f.default]
@@ -771,6 +775,14 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     need(a.fragments_per_transfer >= 1,
          f"async.fragments_per_transfer={a.fragments_per_transfer} must be >= 1")
     need(a.channel_slots >= 1, f"async.channel_slots={a.channel_slots} must be >= 1")
+    need(a.backpressure == "block" or a.channel_slots >= 2,
+         f"async.backpressure='drop_oldest' with async.channel_slots={a.channel_slots}: a "
+         "serving GMI that never waits overwrites the one slot the trainer is reading, so no "
+         "fragment would ever arrive whole; give async.channel_slots >= 2")
+    need(a.channel == "multi" or a.fragments_per_transfer == 1,
+         f"async.fragments_per_transfer={a.fragments_per_transfer} with async.channel uni: the "
+         "uni-channel sends each env step as one message; the compressor joins fragments of "
+         "the multi-channel only")
     need(a.channel == "multi" or a.backpressure == "block",
          f"async.backpressure={a.backpressure!r} with async.channel uni: a dropped step message "
          "would split a fragment; use block")

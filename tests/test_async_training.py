@@ -67,6 +67,7 @@ def test_two_trainers_hold_identical_weights_and_two_channels_modes_learn(tmp_pa
         assert "weights identical on all 2 trainer GMIs after every 10 updates: yes" in summary
         assert "gradient reduction among trainer GMIs: `mpr`" in summary
         assert f"experience channels: {channel}" in summary
+        assert "(those in trainer GMI 0's batches, of 2 trainer GMIs)" in summary
 
 
 def test_stale_fragments_are_dropped_and_counted(tmp_path):
@@ -107,9 +108,10 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
 
 def test_templates_and_their_algorithms_must_match(tmp_path):
     cfg = _appo(tmp_path, "bad")
-    cfg.gmi.template = "sync_training"
-    with pytest.raises(ConfigError, match="appo runs in the async_training template"):
+    cfg.gmi.template, cfg.gmi.serving_gmis = "sync_training", 2
+    with pytest.raises(ConfigError, match="appo runs in the async_training template") as err:
         validate(cfg)
+    assert "use appo or a3c" not in str(err.value)  # it is appo: the template is the mistake
     ppo = preset("classic", "CartPole-v1")
     ppo.gmi.serving_gmis, ppo.async_.channel = 3, "uni"
     with pytest.raises(ConfigError, match="async.channel, gmi.serving_gmis set, but ppo runs in "
@@ -126,6 +128,13 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
     with pytest.raises(ConfigError, match="async.env_splits=3 must be >= 1 and divide "
                                           "env.num_envs=8"):
         validate(cfg)
+    cfg = _appo(tmp_path, "bad4")
+    cfg.async_.backpressure, cfg.async_.channel_slots = "drop_oldest", 1
+    cfg.async_.channel, cfg.async_.fragments_per_transfer = "uni", 2
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert "give async.channel_slots >= 2" in str(err.value)
+    assert "the compressor joins fragments of the multi-channel only" in str(err.value)
 
 
 def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
@@ -155,10 +164,17 @@ def test_an_async_run_resumes_and_its_checkpoint_evaluates(tmp_path):
     cfg.checkpoint.every = 2
     first = train(cfg)
     assert first.global_step == 2048
+
+    def fragments():  # policy_lag.csv: fragments trained on, over every lag
+        rows = (first.run_dir / "policy_lag.csv").read_text().splitlines()[1:]
+        return sum(int(r.split(",")[1]) for r in rows)
+
+    before = fragments()
     more = _appo(tmp_path, "unused", total_timesteps=8 * 512, compile=False)
     more.run_dir, more.resume = None, str(first.run_dir)
     resumed = train(more)
     assert resumed.run_dir == first.run_dir and resumed.global_step == 4096
+    assert fragments() == 2 * before  # the resumed half's fragments added, none lost
     assert len(resumed.episode_returns) > len(first.episode_returns)  # continued, not restarted
     report = evaluate(first.run_dir, episodes=3)
     assert len(report.returns) == 3 and (report.returns > 0).all()

@@ -29,6 +29,7 @@ def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, nu
     assert result.global_step == 4 * 4 * 32 * num_gmis
     summary = (result.run_dir / "summary.md").read_text()
     assert f"gradient reduction: `{strategy}`" in summary and "identical on all" in summary
+    assert f"(GMI 0's envs, of {num_gmis} GMIs)" in summary  # the curve is GMI 0's alone
     assert (result.run_dir / "checkpoints" / "iteration-0000004.pt").exists()
     assert (result.run_dir / "gmi-1" / "timeline.json").exists()
     assert not (result.run_dir / "gmi-1" / "metrics.csv").exists()  # only rank 0 writes metrics

@@ -289,6 +289,7 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                 every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
                     t.run.save_checkpoint(t.state_dict(global_step, k + 1))
+                    t.writer.flush()  # a GMI process may be killed: rows up to here survive
     finally:
         wall = time.perf_counter() - t0
         t.close()
@@ -320,12 +321,22 @@ def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: flo
 
 
 def _write_lags(t: Trainer) -> None:
-    """``policy_lag.csv``: how many fragments were trained on at each policy lag."""
+    """``policy_lag.csv``: how many fragments were trained on at each policy lag (a resumed
+    run adds its counts to those of the runs before it)."""
     if not t.lags:
         return
+    path = t.run.run_dir / "policy_lag.csv"
     values, counts = np.unique(np.concatenate(t.lags), return_counts=True)
-    lines = ["policy_lag,fragments"] + [f"{v},{c}" for v, c in zip(values, counts)]
-    (t.run.run_dir / "policy_lag.csv").write_text("\n".join(lines) + "\n")
+    total = dict(zip(values.tolist(), counts.tolist()))
+    if t.first_iteration > 0 and path.exists():
+        try:
+            for line in path.read_text().splitlines()[1:]:
+                lag, n = (int(v) for v in line.split(","))
+                total[lag] = total.get(lag, 0) + n
+        except ValueError:  # a damaged file: this run's counts alone
+            pass
+    lines = ["policy_lag,fragments"] + [f"{v},{total[v]}" for v in sorted(total)]
+    path.write_text("\n".join(lines) + "\n")
 
 
 class Server:

@@ -155,7 +155,7 @@ class AsyncPlacement:
                  f"transfer, {a.channel_slots} slots, back-pressure {a.backpressure}\n")
         serving = self.results[n_tr:] if cfg.placement != "serial" else self.results[1:]
         for k, r in enumerate(serving):
-            gmi = n_tr + k if cfg.placement != "serial" else k
+            gmi = n_tr + k
             if r is None:
                 text += (f"- serving GMI {gmi}: failed during the run; the run went on without "
                          "it (async.tolerate_serving_failures; its reason is in train.log)\n")

@@ -235,6 +235,8 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
                     with prof.phase("checkpoint"):
                         t.run.save_checkpoint(t.state_dict(global_step, k + 1))
+                        if t.writer is not None:  # a GMI process may be killed: rows survive
+                            t.writer.flush()
     finally:
         wall = time.perf_counter() - t0
         t.close()

@@ -268,13 +268,23 @@ class Run:
         cfg = self.config
         summary = RunSummary(f"{cfg.algo_name.upper()} on {cfg.env.task_id} (seed {cfg.seed})",
                              result.global_step, result.wall_s, result.steps_this_process,
-                             result.episode_steps, result.episode_returns, result.phases)
+                             result.episode_steps, result.episode_returns, result.phases,
+                             _episodes_of(cfg))
         sections = {"Placement": placement}
         if cfg.config is not None:
             sections["Config"] = config_origin(cfg.config)
         path = write_summary(summary, self.run_dir, sections)
         log.info("wrote %s", path)
         return path
+
+
+def _episodes_of(cfg) -> str:
+    """Whose episodes GMI 0's result holds, where other GMIs finish episodes too."""
+    g = cfg.gmi
+    if cfg.is_async:
+        return (f"those in trainer GMI 0's batches, of {g.trainer_gmis} trainer GMIs"
+                if g.trainer_gmis > 1 else "")
+    return f"GMI 0's envs, of {g.num_gmis} GMIs" if g.num_gmis > 1 else ""
 
 
 def config_origin(path: str) -> str:

@@ -7,6 +7,10 @@ import time
 from pathlib import Path
 
 
+HEADER = ["global_step", "wall_s", "name", "value"]
+"""the columns of ``metrics.csv``"""
+
+
 class MetricsWriter:
     """Append scalar metrics to ``<run_dir>/metrics.csv`` and, optionally, TensorBoard events.
 
@@ -25,11 +29,11 @@ class MetricsWriter:
         path = Path(run_dir) / "metrics.csv"
         if purge_step is not None and path.exists():
             _drop_rows_after(path, purge_step)
-        new = not path.exists()
+        new = not path.exists() or path.stat().st_size == 0  # empty: a killed writer's
         self._file = open(path, "a", newline="")
         self._csv = csv.writer(self._file)
         if new:
-            self._csv.writerow(["global_step", "wall_s", "name", "value"])
+            self._csv.writerow(HEADER)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -57,8 +61,12 @@ class MetricsWriter:
 
 
 def _drop_rows_after(path: Path, global_step: int) -> None:
-    """Keep the header and the rows of ``path`` up to ``global_step``."""
+    """Keep the header and the rows of ``path`` up to ``global_step`` (a header that a
+    killed run never wrote is added; a row cut off mid-write is dropped)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
+    data = rows[1:] if rows[:1] == [HEADER] else rows
+    kept = [r for r in data if len(r) == len(HEADER) and r[0].isdigit()
+            and int(r[0]) <= global_step]
     with open(path, "w", newline="") as f:
-        csv.writer(f).writerows(rows[:1] + [r for r in rows[1:] if int(r[0]) <= global_step])
+        csv.writer(f).writerows([HEADER, *kept])

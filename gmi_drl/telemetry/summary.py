@@ -26,6 +26,9 @@ class RunSummary(NamedTuple):
     """``(k,) float64`` episode returns"""
     phases: dict[str, SectionStats]
     """the timing tree"""
+    episodes_of: str = ""
+    """whose episodes the curve holds, where not the whole run's (e.g. ``"GMI 0's envs, of 4
+    GMIs"``)"""
 
 
 def final_return(s: RunSummary, last: int = 20) -> float:
@@ -81,7 +84,8 @@ def write_summary(s: RunSummary, run_dir: str | Path,
     lines = [
         f"# {s.title}", "",
         f"- global_step: {s.global_step:,}",
-        f"- episodes finished: {len(s.curve_returns):,}",
+        f"- episodes finished: {len(s.curve_returns):,}"
+        + (f" ({s.episodes_of})" if s.episodes_of else ""),
         f"- final return (mean of last 20 episodes): {final_return(s):.2f}",
         f"- wall time: {s.wall_s:.1f} s; throughput: {sps:,.0f} env steps/s (perf/sps)",
         "", "## Phase breakdown", "",

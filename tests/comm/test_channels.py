@@ -163,6 +163,9 @@ def test_a_stopped_run_wakes_a_blocked_writer():
         assert _plan(mode="uni", backpressure="drop_oldest").validate() == [
             "async.backpressure='drop_oldest' with async.channel uni: a dropped step message "
             "would split a fragment; use block"]
+        # one slot the writer never waits for is overwritten under every read: none arrives
+        assert "give async.channel_slots >= 2" in " ".join(
+            _plan(num_slots=1, backpressure="drop_oldest").validate())
     finally:
         fabric.destroy()
 

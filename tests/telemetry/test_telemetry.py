@@ -108,3 +108,25 @@ def test_a_resumed_writer_drops_the_rows_after_its_checkpoint(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [(r["global_step"], r["value"]) for r in rows] == [("100", "1"), ("200", "2"),
                                                                 ("300", "9")]
+
+
+def test_a_resumed_writer_repairs_what_a_killed_writer_left(tmp_path):
+    """A GMI process killed before its buffer reached the disk leaves metrics.csv empty, or
+    rows without the header, or half a row: a resumed run's file still reads as a table."""
+    import csv
+
+    from gmi_drl.telemetry.metrics import MetricsWriter
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("")
+    w = MetricsWriter(tmp_path, tensorboard=False, purge_step=0)
+    w.log(100, {"loss": 1.0})
+    w.close()
+    assert list(csv.DictReader(open(path)))[0]["global_step"] == "100"
+    path.write_text("100,0.5,loss,1\n200,0.9,loss,2\n300,1.2,lo")  # no header, a cut row
+    w = MetricsWriter(tmp_path, tensorboard=False, purge_step=200)
+    w.log(300, {"loss": 3.0})
+    w.close()
+    rows = list(csv.DictReader(open(path)))
+    assert [(r["global_step"], r["value"]) for r in rows] == [("100", "1"), ("200", "2"),
+                                                                ("300", "3")]

@@ -164,16 +164,23 @@ class Batcher:
             ChannelClosed: the run stopped while waiting. TimeoutError: nothing arrived for
             ``timeout_s`` seconds.
         """
-        while self._filled < self.fragments_per_batch:
-            if not self._take_one():
-                if not block:
-                    return False
-                self._wait(timeout_s)
+        deadline = None  # since the last fragment taken: a ready slot that is overwritten
+        while self._filled < self.fragments_per_batch:  # while it is read counts as none
+            if self._take_one():
+                deadline = None
+                continue
+            if not block:
+                return False
+            if timeout_s is not None:
+                deadline = deadline or time.monotonic() + timeout_s
+            self._wait(deadline, timeout_s)
         self._filled = 0
         return True
 
-    def _wait(self, timeout_s: float | None) -> None:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def _wait(self, deadline: float | None, timeout_s: float | None) -> None:
+        """Until some slot looks ready (a take may still find it overwritten), the run stops,
+        or ``deadline`` (monotonic seconds) passes."""
+        self._check_deadline(deadline, timeout_s)
         spins = 0
         while not self._any_ready():
             spins += 1
@@ -182,10 +189,16 @@ class Batcher:
                 continue
             if self.fabric.stopped():
                 raise ChannelClosed("channels stopped while the batcher waited")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no experience arrived at trainer {self.trainer} for "
-                                   f"{timeout_s} s")
+            self._check_deadline(deadline, timeout_s)
             time.sleep(min(1e-3, 1e-5 * spins))
+
+    def _check_deadline(self, deadline: float | None, timeout_s: float | None) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            dropped = (" (fragments may have kept arriving but been overwritten before they "
+                       "could be read: raise --async.channel-slots)"
+                       if self.plan.backpressure == "drop_oldest" else "")
+            raise TimeoutError(f"no experience arrived at trainer {self.trainer} for "
+                               f"{timeout_s} s{dropped}")
 
     def _any_ready(self) -> bool:
         if self._open is not None:

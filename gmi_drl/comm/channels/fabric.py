@@ -107,6 +107,11 @@ class ChannelPlan:
                           ">= 1")
         if self.num_slots < 1:
             errors.append(f"async.channel_slots={self.num_slots} must be >= 1")
+        elif self.num_slots < 2 and self.backpressure == "drop_oldest":
+            errors.append(f"async.backpressure='drop_oldest' with async.channel_slots="
+                          f"{self.num_slots}: a serving GMI that never waits overwrites the one "
+                          "slot the trainer is reading, so no fragment would ever arrive whole; "
+                          "give async.channel_slots >= 2")
         bad = [f.name for f in self.fields
                if f.time_major and f.shape[:2] != (self.num_steps, self.num_envs)]
         if bad:
