@@ -713,8 +713,10 @@ def resume_conflicts(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
 def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     g = cfg.gmi
     need(g.num_gmis >= 1, f"gmi.num_gmis={g.num_gmis} must be >= 1")
-    need(g.num_devices is None or 1 <= g.num_devices <= max(g.num_gmis, 1),
-         f"gmi.num_devices={g.num_devices} must be in [1, gmi.num_gmis={g.num_gmis}] or None")
+    spread, name = ((g.trainer_gmis, "gmi.trainer_gmis") if cfg.is_async
+                    else (g.num_gmis, "gmi.num_gmis"))  # the GMIs num_devices lays out
+    need(g.num_devices is None or 1 <= g.num_devices <= max(spread, 1),
+         f"gmi.num_devices={g.num_devices} must be in [1, {name}={spread}] or None")
     if g.reduction == "switch":
         addrs = g.switch_addrs
         need(len(addrs) == max(g.num_gmis, 1) and all(":" in a for a in addrs),
