@@ -719,7 +719,7 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
          f"gmi.num_devices={g.num_devices} must be in [1, {name}={spread}] or None")
     if g.reduction == "switch":
         addrs = g.switch_addrs
-        need(len(addrs) == max(g.num_gmis, 1) and all(":" in a for a in addrs),
+        need(len(addrs) == max(g.num_gmis, 1) and all(_is_host_port(a) for a in addrs),
              f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT, or one HOST:PORT per GMI "
              f"joined by ',' ({g.num_gmis}), when gmi.reduction is switch")
     if g.reduction == "ps":

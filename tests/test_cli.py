@@ -101,6 +101,25 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out
 
 
+
+def test_switch_serve_refuses_bad_input_in_one_line(capsys):
+    import logging
+    import socket
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    try:
+        port = taken.getsockname()[1]
+        for flags, says in ((["--bind", f"127.0.0.1:{port}"], "Address already in use"),
+                            (["--bind", "127.0.0.1:0", "--slots", "3"], "power of two"),
+                            (["--bind", "127.0.0.1:0", "--log-level", "loud"], "--log-level")):
+            assert main(["switch", "serve", *flags]) == 2
+            err = capsys.readouterr().err
+            assert says in err and "Traceback" not in err
+    finally:
+        taken.close()
+        logging.getLogger("gmi_drl.comm.switch").setLevel(logging.NOTSET)  # as other tests find it
+
 BASE = ["--env.task-id", "CartPole-v1", "--env.num-envs", "2", "--algo.num-steps", "64",
         "--log.no-tensorboard", "--no-compile", "--algo.update-epochs", "1"]
 

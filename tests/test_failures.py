@@ -66,7 +66,8 @@ def test_a_failing_env_worker_stops_the_run_with_one_line_and_the_traceback_in_t
     assert stopped.reason.startswith("EnvWorkerError: env_id [")
     assert "raised RuntimeError: FailingEnv was told to fail here" in stopped.reason
     assert stopped.reason.endswith("; the run was stopped") and "\n" not in stopped.reason
-    assert stopped.next_step == "no checkpoint was written: run the same command again"
+    assert stopped.next_step == ("no checkpoint was written: once the cause above is dealt "
+                                 "with, run the same command again")
     log = stopped.log_path.read_text()
     assert stopped.log_path == tmp_path / "run" / "train.log"
     assert "Traceback" in log and "FailingEnv was told to fail here" in log

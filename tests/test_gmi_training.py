@@ -1,6 +1,8 @@
 """Multi-GMI synchronous PPO (GMI-DRL §5.1 TCG_EX): every GMI ends with bit-identical weights,
 in every placement."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,49 @@ def test_gmis_reduce_through_the_aggregation_switch(tmp_path):
     assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     assert stats["segments_completed"] > 0  # the gradients really went through the switch
     assert "aggregation switch at" in (result.run_dir / "summary.md").read_text()
+
+
+@pytest.mark.distributed
+def test_a_run_stopped_by_ctrl_c_leaves_the_switch_and_resumes_on_it_at_once(tmp_path):
+    """Stopped GMIs leave the switch's job, so the resume command the run prints works right
+    away, not only after the switch's member timeout (10 s) drops the old members."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.comm.switch.harness import Switch
+    from tests.procs import wait_until_written
+
+    switch = Switch("--member-timeout", "30")
+    run = tmp_path / "run"
+    flags = ["--env.task-id", "CartPole-v1", "--env.num-envs", "4", "--algo.num-steps", "32",
+             "--gmi.num-gmis", "2", "--gmi.reduction", "switch", "--gmi.switch-addr",
+             switch.addr, "--no-compile", "--log.no-tensorboard"]
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", *flags, "--total-timesteps",
+             "100000000", "--checkpoint.every", "1", "--run-dir", str(run)],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        try:
+            wait_until_written(proc, run, "checkpoints/*.pt", "the run made no checkpoint")
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130
+        assert switch.stats()["members"] == 0  # both GMIs left on their way out
+        newest = max(int(p.stem.split("-")[1]) for p in run.glob("checkpoints/*.pt"))
+        t0 = time.monotonic()  # two iterations more, of 2 GMIs x 4 envs x 32 steps
+        again = subprocess.run(
+            [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--resume", str(run),
+             "--total-timesteps", str((newest + 2) * 256)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        assert switch.stop() == 0, switch.stderr
+    assert again.returncode == 0, again.stderr
+    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.distributed

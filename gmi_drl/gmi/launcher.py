@@ -81,6 +81,8 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns
                 os._exit(70)
 
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
+    # `_stop` ends a GMI with SIGTERM: as an exception, so that `run_target` leaves its group
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         results.put(("ok", gmi_id, run_target(target, ctx)))
     except BaseException:
@@ -94,9 +96,14 @@ def run_target(target: str, ctx: GMIContext) -> Any:
     import torch
 
     module, name = target.split(":")
-    result = getattr(importlib.import_module(module), name)(ctx)
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
+    try:
+        result = getattr(importlib.import_module(module), name)(ctx)
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
+    except BaseException:  # failed or stopped: still leave, or a switch holds the job (and
+        with contextlib.suppress(Exception):  # refuses the resumed run) until it times out
+            ctx.close()
+        raise
     ctx.close()
     return result
 

@@ -62,7 +62,8 @@ class RunStopped(RuntimeError):
             self.next_step = (f"continue with: gmi-drl train {run.config.algo_name} "
                               f"--resume {run.run_dir}")
         else:
-            self.next_step = "no checkpoint was written: run the same command again"
+            self.next_step = ("no checkpoint was written: once the cause above is dealt with, "
+                              "run the same command again")
         super().__init__(f"{self.reason} (traceback: {self.log_path})")
 
 

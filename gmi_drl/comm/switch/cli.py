@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parent", type=parse_addr, default=None,
                    help="HOST:PORT of the upper-level switch (hierarchical aggregation)")
     s.add_argument("--threshold", type=int, default=d.threshold,
-                   help="aggregation threshold H (0: the number of members)")
+                   help="aggregation threshold H (0: the number of members); a Join that "
+                        "would make more members than H is refused, as gmi-drl's workers take "
+                        "part in every round")
     s.add_argument("--drop-rate", type=float, default=d.drop_rate,
                    help="inject loss: drop each packet in and out with this probability")
     s.add_argument("--dup-rate", type=float, default=d.dup_rate,
@@ -91,16 +93,14 @@ class Rates:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``argv`` without the program name (``["serve", "--bind", ...]``)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
-                       drop_rate=args.drop_rate, dup_rate=args.dup_rate, delay_ms=args.delay_ms,
-                       mtu=args.mtu, slots=args.slots, window_bytes=args.window_bytes,
-                       max_members=args.max_members,
-                       member_timeout_s=args.member_timeout, help_after_s=args.help_after,
-                       switch_id=args.switch_id, member_id=args.member_id, job_id=args.job_id,
-                       token=args.token, seed=args.seed, data_plane=args.data_plane)
-
+    level = logging.getLevelName(args.log_level.upper())
+    if not isinstance(level, int):
+        print(f"gmi-drl switch: --log-level {args.log_level}: use DEBUG, INFO, WARNING or ERROR",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the switch's own loggers: `gmi-drl` may have configured the root logger (INFO) first
+    logging.getLogger("gmi_drl.comm.switch").setLevel(level)
     rates = Rates()
 
     def report(c) -> None:
@@ -108,9 +108,22 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(f"{k}={v}" for k, v in c.as_dict().items()), flush=True)
 
     try:
+        cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
+                           drop_rate=args.drop_rate, dup_rate=args.dup_rate,
+                           delay_ms=args.delay_ms, mtu=args.mtu, slots=args.slots,
+                           window_bytes=args.window_bytes, max_members=args.max_members,
+                           member_timeout_s=args.member_timeout, help_after_s=args.help_after,
+                           switch_id=args.switch_id, member_id=args.member_id,
+                           job_id=args.job_id, token=args.token, seed=args.seed,
+                           data_plane=args.data_plane)
         daemon = SwitchDaemon(cfg, report, args.stats_interval)
-    except ValueError as e:  # --data-plane native where it is not built
+    except ValueError as e:  # an option out of range; --data-plane native where it is not built
         print(f"gmi-drl switch: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the address: in use, not this host's, or not resolvable
+        where = f"--bind {args.bind[0]}:{args.bind[1]}" + (
+            f" / --parent {args.parent[0]}:{args.parent[1]}" if args.parent else "")
+        print(f"gmi-drl switch: {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())

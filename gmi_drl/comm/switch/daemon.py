@@ -344,6 +344,14 @@ class SwitchDaemon:
             if old is not None:  # the same member id from a new address: the newest wins
                 log.warning("member %d moved from %s to %s", v.member_id, old.addr, addr)
                 self._remove(old, dropped=False, why="replaced")
+            if 0 < self._h <= len(self._members):  # H < members: partial sums, every round
+                c.foreign_job_dropped += 1
+                self._control(addr, Action.JOIN_NACK, P.NackValue(
+                    P.NackReason.GROUP_MISMATCH,
+                    f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
+                    "would complete without the others, and gmi-drl's workers take part in "
+                    "every round; start the switch with --threshold 0 (every member)"))
+                return
             used = {x.row for x in self._members.values()}
             free = [r for r in range(cfg.max_members) if r not in used]
             if not free:
@@ -378,9 +386,21 @@ class SwitchDaemon:
             self._dropped_workers += n
         if not self._members:
             log.info("last member %s: the job ends", why)
+            self._leave_parent()
             self._reset_job()
             self._plane.reset_slots()
         self._membership_changed()
+
+    def _leave_parent(self) -> None:
+        """The job ended below this switch: leave the parent (twice: a lost Leave would hold
+        the parent's job until it timed us out), so a next job starts on a fresh tree."""
+        if self._parent is None or not self._parent_joined:
+            return
+        for _ in range(2):
+            self._control(self._parent, Action.LEAVE)
+        self._parent_joined = False
+        self._parent_ready = (False, 0)
+        self._parent_counts_sent = None
 
     def _reset_job(self) -> None:
         self._job_id: str | None = None

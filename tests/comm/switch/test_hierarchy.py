@@ -46,3 +46,22 @@ def test_an_idle_tree_sends_only_heartbeats(switches):
         red.close()
     # 2 heartbeat Joins of the ToR and our 2 STATS queries, with slack for timing
     assert idle <= 8, f"{idle} packets in 2 s at an idle core"
+
+
+@pytest.mark.distributed
+def test_a_second_job_runs_on_the_tree_right_after_the_first(switches):
+    """When a ToR's last worker leaves, the ToR leaves the core, so the core's job ends with
+    the workers' and the next job starts at once (it once waited on the core's member
+    timeout, and was refused until the old job's ToRs fell silent)."""
+    core = switches("--switch-id", "9")
+    tors = [switches("--parent", core.addr, "--member-id", str(k), "--switch-id", str(k + 1))
+            for k in range(2)]
+    per_rank = {0: {"addr": tors[0].addr}, 1: {"addr": tors[1].addr}}
+    for job in ("first", "second"):
+        t0 = time.monotonic()
+        got = run_workers(core.addr, 2, 2, {"job_id": job, "join_timeout_s": 8},
+                          per_rank=per_rank, timeout_s=8)
+        assert_exact(got, [[0], [1]], 2, 2)
+        assert time.monotonic() - t0 < 8
+    st = core.stats()
+    assert st["members"] == 0 and st["foreign_job_dropped"] == 0  # both jobs ended at the core

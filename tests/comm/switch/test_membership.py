@@ -68,3 +68,15 @@ def test_foreign_job_and_bad_token_are_refused(switches):
     assert torch.equal(t, torch.arange(10.0))
     red.close()
     assert sw.stats()["foreign_job_dropped"] == 2
+
+
+@pytest.mark.distributed
+def test_a_threshold_below_the_workers_is_refused_at_join(switches):
+    """With H < N a round would complete without some workers (the faster one running ahead,
+    the slower one waiting out its timeout, or averages of fewer workers): the Join that would
+    make more members than H is refused, saying why."""
+    sw = switches("--threshold", "1")
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="aggregation threshold H=1 admits 1 member"):
+        run_workers(sw.addr, 2, 4, {"timeout_s": 30, "join_timeout_s": 10}, timeout_s=40)
+    assert time.monotonic() - t0 < 20
