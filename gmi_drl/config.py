@@ -119,6 +119,11 @@ class GMIConfig:
     switch_addr: str | None = None
     """HOST:PORT of the aggregation switch (gmi.reduction switch), or one per GMI joined by ','
     (each GMI's own switch port, as in a rack)"""
+    switch_job: str | None = None
+    """the run's job id at the switch (None: a new one per launch); a switch started with
+    --job-id serves only that job"""
+    switch_token: str = ""
+    """the shared secret of a switch started with --token"""
     ps_addr: str | None = None
     """HOST:PORT of the parameter server (gmi.reduction ps)"""
     staleness: int = 0
@@ -722,6 +727,9 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
         need(len(addrs) == max(g.num_gmis, 1) and all(_is_host_port(a) for a in addrs),
              f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT, or one HOST:PORT per GMI "
              f"joined by ',' ({g.num_gmis}), when gmi.reduction is switch")
+    need(g.reduction == "switch" or (g.switch_job is None and not g.switch_token),
+         f"gmi.switch_job / gmi.switch_token set, but gmi.reduction={g.reduction!r}; they are "
+         "the run's credentials at the aggregation switch (gmi.reduction switch)")
     if g.reduction == "ps":
         need(_is_host_port(g.ps_addr or ""), f"gmi.ps_addr={g.ps_addr!r} must be HOST:PORT when "
              "gmi.reduction is ps (start the server with `python -m gmi_drl.comm.ps --bind "

@@ -44,14 +44,25 @@ def test_target_kl_is_refused_with_several_gmis(tmp_path):
         validate(cfg)
 
 
+def test_switch_credentials_and_addresses_are_checked(tmp_path):
+    cfg = _cfg(tmp_path, 2)
+    cfg.gmi.switch_token = "s3cret"  # reduction auto
+    with pytest.raises(ConfigError, match="gmi.switch_job / gmi.switch_token set, but"):
+        validate(cfg)
+    cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", "127.0.0.1:99999"
+    with pytest.raises(ConfigError, match="must be HOST:PORT"):
+        validate(cfg)
+
+
 @pytest.mark.distributed
 def test_gmis_reduce_through_the_aggregation_switch(tmp_path):
     from tests.comm.switch.harness import Switch
 
-    switch = Switch("--mtu", "1500")
+    switch = Switch("--mtu", "1500", "--token", "s3cret", "--job-id", "lab-run")
     try:
         cfg = _cfg(tmp_path, 2)
         cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", switch.addr
+        cfg.gmi.switch_token, cfg.gmi.switch_job = "s3cret", "lab-run"  # what it serves only
         result = train(cfg)
         stats = switch.stats()
     finally:

@@ -87,7 +87,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
            placement_timeout_s: float = 120.0, reducer_capacity: int = 1 << 20,
            switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
            on_restart: Callable[[GMIError], Any] | None = None,
-           rendezvous: bool = False) -> RayRun:
+           rendezvous: bool = False, switch_job: str | None = None,
+           switch_token: str = "") -> RayRun:
     """Run ``target(ctx)`` in one Ray actor per GMI of ``layout``; blocks until all returned.
 
     Args:
@@ -103,6 +104,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
         placement_timeout_s: how long Ray may take to place and start the GMIs, seconds.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
         switch_addr: with the ``switch`` reduction, the aggregation switch's ``HOST:PORT``.
+        switch_job, switch_token: the run's job id at the switch (``None``: a new one per
+            attempt) and the switch's shared secret.
         runtime_envs: per GMI, a Ray ``runtime_env`` merged into the actor's (e.g. a profiler's
             ``{"nsight": ...}``); its ``env_vars`` must not set the backend's variables.
         on_restart: called with the failure before each restart; returns the payload of the next
@@ -129,7 +132,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             try:
                 results, reduction, nodes = _attempt(
                     target, layout, payload, num_cpus_per_gmi, placement_timeout_s,
-                    reducer_capacity, switch_addr, runtime_envs, rendezvous)
+                    reducer_capacity, switch_addr, runtime_envs, rendezvous,
+                    (switch_job, switch_token))
                 return RayRun(results, reduction, nodes, restarts)
             except PlacementError:
                 raise
@@ -162,7 +166,7 @@ def _connected(address: str | None, local_cpus: int):
 
 
 def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, reducer_capacity,
-             switch_addr, runtime_envs, rendezvous=False):
+             switch_addr, runtime_envs, rendezvous=False, job=(None, "")):
     name = f"gmi-drl-{uuid.uuid4().hex[:8]}"
     mps_dir = (os.path.join(tempfile.gettempdir(), f"{name}-mps")
                if layout.backend is BackendKind.CUDA_MPS else None)
@@ -191,7 +195,7 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
             init_method = f"tcp://{nodes[0].ip}:{port}"
         addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()
         group = ReductionGroup(tuple(g for g in groups if g is not None), init_method, addrs,
-                               name)
+                               job[0] or name, job[1])
         results = _collect([a.run.remote(target, GMIContext(g, reduction, payload, group))
                             for g, a in enumerate(actors)], nodes)
         return results, reduction, nodes

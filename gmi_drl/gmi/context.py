@@ -28,12 +28,14 @@ class ReductionGroup:
         service_addrs: ``switch`` / ``ps``: the ``HOST:PORT`` GMI k aggregates through (its
             switch port, or the parameter server) at index k.
         job_id: the run's name at the switch (the same on every GMI).
+        token: the switch's shared secret (``--token`` of `gmi-drl switch serve`).
     """
 
     shm_groups: tuple = ()
     init_method: str = ""
     service_addrs: tuple[str, ...] = ()
     job_id: str = "gmi-drl"
+    token: str = ""
 
 
 def shm_group_sizes(layout: Layout) -> list[int]:
@@ -89,7 +91,7 @@ def _ring(g: int, layout: Layout, group: ReductionGroup):
 def _switch(g: int, layout: Layout, group: ReductionGroup):
     from gmi_drl.comm.switch.client import SwitchReducer
     return SwitchReducer(group.service_addrs[g], worker_id=g, num_workers=layout.num_gmis,
-                         job_id=group.job_id)
+                         job_id=group.job_id, token=group.token)
 
 
 def _ps(g: int, layout: Layout, group: ReductionGroup):

@@ -125,7 +125,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            reducer_capacity: int = 1 << 20, heartbeat_timeout_s: float = 60.0,
            poll_s: float = 0.2, service_addrs: Sequence[str] = (),
            netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
-           exit_timeout_s: float = 5.0, tolerate: frozenset[int] = frozenset()) -> list[Any]:
+           exit_timeout_s: float = 5.0, tolerate: frozenset[int] = frozenset(),
+           job_id: str | None = None, token: str = "") -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -163,7 +164,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
     group = ReductionGroup(tuple(g for g, _ in made), f"file://{tmp}/rendezvous",
-                           tuple(service_addrs), f"gmi-drl-{os.getpid()}")
+                           tuple(service_addrs), job_id or f"gmi-drl-{os.getpid()}", token)
     del made
     mps = None
     if layout.backend is BackendKind.CUDA_MPS:

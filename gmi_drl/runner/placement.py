@@ -114,8 +114,9 @@ class SerialPlacement:
 
         lay, n = self.layout, self.layout.num_gmis
         made = [ShmGroup.create(size, self.capacity) for size in shm_group_sizes(lay)]
-        group = ReductionGroup(tuple(g for g, _ in made), "", self.cfg.gmi.service_addrs,
-                               f"gmi-drl-serial-{id(self)}")
+        gc = self.cfg.gmi
+        group = ReductionGroup(tuple(g for g, _ in made), "", gc.service_addrs,
+                               gc.switch_job or f"gmi-drl-serial-{id(self)}", gc.switch_token)
         try:
             if n == 1:
                 return [run_target(target, GMIContext(0, lay, payload, group))]
@@ -170,6 +171,7 @@ class LocalPlacement:
                       reducer_capacity=self.capacity,
                       service_addrs=g.service_addrs,
                       netns=g.netns_list, prefixes=self.prefixes,
+                      job_id=g.switch_job, token=g.switch_token,
                       exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
 
     def describe(self) -> str:
@@ -196,6 +198,7 @@ class RayPlacement:
                            max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s,
                            reducer_capacity=self.capacity, switch_addr=switch,
+                           switch_job=cfg.gmi.switch_job, switch_token=cfg.gmi.switch_token,
                            runtime_envs=_nsight_runtime_envs(cfg, payload.run.run_dir,
                                                              self.layout.num_gmis),
                            on_restart=lambda error: _restarted(payload))
