@@ -146,6 +146,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             before it is terminated (a profiler running it writes its report then).
         tolerate: GMI ids whose failure (raised, died, hung) does not stop the run: it is
             logged with the GMI id, and its result is ``None``.
+        job_id, token: the run's job id at an aggregation switch (``None``: one per launch)
+            and the switch's shared secret.
 
     Raises:
         ValueError: ``service_addrs`` / ``netns`` not one per GMI.

@@ -345,7 +345,6 @@ class SwitchDaemon:
                 log.warning("member %d moved from %s to %s", v.member_id, old.addr, addr)
                 self._remove(old, dropped=False, why="replaced")
             if 0 < self._h <= len(self._members):  # H < members: partial sums, every round
-                c.foreign_job_dropped += 1
                 self._control(addr, Action.JOIN_NACK, P.NackValue(
                     P.NackReason.GROUP_MISMATCH,
                     f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
