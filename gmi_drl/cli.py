@@ -208,7 +208,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
 
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.config import ConfigError
-    from gmi_drl.gmi.tune import TuneOptions, check_options, tune
+    from gmi_drl.gmi.tune import TuneOptions, check_options, gmi_role, top_unit, tune
     from gmi_drl.runner.preflight import preflight
 
     names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TuneOptions)}
@@ -231,10 +231,9 @@ def _tune(args: list[str], debug: bool = False) -> int:
     print(f"gmi-drl tune: {cfg.algo_name} on {cfg.env.task_id}, GMI-DRL Algorithm 2 "
           f"(alpha {options.alpha}); each point trains {options.warmup} + {options.iterations} "
           "iterations in a process of its own")
-    header = (f"| {'serving GMIs' if cfg.is_async else 'GMIs'}/device | num_envs | runnable | "
-              f"{'samples trained/s' if cfg.is_async else 'env steps/s'} | peak mem/GMI | Sat | "
+    role, unit = gmi_role(cfg), top_unit(cfg)
+    header = (f"| {role}/device | num_envs | runnable | {unit} | peak mem/GMI | Sat | "
               "estimate | s |")
-    role = "serving GMI(s)" if cfg.is_async else "GMI(s)"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} "
                   "points"), TimeElapsedColumn()) as bar:
         task = bar.add_task("profiling", total=None)
@@ -255,7 +254,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
         except ValueError as e:
             print(f"gmi-drl tune: {e}", file=sys.stderr)
             return 2
-    return _print_tune(report, algo, cfg.is_async)
+    return _print_tune(report, algo, role, unit)
 
 
 TUNE_USAGE = """usage: gmi-drl tune [--algo ppo] [tune flags] [training flags]
@@ -265,7 +264,7 @@ Algorithm 2) with short real runs, and writes tuned.json for `gmi-drl train ALGO
 Training flags are those of `gmi-drl train ALGO` (e.g. --env.task-id Hopper-v5)."""
 
 
-def _print_tune(report, algo: str, is_async: bool) -> int:
+def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
     r = report.search
     if r.budget_exhausted:
         print("the --budget-s ran out: the search stopped early")
@@ -276,8 +275,6 @@ def _print_tune(report, algo: str, is_async: bool) -> int:
               file=sys.stderr)
         return 1
     c = report.chosen
-    gmis, unit = ("serving GMI(s)", "samples trained/s") if is_async else ("GMI(s)",
-                                                                         "env steps/s")
     print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} {gmis} per device: "
           f"{c.top:,.0f} {unit} measured; search {report.wall_s:.0f} s, "
           f"{len(r.points)} points ({sum(p.cached for p in r.points)} from the cache)")
