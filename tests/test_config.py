@@ -55,6 +55,12 @@ def test_auto_preset_by_task_family():
         preset("nope")
     with pytest.raises(ConfigError, match="algo='sac' must be one of"):
         preset("auto", "CartPole-v1", algo="sac")
+    # an algorithm without a preset of the task's family gets its general one
+    for algo in ("a3c", "a2c"):
+        cfg = preset("auto", "Hopper-v5", algo=algo)
+        assert cfg.preset == "classic" and cfg.env.task_id == "Hopper-v5"
+    with pytest.raises(ConfigError, match="preset='mujoco' must be one of"):
+        preset("mujoco", "Hopper-v5", algo="a3c")  # asked for by name: still refused
 
 
 def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
