@@ -78,5 +78,5 @@ def test_a_threshold_below_the_workers_is_refused_at_join(switches):
     sw = switches("--threshold", "1")
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="aggregation threshold H=1 admits 1 member"):
-        run_workers(sw.addr, 2, 4, {"timeout_s": 30, "join_timeout_s": 10}, timeout_s=40)
+        run_workers(sw.addr, 2, 4, {"timeout_s": 30, "join_timeout_s": 3}, timeout_s=40)
     assert time.monotonic() - t0 < 20
