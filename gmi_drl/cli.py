@@ -38,7 +38,8 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile} [flags]   (benchmarks/)
+  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile,tune} [flags]
+      (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
   --debug (anywhere): tracebacks of expected failures on the terminal too (they always go to
@@ -237,7 +238,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} "
                   "points"), TimeElapsedColumn()) as bar:
         task = bar.add_task("profiling", total=None)
-        bar.console.print(header + "\n|---|---|---|---|---|---|---|---|")
+        bar.console.print(header + "\n|---|---|---|---|---|---|---|---|", soft_wrap=True)
 
         def row(p) -> None:
             bar.advance(task)
@@ -247,7 +248,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
             ok = "yes" + (" (cached)" if p.cached else "") if p.runnable else f"no: {p.reason}"
             bar.console.print(f"| {p.gmis} | {p.num_envs} | {ok} | {p.top:,.0f} | "
                               f"{p.mem / 2**20:,.0f} MiB | {sat} | {est} | {p.seconds:.1f} |",
-                              markup=False, highlight=False)
+                              markup=False, highlight=False, soft_wrap=True)
 
         try:
             report = tune(cfg, options, row)
@@ -349,6 +350,12 @@ def _bench(args: list[str], debug: bool = False) -> int:
     import runpy
     from pathlib import Path
 
+    listing = "\n".join(f"  {name:<9} benchmarks/{script}.py"
+                        for name, script in BENCHMARKS.items())
+    if args[:1] in (["-h"], ["--help"]):
+        print(f"usage: gmi-drl bench NAME [flags]   (gmi-drl bench NAME --help: its flags)\n"
+              f"{listing}")
+        return 0
     if not args or args[0] not in BENCHMARKS:
         print(f"gmi-drl bench: first argument must be one of {list(BENCHMARKS)}", file=sys.stderr)
         return 2

@@ -92,10 +92,15 @@ def test_resume_through_the_cli(tmp_path, capsys):
 
 
 def test_bench_and_switch_subcommands_dispatch(capsys):
-    from gmi_drl.cli import main
+    from gmi_drl.cli import BENCHMARKS, USAGE, main
 
     assert main(["bench", "nope"]) == 2
     assert "must be one of" in capsys.readouterr().err
+    assert main(["bench", "--help"]) == 0
+    listing = capsys.readouterr().out
+    bench_line = next(line for line in USAGE.splitlines() if "gmi-drl bench {" in line)
+    assert set(bench_line.split("{")[1].split("}")[0].split(",")) == set(BENCHMARKS)
+    assert all(f"benchmarks/{script}.py" in listing for script in BENCHMARKS.values())
     with pytest.raises(SystemExit) as exit_:
         main(["switch", "serve", "--help"])
     assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out

@@ -87,6 +87,8 @@ def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns
         results.put(("ok", gmi_id, run_target(target, ctx)))
     except BaseException:
         results.put(("error", gmi_id, traceback.format_exc()))
+    finally:  # past the target, a stop may kill outright: an exception in atexit would print
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_target(target: str, ctx: GMIContext) -> Any:

@@ -426,6 +426,11 @@ def test_invalid_pools_and_actions_say_what_is_wrong():
         envs.make("Ant-gmi-v0", 2, autoreset="same_step", engine="numpy")
     with pytest.raises(ValueError, match="env_batch_size must be num_envs"):
         envs.make("Ant-gmi-v0", 2, env_batch_size=1, autoreset="same_step")
+    if not torch.cuda.is_available():  # a GPU device on a machine that has none
+        with pytest.raises(ValueError, match="Warp sees no CUDA device here"):
+            envs.make("Ant-gmi-v0", 2, autoreset="same_step", device="cuda:0")
+    with pytest.raises(ValueError, match="is not a Warp device"):
+        envs.make("Ant-gmi-v0", 2, autoreset="same_step", device="tpu")
     with envs.make("Ant-gmi-v0", 2, autoreset="same_step") as p:
         p.reset()
         with pytest.raises(ValueError, match=r"shape \(2, 3\), expected \(2, 8\)"):

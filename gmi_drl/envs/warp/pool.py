@@ -119,8 +119,12 @@ class WarpPool:
         try:
             self._device = wp.get_device(device)
         except Exception as e:
+            if str(device).startswith("cuda") and wp.get_cuda_device_count() == 0:
+                raise ValueError(f"device={device!r}: Warp sees no CUDA device here (no GPU, or "
+                                 "no CUDA driver); use device='cpu' (Warp's CPU device, small "
+                                 "num_envs)") from None
             raise ValueError(f"device={device!r} is not a Warp device ({e}); use 'cpu' or "
-                             "'cuda:<k>'") from None
+                             f"'cuda:<k>' with k < {wp.get_cuda_device_count()}") from None
         self.device = torch.device("cpu" if self._device.is_cpu else f"cuda:{self._device.ordinal}")
         self._on_cuda = self._device.is_cuda
         self.tensors = self._on_cuda if tensors is None else bool(tensors)
