@@ -758,8 +758,8 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     own = "async_training" if is_async(cfg.algo) else "sync_training"
     need(g.template in ("auto", own), f"gmi.template={g.template!r}: {name} runs in the {own} "
          "template (sync_training: ppo, a2c, dqn, ddpg, td3; async_training: appo, a3c)")
-    if own == "async_training" and g.template != "auto" and g.template != own:
-        return  # the line above says it; the async flags are not the mistake
+    if g.template not in ("auto", own):
+        return  # the line above says it; the other template's flags are not the mistake
     if not cfg.is_async:
         changed = [f"async.{f.name}" for f in dataclasses.fields(AsyncConfig)
                    if getattr(a, f.name) != f.default]
