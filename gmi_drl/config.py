@@ -710,9 +710,26 @@ def resume_conflicts(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
         out += [f"{section}.{k}={new[k]!r} (trained with {old[k]!r})" for k in new
                 if new[k] != old[k]]
     if (cfg.env.num_envs, cfg.batch_size) != (stored.env.num_envs, stored.batch_size):
-        out.append(f"env.num_envs={cfg.env.num_envs} / batch_size={cfg.batch_size} (trained "
-                   f"with {stored.env.num_envs} / {stored.batch_size})")
+        out.append(f"batch_size={cfg.batch_size} env steps per iteration (trained with "
+                   f"{stored.batch_size}), from {', '.join(_batch_changes(stored, cfg))}")
     return out
+
+
+def _batch_changes(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """The fields of ``cfg`` that change the env steps per iteration of ``stored``: the env
+    count, the GMIs that learn, and each algorithm field that alone changes it."""
+    out = [f"{name}={new} (trained with {old})" for name, new, old in (
+        ("env.num_envs", cfg.env.num_envs, stored.env.num_envs),
+        ("gmi.num_gmis", cfg.gmi.num_gmis, stored.gmi.num_gmis),
+        ("gmi.trainer_gmis", cfg.gmi.trainer_gmis, stored.gmi.trainer_gmis)) if new != old]
+    if type(cfg.algo) is type(stored.algo):
+        n, per = stored.env.num_envs, stored.algo.steps_per_iteration(stored.env.num_envs)
+        for f in dataclasses.fields(cfg.algo):
+            new, old = getattr(cfg.algo, f.name), getattr(stored.algo, f.name)
+            if new != old and dataclasses.replace(
+                    stored.algo, **{f.name: new}).steps_per_iteration(n) != per:
+                out.append(f"algo.{f.name}={new!r} (trained with {old!r})")
+    return out or ["the algorithm's rollout"]
 
 
 def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:

@@ -194,6 +194,14 @@ def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
                        r"\(trained with '64:64'\)"):
         train(narrow)  # refused before anything is written
     assert (tmp_path / "run" / "config.json").read_text() == before
+    longer = _quick_cfg(tmp_path)
+    longer.run_dir, longer.resume, longer.total_timesteps = None, str(tmp_path / "run"), 4096
+    longer.algo.num_steps *= 2
+    longer.algo.learning_rate *= 0.5  # may change: not named
+    with pytest.raises(ConfigError) as err:
+        train(longer)
+    assert f"from algo.num_steps={longer.algo.num_steps}" in str(err.value)
+    assert "learning_rate" not in str(err.value)
     # the GMIs' own check, what a Ray run (no dry run on its controller) relies on
     ckpt = resolve_checkpoint(tmp_path / "run")
     with pytest.raises(CheckpointError, match="(?s)does not match this run.*size mismatch"):
