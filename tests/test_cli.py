@@ -157,7 +157,8 @@ def test_a_resume_the_checkpoint_cannot_serve_changes_nothing(finished, tmp_path
     capsys.readouterr()
     for flags, msg in ((["--env.task-id", "Acrobot-v1"], "env.task_id='Acrobot-v1' (trained on "
                         "'CartPole-v1')"),
-                       (["--env.num-envs", "4"], "env.num_envs=4 / batch_size=256"),
+                       (["--env.num-envs", "4"], "batch_size=256 env steps per iteration "
+                        "(trained with 128), from env.num_envs=4 (trained with 2)"),
                        (["--model.actor-hidden", "8"], "model.actor_hidden='8'"),
                        ([], "already at 256 env steps"),
                        (["--total-timesteps", "300"], "iteration 2 of the 2 that"),
