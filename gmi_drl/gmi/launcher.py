@@ -103,11 +103,27 @@ def run_target(target: str, ctx: GMIContext) -> Any:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
     except BaseException:  # failed or stopped: still leave, or a switch holds the job (and
-        with contextlib.suppress(Exception):  # refuses the resumed run) until it times out
+        with contextlib.suppress(Exception), _stop_deferred():  # refuses the resumed run)
             ctx.close()
         raise
     ctx.close()
     return result
+
+
+@contextlib.contextmanager
+def _stop_deferred():
+    """SIGTERM (`_stop`'s) ignored inside the block, where this is the main thread: leaving
+    the reduction group takes a moment that the stop, which follows Ctrl-C at once, must not
+    cut short (SIGKILL follows a grace period anyway)."""
+    try:
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a Ray actor's worker thread): nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _enter_netns(name: str) -> None:

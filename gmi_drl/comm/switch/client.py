@@ -570,14 +570,14 @@ class SwitchReducer(GradReducer):
             return
         self._closed = True
         self._hb_stop.set()
-        self._hb.join(timeout=5)
-        try:
+        try:  # the Leave first: a GMI being stopped may not get past a wait
             for _ in range(5):  # Leave until acknowledged (it may be lost like any packet)
                 P.send_control(self._sock, self._switch, Action.LEAVE)
                 if self._await_ack(Action.LEAVE, 0.2):
                     break
         except OSError:
             pass
+        self._hb.join(timeout=5)
         self._sock.close()
 
     def _await_ack(self, action: Action, timeout_s: float) -> bool:
