@@ -799,20 +799,11 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
          f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")
     need(cfg.profile.tool == "none", f"profile.tool={cfg.profile.tool!r}: capture ranges are "
          "per sync_training iteration; an async_training run writes its timeline.json only")
-    need(a.fragments_per_transfer >= 1,
-         f"async.fragments_per_transfer={a.fragments_per_transfer} must be >= 1")
-    need(a.channel_slots >= 1, f"async.channel_slots={a.channel_slots} must be >= 1")
-    need(a.backpressure == "block" or a.channel_slots >= 2,
-         f"async.backpressure='drop_oldest' with async.channel_slots={a.channel_slots}: a "
-         "serving GMI that never waits overwrites the one slot the trainer is reading, so no "
-         "fragment would ever arrive whole; give async.channel_slots >= 2")
-    need(a.channel == "multi" or a.fragments_per_transfer == 1,
-         f"async.fragments_per_transfer={a.fragments_per_transfer} with async.channel uni: the "
-         "uni-channel sends each env step as one message; the compressor joins fragments of "
-         "the multi-channel only")
-    need(a.channel == "multi" or a.backpressure == "block",
-         f"async.backpressure={a.backpressure!r} with async.channel uni: a dropped step message "
-         "would split a fragment; use block")
+    from gmi_drl.comm.channels.fabric import channel_rules
+
+    for rule in channel_rules(a.channel, a.fragments_per_transfer, a.channel_slots,
+                              a.backpressure):
+        need(False, rule)
     need(a.max_policy_lag is None or a.max_policy_lag >= 0,
          f"async.max_policy_lag={a.max_policy_lag} must be >= 0 or None")
     need(a.timeout_s > 0, f"async.timeout_s={a.timeout_s} must be > 0")

@@ -99,28 +99,40 @@ class ChannelPlan:
 
     def validate(self) -> list[str]:
         """Every broken rule, one message each."""
-        errors = []
-        if self.mode not in MODES:
-            errors.append(f"async.channel={self.mode!r} must be one of {MODES}")
-        if self.fragments_per_transfer < 1:
-            errors.append(f"async.fragments_per_transfer={self.fragments_per_transfer} must be "
-                          ">= 1")
-        if self.num_slots < 1:
-            errors.append(f"async.channel_slots={self.num_slots} must be >= 1")
-        elif self.num_slots < 2 and self.backpressure == "drop_oldest":
-            errors.append(f"async.backpressure='drop_oldest' with async.channel_slots="
-                          f"{self.num_slots}: a serving GMI that never waits overwrites the one "
-                          "slot the trainer is reading, so no fragment would ever arrive whole; "
-                          "give async.channel_slots >= 2")
+        errors = channel_rules(self.mode, self.fragments_per_transfer, self.num_slots,
+                               self.backpressure)
         bad = [f.name for f in self.fields
                if f.time_major and f.shape[:2] != (self.num_steps, self.num_envs)]
         if bad:
             errors.append(f"time-major fields {bad} must have shape (T={self.num_steps}, "
                           f"B={self.num_envs}, ...)")
-        if self.mode == "uni" and self.backpressure != "block":
-            errors.append(f"async.backpressure={self.backpressure!r} with async.channel uni: a "
-                          "dropped step message would split a fragment; use block")
         return errors
+
+
+def channel_rules(mode: str, fragments_per_transfer: int, num_slots: int,
+                  backpressure: str) -> list[str]:
+    """Every broken rule of the channel settings (the ``async.*`` flags), one message each:
+    what `ChannelPlan.validate` and the run's config check both apply."""
+    errors = []
+    if mode not in MODES:
+        errors.append(f"async.channel={mode!r} must be one of {MODES}")
+    if fragments_per_transfer < 1:
+        errors.append(f"async.fragments_per_transfer={fragments_per_transfer} must be >= 1")
+    elif mode == "uni" and fragments_per_transfer != 1:
+        errors.append(f"async.fragments_per_transfer={fragments_per_transfer} with "
+                      "async.channel uni: the uni-channel sends each env step as one message; "
+                      "the compressor joins fragments of the multi-channel only")
+    if num_slots < 1:
+        errors.append(f"async.channel_slots={num_slots} must be >= 1")
+    elif num_slots < 2 and backpressure == "drop_oldest":
+        errors.append(f"async.backpressure='drop_oldest' with async.channel_slots={num_slots}: "
+                      "a serving GMI that never waits overwrites the one slot the trainer is "
+                      "reading, so no fragment would ever arrive whole; give "
+                      "async.channel_slots >= 2")
+    if mode == "uni" and backpressure != "block":
+        errors.append(f"async.backpressure={backpressure!r} with async.channel uni: a dropped "
+                      "step message would split a fragment; use block")
+    return errors
 
 
 class Fabric:
