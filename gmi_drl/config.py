@@ -914,17 +914,20 @@ def load_config_file(path: str) -> TrainConfig:
     # tuned.json holds the config under "config"; a run's config.json has a "config" field of
     # its own (the --config it was made from: a path or null)
     inner = data.get("config")
-    cfg = from_dict(inner if isinstance(inner, dict) and "algo" in inner else data)
+    try:
+        cfg = from_dict(inner if isinstance(inner, dict) and "algo" in inner else data)
+    except ConfigError as e:
+        raise ConfigError(f"--config {path}: {str(e).removeprefix('config file: ')}") from None
     cfg.config, cfg.resume, cfg.run_dir = path, None, None
     return cfg
 
 
 def from_dict(data: dict) -> TrainConfig:
-    """Inverse of `to_dict`. Field types are checked by `validate` (`field_type_errors`).
+    """Inverse of `to_dict`, with the field types checked (`field_type_errors`).
 
     Raises:
-        ConfigError: unknown fields (with the nearest known name), no or an unknown algorithm,
-            or a section that is no object.
+        ConfigError: unknown fields (with the nearest known name), a field of the wrong type,
+            no or an unknown algorithm, or a section that is no object.
     """
     algo = data.get("algo") if isinstance(data, dict) else None
     if not (isinstance(algo, dict) and len(algo) == 1):
@@ -947,7 +950,13 @@ def from_dict(data: dict) -> TrainConfig:
     if errors:
         raise ConfigError("config file: " + "; ".join(errors))
     rest = {k: _NESTED[k](**v) if k in _NESTED else v for k, v in data.items() if k != "algo"}
-    return TrainConfig(algo=ALGORITHMS[name][0](**fields), **rest)
+    cfg = TrainConfig(algo=ALGORITHMS[name][0](**fields), **rest)
+    # checked here too, not only in validate: a config becomes the CLI parser's defaults,
+    # which warns about a mistyped default before validate could say what is wrong
+    errors = field_type_errors(cfg)
+    if errors:
+        raise ConfigError("config file: " + "; ".join(errors))
+    return cfg
 
 
 def _unknown_fields(cls, given: dict, where: str) -> list[str]:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gmi_drl.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from gmi_drl.config import TrainConfig, field_type_errors, from_dict
+from gmi_drl.config import TrainConfig, from_dict
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.normalize import ObsNormalizer
 
@@ -49,14 +49,11 @@ def load_policy(path: str | Path, seed: int = 0
         raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: it has no "
                               f"{', '.join(missing)} (a gmi-drl checkpoint holds config, algo "
                               "and obs_norm)")
-    try:  # the fields only: where it trained (a GPU, Ray) need not exist here
+    try:  # the fields and their types only: where it trained (a GPU, Ray) need not exist here
         cfg = from_dict(state["config"])
-        errors = field_type_errors(cfg)
     except (TypeError, ValueError, AttributeError) as e:
-        errors = [str(e)]
-    if errors:
         raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: its config "
-                              f"does not hold: {'; '.join(errors)}")
+                              f"does not hold: {e}") from None
     spec = envs.task_spec(cfg.env.task_id)
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
                       functools.partial(make_grad_step, compile=False),

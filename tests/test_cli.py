@@ -151,6 +151,18 @@ def test_a_runs_config_json_is_a_config_file(finished, tmp_path, capsys):
     assert saved["env"]["num_envs"] == 2 and saved["config"] == str(finished / "config.json")
 
 
+def test_a_mistyped_field_in_a_config_file_is_named_before_the_parser_sees_it(
+        finished, tmp_path, capsys, recwarn):
+    data = json.loads((finished / "config.json").read_text())
+    data["env"]["num_envs"] = "16"  # a hand edit: a string where an int belongs
+    bad = tmp_path / "tuned.json"
+    bad.write_text(json.dumps({"config": data}))
+    assert main(["train", "ppo", "--config", str(bad), "--run-dir", str(tmp_path / "x")]) == 2
+    assert f"--config {bad}: env.num_envs='16' must be an int" in capsys.readouterr().err
+    assert not [w for w in recwarn if "annotated with type" in str(w.message)]
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_resume_the_checkpoint_cannot_serve_changes_nothing(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path / "r")
     before = (run / "config.json").read_text()
