@@ -79,6 +79,10 @@ def test_stale_fragments_are_dropped_and_counted(tmp_path):
     rows = [row.split(",") for row in (result.run_dir / "metrics.csv").read_text().splitlines()]
     dropped = [float(r[3]) for r in rows if r[2] == "async/stale_dropped"]
     assert dropped[-1] > 0
+    trained = sum(int(line.split(",")[1]) for line in lags)
+    summary = (result.run_dir / "summary.md").read_text()
+    assert (f"fragments more than 0 versions old were dropped: {int(dropped[-1]):,} of the "
+            f"{int(dropped[-1]) + trained:,} the trainer GMIs took in this invocation") in summary
 
 
 def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_path):

@@ -298,7 +298,8 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
     return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
                       np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
                       np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
-                      peak_memory_bytes(cfg.device))
+                      peak_memory_bytes(cfg.device), sum(len(v) for v in t.lags),
+                      t.batcher.stale_dropped)
 
 
 def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,

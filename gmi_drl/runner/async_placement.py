@@ -165,7 +165,12 @@ class AsyncPlacement:
                      + (f", transfers to trainer GMIs {list(r.transfers_per_trainer)}"
                         if len(r.transfers_per_trainer) > 1 else "") + "\n")
         if a.max_policy_lag is not None:
-            text += f"- fragments more than {a.max_policy_lag} versions old were dropped\n"
+            trainers = [r for r in self.results[:n_tr] if r is not None]
+            dropped = sum(r.fragments_dropped for r in trainers)
+            taken = dropped + sum(r.fragments_trained for r in trainers)
+            text += (f"- fragments more than {a.max_policy_lag} versions old were dropped: "
+                     f"{dropped:,} of the {taken:,} the trainer GMIs took in this invocation"
+                     + (f" ({dropped / taken:.1%})" if taken else "") + "\n")
         return text
 
 

@@ -70,6 +70,11 @@ class LoopResult(NamedTuple):
     """this GMI's timing tree"""
     peak_memory_bytes: int = 0
     """this GMI's peak memory on its device (`gmi_drl.telemetry.memory`), bytes"""
+    fragments_trained: int = 0
+    """async trainer GMIs: experience fragments trained on in this loop"""
+    fragments_dropped: int = 0
+    """async trainer GMIs: fragments left out in this loop as older than
+    ``async.max_policy_lag`` versions"""
 
 
 def gmi_main(ctx) -> LoopResult:
