@@ -325,7 +325,7 @@ def _profile(args: list[str], debug: bool = False) -> int:
     a = tyro.cli(ReportArgs, args=args[1:], prog="gmi-drl profile report")
     try:
         files = write_report(a.run_dir)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # (an OSError's str names the path)
         if debug:
             traceback.print_exc()
         print(f"gmi-drl profile report: {e}", file=sys.stderr)

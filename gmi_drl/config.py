@@ -638,6 +638,12 @@ def validate(cfg: TrainConfig) -> None:
         need(not list_checkpoints(cfg.run_dir),
              f"run_dir={cfg.run_dir!r} already holds a run with checkpoints; pass --resume "
              f"{cfg.run_dir} to continue it, or choose another --run-dir")
+        dirs = [cfg.run_dir, os.path.join(cfg.run_dir, "checkpoints")]
+        if cfg.profile.tool != "none":
+            dirs.append(os.path.join(cfg.run_dir, "profile"))
+        files = [d for d in dirs if os.path.exists(d) and not os.path.isdir(d)]
+        need(not files, f"{files[0] if files else ''} is a file where the run writes a "
+             "directory: move it, or choose another --run-dir")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -859,7 +865,16 @@ def _validate_profile(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
     need(pr.tool in ("none", "nsys", "torch"),
          f"profile.tool={pr.tool!r} must be one of ['none', 'nsys', 'torch']")
     if pr.tool == "none":
+        # (a resumed or --config run carries its file's profile fields: not the user's flags)
+        if cfg.resume is None and cfg.config is None:
+            default = ProfilerConfig()
+            changed = [f"profile.{f.name}" for f in dataclasses.fields(pr)
+                       if getattr(pr, f.name) != getattr(default, f.name)]
+            need(not changed, f"{', '.join(changed)} set but profile.tool='none': add "
+                 "--profile.tool torch (or nsys)")
         return
+    need(pr.nvtx or pr.tool == "nsys", "profile.nvtx=False with profile.tool='torch': NVTX "
+         "ranges are for nsys; drop --profile.no-nvtx")
     n_iter, n_gmis = cfg.num_iterations, cfg.gmi.num_gmis
     need(len(pr.iterations) > 0, "profile.iterations is empty: name the iterations to capture, "
          "e.g. --profile.iterations 3 4")

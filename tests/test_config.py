@@ -184,7 +184,7 @@ def test_serial_placement_refuses_what_needs_a_process_per_gmi():
     msg = str(err.value)
     assert "gmi.reduction='ring' with placement='serial'" in msg
     assert "placement='serial' profiles one GMI" in msg
-    cfg.gmi.reduction, cfg.profile.tool = "mpr", "none"
+    cfg.gmi.reduction, cfg.profile.tool, cfg.profile.all_ranks = "mpr", "none", False
     validate(cfg)
 
 

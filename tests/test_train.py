@@ -69,6 +69,26 @@ def test_a_sparse_metrics_row_summarises_every_episode_since_the_last_row(tmp_pa
         assert rows[hi] == pytest.approx(result.episode_returns[at].mean(), rel=1e-5)  # 6 digits
 
 
+def test_a_metrics_rows_phase_seconds_are_the_mean_per_iteration_since_the_last_row(tmp_path):
+    """perf/<phase>_s of a row covers the iterations since the previous row, so the log and
+    checkpoint phases, which end after a row is written, are counted in the next row."""
+    cfg = _quick_cfg(tmp_path)
+    cfg.total_timesteps, cfg.log.log_every, cfg.checkpoint.every = 9 * cfg.batch_size, 3, 1
+    train(cfg)
+    run = tmp_path / "run"
+    perf = {}
+    for r in csv.DictReader(open(run / "metrics.csv")):
+        perf.setdefault(r["name"], {})[int(r["global_step"])] = float(r["value"])
+    timeline = json.loads((run / "timeline.json").read_text())["traceEvents"]
+    update = {e["args"]["iteration"]: e["args"]["phases_s"]["update"]
+              for e in timeline if e.get("cat") == "iteration"}
+    for row, first in ((1, 0), (2, 3), (3, 6)):
+        assert perf["perf/update_s"][3 * row * cfg.batch_size] == pytest.approx(
+            sum(update[k] for k in range(first, first + 3)) / 3, rel=1e-4)
+    assert perf["perf/checkpoint_s"][6 * cfg.batch_size] > 0
+    assert perf["perf/log_s"][6 * cfg.batch_size] > 0
+
+
 def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     cfg = _quick_cfg(tmp_path, num_steps=16)
     cfg.norm.obs = cfg.norm.reward = True

@@ -266,9 +266,9 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
     cfg, n_iter, first = t.cfg, t.cfg.num_iterations, t.first_iteration
     batch, chain = cfg.batch_size, hashlib.sha256()
     env_steps0, t0 = t.fabric.env_steps(), time.perf_counter()
+    before, logged_k = t.tree.snapshot_s(), first  # phase totals at the last metrics row
     try:
         for k in range(first, n_iter):
-            before = t.tree.snapshot_s()
             with t.tree.iteration(k):
                 if between is None:
                     step = step_fn(True)
@@ -280,11 +280,16 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                 t.record(step, global_step, elapsed)
                 if (k + 1) % cfg.log.log_every == 0 or last:
                     _digest(chain, t.learner.state_dict()["modules"])
+                    now = t.tree.snapshot_s()
+                    per_iteration = {f"perf/{path}_s": (total - before.get(path, 0.0))
+                                     / (k + 1 - logged_k) for path, total in now.items()}
+                    before, logged_k = now, k + 1
                     if t.rank == 0:
-                        _log(t, global_step, step._replace(episodes=Episodes.merge(t.unlogged)),
+                        _log(t, global_step, step._replace(
+                                episodes=Episodes.merge(t.unlogged),
+                                metrics={**step.metrics, **per_iteration}),
                              (k + 1 - first) * batch / elapsed,
-                             (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, before,
-                             progress)
+                             (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, progress)
                     t.unlogged.clear()
                 every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
@@ -303,7 +308,7 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
 
 
 def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,
-         elapsed_s: float, before: dict[str, float], progress) -> None:
+         elapsed_s: float, progress) -> None:
     metrics = dict(step.metrics)
     if len(step.episodes.returns):
         metrics["env/episodic_return"] = float(step.episodes.returns.mean())
@@ -312,8 +317,6 @@ def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: flo
     metrics["perf/env_sps"] = env_sps  # env steps of every serving GMI per second
     metrics["async/env_steps"] = float(t.fabric.env_steps())  # collected so far (>= trained)
     metrics.update(t.fabric.stats())
-    for path, total in t.tree.snapshot_s().items():
-        metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
     t.writer.log(global_step, metrics)
     if progress is not None:
         recent = np.mean(t.episode_returns[-20:]) if t.episode_returns else np.nan

@@ -219,9 +219,11 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
     n_iter, batch, first = cfg.num_iterations, t.global_batch, t.first_iteration
     chain = hashlib.sha256()
     t0 = time.perf_counter()
+    # phase totals at the last metrics row: a row gives the mean per iteration since then, so
+    # the log and checkpoint phases, which end after a row is written, count in the next one
+    before, logged_k = _totals(t.tree), first
     try:
         for k in range(first, n_iter):
-            before = {**t.tree.snapshot_s(), **_cpu_keys(t.tree.snapshot_cpu_s())}
             with prof.iteration(k), t.tree.iteration(k):
                 episodes = algo.collect(t.pool)
                 with prof.phase("update"):
@@ -233,8 +235,12 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                     if (k + 1) % cfg.log.log_every == 0 or last:
                         _digest(chain, algo.state_dict()["modules"])
                         sps = (k + 1 - first) * batch / elapsed
+                        now = _totals(t.tree)
+                        metrics.update({f"perf/{path}_s": (total - before.get(path, 0.0))
+                                        / (k + 1 - logged_k) for path, total in now.items()})
+                        before, logged_k = now, k + 1
                         _log(t, global_step, Episodes.merge(t.unlogged), metrics, sps,
-                             elapsed, before, progress)
+                             elapsed, progress)
                         t.unlogged.clear()
                 every = cfg.checkpoint.every
                 if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
@@ -251,9 +257,11 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                       peak_memory_bytes(cfg.device))
 
 
-def _cpu_keys(cpu_s: dict[str, float]) -> dict[str, float]:
-    """CPU totals under the keys the metrics give them (``PATH_cpu`` -> ``perf/PATH_cpu_s``)."""
-    return {f"{path}_cpu": total for path, total in cpu_s.items()}
+def _totals(tree) -> dict[str, float]:
+    """Seconds of every section of ``tree`` so far, wall (``PATH``) and CPU (``PATH_cpu``),
+    under the keys the metrics give them (``perf/PATH_s``, ``perf/PATH_cpu_s``)."""
+    return {**tree.snapshot_s(),
+            **{f"{path}_cpu": total for path, total in tree.snapshot_cpu_s().items()}}
 
 
 def _digest(chain, modules: dict) -> None:
@@ -264,8 +272,7 @@ def _digest(chain, modules: dict) -> None:
 
 
 def _log(t: Trainer, global_step: int, episodes: Episodes, losses: dict, sps: float,
-         elapsed_s: float, before: dict[str, float],
-         progress: Callable[[Progress], None] | None) -> None:
+         elapsed_s: float, progress: Callable[[Progress], None] | None) -> None:
     metrics = dict(losses)
     if len(episodes.returns):
         metrics["env/episodic_return"] = float(episodes.returns.mean())
@@ -273,9 +280,6 @@ def _log(t: Trainer, global_step: int, episodes: Episodes, losses: dict, sps: fl
         for name, totals in episodes.extras.items():
             metrics[f"env/episodic_{name}"] = float(totals.mean())
     metrics["perf/sps"] = sps
-    now = {**t.tree.snapshot_s(), **_cpu_keys(t.tree.snapshot_cpu_s())}
-    for path, total in now.items():
-        metrics[f"perf/{path}_s"] = total - before.get(path, 0.0)
     if t.writer is not None:
         t.writer.log(global_step, metrics)
     if progress is not None:

@@ -28,14 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-AGGREGATION = ("update/allreduce",)
-WEIGHT_UPDATE = ("update/optimizer",)
-COMPUTATION_ROOTS = ("rollout", "advantages", "update")
-"""top-level phases whose time, less aggregation and weight update, is computation"""
+AGGREGATION = ("update/allreduce", "learn/allreduce")
+WEIGHT_UPDATE = ("update/optimizer", "learn/optimizer")
+COMPUTATION_ROOTS = ("rollout", "advantages", "update", "learn", "inference", "env_step")
+"""top-level phases whose time, less aggregation and weight update, is computation: the sync
+loop's, and an async trainer GMI's ``learn`` with, in a serial async run, the serving role's
+``inference`` and ``env_step`` (waiting for a batch, publishing and fetching weights and
+dispensing fragments are *other*)"""
 PHASES = ("rollout", "rollout/env_step", "rollout/inference", "advantages", "update",
           "update/forward", "update/backward", "update/compiled_grad", "update/compiled_step",
-          "update/allreduce", "update/optimizer", "log", "checkpoint")
-"""phase paths of the per-phase table and CSV columns"""
+          "update/allreduce", "update/optimizer",
+          "batch", "weights", "inference", "env_step", "dispense", "learn", "learn/forward",
+          "learn/backward", "learn/compiled_grad", "learn/compiled_step", "learn/allreduce",
+          "learn/optimizer", "publish", "log", "checkpoint")
+"""the order of the per-phase table and CSV columns (sync loop, then async roles); a run's
+report lists the phases its iterations have, any others after these"""
 GPU_PID = 1_000_000
 """process id of the NVML counter tracks in the merged trace (GMIs use their ids)"""
 
@@ -257,6 +264,12 @@ def plot_gpu_util(samples: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _phases_of(rows: list[IterationBreakdown]) -> list[str]:
+    """The phase paths the rows have: in `PHASES` order, then any others sorted."""
+    seen = {p for r in rows for p in r.phases_s}
+    return [p for p in PHASES if p in seen] + sorted(seen - set(PHASES))
+
+
 def _write_json(path: Path, doc: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc))
@@ -283,17 +296,18 @@ def write_report(run_dir: str | Path) -> ReportFiles:
     trace_path = out / "trace.json"
     _write_json(trace_path, trace)
     rows = iteration_breakdown(timelines)
+    phases = _phases_of(rows)
 
     csv_path = out / "phase_breakdown.csv"
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["gmi", "iteration", "wall_ms", "computation_ms", "aggregation_ms",
-                    "weight_update_ms", "other_ms", *(f"{p}_ms" for p in PHASES)])
+                    "weight_update_ms", "other_ms", *(f"{p}_ms" for p in phases)])
         for r in rows:
             w.writerow([r.gmi_id, r.iteration, *(round(v * 1e3, 3) for v in
                         (r.wall_s, r.computation_s, r.aggregation_s, r.weight_update_s,
                          r.other_s)),
-                        *(round(r.phases_s.get(p, 0.0) * 1e3, 3) for p in PHASES)])
+                        *(round(r.phases_s.get(p, 0.0) * 1e3, 3) for p in phases)])
     plot_path = out / "phase_breakdown.png"
     gmis = [t.gmi_id for t in timelines]
     n_events = sum(1 for e in trace["traceEvents"] if e.get("ph") != "M")
@@ -301,11 +315,14 @@ def write_report(run_dir: str | Path) -> ReportFiles:
              f"- merged timeline: `profile/trace.json`: GMIs {gmis}, {n_events:,} events "
              f"(clock: {trace['otherData']['clock']}); open it in https://ui.perfetto.dev",
              "", "## Phase breakdown (iSwitch Fig. 4)", "",
-             "computation = rollout + advantages + update, less allreduce and optimizer (agent "
+             "computation = rollout + advantages + update (an async trainer's learn, with a "
+             "serial async run's inference and env steps), less allreduce and optimizer (agent "
              "inference, env steps, GAE, minibatch sampling, forward, backward); aggregation = "
-             "`update/allreduce`; weight update = `update/optimizer`; other = the rest of each "
-             "iteration (log, checkpoint, and a profiler's own start/stop cost in captured "
-             "iterations). On a GPU, sections time the CPU side (kernels run asynchronously).",
+             "`allreduce`; weight update = `optimizer`; other = the rest of each iteration "
+             "(log, checkpoint, an async trainer's wait for a batch and its weight publishing, "
+             "and a profiler's own start/stop cost in captured iterations). On a GPU, sections "
+             "time the CPU side (kernels run asynchronously). Async serving GMIs have no "
+             "iterations: their phases are in the merged timeline.",
              ""]
     if rows:
         plot_breakdown(rows, plot_path)
@@ -325,7 +342,7 @@ def write_report(run_dir: str | Path) -> ReportFiles:
         lines += ["", "Mean milliseconds per iteration, by phase:", "",
                   "| phase | " + " | ".join(f"gmi-{g}" for g in with_rows) + " |",
                   "|---|" + "---:|" * len(with_rows)]
-        for p in PHASES:
+        for p in phases:
             cells = []
             for g in with_rows:
                 mine = [r for r in rows if r.gmi_id == g]

@@ -248,8 +248,30 @@ def test_cli_flags_parse_and_bad_profile_config_is_reported_field_by_field():
     with pytest.raises(ConfigError, match="profile.iterations is empty") as err:
         validate(cfg)
     assert "profile.ranks" not in str(err.value)  # all_ranks makes ranks irrelevant
-    p.tool = "none"
-    validate(cfg)  # nothing to check while profiling is off
+    p.tool = "none"  # the other fields set, which nothing would read
+    with pytest.raises(ConfigError, match=r"profile.iterations, profile.ranks, profile.all_ranks, "
+                       r"profile.roles, profile.discrete set but profile.tool='none'"):
+        validate(cfg)
+    cfg.config = "tuned.json"  # a config file's fields are not the user's flags
+    validate(cfg)
+    cfg.config, cfg.profile = None, ProfilerConfig(tool="torch", nvtx=False)
+    with pytest.raises(ConfigError, match="NVTX ranges are for nsys"):
+        validate(cfg)
+
+
+def test_a_file_where_the_run_writes_a_directory_is_refused_before_it_starts(tmp_path):
+    cfg = tyro.cli(TrainConfig, args=["--profile.tool", "torch", "--total-timesteps", "5120"])
+    cfg.run_dir = str(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "profile").write_text("")
+    with pytest.raises(ConfigError, match=r"/run/profile is a file where the run writes a "
+                       "directory"):
+        validate(cfg)
+    cfg.profile.tool = "none"  # no profile directory then
+    validate(cfg)
+    cfg.run_dir = str(tmp_path / "run" / "profile")
+    with pytest.raises(ConfigError, match="is a file where the run writes a directory"):
+        validate(cfg)
 
 
 @pytest.mark.distributed

@@ -121,3 +121,26 @@ def test_a_profiled_two_gmi_run_reports_every_phase_of_every_gmi(tmp_path):
     tops = {r.rsplit("/")[0] for row in rows for r in row.phases_s}
     assert tops <= {"rollout", "advantages", "update", "log", "checkpoint"}
     assert "| gmi-1 | 3 |" in (run / "profile" / "report.md").read_text()
+
+
+def test_an_async_runs_iterations_split_into_the_same_categories(tmp_path):
+    """An APPO trainer's ``learn`` is its update: computation, with aggregation and the
+    weight update inside it; waiting for a batch is other."""
+    cfg = preset("classic", "CartPole-v1", algo="appo")
+    cfg.total_timesteps, cfg.placement, cfg.compile = 4096, "serial", False
+    cfg.run_dir, cfg.log.tensorboard = str(tmp_path / "run"), False
+    from gmi_drl.train import train
+
+    train(cfg)
+    write_report(tmp_path / "run")
+    rows = iteration_breakdown(load_timelines(tmp_path / "run"))
+    assert rows and all(r.computation_s > 0 and r.weight_update_s > 0 for r in rows)
+    for r in rows:
+        ph = r.phases_s
+        assert r.computation_s == pytest.approx(
+            sum(ph.get(p, 0.0) for p in ("learn", "inference", "env_step"))
+            - ph["learn/allreduce"] - ph["learn/optimizer"])
+    with open(tmp_path / "run" / "profile" / "phase_breakdown.csv") as f:
+        header = next(csv.reader(f))
+    assert {"batch_ms", "learn_ms", "learn/optimizer_ms"} <= set(header)
+    assert "rollout_ms" not in header  # a sync phase this run does not have
