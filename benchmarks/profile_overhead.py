@@ -16,7 +16,7 @@ Modes (every run serial, in this process, so that no mode is relaunched under ns
 Steps/s = env steps / wall time of the training loop (`train`'s ``wall_s``: set-up and the
 report written at the end excluded). Each figure is the median of ``--repeats`` runs, modes
 interleaved and their order rotated each repeat, so that drift on a shared machine and the
-position in a repeat hit all modes alike.
+position in a repeat hit all modes alike; one discarded run first warms the compile cache.
 Targets (on the medians): no-op/off >= 0.99, nvtx/off >= 0.97; the best run of each mode is
 shown too (the least disturbed on a shared machine). A noise-free estimate follows: the measured
 cost of one timer section plain and with NVTX (best of 5 x 100,000), times the sections the loop
@@ -96,6 +96,7 @@ def main(args: Args) -> None:
     finals: dict[str, list[float]] = {m: [] for m in MODES}
     load_before = os.getloadavg()
     order = list(MODES)
+    _run(args, "off", out / "warm-up")  # torch.compile's cold cache and first imports: no mode's
     for rep in range(args.repeats):
         for mode in order[rep % 3:] + order[:rep % 3]:  # each mode first as often as the others
             rate, final = _run(args, mode, out / f"{mode}-{rep}")

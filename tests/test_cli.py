@@ -184,6 +184,15 @@ def test_a_resume_the_checkpoint_cannot_serve_changes_nothing(finished, tmp_path
     assert "done: 384 steps" in capsys.readouterr().out
 
 
+def test_a_resume_past_every_capture_iteration_warns_that_it_captures_nothing(
+        finished, tmp_path, capsys, caplog):
+    run = _copy(finished, tmp_path / "r")
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384",
+                 "--profile.tool", "torch", "--profile.iterations", "1"]) == 0
+    assert ("profile.iterations [1] all ran before this resume starts at iteration 2: this "
+            "invocation captures nothing") in caplog.text
+
+
 def test_resume_without_config_json_uses_the_checkpoints_config(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path / "r")
     (run / "config.json").write_text("{trunc")

@@ -7,6 +7,7 @@ what the config alone can tell.
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts
@@ -108,3 +109,10 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
                           f"{int(state['iteration'])} of the {cfg.num_iterations} that "
                           f"total_timesteps={cfg.total_timesteps:,} allows; raise "
                           "--total-timesteps to train on")
+    first = int(state["iteration"])
+    if cfg.profile.tool != "none" and max(cfg.profile.iterations, default=-1) < first:
+        # a warning, not a refusal: a profiled run resumed as it was keeps its old iterations
+        logging.getLogger(__name__).warning(
+            "profile.iterations %s all ran before this resume starts at iteration %d: this "
+            "invocation captures nothing; name later ones with --profile.iterations",
+            cfg.profile.iterations, first)

@@ -259,15 +259,16 @@ class CaptureProfiler:
     def _start(self, label: str, k: int) -> None:
         self._ranges_this_iteration += 1
         self._open = {"index": len(self.captures) + 1, "label": label, "iteration": k,
-                      "phases": [], "start_unix_s": time.time(), "t0": time.perf_counter()}
+                      "phases": [], "start_unix_s": time.time()}
         self.capture.start(label)
+        self._open["t0"] = time.perf_counter()  # the range's own time, not the tool's start
 
     def _stop(self) -> None:
         if self._open is None:
             return
         entry, self._open = self._open, None
-        self.capture.stop()
         entry["dur_s"] = round(time.perf_counter() - entry.pop("t0"), 6)
+        self.capture.stop()
         self.captures.append(entry)
 
     def close(self) -> None:

@@ -97,6 +97,10 @@ def write_summary(s: RunSummary, run_dir: str | Path,
         pct = 100.0 * st.total_s / s.wall_s if s.wall_s > 0 else float("nan")
         lines.append(f"| {name} | {st.total_s:.2f} | {pct:.1f} | {st.calls:,} | "
                      f"{1e3 * st.total_s / max(st.calls, 1):.3f} |")
+    rest = s.wall_s - sum(st.total_s for path, st in s.phases.items() if "/" not in path)
+    if s.phases and s.wall_s > 0 and rest > 0:
+        lines.append(f"| *outside these phases* (loop, waits, a profiler's own work) | "
+                     f"{rest:.2f} | {100.0 * rest / s.wall_s:.1f} | | |")
     lines += ["", "![learning curve](learning_curve.png)", ""]
     for title, text in (sections or {}).items():
         lines += [f"## {title}", "", text.rstrip("\n"), ""]

@@ -89,6 +89,9 @@ def test_summary_has_returns_and_phase_table(tmp_path):
     text = write_summary(s, tmp_path).read_text()
     assert "final return (mean of last 20 episodes): 2.00" in text
     assert "| update |" in text and "50 env steps/s" in text
+    rest = 2.0 - tree.stats()["update"].total_s  # the wall time no phase took
+    assert f"| *outside these phases* (loop, waits, a profiler's own work) | {rest:.2f} | " \
+           f"{50 * rest:.1f} |" in text
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     set_tree(TimingTree())
 
