@@ -96,7 +96,7 @@ def main(args: Args) -> None:
     finals: dict[str, list[float]] = {m: [] for m in MODES}
     load_before = os.getloadavg()
     order = list(MODES)
-    _run(args, "off", out / "warm-up")  # torch.compile's cold cache and first imports: no mode's
+    _run(args, "off", out / "warm-up")  # discarded: torch.compile's cold cache, first imports
     for rep in range(args.repeats):
         for mode in order[rep % 3:] + order[:rep % 3]:  # each mode first as often as the others
             rate, final = _run(args, mode, out / f"{mode}-{rep}")
