@@ -19,9 +19,11 @@ makes for ALE ids). What differs: ``info`` carries no per-step keys of Gymnasium
 ``reset(seed=...)`` after the first one rebuilds the pool (engines take seeds at construction;
 ``None`` items of a seed list get seeds drawn from its ints, where Gymnasium would continue
 those envs' generators), ``step`` before any ``reset`` raises ``gymnasium.error.ResetNeeded``,
-Box actions are clipped to the action space (as Gymnasium's MuJoCo and classic-control envs do
-themselves; the pool itself refuses them), and ``render`` is not available (``gmi-drl eval
---video`` renders a policy).
+Box actions outside the action space are clipped to it before the step (the pool itself
+refuses them): the dynamics are Gymnasium's, whose envs clamp the control too, but a reward
+with a control cost (MuJoCo locomotion, MountainCarContinuous) is charged on the clipped action
+where Gymnasium's env charges the unclipped one; for actions inside the space they are equal.
+``render`` is not available (``gmi-drl eval --video`` renders a policy).
 
 Copies: with ``copy=True`` (the default, as Gymnasium users expect owned arrays) every returned
 array is a new one (one copy of the batch per call); with ``copy=False`` observations are this
@@ -86,8 +88,10 @@ class GymVectorEnv(gym.vector.VectorEnv):
         except ValueError:
             raise ValueError(f"autoreset_mode={autoreset_mode!r} must be a gymnasium.vector."
                              f"AutoresetMode or one of {[m.value for m in GymAutoreset]}") from None
+        autoreset = _MODES[self._mode]  # (a local: a lambda reading self would make a cycle
+        # that keeps a dropped face, and its workers, alive until the cycle collector runs)
         self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
-                                        autoreset=_MODES[self._mode], **task_kwargs)
+                                        autoreset=autoreset, **task_kwargs)
         self._seeds = face_seeds(seed, num_envs)
         try:
             self.pool = self._make(self._seeds)

@@ -183,6 +183,27 @@ def test_bad_input_is_named():
         v.step(np.zeros((2, 3), np.float32))
 
 
+def test_a_dropped_face_frees_its_worker_processes_at_once():
+    """Without close(), as Gymnasium's vector envs: the last reference going frees the pool
+    (no reference cycle left to the cycle collector)."""
+    import gc
+    import multiprocessing as mp
+
+    gc.disable()
+    try:
+        before = {p.pid for p in mp.active_children()}
+        v = envs.make_vec("Reacher-v5", 2)  # a generic env: worker processes
+        v.reset(seed=0)
+        workers = [p for p in mp.active_children() if p.pid not in before]
+        assert len(workers) == 2
+        del v
+        for p in workers:
+            p.join(timeout=10)
+        assert not [p for p in workers if p.is_alive()]
+    finally:
+        gc.enable()
+
+
 def test_copies_unless_asked_not_to():
     owned, views = envs.make_vec("CartPole-v1", 2), envs.make_vec("CartPole-v1", 2, copy=False)
     a, _ = owned.reset(seed=0)
