@@ -126,6 +126,11 @@ def stepped(make_env: Callable[..., BatchedEnv], max_episode_steps: int | None,
     return EngineEntry(build, **entry)
 
 
+_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                 gym.spaces.MultiBinary)
+"""observation spaces a batch holds in one array (Dict, Tuple and the rest do not)"""
+
+
 def gymnasium(env_fn: str | Callable[..., gym.Env]) -> EngineEntry:
     """The entry of the generic path: ``env_fn`` is a Gymnasium id (``gymnasium.make(id,
     **task_kwargs)``) or a callable ``env_fn(**task_kwargs) -> gymnasium.Env``; one env per
@@ -145,6 +150,12 @@ def gymnasium(env_fn: str | Callable[..., gym.Env]) -> EngineEntry:
             obs_space, act_space = probe.observation_space, probe.action_space
         finally:
             probe.close()
+        if not isinstance(obs_space, _ARRAY_SPACES):
+            raise ValueError(
+                f"{request.task_id}: observation space {obs_space} is not an array space "
+                f"({', '.join(c.__name__ for c in _ARRAY_SPACES)}): a pool holds each batch "
+                "of observations in one array; register a factory that wraps the env in "
+                "gymnasium.wrappers.FlattenObservation")
 
         def make_shard(env_ids: list[int]) -> BatchedEnv:
             return GymnasiumBatch([make_one] * len(env_ids))

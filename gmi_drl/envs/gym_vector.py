@@ -170,7 +170,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
             raise gym.error.ResetNeeded("step() before reset(): call reset() first (as "
                                         "Gymnasium's envs, the face does not step unreset envs)")
         a = np.asarray(actions)
-        if self._clip and a.shape == self._batch_shape and a.dtype.kind == "f":
+        if self._clip and a.shape == self._batch_shape and a.dtype.kind in "fiu":
             # (a wrong shape goes on to the pool, whose message names the expected one)
             a = np.minimum(np.maximum(a, self._low), self._high).astype(self._dtype, copy=False)
         obs, rewards, terminated, truncated, pool_info = self._host(self.pool.step(a))

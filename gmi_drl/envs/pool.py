@@ -278,8 +278,9 @@ class EnvPool:
         if isinstance(space, gym.spaces.Discrete):
             self._act_shape, self._act_kind = (), "iu"
             self._act_low, self._act_high = int(space.start), int(space.start + space.n - 1)
-        elif isinstance(space, gym.spaces.Box):
-            self._act_shape, self._act_kind = space.shape, "f"
+        elif isinstance(space, gym.spaces.Box):  # ints fit a float Box too, as in Gymnasium
+            integer = np.issubdtype(space.dtype, np.integer)
+            self._act_shape, self._act_kind = space.shape, "iu" if integer else "fiu"
             self._act_low, self._act_high = space.low, space.high
         elif isinstance(space, gym.spaces.MultiDiscrete):
             self._act_shape, self._act_kind = space.shape, "iu"
@@ -293,9 +294,11 @@ class EnvPool:
             raise ValueError(f"actions have shape {a.shape}, expected {(n, *self._act_shape)} "
                              f"(one action of shape {self._act_shape} per env_id)")
         if a.dtype.kind not in self._act_kind:
-            want = "an integer" if self._act_kind == "iu" else "a floating-point"
+            want = "an integer" if self._act_kind == "iu" else "a floating-point or integer"
             raise ValueError(f"actions have dtype {a.dtype}, expected {want} dtype for "
                              f"{self.action_space}")
+        if self._act_kind == "fiu" and a.dtype.kind != "f":
+            a = a.astype(self.action_space.dtype)
         if self._discrete_from_0 and a.dtype == np.int64:
             in_range = not np.count_nonzero(a.view(np.uint64) > self._act_high)  # negatives wrap
         else:

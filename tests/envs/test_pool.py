@@ -158,7 +158,7 @@ def test_autoreset_disabled_raises_before_sending_and_reset_recovers(num_workers
 @pytest.mark.parametrize("bad, match", [
     (np.zeros((3,)), "shape"),
     (np.zeros((4, 1)), "shape"),
-    (np.zeros(4, np.int64), "dtype"),
+    (np.zeros(4, bool), "dtype"),
     (np.full(4, 11.0), "outside"),
     (np.array([0.0, np.nan, 0.0, 0.0]), "outside"),
 ])
@@ -240,6 +240,43 @@ def test_registered_callable_and_list_tasks():
     assert "Counter-test" in envs.list_tasks()
     with pytest.raises(ValueError, match="exactly one"):
         envs.register("Nothing-test")
+
+
+def test_an_observation_space_that_is_no_array_is_named():
+    with pytest.raises(ValueError, match=r"Blackjack-v1: observation space Tuple\(.*\) is not "
+                       r"an array space .* gymnasium.wrappers.FlattenObservation"):
+        envs.make("Blackjack-v1", num_envs=2)
+    with envs.make("FrozenLake-v1", num_envs=2) as pool:  # Discrete: one int per env
+        assert pool.reset()[0].shape == (2,)
+
+
+class _IntBoxEnv(gym.Env):
+    """Actions in an integer Box; the observation is the last action."""
+
+    observation_space = gym.spaces.Box(-5, 5, (2,), np.int64)
+    action_space = gym.spaces.Box(-5, 5, (2,), np.int64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.int64), {}
+
+    def step(self, action):
+        return np.asarray(action, np.int64), 0.0, False, False, {}
+
+
+def test_an_integer_box_takes_integer_actions_and_a_float_box_takes_both():
+    envs.register("IntBox-test", _IntBoxEnv)
+    with envs.make("IntBox-test", num_envs=2, num_workers=0) as pool:
+        pool.reset()
+        obs = pool.step(np.array([[1, -2], [5, -5]]))[0]
+        np.testing.assert_array_equal(obs, [[1, -2], [5, -5]])
+        with pytest.raises(ValueError, match="expected an integer dtype"):
+            pool.step(np.zeros((2, 2), np.float32))
+    with envs.make("Pendulum-v1", num_envs=2, seed=0) as a, \
+            envs.make("Pendulum-v1", num_envs=2, seed=0) as b:
+        a.reset(), b.reset()
+        np.testing.assert_array_equal(a.step(np.array([[1], [-2]]))[0],
+                                      b.step(np.array([[1.0], [-2.0]], np.float32))[0])
 
 
 def test_info_episode_end_is_terminated_or_truncated_for_ordinary_tasks():
