@@ -14,6 +14,10 @@ import numpy as np
 from gmi_drl.envs.stepper import Slots, Stepper
 
 
+class EnvWorkerError(RuntimeError):
+    """An env raised, or its worker process died; the pool cannot continue and must be closed."""
+
+
 class Engine(abc.ABC):
     """Runs the sub-environments of one pool.
 

@@ -8,12 +8,13 @@ overlaps inference with simulation. ``env_batch_size == num_envs`` is the synchr
 from __future__ import annotations
 
 import collections
+import traceback
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.engine import Engine
+from gmi_drl.envs.engine import Engine, EnvWorkerError
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError
 
@@ -100,7 +101,7 @@ class EnvPool:
         if self._in_flight[ids].any():
             raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} has a step in flight; "
                              "recv() its result before resetting it")
-        self._engine.reset(ids)
+        self._in_process(self._engine.reset, ids, "reset")
         self._ended[ids] = False
         s = self._slots
         if ids is self._all_ids:
@@ -134,7 +135,22 @@ class EnvPool:
         actions = self._check_actions(actions, len(ids))
         self._in_flight[ids] = True
         self._num_in_flight += len(ids)
-        self._engine.send(ids, actions)
+        self._in_process(self._engine.send, ids, "step", actions)
+
+    def _in_process(self, call, ids: np.ndarray, what: str, *args) -> None:
+        """``call(ids, *args)`` of the engine; where the envs run in this process, an env
+        that raises poisons the pool as a failed worker does (its state is partly stepped)."""
+        try:
+            call(ids, *args)
+        except EnvWorkerError as e:  # a worker's own report
+            self._failure = e
+            raise
+        except Exception as e:
+            self._failure = EnvWorkerError(
+                f"env_id {ids.tolist()}: an env raised in {what} (in this process): "
+                f"{type(e).__name__}: {e}\n{traceback.format_exc()}The pool cannot continue; "
+                "close() it.")
+            raise self._failure from e
 
     def recv(self) -> StepReturn:
         """Return the first ``env_batch_size`` envs to finish: ``(obs, rewards, terminated,

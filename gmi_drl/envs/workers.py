@@ -25,7 +25,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from gmi_drl.envs.engine import Engine
+from gmi_drl.envs.engine import Engine, EnvWorkerError  # (its home: pools raise it too)
 from gmi_drl.envs.batched import BatchedEnv
 from gmi_drl.envs.spec import AutoresetMode
 from gmi_drl.errors import exception_line
@@ -35,10 +35,6 @@ _STEP, _RESET, _CLOSE = 1, 2, 3
 _CMD, _COUNT, _SEQ, _STATUS = range(4)
 _OK, _ERROR = 0, 1
 _POLL_S = 0.2  # how often a blocked pool checks that its workers are alive
-
-
-class EnvWorkerError(RuntimeError):
-    """An env worker process raised or died; the pool cannot continue and must be closed."""
 
 
 def _layout(num_envs: int, num_workers: int, obs_space: gym.spaces.Space,

@@ -201,6 +201,21 @@ def test_env_exception_surfaces_with_env_id_and_traceback_quickly():
             pool.step(_act(np.zeros(4)))
 
 
+def test_an_env_that_raises_in_this_process_fails_the_pool_as_a_worker_does():
+    with envs.make("CounterFail-test", num_envs=4, num_workers=0) as pool:
+        pool.reset()
+        pool.step(_act(np.zeros(4)))
+        pool.step(_act(np.zeros(4)))
+        with pytest.raises(EnvWorkerError) as err:
+            pool.step(_act(np.zeros(4)))
+        msg = str(err.value)
+        assert "an env raised in step (in this process)" in msg
+        assert "CounterEnv was told to fail here" in msg and "The pool cannot continue" in msg
+        for again in (lambda: pool.step(_act(np.zeros(4))), pool.reset):
+            with pytest.raises(EnvWorkerError, match="told to fail here"):  # not "in flight"
+                again()
+
+
 def test_killed_worker_is_reported_within_5s():
     with envs.make("Counter-test", num_envs=4, num_workers=2) as pool:
         obs, _ = pool.reset()
