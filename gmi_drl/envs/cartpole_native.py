@@ -109,4 +109,10 @@ def _native_pool(request: PoolRequest, **kwargs: Any) -> CartPoleNativePool:
 def engines() -> dict[str, dict[str, EngineEntry]]:
     """CartPole-v1's ``native`` engine (the registry's table: task id -> engine name ->
     `EngineEntry`); its ``numpy`` engine is `gmi_drl.envs.classic_control`'s."""
-    return {TASK_ID: {"native": EngineEntry(_native_pool, unavailable=lambda kwargs: UNAVAILABLE)}}
+    return {TASK_ID: {"native": EngineEntry(_native_pool, unavailable=_unavailable)}}
+
+
+def _unavailable(kwargs: dict[str, Any]) -> str | None:
+    if UNAVAILABLE is None and "max_episode_steps" in kwargs:
+        return "its core has CartPole-v1's 500-step limit built in (max_episode_steps)"
+    return UNAVAILABLE

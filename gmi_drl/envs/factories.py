@@ -102,6 +102,36 @@ class EngineEntry:
     spec: Callable[[], EnvSpec] | None = None
 
 
+def time_limit(task_kwargs: dict[str, Any], default: int | None) -> int | None:
+    """Pop Gymnasium's ``max_episode_steps`` keyword from ``task_kwargs``: the time limit in
+    steps (``default``, the task's own, when absent).
+
+    Raises:
+        ValueError: a limit that is no int >= 1.
+    """
+    limit = task_kwargs.pop("max_episode_steps", default)
+    if limit is not default and (not isinstance(limit, (int, np.integer))
+                                 or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"max_episode_steps={limit!r} must be an int >= 1")
+    return None if limit is None else int(limit)
+
+
+def build_with_keywords(task_id: str, make: Callable[..., Any], **kwargs: Any) -> Any:
+    """``make(**kwargs)``, where a keyword ``make`` does not take is a ValueError naming the
+    ones it does (not a TypeError from deep inside)."""
+    import inspect
+
+    params = inspect.signature(make).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        known = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            options = sorted(set(known) - {"self", "num_envs", "num_threads"})
+            raise ValueError(f"{task_id} does not take the keyword(s) {unknown}; it takes "
+                             f"{options + ['max_episode_steps']}")
+    return make(**kwargs)
+
+
 def stepped_pool(request: PoolRequest, env: BatchedEnv,
                  max_episode_steps: int | None) -> EnvPool:
     """A pool stepping ``env`` (``request.num_envs`` envs) in the caller's process under a
@@ -116,12 +146,14 @@ def stepped_pool(request: PoolRequest, env: BatchedEnv,
 def stepped(make_env: Callable[..., BatchedEnv], max_episode_steps: int | None,
             **entry: Any) -> EngineEntry:
     """The entry of a `BatchedEnv` task: ``make_env(num_envs=, num_threads=, **task_kwargs)``
-    builds it, `stepped_pool` runs it. ``entry``: `EngineEntry`'s other fields."""
+    builds it, `stepped_pool` runs it, ``max_episode_steps`` steps long unless the keyword of
+    that name sets another limit (`time_limit`). ``entry``: `EngineEntry`'s other fields."""
 
     def build(request: PoolRequest, **task_kwargs: Any) -> EnvPool:
-        env = make_env(num_envs=request.num_envs, num_threads=request.num_threads,
-                       **task_kwargs)
-        return stepped_pool(request, env, max_episode_steps)
+        limit = time_limit(task_kwargs, max_episode_steps)
+        env = build_with_keywords(request.task_id, make_env, num_envs=request.num_envs,
+                                  num_threads=request.num_threads, **task_kwargs)
+        return stepped_pool(request, env, limit)
 
     return EngineEntry(build, **entry)
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from gmi_drl.envs import mujoco_locomotion as ml
 from gmi_drl.envs.engine import Engine, queue_workers
-from gmi_drl.envs.factories import EngineEntry, PoolRequest
+from gmi_drl.envs.factories import EngineEntry, PoolRequest, build_with_keywords, time_limit
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvGenerators, EnvSpec
 from gmi_drl.envs.stepper import Slots
@@ -168,7 +168,8 @@ class MujocoThreadEngine(Engine):
 def _native_pool(task_id: str, request: PoolRequest, **kwargs: Any) -> EnvPool:
     """The ``native`` engine's pool of ``task_id`` (``kwargs``: its Gymnasium keywords)."""
     cls, max_episode_steps = TASKS[task_id]
-    probe = cls(num_envs=1, num_threads=1, **kwargs)
+    max_episode_steps = time_limit(kwargs, max_episode_steps)
+    probe = build_with_keywords(task_id, cls, num_envs=1, num_threads=1, **kwargs)
     spec = EnvSpec(task_id, probe.observation_space, probe.action_space, max_episode_steps)
     engine = MujocoThreadEngine(probe, request.num_envs, queue_workers(request.num_threads),
                                 request.autoreset, max_episode_steps, request.seeds)

@@ -155,7 +155,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
         engine: which of the task's engines runs it (`engines(task_id)` lists them; names in
             `factories.ENGINE_ORDER`): ``"auto"`` takes the first that can run here.
-        **task_kwargs: passed to the engine's factory (the task's options, e.g. ``frame_skip``).
+        **task_kwargs: passed to the engine's factory (the task's options, e.g. ``frame_skip``);
+            ``max_episode_steps`` sets the time limit in steps, as in ``gymnasium.make``.
 
     Raises:
         ValueError: unknown ``task_id``, an invalid size or mode (all named at once), an engine

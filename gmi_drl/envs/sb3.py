@@ -84,7 +84,10 @@ class GmiVecEnv(VecEnv):
                 the seeds of `seed` (they are dropped; the pool in use stays).
         """
         if any(self._options):
-            raise ValueError(f"reset options {self._options} are not supported by gmi-drl pools")
+            options = self._options
+            self._reset_options()  # (dropped, as after a reset: the next reset may go on)
+            self._reset_seeds()
+            raise ValueError(f"reset options {options} are not supported by gmi-drl pools")
         try:
             if all(s is not None for s in self._seeds):
                 seeds = env_seeds(self._seeds, self.num_envs)
@@ -131,13 +134,21 @@ class GmiVecEnv(VecEnv):
         self.pool.close()
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """``render_mode`` (``None``: pools do not render); anything else raises.
+        """What every env of a pool shares: ``render_mode`` (``None``: pools do not render),
+        ``observation_space`` and ``action_space`` (one env's), ``metadata`` and ``spec`` (the
+        Gymnasium registration of the task id, or ``None`` for a gmi-drl-only task); anything
+        else raises.
 
         Raises:
             AttributeError: the envs of a pool are no Python objects with attributes.
         """
-        if attr_name == "render_mode":
-            return [None for _ in self._get_indices(indices)]
+        shared = {"render_mode": lambda: None,  # (asked for by VecEnv.__init__: lazily)
+                  "observation_space": lambda: self.observation_space,
+                  "action_space": lambda: self.action_space, "metadata": lambda: self.metadata,
+                  "spec": lambda: gym.registry.get(self.pool.spec.task_id)}
+        if attr_name in shared:
+            value = shared[attr_name]()
+            return [value for _ in self._get_indices(indices)]
         raise AttributeError(f"gmi-drl pools have no per-env attribute {attr_name!r}")
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:

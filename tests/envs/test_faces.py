@@ -385,6 +385,10 @@ def test_sb3_face_explains_what_it_cannot_do():
     env.set_options({"x": 1})
     with pytest.raises(ValueError, match="reset options"):
         env.reset()
+    assert env.reset().shape == (2, 4)  # the refused options are dropped
+    assert env.get_attr("spec")[0].id == "CartPole-v1" and env.has_attr("spec")
+    assert env.get_attr("observation_space", 1) == [env.observation_space]
+    assert isinstance(env.get_attr("metadata")[0], dict)
     env.close()
 
 

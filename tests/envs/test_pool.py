@@ -294,6 +294,26 @@ def test_an_integer_box_takes_integer_actions_and_a_float_box_takes_both():
                                       b.step(np.array([[1.0], [-2.0]], np.float32))[0])
 
 
+@pytest.mark.parametrize("task, engine", [("Pendulum-v1", "auto"), ("CartPole-v1", "auto"),
+                                          ("Hopper-v5", "native"), ("Hopper-v5", "numpy")])
+def test_max_episode_steps_sets_the_time_limit_as_in_gymnasium(task, engine):
+    with envs.make(task, num_envs=2, engine=engine, max_episode_steps=7, seed=0) as pool:
+        pool.reset()
+        assert pool.spec.max_episode_steps == 7
+        zeros = np.zeros((2, *pool.action_space.shape), pool.action_space.dtype)
+        ends = [pool.step(zeros)[3].copy() for _ in range(7)]
+        assert not np.any(ends[:6]) and ends[6].all()  # (the zero action keeps them alive)
+    with pytest.raises(ValueError, match="max_episode_steps=0 must be an int >= 1"):
+        envs.make(task, num_envs=2, engine=engine, max_episode_steps=0)
+
+
+def test_a_keyword_the_task_does_not_take_is_named_with_those_it_takes():
+    for engine in ("native", "numpy"):
+        with pytest.raises(ValueError, match=r"Hopper-v5 does not take the keyword\(s\) "
+                           r"\['bogus'\]; it takes \[.*'healthy_reward'.*'max_episode_steps'\]"):
+            envs.make("Hopper-v5", num_envs=2, engine=engine, bogus=1)
+
+
 def test_info_episode_end_is_terminated_or_truncated_for_ordinary_tasks():
     with envs.make("Counter-test", num_envs=4, env_batch_size=2, num_workers=1) as pool:
         pool.reset()
