@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from gmi_drl.envs import classic_control
@@ -73,9 +74,35 @@ class CartPoleNativePool(EnvPool):
         self._core = _cartpole_pool.CartPolePool(
             num_envs, env_batch_size, _MODES[self.autoreset], MAX_EPISODE_STEPS,
             bool(sutton_barto_reward), self._draw, EpisodeEndedError)
-        # the bound C++ methods themselves: no Python frame per call
-        self.reset, self.send = self._core.reset, self._core.send
-        self.recv, self.step = self._core.recv, self._core.step
+        self.recv = self._core.recv
+        # until every env was reset, Python guards refuse to step; then the bound C++ methods
+        # themselves: no Python frame per call
+        self._unreset = np.ones(num_envs, bool)
+        self.reset, self.send, self.step = self._first_reset, self._unreset_send, self._unreset_step
+
+    def _first_reset(self, env_id: Any = None):
+        out = self._core.reset(env_id)
+        self._unreset[out[1]["env_id"]] = False
+        if not self._unreset.any():
+            self.reset, self.send = self._core.reset, self._core.send
+            self.step = self._core.step
+        return out
+
+    def _refuse_unreset(self, env_id: Any) -> None:
+        ids = np.arange(self.num_envs) if env_id is None else np.asarray(env_id).reshape(-1)
+        if ids.dtype.kind in "iu" and len(ids) and 0 <= ids.min() and ids.max() < self.num_envs:
+            never = ids[self._unreset[ids]]
+            if len(never):
+                raise gym.error.ResetNeeded(f"env_id {never.tolist()} never reset: call reset() "
+                                            "before stepping them")
+
+    def _unreset_send(self, actions, env_id: Any = None) -> None:
+        self._refuse_unreset(env_id)
+        self._core.send(actions, env_id)
+
+    def _unreset_step(self, actions, env_id: Any = None):
+        self._refuse_unreset(env_id)
+        return self._core.step(actions, env_id)
 
     def close(self) -> None:
         if not self._closed:

@@ -61,6 +61,8 @@ class EnvPool:
         self._num_ready = 0
         self._closed = False
         self._failure: BaseException | None = None  # an engine failure poisons the pool
+        self._unreset = np.ones(num_envs, bool)  # envs never reset: no state to step yet
+        self._num_unreset = num_envs
         self._init_action_checks()
         s, b = self._slots, env_batch_size
         self._out = {
@@ -103,6 +105,9 @@ class EnvPool:
                              "recv() its result before resetting it")
         self._in_process(self._engine.reset, ids, "reset")
         self._ended[ids] = False
+        if self._num_unreset:
+            self._unreset[ids] = False
+            self._num_unreset = int(np.count_nonzero(self._unreset))
         s = self._slots
         if ids is self._all_ids:
             return s.obs, {"env_id": ids}
@@ -116,6 +121,7 @@ class EnvPool:
         Raises:
             ValueError: wrong action shape, dtype or range; unknown, repeated or in-flight env ids;
                 with autoreset ``disabled``, an env whose episode ended (`EpisodeEndedError`).
+            gymnasium.error.ResetNeeded: an env never reset.
         """
         self._check_open()
         if env_id is self._env_id_out and not self._recv_ids_sent:
@@ -128,6 +134,10 @@ class EnvPool:
                 raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a "
                                  "step in flight; recv() its result before sending it another "
                                  "action")
+        if self._num_unreset and np.count_nonzero(self._unreset[ids]):
+            raise gym.error.ResetNeeded(
+                f"env_id {ids[self._unreset[ids]].tolist()} never reset: call reset() before "
+                "stepping them")
         if self.autoreset is AutoresetMode.DISABLED and self._ended[ids].any():
             raise EpisodeEndedError(
                 f"env_id {ids[self._ended[ids]].tolist()}: episode ended and autoreset is "

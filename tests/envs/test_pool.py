@@ -314,6 +314,21 @@ def test_a_keyword_the_task_does_not_take_is_named_with_those_it_takes():
             envs.make("Hopper-v5", num_envs=2, engine=engine, bogus=1)
 
 
+@pytest.mark.parametrize("task", ["CartPole-v1", "Pendulum-v1", "Hopper-v5", "Pong-v5",
+                                  "Reacher-v5"])  # C++, NumPy, C++ MuJoCo, Atari, generic
+def test_every_engine_refuses_to_step_an_env_never_reset_and_stays_usable(task):
+    with envs.make(task, num_envs=2, num_workers=1) as pool:
+        space = pool.action_space
+        actions = np.stack([space.sample() for _ in range(2)])
+        with pytest.raises(gym.error.ResetNeeded, match=r"env_id \[0, 1\] never reset"):
+            pool.step(actions)
+        pool.reset(env_id=[0])
+        with pytest.raises(gym.error.ResetNeeded, match=r"env_id \[1\] never reset"):
+            pool.send(actions[1:], [1])
+        pool.reset()
+        assert pool.step(actions)[0].shape[0] == 2
+
+
 def test_info_episode_end_is_terminated_or_truncated_for_ordinary_tasks():
     with envs.make("Counter-test", num_envs=4, env_batch_size=2, num_workers=1) as pool:
         pool.reset()
