@@ -892,7 +892,8 @@ def _validate_profile(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
 
 def _is_host_port(text: str) -> bool:
     host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    return (bool(host) and "/" not in host and port.isdigit()  # ("ray://h:p" is no HOST:PORT)
+            and 0 < int(port) < 65536)
 
 
 _NESTED = {"env": EnvConfig, "model": ModelConfig, "norm": NormConfig, "log": LogConfig,

@@ -144,10 +144,42 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
                                        e.details, e.exception) from None
                     raise
                 restarts += 1
-                log.warning("%s\nrestarting all %d GMIs (restart %d of %d)", e, layout.num_gmis,
-                            restarts, max_restarts)
+                log.warning("%s; restarting all %d GMIs (restart %d of %d)",
+                            e.summary.removesuffix(STOPPED), layout.num_gmis, restarts,
+                            max_restarts)
+                log.info("what failed:\n%s", e.details)
                 if on_restart is not None:
                     payload = on_restart(e)
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""how long a HOST:PORT Ray address may take to accept a connection"""
+
+
+def _join(address: str) -> None:
+    """``ray.init(address)``, where a cluster that is not there is a `PlacementError` in one
+    line (``ray.init`` itself would retry a silent HOST:PORT for minutes).
+
+    Raises:
+        PlacementError: nothing accepts connections at ``address``, or Ray refuses to join.
+    """
+    import socket
+
+    how = ("start one with `ray start --head` on this node, or leave --ray.address unset for "
+           "a Ray instance of this run's own")
+    if address != "auto":
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as e:
+            raise PlacementError(f"no Ray cluster at {address} ({e.strerror or e}); {how}",
+                                 "", "") from None
+    try:
+        ray.init(address=address)
+    except (ConnectionError, RuntimeError, TimeoutError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PlacementError(f"could not join the Ray cluster at {address}: {first}; {how}",
+                             "", "") from None
 
 
 @contextlib.contextmanager
@@ -158,7 +190,7 @@ def _connected(address: str | None, local_cpus: int):
     if address is None:
         ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
     else:
-        ray.init(address=address)
+        _join(address)
     try:
         yield
     finally:
@@ -286,12 +318,18 @@ def _failure_message(failures, nodes, what: str) -> tuple[str, str, str]:
             parts.append((f"{what} {k}{where} died: {_death_cause(str(e))}", "", ""))
         else:
             tb = _ANSI.sub("", str(e))
-            line = exception_line(tb)
+            cause = getattr(e, "cause", None)  # (a RayTaskError's: what the GMI raised)
+            if isinstance(cause, BaseException):
+                line = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+            else:  # (Ray's text has no traceback header: its first line names the call)
+                line = exception_line(tb)
             parts.append((f"{what} {k}{where} raised {line}", tb, line))
     head, _, exception = parts[0]
     details = "\n".join(h + (f":\n{d}" if d else "") for h, d, _ in parts)
-    return head + "; the run was stopped", details, exception
+    return head + STOPPED, details, exception
 
+
+STOPPED = "; the run was stopped"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -88,6 +88,13 @@ def write_summary(s: RunSummary, run_dir: str | Path,
         + (f" ({s.episodes_of})" if s.episodes_of else ""),
         f"- final return (mean of last 20 episodes): {final_return(s):.2f}",
         f"- wall time: {s.wall_s:.1f} s; throughput: {sps:,.0f} env steps/s (perf/sps)",
+    ]
+    start = s.global_step - s.steps_this_process
+    if start > 0:
+        lines.append(f"- the wall time, throughput and phases are those of the last training "
+                     f"loop alone, from global_step {start:,} (a resume, or a restart after "
+                     "a failure); metrics.csv has the earlier loops' rows")
+    lines += [
         "", "## Phase breakdown", "",
         "| phase | total s | % of wall | calls | mean ms |", "|---|---:|---:|---:|---:|",
     ]

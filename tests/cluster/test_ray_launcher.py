@@ -53,9 +53,26 @@ def test_a_failing_gmi_is_named_with_its_node_and_nothing_is_left(ray_cluster, t
     assert "the run was stopped" in text
     if how == "raise":
         assert "ValueError: GMI 1 failed on purpose" in text  # the GMI's own traceback
+        assert err.value.summary.endswith(  # its own exception, not Ray's wrapper
+            "raised ValueError: GMI 1 failed on purpose; the run was stopped"), err.value.summary
     pids = [int(p.read_text()) for p in tmp_path.glob("gmi-*.pid")]
     assert len(pids) == 2
     assert_nothing_left(ray_cluster, pids, shm_before)
+
+
+def test_a_ray_address_where_no_cluster_listens_is_refused_at_once():
+    import socket
+    import time
+
+    with socket.socket() as free:  # a loopback port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError, match=rf"no Ray cluster at 127.0.0.1:{port} "
+                       r"\(Connection refused\); start one with `ray start --head`"):
+        launch("tests.cluster.targets:reduce_and_report", plan(1, CPU_ONLY),
+               address=f"127.0.0.1:{port}", num_cpus_per_gmi=1, placement_timeout_s=5)
+    assert time.monotonic() - t0 < 10
 
 
 def test_a_cluster_too_small_is_refused_in_time(ray_cluster):

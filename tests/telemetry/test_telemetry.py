@@ -93,6 +93,11 @@ def test_summary_has_returns_and_phase_table(tmp_path):
     assert f"| *outside these phases* (loop, waits, a profiler's own work) | {rest:.2f} | " \
            f"{50 * rest:.1f} |" in text
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    assert "last training loop alone" not in text
+    resumed = s._replace(steps_this_process=40)  # a loop that began at global_step 60
+    text = write_summary(resumed, tmp_path).read_text()
+    assert "20 env steps/s" in text and ("those of the last training loop alone, from "
+                                         "global_step 60 (a resume") in text
     set_tree(TimingTree())
 
 
