@@ -236,6 +236,14 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
 
 
 def _wait_placed(pg, wanted, timeout_s: float) -> None:
+    total = ray.cluster_resources()
+    short = {k: (sum(b.get(k, 0) for b in wanted), total.get(k, 0)) for b in wanted for k in b}
+    short = {k: v for k, v in short.items() if v[0] > v[1]}
+    if short:  # (an autoscaler may still add nodes: wait, but say so at once)
+        log.warning("the GMIs need %s, more than the cluster has (%s); waiting up to %.0f s "
+                    "for nodes to join (--ray.placement-timeout-s)",
+                    ", ".join(f"{need:g} {k}" for k, (need, _) in short.items()),
+                    ", ".join(f"{have:g} {k}" for k, (_, have) in short.items()), timeout_s)
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:

@@ -9,7 +9,7 @@ import gmi_drl
 from gmi_drl.gmi.devices import Machine
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.gmi.layout import plan
-from tests.cluster.conftest import assert_nothing_left
+from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
 
 pytest.importorskip("ray")
 from gmi_drl.cluster.ray_launcher import PlacementError, launch  # noqa: E402
@@ -75,8 +75,10 @@ def test_a_ray_address_where_no_cluster_listens_is_refused_at_once():
     assert time.monotonic() - t0 < 10
 
 
-def test_a_cluster_too_small_is_refused_in_time(ray_cluster):
+def test_a_cluster_too_small_is_refused_in_time(ray_cluster, caplog):
     with pytest.raises(PlacementError, match="could not place 2 GMI bundles"):
         launch("tests.cluster.targets:reduce_and_report", plan(2, CPU_ONLY),
                address=ray_cluster.address, num_cpus_per_gmi=3, placement_timeout_s=2)
+    assert (f"the GMIs need 6 CPU, more than the cluster has ({2 * NODE_CPUS} CPU)"
+            in caplog.text)  # said at once, before the wait
     assert_nothing_left(ray_cluster)
