@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from gmi_drl.envs.registry import CPU_BUDGET_VAR
 from gmi_drl.gmi.backends import BackendKind, GMISpec, mps_env
 from gmi_drl.gmi.layout import Layout
 
@@ -68,14 +69,16 @@ def actor_env(spec: GMISpec, num_cpus_per_gmi: float, mps_dir: str | None) -> di
     ``cpu``: no GPU visible. ``cuda_shared`` / ``cuda_mps``: Ray picks the GPU from the bundle's
     fraction and sets ``CUDA_VISIBLE_DEVICES`` itself; MPS adds its client variables
     (`gmi_drl.gmi.backends.mps_env`; the pinned-memory limit is for device 0, the one GPU the
-    actor sees). ``mig``: the instance's ``MIG-<uuid>``, kept as is by Ray. Thread counts follow
+    actor sees). ``mig``: the instance's ``MIG-<uuid>``, kept as is by Ray. Thread counts and
+    the env workers' CPU budget (`gmi_drl.envs.registry.cpu_budget`) follow
     ``num_cpus_per_gmi``. CPU affinity is left to the node: core numbers of the planning machine
     mean nothing on another node.
 
     Raises:
         ValueError: ``cuda_mps`` without ``mps_dir``, or ``mig`` without an instance.
     """
-    env = {"OMP_NUM_THREADS": str(max(1, int(num_cpus_per_gmi)))}
+    cpus = str(max(1, int(num_cpus_per_gmi)))
+    env = {"OMP_NUM_THREADS": cpus, CPU_BUDGET_VAR: cpus}  # (env workers size to it)
     if spec.backend is BackendKind.CPU:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif spec.backend is BackendKind.CUDA_MPS:

@@ -133,6 +133,18 @@ def list_tasks() -> list[str]:
     return sorted(_REGISTRY)
 
 
+CPU_BUDGET_VAR = "GMI_NUM_CPUS"
+"""set by a launcher whose GMI processes are not pinned (a Ray actor's affinity is its whole
+node): the CPUs the GMI reserved"""
+
+
+def cpu_budget() -> int:
+    """The CPUs this process may use for env workers: `CPU_BUDGET_VAR` where a launcher set it,
+    else the cores of its affinity."""
+    given = os.environ.get(CPU_BUDGET_VAR, "")
+    return int(given) if given.isdigit() and int(given) >= 1 else len(os.sched_getaffinity(0))
+
+
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
          autoreset: str | AutoresetMode = "next_step", device: str | None = None,
@@ -145,8 +157,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         env_batch_size: envs returned per `EnvPool.recv`; ``None`` means ``num_envs``
             (synchronous). Must be in ``[1, num_envs]``.
         num_workers: threads (native engines) or processes (``gymnasium`` engine); ``None``: the
-            CPU cores this process may use, at most ``num_envs``; ``0`` steps the ``gymnasium``
-            engine in this process (no worker processes: what the serial placement uses).
+            CPUs this process may use (`cpu_budget`), at most ``num_envs``; ``0`` steps the
+            ``gymnasium`` engine in this process (no worker processes: what the serial
+            placement uses).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``),
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
             continue that env's generator.
@@ -170,8 +183,7 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     batch = num_envs if env_batch_size is None else env_batch_size
     if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= num_envs:
         errors.append(f"env_batch_size={env_batch_size!r} must be in [1, num_envs={num_envs}]")
-    cores = len(os.sched_getaffinity(0))
-    workers = min(num_envs, cores) if num_workers is None else num_workers
+    workers = min(num_envs, cpu_budget()) if num_workers is None else num_workers
     if not isinstance(workers, (int, np.integer)) or not 0 <= workers <= num_envs:
         errors.append(f"num_workers={num_workers!r} must be in [0, num_envs={num_envs}]")
     try:

@@ -14,7 +14,8 @@ def reduce_and_report(ctx):
     red = ctx.make_reducer()
     t = torch.full((5,), float(ctx.gmi_id))
     red.allreduce_([t])
-    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GMI_TAG")}
+    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GMI_TAG",
+                                          "GMI_NUM_CPUS")}
     return t.tolist(), env, gmi_drl.__file__, ctx.layout.reduction.value
 
 

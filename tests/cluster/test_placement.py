@@ -41,7 +41,7 @@ def test_bad_cpu_count_is_refused():
 
 def test_actor_env_carries_each_backends_variables():
     cpu = actor_env(GMISpec(0, 0, BackendKind.CPU), 2, None)
-    assert cpu == {"OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": ""}
+    assert cpu == {"OMP_NUM_THREADS": "2", "GMI_NUM_CPUS": "2", "CUDA_VISIBLE_DEVICES": ""}
     mps = actor_env(GMISpec(1, 0, BackendKind.CUDA_MPS, 0.25, 2 << 30), 1, "/tmp/m")
     assert mps["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert mps["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"

@@ -32,7 +32,8 @@ def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
     for g, (values, env, module, used) in enumerate(run.results):
         assert values == pytest.approx([1.0] * 5, abs=1e-6)  # mean of 0, 1, 2
         # the backend's variables and the extra per-actor runtime_env reached the actor
-        assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "GMI_TAG": f"tag-{g}"}
+        assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "GMI_TAG": f"tag-{g}",
+                       "GMI_NUM_CPUS": "1"}
         assert module == gmi_drl.__file__  # the workers run this checkout's code
         assert used == "har"
     assert_nothing_left(ray_cluster)

@@ -99,3 +99,20 @@ def test_config_refuses_an_engine_the_task_does_not_have():
     with pytest.raises(ConfigError, match=r"env.engine='native' must be one of "
                                           r"\['auto', 'numpy', 'gymnasium'\] for Pendulum-v1"):
         validate(cfg)
+
+
+def test_a_launchers_cpu_budget_sizes_the_default_env_workers(monkeypatch):
+    """A Ray GMI's affinity is its whole node: the CPUs it reserved (GMI_NUM_CPUS) bound the
+    default num_workers instead."""
+    import os
+
+    from gmi_drl.envs.registry import cpu_budget
+
+    monkeypatch.delenv("GMI_NUM_CPUS", raising=False)
+    assert cpu_budget() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("GMI_NUM_CPUS", "1")
+    assert cpu_budget() == 1
+    with envs.make("Reacher-v5", num_envs=4) as pool:  # a worker process per CPU of the budget
+        assert pool._engine.num_workers == 1
+    monkeypatch.setenv("GMI_NUM_CPUS", "zero")  # not a count: ignored
+    assert cpu_budget() == len(os.sched_getaffinity(0))
