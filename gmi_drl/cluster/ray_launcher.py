@@ -226,6 +226,10 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
         addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()
+        if switch_addr and len(reduction.mpl) > 1 and _is_loopback(switch_addr):
+            raise PlacementError(f"gmi.switch_addr={switch_addr} is a loopback address, but Ray "
+                                 f"placed the GMIs on {len(reduction.mpl)} nodes: give the "
+                                 "switch's address on the network the nodes share", "", "")
         group = ReductionGroup(tuple(g for g in groups if g is not None), init_method, addrs,
                                job[0] or name, job[1])
         results = _collect([a.run.remote(target, GMIContext(g, reduction, payload, group))
@@ -233,6 +237,19 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         return results, reduction, nodes
     finally:
         _teardown(actors, agents, nodes, pg, mps_dir is not None)
+
+
+def _is_loopback(addr: str) -> bool:
+    """Whether ``HOST:PORT`` names this host only (127.0.0.0/8, ::1, ``localhost``)."""
+    import ipaddress
+
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to on each node
+        return False
 
 
 def _wait_placed(pg, wanted, timeout_s: float) -> None:

@@ -76,6 +76,16 @@ def test_a_ray_address_where_no_cluster_listens_is_refused_at_once():
     assert time.monotonic() - t0 < 10
 
 
+def test_a_loopback_switch_for_gmis_on_several_nodes_is_refused(ray_cluster):
+    """GMIs on another node would reach their own loopback, not the switch."""
+    layout = plan(2, CPU_ONLY, reduction="switch")
+    with pytest.raises(PlacementError, match=r"gmi.switch_addr=127.0.0.1:9 is a loopback "
+                       r"address, but Ray placed the GMIs on 2 nodes"):
+        launch("tests.cluster.targets:reduce_and_report", layout, address=ray_cluster.address,
+               num_cpus_per_gmi=2, placement_timeout_s=60, switch_addr="127.0.0.1:9")
+    assert_nothing_left(ray_cluster)
+
+
 def test_a_cluster_too_small_is_refused_in_time(ray_cluster, caplog):
     with pytest.raises(PlacementError, match="could not place 2 GMI bundles"):
         launch("tests.cluster.targets:reduce_and_report", plan(2, CPU_ONLY),
