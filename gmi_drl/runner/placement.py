@@ -232,15 +232,20 @@ def _restarted(payload):
 
 def _nsys_prefixes(cfg: TrainConfig, run_dir, machine) -> dict[int, list[str]]:
     """``{gmi_id: nsys command}`` for the GMIs that run under Nsight Systems: with
-    ``profile.tool nsys``, the selected GMIs, where ``nsys`` is on PATH and NVML sees a GPU
-    (its capture ranges need CUDA); otherwise none, with a warning saying why."""
+    ``profile.tool nsys``, the selected GMIs, where ``nsys`` is on PATH, NVML sees a GPU and
+    torch is built with CUDA (its capture ranges need CUDA); otherwise none, with a warning
+    saying why."""
     from gmi_drl.telemetry.profiler import nsys_command
 
     if cfg.profile.tool != "nsys":
         return {}
-    if not machine.gpus:
+    import torch
+
+    reason = (machine.no_gpu_reason if not machine.gpus else None if torch.backends.cuda.is_built()
+              else "torch is a CPU build (no CUDA)")
+    if reason is not None:  # (is_built: without initialising CUDA in the controller)
         log.warning("profiling: %s: nsys capture ranges need CUDA; GMIs run without Nsight "
-                    "Systems, only the built-in timeline.json is written", machine.no_gpu_reason)
+                    "Systems, only the built-in timeline.json is written", reason)
         return {}
     prefixes = {k: c for k in range(cfg.gmi.num_gmis)
                 if (c := nsys_command(cfg.profile, k, run_dir)) is not None}

@@ -342,6 +342,11 @@ def test_training_runs_the_selected_gmis_under_nsys_only_where_nvml_sees_a_gpu(
         assert _nsys_prefixes(cfg, tmp_path, devices.Machine((), (0,), "no GPU: test")) == {}
     assert "no GPU: test: nsys capture ranges need CUDA" in caplog.text
     gpu = devices.Gpu(0, "Fake GPU", "GPU-0")
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    with caplog.at_level(logging.WARNING):  # a GPU, but a torch that cannot start a capture
+        assert _nsys_prefixes(cfg, tmp_path, devices.Machine((gpu,), (0,))) == {}
+    assert "torch is a CPU build (no CUDA): nsys capture ranges need CUDA" in caplog.text
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     prefixes = _nsys_prefixes(cfg, tmp_path, devices.Machine((gpu,), (0,)))
     assert sorted(prefixes) == [0, 2] and prefixes[2] == nsys_command(cfg.profile, 2, tmp_path)
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["gmi-0", "gmi-2"]
