@@ -873,8 +873,9 @@ def _validate_profile(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
             need(not changed, f"{', '.join(changed)} set but profile.tool='none': add "
                  "--profile.tool torch (or nsys)")
         return
-    need(pr.nvtx or pr.tool == "nsys", "profile.nvtx=False with profile.tool='torch': NVTX "
-         "ranges are for nsys; drop --profile.no-nvtx")
+    need(pr.nvtx or pr.tool == "nsys" or cfg.resume is not None or cfg.config is not None,
+         "profile.nvtx=False with profile.tool='torch': NVTX ranges are for nsys; drop "
+         "--profile.no-nvtx")
     n_iter, n_gmis = cfg.num_iterations, cfg.gmi.num_gmis
     need(len(pr.iterations) > 0, "profile.iterations is empty: name the iterations to capture, "
          "e.g. --profile.iterations 3 4")

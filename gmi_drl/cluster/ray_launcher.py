@@ -169,8 +169,9 @@ def _join(address: str) -> None:
            "a Ray instance of this run's own")
     if address != "auto":
         host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        try:  # ("[::1]:6379": the host without its brackets)
+            socket.create_connection((host.strip("[]"), int(port)),
+                                     timeout=CONNECT_TIMEOUT_S).close()
         except OSError as e:
             raise PlacementError(f"no Ray cluster at {address} ({e.strerror or e}); {how}",
                                  "", "") from None
@@ -226,10 +227,8 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
         addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()
-        if switch_addr and len(reduction.mpl) > 1 and _is_loopback(switch_addr):
-            raise PlacementError(f"gmi.switch_addr={switch_addr} is a loopback address, but Ray "
-                                 f"placed the GMIs on {len(reduction.mpl)} nodes: give the "
-                                 "switch's address on the network the nodes share", "", "")
+        if switch_addr:
+            _check_switch_reachable(switch_addr, nodes)
         group = ReductionGroup(tuple(g for g in groups if g is not None), init_method, addrs,
                                job[0] or name, job[1])
         results = _collect([a.run.remote(target, GMIContext(g, reduction, payload, group))
@@ -237,6 +236,20 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         return results, reduction, nodes
     finally:
         _teardown(actors, agents, nodes, pg, mps_dir is not None)
+
+
+def _check_switch_reachable(switch_addr: str, nodes: Sequence[NodeInfo]) -> None:
+    """Refuse a loopback switch address for GMIs on several hosts (each would reach its own
+    loopback; several Ray nodes of one host share theirs).
+
+    Raises:
+        PlacementError: the GMIs' nodes have more than one IP and the address is loopback.
+    """
+    hosts = sorted({n.ip for n in nodes})
+    if len(hosts) > 1 and _is_loopback(switch_addr):
+        raise PlacementError(f"gmi.switch_addr={switch_addr} is a loopback address, but Ray "
+                             f"placed the GMIs on {len(hosts)} hosts {hosts}: give the switch's "
+                             "address on the network the hosts share", "", "")
 
 
 def _is_loopback(addr: str) -> bool:

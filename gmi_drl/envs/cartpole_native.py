@@ -126,6 +126,7 @@ def _native_pool(request: PoolRequest, **kwargs: Any) -> CartPoleNativePool:
     Raises:
         ValueError: an unknown keyword.
     """
+    kwargs.pop("max_episode_steps", None)  # (None or its own 500: `_unavailable` saw to it)
     unknown = set(kwargs) - {"sutton_barto_reward"}
     if unknown:
         raise ValueError(f"unknown CartPole-v1 keyword(s) {sorted(unknown)}")
@@ -140,6 +141,7 @@ def engines() -> dict[str, dict[str, EngineEntry]]:
 
 
 def _unavailable(kwargs: dict[str, Any]) -> str | None:
-    if UNAVAILABLE is None and "max_episode_steps" in kwargs:
+    if UNAVAILABLE is None and kwargs.get("max_episode_steps") not in (None,
+                                                                      MAX_EPISODE_STEPS):
         return "its core has CartPole-v1's 500-step limit built in (max_episode_steps)"
     return UNAVAILABLE

@@ -104,16 +104,17 @@ class EngineEntry:
 
 def time_limit(task_kwargs: dict[str, Any], default: int | None) -> int | None:
     """Pop Gymnasium's ``max_episode_steps`` keyword from ``task_kwargs``: the time limit in
-    steps (``default``, the task's own, when absent).
+    steps (``default``, the task's own, when absent or ``None``).
 
     Raises:
         ValueError: a limit that is no int >= 1.
     """
-    limit = task_kwargs.pop("max_episode_steps", default)
-    if limit is not default and (not isinstance(limit, (int, np.integer))
-                                 or isinstance(limit, bool) or limit < 1):
+    limit = task_kwargs.pop("max_episode_steps", None)
+    if limit is None:  # (as gymnasium.make: None is the task's own)
+        return default
+    if not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"max_episode_steps={limit!r} must be an int >= 1")
-    return None if limit is None else int(limit)
+    return int(limit)
 
 
 def build_with_keywords(task_id: str, make: Callable[..., Any], **kwargs: Any) -> Any:

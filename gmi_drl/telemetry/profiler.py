@@ -258,10 +258,10 @@ class CaptureProfiler:
 
     def _start(self, label: str, k: int) -> None:
         self._ranges_this_iteration += 1
-        self._open = {"index": len(self.captures) + 1, "label": label, "iteration": k,
-                      "phases": [], "start_unix_s": time.time()}
-        self.capture.start(label)
-        self._open["t0"] = time.perf_counter()  # the range's own time, not the tool's start
+        entry = {"index": len(self.captures) + 1, "label": label, "iteration": k,
+                 "phases": [], "start_unix_s": time.time()}
+        self.capture.start(label)  # (a tool that fails to start leaves no range open)
+        self._open = dict(entry, t0=time.perf_counter())  # the range's time, not the tool's
 
     def _stop(self) -> None:
         if self._open is None:

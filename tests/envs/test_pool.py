@@ -305,6 +305,16 @@ def test_max_episode_steps_sets_the_time_limit_as_in_gymnasium(task, engine):
         assert not np.any(ends[:6]) and ends[6].all()  # (the zero action keeps them alive)
     with pytest.raises(ValueError, match="max_episode_steps=0 must be an int >= 1"):
         envs.make(task, num_envs=2, engine=engine, max_episode_steps=0)
+    with envs.make(task, num_envs=2, engine=engine, max_episode_steps=None) as pool:
+        default = envs.make(task, num_envs=1, engine=engine)
+        assert pool.spec.max_episode_steps == default.spec.max_episode_steps  # the task's own
+        default.close()
+
+
+def test_cartpoles_native_engine_takes_its_own_limit_or_none():
+    for limit in (None, 500):
+        with envs.make("CartPole-v1", num_envs=2, max_episode_steps=limit) as pool:
+            assert type(pool).__name__ == "CartPoleNativePool"
 
 
 def test_a_keyword_the_task_does_not_take_is_named_with_those_it_takes():

@@ -129,6 +129,16 @@ def test_a_run_that_raises_mid_iteration_closes_its_capture(tmp_path):
     assert cap.calls == [("start", "iteration-0"), ("stop",)]
 
 
+def test_a_tool_that_fails_to_start_is_reported_as_its_own_error(tmp_path):
+    class Failing(RecordingCapture):
+        def start(self, label):
+            raise RuntimeError("the tool could not start")
+
+    prof = CaptureProfiler(ProfilerConfig(tool="nsys", iterations=[0]), 0, Failing(), tmp_path)
+    with pytest.raises(RuntimeError, match="the tool could not start"):
+        _run_iterations(prof, [0])
+
+
 def test_unselected_or_off_gives_the_no_op_profiler(tmp_path):
     tree = TimingTree()
     assert isinstance(make_profiler(ProfilerConfig(), 0, tmp_path, tree), NoOpProfiler)
@@ -257,6 +267,8 @@ def test_cli_flags_parse_and_bad_profile_config_is_reported_field_by_field():
     cfg.config, cfg.profile = None, ProfilerConfig(tool="torch", nvtx=False)
     with pytest.raises(ConfigError, match="NVTX ranges are for nsys"):
         validate(cfg)
+    cfg.config = "config.json"  # a stored nsys run's no-nvtx, now profiled with torch
+    validate(cfg)
 
 
 def test_a_file_where_the_run_writes_a_directory_is_refused_before_it_starts(tmp_path):
