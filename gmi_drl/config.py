@@ -594,6 +594,12 @@ def validate(cfg: TrainConfig) -> None:
     need(e.num_workers is None or 1 <= e.num_workers <= e.num_envs,
          f"env.num_workers={e.num_workers} must be in [1, env.num_envs={e.num_envs}] or None")
     errors += cfg.algo.validate(e.num_envs, cfg.gmi.num_gmis)
+    starts = getattr(cfg.algo, "learning_starts", None)
+    if starts is not None and cfg.total_timesteps >= cfg.batch_size:
+        per_gmi = cfg.num_iterations * cfg.algo.steps_per_iteration(e.num_envs)
+        need(starts < per_gmi, f"algo.learning_starts={starts:,} env steps, but each GMI takes "
+             f"{per_gmi:,}: nothing would be trained; lower --algo.learning-starts or raise "
+             "--total-timesteps")
     _validate_gmi(cfg, need)
     _validate_placement(cfg, need)
     need(cfg.total_timesteps >= cfg.batch_size,

@@ -55,17 +55,17 @@ def load_policy(path: str | Path, seed: int = 0
         raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: its config "
                               f"does not hold: {e}") from None
     spec = envs.task_spec(cfg.env.task_id)
-    ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, 1, cfg.seed,
-                      functools.partial(make_grad_step, compile=False),
+    ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, cfg.num_iterations, cfg.seed,
+                      functools.partial(make_grad_step, compile=False),  # (schedules: as trained)
                       torch.Generator().manual_seed(seed))
     algo = build_algorithm(cfg.algo, ctx)
-    try:
-        algo.load_state_dict(state["algo"])
+    try:  # (a saved replay buffer is no part of the policy: not loaded)
+        algo.load_state_dict({k: v for k, v in state["algo"].items() if k != "replay"})
         obs_norm = None
         if state["obs_norm"] is not None:
             obs_norm = ObsNormalizer(spec.observation_space.shape, cfg.norm.obs_clip)
             obs_norm.load_state_dict(state["obs_norm"])
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"{resolve_checkpoint(path)}: weights do not fit the model of its "
                               f"config: {e}") from None
     return cfg, algo.acting, obs_norm
@@ -78,7 +78,8 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
 
     Episodes are spread over ``min(num_envs, episodes)`` envs, each env contributing a fixed
     quota of its first episodes (no bias towards short episodes). ``deterministic`` takes the
-    policy's mode (Gaussian mean, arg-max) instead of sampling. Observations pass through the
+    policy's mode (Gaussian mean, arg-max) instead of sampling (DQN: epsilon-greedy at the
+    epsilon its schedule had reached at the checkpoint). Observations pass through the
     normaliser saved with the checkpoint, frozen. With ``video``, one further episode is rendered
     (``rgb_array``) and written next to the checkpoint's run (``eval.mp4`` with imageio-ffmpeg,
     else ``eval.gif``); skipped, with a log message, when the task does not render or imageio is

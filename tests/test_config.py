@@ -195,3 +195,13 @@ def test_norm_clips_are_validated():
         validate(cfg)
     assert "norm.obs_clip=0.0 must be > 0" in str(err.value)
     assert "norm.reward_clip=-1.0 must be > 0" in str(err.value)
+
+
+def test_a_run_too_short_to_pass_learning_starts_is_refused():
+    cfg = preset("mujoco", "HalfCheetah-v5", algo="td3")  # learning_starts 10,000
+    cfg.total_timesteps = 3000
+    with pytest.raises(ConfigError, match=r"algo.learning_starts=10,000 env steps, but each GMI "
+                       r"takes 3,000: nothing would be trained"):
+        validate(cfg)
+    cfg.gmi.num_gmis, cfg.total_timesteps = 2, 30_000  # 15,000 steps each: it trains
+    validate(cfg)

@@ -34,7 +34,7 @@ from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay, refilled
 
 
 @dataclass
@@ -66,8 +66,9 @@ class DeterministicPGConfig:
     adam_eps: float = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
-    """put the replay buffer in checkpoints (a resumed run then continues exactly; the files grow
-    by the buffer's size)"""
+    """put GMI 0's replay buffer in checkpoints (a resumed run then trains on it at once;
+    without it, and on other GMIs, a resumed run refills its buffer to learning_starts
+    transitions first; the files grow by the buffer's size)"""
 
     # DDPG's values of TD3's terms (TD3Config makes them fields)
     n_critics = 1
@@ -301,6 +302,8 @@ class DDPG:
                                           cfg.exploration_noise, ctx.action_generator,
                                           ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
+        self._refilling = False  # resumed without a replay buffer: train once it is refilled
+        self._actor_loss: float | None = None  # of the latest iteration with actor steps
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, smoothing
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
         self._collector: ReplayCollector | None = None
@@ -336,11 +339,16 @@ class DDPG:
         (stale-sync: the ``n`` of one update applied after its drain, as one with
         ``tau_n = 1 - (1 - tau)^n``, so every GMI's targets follow the same weights).
         Returns ``losses/critic_loss``, ``losses/q_values`` (means over the critic steps),
-        ``losses/actor_loss`` (mean over the actor steps, when any) and the steps' metrics."""
+        ``losses/actor_loss`` (mean over the actor steps of the latest iteration that had any:
+        with ``policy_delay`` an iteration may have none) and the steps' metrics."""
         cfg = self.cfg
         self.iteration += 1
         if self.env_steps < cfg.learning_starts:
             return {}
+        if self._refilling:  # resumed without the replay buffer: refill it first
+            if not refilled(self.replay, cfg.learning_starts):
+                return {}
+            self._refilling = False
         smooth = cfg.target_policy_noise > 0
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
@@ -364,7 +372,9 @@ class DDPG:
             # n soft updates towards the drained weights, in one: tau_n = 1 - (1 - tau)^n
             self._update_targets(1.0 - (1.0 - cfg.tau) ** deferred)
         if actor_aux:
-            metrics["losses/actor_loss"] = float(torch.stack(actor_aux).mean())
+            self._actor_loss = float(torch.stack(actor_aux).mean())
+        if self._actor_loss is not None:  # (delayed: a logged iteration may have no actor step)
+            metrics["losses/actor_loss"] = self._actor_loss
         return metrics
 
     def _update_targets(self, tau: float) -> None:
@@ -400,6 +410,7 @@ class DDPG:
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
+        self._refilling = "replay" not in state
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

@@ -337,8 +337,9 @@ class FrameReplayBuffer:
     def state_dict(self) -> dict:
         """Everything held (frames and rows on the CPU) and the stream counters."""
         return {"layout": "frames", "steps": self.steps, "frames": self.frames.cpu(),
-                "rows": [t.cpu() for t in self._rows],
-                **{name: getattr(self, name).copy() for name in self._COUNTERS}}
+                "rows": [t.cpu() for t in self._rows],  # (tensors: a safe checkpoint load
+                **{name: torch.from_numpy(getattr(self, name).copy())  # takes no ndarray)
+                   for name in self._COUNTERS}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output.
@@ -355,8 +356,16 @@ class FrameReplayBuffer:
         for dst, src in zip(self._rows, state["rows"]):
             dst.copy_(src)
         for name in self._COUNTERS:
-            getattr(self, name)[...] = state[name]
+            value = state[name]
+            getattr(self, name)[...] = value.numpy() if isinstance(value, torch.Tensor) else value
         self.steps = int(state["steps"])
+
+
+def refilled(replay: ReplayBuffer | FrameReplayBuffer | None, learning_starts: int) -> bool:
+    """Whether ``replay`` holds ``learning_starts`` transitions (at most its capacity): what a
+    run resumed without its replay buffer waits for before it trains again, as a new run
+    waits for ``learning_starts`` env steps."""
+    return replay is not None and replay.size >= min(learning_starts, replay.capacity)
 
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

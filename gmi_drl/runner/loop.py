@@ -183,9 +183,13 @@ class Trainer:
             "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64)}
 
     def _restore(self, state: dict) -> None:
-        """Load the algorithm, normalisers and RNGs from a checkpoint (the action generator on
-        GMI 0 only: it is GMI 0's). Raises ``ValueError`` / ``KeyError`` when it does not fit."""
-        self.algo.load_state_dict(state["algo"])
+        """Load the algorithm, normalisers and RNGs from a checkpoint (the action generator and
+        a saved replay buffer on GMI 0 only: they are GMI 0's). Raises ``ValueError`` /
+        ``KeyError`` when it does not fit."""
+        algo = state["algo"]
+        if self.rank != 0 and "replay" in algo:  # GMI 0's replay: the others refill their own
+            algo = {k: v for k, v in algo.items() if k != "replay"}
+        self.algo.load_state_dict(algo)
         for name in ("obs_norm", "reward_norm"):
             norm = getattr(self, name)
             if (norm is None) != (state[name] is None):

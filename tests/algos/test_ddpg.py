@@ -102,6 +102,10 @@ def test_td3_updates_the_actor_and_targets_every_policy_delay_critic_steps():
                                0.5 * target_before + 0.5 * algo.actor_step.params.data)
     algo.update()  # critic steps 4, 5, 6: actor steps after 4 and 6
     assert algo.critic_step.optimizer.steps == 6 and algo.actor_step.optimizer.steps == 3
+    algo.cfg.gradient_steps = 1  # critic step 7 alone: no actor step in this iteration
+    metrics = algo.update()
+    assert algo.actor_step.optimizer.steps == 3
+    assert "losses/actor_loss" in metrics  # the latest one, so a logged row has it
 
 
 def test_exploration_stays_in_the_bounds_and_the_replay_holds_rescaled_actions():

@@ -122,6 +122,23 @@ def test_a_checkpoint_with_the_replay_gives_the_same_next_update():
     assert "replay" not in _dqn().state_dict()  # off by default
 
 
+def test_a_resume_without_the_replay_refills_it_before_training_and_keeps_epsilon():
+    first = _dqn()
+    with envs.make("CartPole-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
+        for _ in range(4):  # 64 env steps: training since 32
+            first.collect(pool)
+            first.update()
+        second = _dqn(seed=5)
+        second.load_state_dict(copy.deepcopy(first.state_dict()))  # no replay in it
+        assert second.acting.epsilon == first.epsilon() < 1.0  # the schedule's, not 1.0
+        steps = second.grad_step.optimizer.steps
+        second.collect(pool)  # 16 transitions of the 32 learning_starts wants
+        assert "losses/td_loss" not in second.update()
+        assert second.grad_step.optimizer.steps == steps
+        second.collect(pool)
+        assert "losses/td_loss" in second.update()  # refilled: trains again
+
+
 def test_dqn_refuses_what_it_cannot_learn():
     with envs.make("Pendulum-v1", 1, num_workers=0) as probe:
         spec = probe.spec

@@ -100,7 +100,8 @@ def test_frame_replay_evicts_transitions_whose_frames_were_overwritten_and_sampl
     assert sorted(set(drawn)) == list(range(len(held)))
 
 
-def test_frame_replay_checkpoint_restores_the_same_samples_and_refuses_another_layout():
+def test_frame_replay_checkpoint_restores_the_same_samples_and_refuses_another_layout(
+        tmp_path):
     space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
     spec = EnvSpec("Frames-v0", space, gym.spaces.Discrete(5), None)
     buf = make_replay(50, spec, 2, "cpu")
@@ -108,7 +109,9 @@ def test_frame_replay_checkpoint_restores_the_same_samples_and_refuses_another_l
     stream = _stream(np.random.default_rng(3), 60, 2, reset_every=(5, 20))
     for _, t in zip(range(30), stream):
         buf.add(*t)
-    restored = make_replay(50, spec, 2, "cpu", buf.state_dict())
+    saved = tmp_path / "replay.pt"  # through a checkpoint file's safe load (tensors only)
+    torch.save(buf.state_dict(), saved)
+    restored = make_replay(50, spec, 2, "cpu", torch.load(saved, weights_only=True))
     for t in stream:  # both go on from the same state
         buf.add(*t)
         restored.add(*t)
