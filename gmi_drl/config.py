@@ -454,7 +454,7 @@ def _continuous(algo: DeterministicPGConfig, task_id: str, hidden: str, total: i
                        model=ModelConfig(actor_hidden=hidden, critic_hidden=hidden,
                                          activation="relu"),
                        total_timesteps=total, log=LogConfig(log_every=1000),
-                       checkpoint=CheckpointConfig(every=50_000))
+                       checkpoint=CheckpointConfig(every=min(50_000, total // 4)))
 
 
 def _pendulum(cls: type[DeterministicPGConfig]) -> Callable[[], TrainConfig]:
