@@ -89,9 +89,9 @@ def test_a_metrics_rows_phase_seconds_are_the_mean_per_iteration_since_the_last_
     assert perf["perf/log_s"][6 * cfg.batch_size] > 0
 
 
-def test_a_saved_replay_is_gmi_0s_and_resumes_on_gmi_0_only(tmp_path):
-    """Each GMI has its own replay; the checkpoint holds GMI 0's, so GMI 1 refills its own
-    instead of taking GMI 0's transitions."""
+def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
+    """The checkpoint holds GMI 0's replay alone: with several GMIs each refills its own, and
+    all take their first gradient step at the same iteration (a collective step needs all)."""
     cfg = preset("cartpole", "CartPole-v1", algo="dqn")
     cfg.algo.save_replay, cfg.algo.learning_starts, cfg.algo.train_frequency = True, 24, 8
     cfg.env.num_envs, cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2, 4 * 2 * 2 * 8
@@ -102,17 +102,17 @@ def test_a_saved_replay_is_gmi_0s_and_resumes_on_gmi_0_only(tmp_path):
     for _ in range(2):
         gmi0.algo.collect(gmi0.pool)
         gmi0.algo.update()
-    run.save_checkpoint(gmi0.state_dict(global_step=2 * 32, iteration=2))
+    state = gmi0.state_dict(global_step=2 * 32, iteration=2)
+    assert "replay" in state["algo"]
+    run.save_checkpoint(state)
     resumed = Run(run.run_dir, cfg, resolve_checkpoint(str(run.run_dir)))
-    again0, again1 = (Trainer(resumed, rank, IdentityReducer()) for rank in (0, 1))
-    assert again0.algo.replay.size == gmi0.algo.replay.size == 32
-    assert again1.algo.replay is None  # made by its first collect, then refilled
-    assert "losses/td_loss" in again0.algo.update()  # GMI 0 trains on its saved replay
-    again1.algo.collect(again1.pool)  # 16 transitions of the 24 it needs
-    assert "losses/td_loss" not in again1.algo.update()
-    again1.algo.collect(again1.pool)
-    assert "losses/td_loss" in again1.algo.update()
-    for t in (gmi0, again0, again1):
+    gmis = [Trainer(resumed, rank, IdentityReducer()) for rank in (0, 1)]
+    assert all(t.algo.replay is None for t in gmis)  # made by the first collect
+    for trains in (False, True):  # 16 env steps of the 24 to refill, then 32
+        for t in gmis:
+            t.algo.collect(t.pool)
+        assert [("losses/td_loss" in t.algo.update()) for t in gmis] == [trains, trains]
+    for t in (gmi0, *gmis):
         t.close()
 
 

@@ -34,7 +34,7 @@ from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay, refilled
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
 
 
 @dataclass
@@ -66,9 +66,10 @@ class DeterministicPGConfig:
     adam_eps: float = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
-    """put GMI 0's replay buffer in checkpoints (a resumed run then trains on it at once;
-    without it, and on other GMIs, a resumed run refills its buffer to learning_starts
-    transitions first; the files grow by the buffer's size)"""
+    """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
+    once; without it, and with several GMIs, whose checkpoint would hold GMI 0's alone, a
+    resumed run refills its buffers for learning_starts env steps first; the files grow by the
+    buffer's size)"""
 
     # DDPG's values of TD3's terms (TD3Config makes them fields)
     n_critics = 1
@@ -302,7 +303,9 @@ class DDPG:
                                           cfg.exploration_noise, ctx.action_generator,
                                           ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
-        self._refilling = False  # resumed without a replay buffer: train once it is refilled
+        self._refill_until = 0
+        """env steps at which a run resumed without its replay trains again (counted in env
+        steps, the same on every GMI, so that all GMIs take their first step together)"""
         self._actor_loss: float | None = None  # of the latest iteration with actor steps
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, smoothing
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
@@ -345,10 +348,8 @@ class DDPG:
         self.iteration += 1
         if self.env_steps < cfg.learning_starts:
             return {}
-        if self._refilling:  # resumed without the replay buffer: refill it first
-            if not refilled(self.replay, cfg.learning_starts):
-                return {}
-            self._refilling = False
+        if self.env_steps < self._refill_until:  # resumed without its replay: refill first
+            return {}
         smooth = cfg.target_policy_noise > 0
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
@@ -410,7 +411,8 @@ class DDPG:
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
-        self._refilling = "replay" not in state
+        self._refill_until = 0 if "replay" in state else (
+            self.env_steps + min(self.cfg.learning_starts, self.cfg.buffer_size))
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

@@ -29,7 +29,7 @@ from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay, refilled
+from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
 
 
 @dataclass
@@ -69,9 +69,10 @@ class DQNConfig:
     adam_eps: float = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
-    """put GMI 0's replay buffer in checkpoints (a resumed run then trains on it at once;
-    without it, and on other GMIs, a resumed run refills its buffer to learning_starts
-    transitions first; the files grow by the buffer's size)"""
+    """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
+    once; without it, and with several GMIs, whose checkpoint would hold GMI 0's alone, a
+    resumed run refills its buffers for learning_starts env steps first; the files grow by the
+    buffer's size)"""
 
     def steps_per_iteration(self, num_envs: int) -> int:
         """``num_envs * train_frequency``."""
@@ -255,7 +256,9 @@ class DQN:
         self._target = FlatParams(self.target_network)
         self.acting = EpsilonGreedy(self.q_network, n, ctx.action_generator, ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
-        self._refilling = False  # resumed without a replay buffer: train once it is refilled
+        self._refill_until = 0
+        """env steps at which a run resumed without its replay trains again (counted in env
+        steps, the same on every GMI, so that all GMIs take their first step together)"""
         self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling
         self.total_steps = ctx.num_iterations * self.steps_per_iteration
         self.env_steps, self.last_target_update, self.iteration = 0, 0, 0
@@ -298,10 +301,8 @@ class DQN:
         metrics = {"losses/epsilon": self.epsilon()}
         if self.env_steps < cfg.learning_starts:
             return metrics
-        if self._refilling:  # resumed without the replay buffer: refill it first
-            if not refilled(self.replay, cfg.learning_starts):
-                return metrics
-            self._refilling = False
+        if self.env_steps < self._refill_until:  # resumed without its replay: refill first
+            return metrics
         if self.env_steps - self.last_target_update >= cfg.target_network_frequency:
             self._update_target()
         aux = []
@@ -318,8 +319,8 @@ class DQN:
 
     def state_dict(self) -> dict:
         """Both networks (``modules``), the optimizer, the sampling RNG, the counters and, with
-        ``save_replay``, the replay buffer (without it a resumed run refills the buffer to
-        ``learning_starts`` transitions before it trains again: `refilled`)."""
+        ``save_replay``, the replay buffer (without it a resumed run refills the buffer for
+        ``learning_starts`` env steps before it trains again)."""
         state = {"modules": {"q_network": self.q_network.state_dict(),
                              "target_network": self.target_network.state_dict()},
                  "optimizers": {"q_network": self.grad_step.state_dict()},
@@ -342,7 +343,8 @@ class DQN:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.last_target_update = int(state["last_target_update"])
         self.acting.epsilon = self.epsilon()  # (eval's sampling acts as the trained agent did)
-        self._refilling = "replay" not in state
+        self._refill_until = 0 if "replay" in state else (
+            self.env_steps + min(self.cfg.learning_starts, self.cfg.buffer_size))
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

@@ -361,13 +361,6 @@ class FrameReplayBuffer:
         self.steps = int(state["steps"])
 
 
-def refilled(replay: ReplayBuffer | FrameReplayBuffer | None, learning_starts: int) -> bool:
-    """Whether ``replay`` holds ``learning_starts`` transitions (at most its capacity): what a
-    run resumed without its replay buffer waits for before it trains again, as a new run
-    waits for ``learning_starts`` env steps."""
-    return replay is not None and replay.size >= min(learning_starts, replay.capacity)
-
-
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``(N,) bool``: whether row ``i`` of ``a`` equals row ``i`` of ``b``."""
     return (a == b).reshape(len(a), -1).all(1)

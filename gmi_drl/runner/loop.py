@@ -183,11 +183,13 @@ class Trainer:
             "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64)}
 
     def _restore(self, state: dict) -> None:
-        """Load the algorithm, normalisers and RNGs from a checkpoint (the action generator and
-        a saved replay buffer on GMI 0 only: they are GMI 0's). Raises ``ValueError`` /
-        ``KeyError`` when it does not fit."""
+        """Load the algorithm, normalisers and RNGs from a checkpoint (the action generator on
+        GMI 0 only: it is GMI 0's; a saved replay buffer with one GMI only: it is GMI 0's).
+        Raises ``ValueError`` / ``KeyError`` when it does not fit."""
         algo = state["algo"]
-        if self.rank != 0 and "replay" in algo:  # GMI 0's replay: the others refill their own
+        if self.cfg.gmi.num_gmis > 1 and "replay" in algo:
+            # GMI 0's replay: every GMI refills its own instead, all in step (a collective
+            # gradient step needs every GMI)
             algo = {k: v for k, v in algo.items() if k != "replay"}
         self.algo.load_state_dict(algo)
         for name in ("obs_norm", "reward_norm"):
