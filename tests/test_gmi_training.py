@@ -37,6 +37,17 @@ def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, nu
     assert not (result.run_dir / "gmi-1" / "metrics.csv").exists()  # only rank 0 writes metrics
 
 
+@pytest.mark.distributed
+def test_gmi_processes_may_start_env_worker_processes_of_their_own(tmp_path):
+    """A task on the gymnasium engine steps its envs in worker processes, children of the GMI
+    process (a daemonic GMI could not start them)."""
+    cfg = _cfg(tmp_path, 2)
+    cfg.env.task_id, cfg.env.num_workers = "Acrobot-v1", 2
+    cfg.env.engine = "gymnasium"
+    result = train(cfg)
+    assert result.global_step == 4 * 4 * 32 * 2 and len(set(result.weight_digests)) == 1
+
+
 def test_target_kl_is_refused_with_several_gmis(tmp_path):
     cfg = _cfg(tmp_path, 2)
     cfg.algo.target_kl = 0.01

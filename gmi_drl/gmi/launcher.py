@@ -225,7 +225,10 @@ def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_d
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
         ns = None if netns is None else netns[spec.gmi_id]
         ctx = GMIContext(spec.gmi_id, layout, payload, group)
-        p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=True,
+        # not daemonic: a GMI starts env worker processes of its own (the gymnasium engine),
+        # which a daemonic process may not; the launcher stops its GMIs itself (`_stop`), and a
+        # GMI whose controller died exits on its own (the heartbeat checks the controller pid)
+        p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=False,
                           args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns,
                                 os.getpid()))
         prefix = prefixes.get(spec.gmi_id)
