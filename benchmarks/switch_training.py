@@ -84,8 +84,10 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
     cfg, warmup_iterations = workload_config(workload, a)
     cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
     cfg.gmi.reduction = {"ring": "ring", "ps": "ps"}.get(method, "switch")
-    cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
-    cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
+    if cfg.gmi.reduction == "switch":
+        cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
+    if cfg.gmi.reduction == "ps":
+        cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
     cfg.gmi.staleness = int(method[2:]) if method.startswith("S=") else 0
     cfg.run_dir = str(out / workload / method)
     daemon = None

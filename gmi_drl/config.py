@@ -230,9 +230,8 @@ class TrainConfig:
         default_factory=AsyncConfig)
     placement: Literal["serial", "local", "ray"] = "local"
     """where the GMIs run: serial (all in this process, one thread each, env workers in-process
-    too: for debugging), local (one process per GMI on this machine; a sync_training run keeps
-    GMI 0 in this process, an async_training run starts every GMI as a child) or ray (one Ray
-    actor per GMI, on the cluster of ray.address)"""
+    too: for debugging), local (one process per GMI on this machine; a lone sync_training GMI
+    runs in this process) or ray (one Ray actor per GMI, on the cluster of ray.address)"""
     total_timesteps: int = 500_000
     """env steps over all envs and GMIs (global_step at the end; rounded down to iterations)"""
     seed: int = 1
@@ -759,6 +758,11 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     need(g.reduction == "switch" or (g.switch_job is None and not g.switch_token),
          f"gmi.switch_job / gmi.switch_token set, but gmi.reduction={g.reduction!r}; they are "
          "the run's credentials at the aggregation switch (gmi.reduction switch)")
+    flags = cfg.resume is None and cfg.config is None  # (a file's fields: not the user's flags)
+    need(not flags or g.reduction == "switch" or g.switch_addr is None,
+         f"gmi.switch_addr set, but gmi.reduction={g.reduction!r}: add --gmi.reduction switch")
+    need(not flags or g.reduction == "ps" or g.ps_addr is None,
+         f"gmi.ps_addr set, but gmi.reduction={g.reduction!r}: add --gmi.reduction ps")
     if g.reduction == "ps":
         need(_is_host_port(g.ps_addr or ""), f"gmi.ps_addr={g.ps_addr!r} must be HOST:PORT when "
              "gmi.reduction is ps (start the server with `python -m gmi_drl.comm.ps --bind "

@@ -205,3 +205,26 @@ def test_a_run_too_short_to_pass_learning_starts_is_refused():
         validate(cfg)
     cfg.gmi.num_gmis, cfg.total_timesteps = 2, 30_000  # 15,000 steps each: it trains
     validate(cfg)
+
+
+def test_a_reducer_address_without_its_reduction_is_refused():
+    cfg = preset("classic")
+    cfg.gmi.num_gmis, cfg.gmi.switch_addr, cfg.gmi.ps_addr = 2, "127.0.0.1:9", "127.0.0.1:8"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert "gmi.switch_addr set, but gmi.reduction='auto': add --gmi.reduction switch" in str(
+        err.value)
+    assert "gmi.ps_addr set, but gmi.reduction='auto': add --gmi.reduction ps" in str(err.value)
+    cfg.gmi.reduction, cfg.gmi.ps_addr = "switch", None
+    validate(cfg)
+
+
+def test_serial_gmis_on_emulated_devices_name_the_reduction_they_cannot_run(tmp_path):
+    from gmi_drl.runner.placement import make_placement
+
+    cfg = preset("classic")
+    cfg.gmi.num_gmis, cfg.gmi.num_devices, cfg.placement = 2, 2, "serial"
+    validate(cfg)  # auto: which reduction only the layout tells
+    with pytest.raises(ConfigError, match="placement='serial': .* not mrr; give --gmi.reduction "
+                       "mpr, or --placement local"):
+        make_placement(cfg, 1000)

@@ -69,7 +69,11 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
     log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
              layout.reduction.value)
     if cfg.placement == "serial":
-        return SerialPlacement(cfg, layout, capacity)
+        try:
+            return SerialPlacement(cfg, layout, capacity)
+        except ValueError as e:  # (auto chose, for this layout, a reduction serial cannot run)
+            raise ConfigError(f"invalid config:\n  placement='serial': {e}; give "
+                              "--gmi.reduction mpr, or --placement local") from None
     if cfg.placement == "ray":
         return RayPlacement(cfg, layout, capacity)
     return LocalPlacement(cfg, layout, machine, capacity)
