@@ -79,11 +79,14 @@ def test_a_run_stopped_after_a_checkpoint_names_the_resume_command(tmp_path):
     assert err.value.next_step == f"continue with: gmi-drl train ppo --resume {tmp_path / 'run'}"
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
+@pytest.mark.parametrize("debug, reduction", [(False, "auto"), (True, "auto"), (False, "ring")])
+def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug, reduction):
+    """With a gloo ring the killed GMI's peer raises a connection error at once: the killed
+    GMI is still the one named."""
     run = tmp_path / "run"
     args = [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
-            "--gmi.num-gmis", "2", "--env.num-envs", "4", "--algo.num-steps", "32",
+            "--gmi.num-gmis", "2", "--gmi.reduction", reduction, "--env.num-envs", "4",
+            "--algo.num-steps", "32",
             "--total-timesteps", "10000000", "--checkpoint.every", "1", "--no-compile",
             "--log.no-tensorboard", "--run-dir", str(run)] + (["--debug"] if debug else [])
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL,
@@ -99,8 +102,8 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug):
     assert proc.returncode == 1
     lines = err.strip().splitlines()
     last_two = lines[-2:]
-    assert last_two[0].startswith("gmi-drl train: GMI ")
-    assert last_two[0].endswith("was killed by signal 9 without a result; the run was stopped")
+    assert last_two[0] == ("gmi-drl train: GMI 1 was killed by signal 9 without a result; "
+                           "the run was stopped")
     assert last_two[1].strip() == (f"continue with: gmi-drl train ppo --resume {run}   "
                                    f"(traceback: {run / 'train.log'})")
     assert ("Traceback" in err) == debug  # the terminal shows it only with --debug

@@ -284,6 +284,12 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
 
     def received(status: str, g: int, value) -> None:
         if status == "error":
+            killed = _killed_sibling(procs, g, done)
+            if killed is not None:  # the cause, not its peer's broken collective
+                code = -procs[killed].exitcode
+                failed(killed, GMIError(f"GMI {killed} was killed by signal {code} without a "
+                                        "result; the run was stopped",
+                                        f"GMI {g} then raised:\n{value}"))
             failed(g, GMIError.raised(g, value))
         else:
             done[g] = value
@@ -311,6 +317,20 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
                 failed(g, GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s "
                                    "(hung); the run was stopped"))
     return [done[g] for g in range(n)]
+
+
+def _killed_sibling(procs, g: int, done: dict, wait_s: float = 1.0) -> int | None:
+    """A GMI other than ``g`` (and not finished) that a signal killed, waiting up to
+    ``wait_s`` for it to be reaped: when a GMI dies, its peers in a collective (gloo) raise a
+    connection error within moments, so the first error to arrive is often not the cause."""
+    deadline = time.time() + wait_s
+    while True:
+        for k, p in enumerate(procs):
+            if k != g and k not in done and p.exitcode is not None and p.exitcode < 0:
+                return k
+        if time.time() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) -> None:
