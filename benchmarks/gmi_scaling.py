@@ -36,7 +36,8 @@ def run(task: str, num_gmis: int, envs: int, total: int, seed: int, run_dir: str
 
 def throughput(args, tmp):
     print(f"\n{args.task}: {args.envs_per_gmi} envs per GMI, {args.updates} updates, "
-          f"median of {args.repeats}, wall time of the training loop (start-up excluded)\n")
+          f"median of {args.repeats}; steps/s after each run's first update (start-up and the "
+          "first update's torch.compile excluded)\n")
     print("| GMIs | reduction | global steps/s | speed-up vs 1 GMI |")
     print("|---|---|---|---|")
     base = None
@@ -45,7 +46,7 @@ def throughput(args, tmp):
         total = args.updates * args.envs_per_gmi * cfg.algo.num_steps * g
         rates = [run(args.task, g, args.envs_per_gmi, total, 1, f"{tmp}/t{g}-{r}")
                  for r in range(args.repeats)]
-        sps = statistics.median(r.global_step / r.wall_s for r in rates)
+        sps = statistics.median(r.steady_sps for r in rates)
         base = base or sps
         reduction = "none" if g == 1 else plan(g, discover()).reduction.value
         print(f"| {g} | {reduction} | {sps:,.0f} | {sps / base:.2f}x |", flush=True)
@@ -94,6 +95,9 @@ def main():
     ap.add_argument("--total", type=int, default=100_000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     args = ap.parse_args()
+    if args.updates < 2:
+        ap.error(f"--updates {args.updates}: at least 2 (the first update, which compiles, is "
+                 "not measured)")
     with tempfile.TemporaryDirectory() as tmp:
         if "throughput" in args.parts:
             throughput(args, tmp)

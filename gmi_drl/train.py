@@ -50,6 +50,9 @@ class TrainResult(NamedTuple):
     peak_memory_bytes: tuple[int, ...] = ()
     """per GMI that returned (async: serving GMIs too), its peak memory on its device, bytes
     (GMI-DRL Algorithm 2's mem)"""
+    steady_sps: float = float("nan")
+    """global env steps/s after the loop's first iteration, which pays the one-time costs
+    (torch.compile); nan for a loop of one iteration"""
 
 
 def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
@@ -97,7 +100,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     run.write_summary(results[0], text)
     r = results[0]
     return TrainResult(run.run_dir, r.global_step, r.wall_s, r.episode_steps, r.episode_returns,
-                       r.episode_wall_s, digests, memory)
+                       r.episode_wall_s, digests, memory, r.steady_sps)
 
 
 def _reduced_floats(cfg: TrainConfig, algo=None) -> int:

@@ -74,7 +74,7 @@ def test_a_metrics_rows_phase_seconds_are_the_mean_per_iteration_since_the_last_
     checkpoint phases, which end after a row is written, are counted in the next row."""
     cfg = _quick_cfg(tmp_path)
     cfg.total_timesteps, cfg.log.log_every, cfg.checkpoint.every = 9 * cfg.batch_size, 3, 1
-    train(cfg)
+    result = train(cfg)
     run = tmp_path / "run"
     perf = {}
     for r in csv.DictReader(open(run / "metrics.csv")):
@@ -87,6 +87,11 @@ def test_a_metrics_rows_phase_seconds_are_the_mean_per_iteration_since_the_last_
             sum(update[k] for k in range(first, first + 3)) / 3, rel=1e-4)
     assert perf["perf/checkpoint_s"][6 * cfg.batch_size] > 0
     assert perf["perf/log_s"][6 * cfg.batch_size] > 0
+    # the steady rate leaves out the first iteration (its seconds are the timeline's)
+    first_end = min(e["ts"] + e["dur"] for e in timeline if e.get("cat") == "iteration")
+    start = min(e["ts"] for e in timeline if e.get("cat") == "iteration")
+    assert result.steady_sps == pytest.approx(
+        8 * cfg.batch_size / (result.wall_s - (first_end - start) * 1e-6), rel=0.2)
 
 
 def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):

@@ -24,7 +24,7 @@ from threadpoolctl import threadpool_limits
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
 from gmi_drl.rollout.collector import Episodes
-from gmi_drl.runner.loop import LoopResult, _digest
+from gmi_drl.runner.loop import LoopResult, _digest, steady_sps
 from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
@@ -267,6 +267,7 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
     batch, chain = cfg.batch_size, hashlib.sha256()
     env_steps0, t0 = t.fabric.env_steps(), time.perf_counter()
     before, logged_k = t.tree.snapshot_s(), first  # phase totals at the last metrics row
+    first_s = None  # seconds to the end of this loop's first iteration
     try:
         for k in range(first, n_iter):
             with t.tree.iteration(k):
@@ -277,6 +278,7 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                         between()
                 global_step, last = (k + 1) * batch, k + 1 == n_iter
                 elapsed = time.perf_counter() - t0
+                first_s = elapsed if k == first else first_s
                 t.record(step, global_step, elapsed)
                 if (k + 1) % cfg.log.log_every == 0 or last:
                     _digest(chain, t.learner.state_dict()["modules"])
@@ -303,8 +305,9 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
     return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
                       np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
                       np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
-                      peak_memory_bytes(cfg.device), sum(len(v) for v in t.lags),
-                      t.batcher.stale_dropped)
+                      peak_memory_bytes(cfg.device),
+                      steady_sps(n_iter - first, batch, wall, first_s),
+                      sum(len(v) for v in t.lags), t.batcher.stale_dropped)
 
 
 def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,

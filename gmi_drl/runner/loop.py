@@ -70,6 +70,9 @@ class LoopResult(NamedTuple):
     """this GMI's timing tree"""
     peak_memory_bytes: int = 0
     """this GMI's peak memory on its device (`gmi_drl.telemetry.memory`), bytes"""
+    steady_sps: float = float("nan")
+    """env steps/s of every GMI after this loop's first iteration, which pays the one-time
+    costs (torch.compile, first allocations); nan for a loop of one iteration"""
     fragments_trained: int = 0
     """async trainer GMIs: experience fragments trained on in this loop"""
     fragments_dropped: int = 0
@@ -228,6 +231,7 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
     # phase totals at the last metrics row: a row gives the mean per iteration since then, so
     # the log and checkpoint phases, which end after a row is written, count in the next one
     before, logged_k = _totals(t.tree), first
+    first_s = None  # seconds to the end of this loop's first iteration
     try:
         for k in range(first, n_iter):
             with prof.iteration(k), t.tree.iteration(k):
@@ -237,6 +241,7 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                 global_step, last = (k + 1) * batch, k + 1 == n_iter
                 with prof.phase("log"):
                     elapsed = time.perf_counter() - t0
+                    first_s = elapsed if k == first else first_s
                     t.record(episodes, global_step, elapsed)
                     if (k + 1) % cfg.log.log_every == 0 or last:
                         _digest(chain, algo.state_dict()["modules"])
@@ -260,7 +265,16 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
     return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
                       np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
                       np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
-                      peak_memory_bytes(cfg.device))
+                      peak_memory_bytes(cfg.device),
+                      steady_sps(n_iter - first, batch, wall, first_s))
+
+
+def steady_sps(iterations: int, batch: int, wall_s: float, first_s: float | None) -> float:
+    """Env steps/s after a loop's first iteration (``first_s`` seconds in) over its
+    ``iterations`` of ``batch`` env steps; nan with fewer than two."""
+    if iterations < 2 or first_s is None or wall_s <= first_s:
+        return float("nan")
+    return (iterations - 1) * batch / (wall_s - first_s)
 
 
 def _totals(tree) -> dict[str, float]:

@@ -270,7 +270,7 @@ class Run:
         summary = RunSummary(f"{cfg.algo_name.upper()} on {cfg.env.task_id} (seed {cfg.seed})",
                              result.global_step, result.wall_s, result.steps_this_process,
                              result.episode_steps, result.episode_returns, result.phases,
-                             _episodes_of(cfg))
+                             _episodes_of(cfg), result.steady_sps)
         sections = {"Placement": placement}
         if cfg.config is not None:
             sections["Config"] = config_origin(cfg.config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +30,8 @@ class RunSummary(NamedTuple):
     episodes_of: str = ""
     """whose episodes the curve holds, where not the whole run's (e.g. ``"GMI 0's envs, of 4
     GMIs"``)"""
+    steady_sps: float = float("nan")
+    """env steps/s after the loop's first iteration (nan: not measured)"""
 
 
 def final_return(s: RunSummary, last: int = 20) -> float:
@@ -87,7 +90,9 @@ def write_summary(s: RunSummary, run_dir: str | Path,
         f"- episodes finished: {len(s.curve_returns):,}"
         + (f" ({s.episodes_of})" if s.episodes_of else ""),
         f"- final return (mean of last 20 episodes): {final_return(s):.2f}",
-        f"- wall time: {s.wall_s:.1f} s; throughput: {sps:,.0f} env steps/s (perf/sps)",
+        f"- wall time: {s.wall_s:.1f} s; throughput: {sps:,.0f} env steps/s (perf/sps)"
+        + (f"; {s.steady_sps:,.0f} after the first iteration, which pays the one-time costs "
+           "(torch.compile, first allocations)" if math.isfinite(s.steady_sps) else ""),
     ]
     start = s.global_step - s.steps_this_process
     if start > 0:

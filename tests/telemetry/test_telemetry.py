@@ -93,7 +93,9 @@ def test_summary_has_returns_and_phase_table(tmp_path):
     assert f"| *outside these phases* (loop, waits, a profiler's own work) | {rest:.2f} | " \
            f"{50 * rest:.1f} |" in text
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
-    assert "last training loop alone" not in text
+    assert "last training loop alone" not in text and "after the first iteration" not in text
+    text = write_summary(s._replace(steady_sps=80.0), tmp_path).read_text()
+    assert "50 env steps/s (perf/sps); 80 after the first iteration, which pays" in text
     resumed = s._replace(steps_this_process=40)  # a loop that began at global_step 60
     text = write_summary(resumed, tmp_path).read_text()
     assert "20 env steps/s" in text and ("those of the last training loop alone, from "
