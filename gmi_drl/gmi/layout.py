@@ -99,7 +99,8 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
         machine: discovered devices.
         template: the mapping template.
         num_devices: devices to use (default: all GPUs, or one CPU "device"); on CPU a larger
-            value emulates several devices (groups of processes), as the tests do.
+            value emulates several devices: groups of processes, each on its part of the cores
+            (shared where there are fewer cores than devices), as the tests do.
         backend: force a `BackendKind` value.
         memory_limit_bytes: per-GMI MPS pinned-memory limit.
         reduction: a `Reduction` value, or ``"auto"`` (`resolve_reduction`).
@@ -127,8 +128,12 @@ def plan(num_gmis: int, machine: Machine, template: Template = Template.SYNC_TRA
                     raise ValueError(f"device {d} has {len(insts)} MIG instances for "
                                      f"{len(gmis)} GMIs")
                 mig = insts[k].uuid
+            cores = None
+            if kind is BackendKind.CPU and devices > 1:  # emulated devices: core sets
+                cores = _even_part(_even_part(tuple(machine.cpu_cores), d, devices), k,
+                                   len(gmis))
             specs.append(GMISpec(g, d, kind, 1.0 / len(gmis), memory_limit_bytes,
-                                 ROLES[template], mig))
+                                 ROLES[template], mig, cpu_cores=cores))
     mpl = tuple(mpl)
     return Layout(mpl, tuple(specs), template, kind, reason,
                   *resolve_reduction(reduction, mpl))

@@ -19,6 +19,18 @@ def test_cpu_layout_packs_gmis_per_device_and_picks_the_reduction():
     assert "mpl" in lay.describe() and "har" in lay.describe()
 
 
+def test_emulated_cpu_devices_are_core_sets():
+    from gmi_drl.gmi.backends import process_env
+
+    four = Machine((), (0, 1, 2, 3), "no GPU: test")
+    lay = plan(3, four, num_devices=2)  # devices {0, 1} and {2, 3}; GMIs 0, 1 share the first
+    assert [s.cpu_cores for s in lay.specs] == [(0,), (1,), (2, 3)]
+    assert [process_env(s, four, len(lay.mpl[s.device]))[1] for s in lay.specs] == [
+        {0}, {1}, {2, 3}]
+    assert [s.cpu_cores for s in plan(4, CPU, num_devices=2).specs] == [(0,), (0,), (1,), (1,)]
+    assert all(s.cpu_cores is None for s in plan(2, four).specs)  # one device: the even split
+
+
 def test_invalid_plans():
     with pytest.raises(ValueError, match="every device needs a GMI"):
         plan(1, CPU, num_devices=2)
