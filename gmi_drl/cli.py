@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 import traceback
@@ -147,6 +148,14 @@ def _resumed_config(resume: str):
         return from_dict(state["config"])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to ``gmi-drl train``: stops the run as Ctrl-C does (its GMIs, a resume hint)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def _train(args: list[str], debug: bool = False) -> int:
     from gmi_drl.algos import ALGORITHMS
     from gmi_drl.checkpoint import CheckpointError
@@ -169,6 +178,7 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _terminated)  # (timeout, systemd: as Ctrl-C)
     try:
         result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
@@ -179,7 +189,11 @@ def _train(args: list[str], debug: bool = False) -> int:
             traceback.print_exception(e.__cause__, file=sys.stderr)
         print(f"gmi-drl train: {e.reason}\n  {e.next_step}   (traceback: {e.log_path})",
               file=sys.stderr)
+        if isinstance(e.__cause__, Terminated):
+            return 128 + signal.SIGTERM
         return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "

@@ -118,6 +118,36 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug, red
     assert "done: " in resumed.stdout
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    """timeout(1) and systemd stop with SIGTERM to the controller alone: its GMIs stop, the
+    run names how to resume, and the exit status is 128 + SIGTERM."""
+    shm_before = set(os.listdir("/dev/shm"))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
+         "--gmi.num-gmis", "2", "--total-timesteps", "100000000", "--checkpoint.every", "1",
+         "--no-compile", "--log.no-tensorboard", "--run-dir", str(run)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_written(proc, run, "checkpoints/iteration-*.pt", "no checkpoint written")
+        gmis = gmi_processes(proc.pid)
+        assert len(gmis) == 2, gmis
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "gmi-drl train: interrupted; the run was stopped" in err
+    assert f"continue with: gmi-drl train ppo --resume {run}" in err
+    for pid in gmis:  # gone, or a zombie waiting to be reaped
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] == "Z", pid
+        except FileNotFoundError:
+            pass
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
 def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
