@@ -114,8 +114,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gmis", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--sizes", nargs="+", default=list(SIZES_BYTES))
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES_BYTES), choices=list(SIZES_BYTES),
+                    help="the paper's model sizes, quoted: --sizes '40 KB' '6.4 MB'")
     args = ap.parse_args()
+    if min(args.gmis) < 2 or args.iters < 1:
+        ap.error("--gmis: at least 2 GMIs each (a reduction needs two); --iters: at least 1")
     kinds = ["MPR", "HAR", "gloo ring", "param server"]
     rows = []
     for world in args.gmis:
