@@ -94,6 +94,17 @@ def test_a_metrics_rows_phase_seconds_are_the_mean_per_iteration_since_the_last_
         8 * cfg.batch_size / (result.wall_s - (first_end - start) * 1e-6), rel=0.2)
 
 
+def _two_iterations(cfg):
+    """A started run of ``cfg`` and its GMI 0, after two collect + update iterations."""
+    run = Run.create(cfg)
+    run.start()
+    gmi0 = Trainer(run, 0, IdentityReducer())
+    for _ in range(2):
+        gmi0.algo.collect(gmi0.pool)
+        gmi0.algo.update()
+    return run, gmi0
+
+
 def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
     """The checkpoint holds GMI 0's replay alone: with several GMIs each refills its own, and
     all take their first gradient step at the same iteration (a collective step needs all)."""
@@ -101,12 +112,7 @@ def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
     cfg.algo.save_replay, cfg.algo.learning_starts, cfg.algo.train_frequency = True, 24, 8
     cfg.env.num_envs, cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2, 4 * 2 * 2 * 8
     cfg.run_dir, cfg.log.tensorboard, cfg.compile = str(tmp_path / "run"), False, False
-    run = Run.create(cfg)
-    run.start()
-    gmi0 = Trainer(run, 0, IdentityReducer())
-    for _ in range(2):
-        gmi0.algo.collect(gmi0.pool)
-        gmi0.algo.update()
+    run, gmi0 = _two_iterations(cfg)
     state = gmi0.state_dict(global_step=2 * 32, iteration=2)
     assert "replay" in state["algo"]
     run.save_checkpoint(state)
@@ -124,12 +130,7 @@ def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
 def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     cfg = _quick_cfg(tmp_path, num_steps=16)
     cfg.norm.obs = cfg.norm.reward = True
-    run = Run.create(cfg)
-    run.start()
-    first = Trainer(run, 0, IdentityReducer())
-    for _ in range(2):
-        first.algo.collect(first.pool)
-        first.algo.update()
+    run, first = _two_iterations(cfg)
     saved = run.save_checkpoint(first.state_dict(global_step=2 * 128, iteration=2))
     other = copy.deepcopy(cfg)
     other.seed = 99  # different initial weights and envs on purpose
