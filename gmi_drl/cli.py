@@ -22,6 +22,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -178,7 +179,9 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    previous = signal.signal(signal.SIGTERM, _terminated)  # (timeout, systemd: as Ctrl-C)
+    main_thread = threading.current_thread() is threading.main_thread()
+    # (timeout, systemd: as Ctrl-C; signal handlers belong to the main thread)
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
@@ -193,7 +196,8 @@ def _train(args: list[str], debug: bool = False) -> int:
             return 128 + signal.SIGTERM
         return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"gmi-drl {argv[0]}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGTERM if isinstance(sys.exc_info()[1], Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -596,9 +596,9 @@ def validate(cfg: TrainConfig) -> None:
     starts = getattr(cfg.algo, "learning_starts", None)
     if starts is not None and cfg.total_timesteps >= cfg.batch_size:
         per_gmi = cfg.num_iterations * cfg.algo.steps_per_iteration(e.num_envs)
-        need(starts < per_gmi, f"algo.learning_starts={starts:,} env steps, but each GMI takes "
-             f"{per_gmi:,}: nothing would be trained; lower --algo.learning-starts or raise "
-             "--total-timesteps")
+        need(starts <= per_gmi, f"algo.learning_starts={starts:,} env steps, but each GMI "
+             f"takes {per_gmi:,}: nothing would be trained; lower --algo.learning-starts or "
+             "raise --total-timesteps")
     _validate_gmi(cfg, need)
     _validate_placement(cfg, need)
     need(cfg.total_timesteps >= cfg.batch_size,

@@ -307,3 +307,17 @@ def test_a_placement_error_leaves_no_run_directory(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert main(["train", "ppo", *BASE, "--gmi.num-gmis", "2", "--gmi.backend", "mig"]) == 2
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_train_runs_from_a_thread_other_than_the_main_one(tmp_path, capsys):
+    """The SIGTERM handler is the main thread's alone: from another thread train runs
+    without it (signal.signal would raise there)."""
+    import threading
+
+    codes = []
+    worker = threading.Thread(target=lambda: codes.append(main(
+        ["train", "ppo", "--total-timesteps", "512", "--no-compile", "--log.no-tensorboard",
+         "--run-dir", str(tmp_path / "run")])))
+    worker.start()
+    worker.join(timeout=120)
+    assert codes == [0], capsys.readouterr().err

@@ -228,3 +228,9 @@ def test_serial_gmis_on_emulated_devices_name_the_reduction_they_cannot_run(tmp_
     with pytest.raises(ConfigError, match="placement='serial': .* not mrr; give --gmi.reduction "
                        "mpr, or --placement local"):
         make_placement(cfg, 1000)
+
+
+def test_learning_starts_at_the_last_step_still_trains_once():
+    cfg = preset("classic", "Pendulum-v1", algo="td3")  # one env step per iteration
+    cfg.total_timesteps = cfg.algo.learning_starts = 10_000
+    validate(cfg)  # the last iteration's update trains (env_steps >= learning_starts)

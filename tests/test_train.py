@@ -110,7 +110,7 @@ def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
     all take their first gradient step at the same iteration (a collective step needs all)."""
     cfg = preset("cartpole", "CartPole-v1", algo="dqn")
     cfg.algo.save_replay, cfg.algo.learning_starts, cfg.algo.train_frequency = True, 24, 8
-    cfg.env.num_envs, cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2, 4 * 2 * 2 * 8
+    cfg.env.num_envs, cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2, 8 * 2 * 2 * 8
     cfg.run_dir, cfg.log.tensorboard, cfg.compile = str(tmp_path / "run"), False, False
     run, gmi0 = _two_iterations(cfg)
     state = gmi0.state_dict(global_step=2 * 32, iteration=2)

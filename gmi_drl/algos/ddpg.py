@@ -34,7 +34,8 @@ from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
+from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
+                                   refill_steps)
 
 
 @dataclass
@@ -68,8 +69,8 @@ class DeterministicPGConfig:
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
     once; without it, and with several GMIs, whose checkpoint would hold GMI 0's alone, a
-    resumed run refills its buffers for learning_starts env steps first; the files grow by the
-    buffer's size)"""
+    resumed run refills its buffers for learning_starts env steps first, at most the buffer's
+    size and half the steps left; the files grow by the buffer's size)"""
 
     # DDPG's values of TD3's terms (TD3Config makes them fields)
     n_critics = 1
@@ -411,8 +412,8 @@ class DDPG:
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
-        self._refill_until = 0 if "replay" in state else (
-            self.env_steps + min(self.cfg.learning_starts, self.cfg.buffer_size))
+        self._refill_until = 0 if "replay" in state else self.env_steps + refill_steps(
+            self.cfg.learning_starts, self.cfg.buffer_size, self.ctx.num_iterations * self.steps_per_iteration - self.env_steps)
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

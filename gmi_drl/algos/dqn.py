@@ -29,7 +29,8 @@ from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer, make_replay
+from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
+                                   refill_steps)
 
 
 @dataclass
@@ -71,8 +72,8 @@ class DQNConfig:
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
     once; without it, and with several GMIs, whose checkpoint would hold GMI 0's alone, a
-    resumed run refills its buffers for learning_starts env steps first; the files grow by the
-    buffer's size)"""
+    resumed run refills its buffers for learning_starts env steps first, at most the buffer's
+    size and half the steps left; the files grow by the buffer's size)"""
 
     def steps_per_iteration(self, num_envs: int) -> int:
         """``num_envs * train_frequency``."""
@@ -319,8 +320,8 @@ class DQN:
 
     def state_dict(self) -> dict:
         """Both networks (``modules``), the optimizer, the sampling RNG, the counters and, with
-        ``save_replay``, the replay buffer (without it a resumed run refills the buffer for
-        ``learning_starts`` env steps before it trains again)."""
+        ``save_replay``, the replay buffer (without it, or with several GMIs, a resumed run
+        refills the buffer before it trains again: `refill_steps`)."""
         state = {"modules": {"q_network": self.q_network.state_dict(),
                              "target_network": self.target_network.state_dict()},
                  "optimizers": {"q_network": self.grad_step.state_dict()},
@@ -343,8 +344,8 @@ class DQN:
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.last_target_update = int(state["last_target_update"])
         self.acting.epsilon = self.epsilon()  # (eval's sampling acts as the trained agent did)
-        self._refill_until = 0 if "replay" in state else (
-            self.env_steps + min(self.cfg.learning_starts, self.cfg.buffer_size))
+        self._refill_until = 0 if "replay" in state else self.env_steps + refill_steps(
+            self.cfg.learning_starts, self.cfg.buffer_size, self.total_steps - self.env_steps)
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

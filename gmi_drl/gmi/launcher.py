@@ -194,8 +194,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     results = mpctx.Queue()
     procs, error = [], None
     try:
-        procs += _start(mpctx, layout, machine, target, payload, group, beats, results,
-                        os.path.join(tmp, "mps") if mps else None, netns, prefixes or {}, tmp)
+        _start(procs, mpctx, layout, machine, target, payload, group, beats, results,
+               os.path.join(tmp, "mps") if mps else None, netns, prefixes or {}, tmp)
         try:
             out = _watch(procs, results, beats, heartbeat_timeout_s, poll_s, tolerate)
             deadline = time.time() + exit_timeout_s
@@ -218,9 +218,10 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     raise GMIError(*error)
 
 
-def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_dir, netns,
-           prefixes, tmp) -> list:
-    procs = []
+def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, results,
+           mps_dir, netns, prefixes, tmp) -> None:
+    """Start every GMI, appending each to ``procs`` as it starts (so that an interrupt midway
+    still stops those already running: they are not daemonic)."""
     for spec in layout.specs:
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
         ns = None if netns is None else netns[spec.gmi_id]
@@ -238,7 +239,6 @@ def _start(mpctx, layout, machine, target, payload, group, beats, results, mps_d
             with _interpreter(mpctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
                 p.start()
         procs.append(p)
-    return procs
 
 
 def _prefixed_python(prefix: list[str], tmp: str, gmi_id: int) -> str:
@@ -319,14 +319,20 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
     return [done[g] for g in range(n)]
 
 
-def _killed_sibling(procs, g: int, done: dict, wait_s: float = 1.0) -> int | None:
-    """A GMI other than ``g`` (and not finished) that a signal killed, waiting up to
-    ``wait_s`` for it to be reaped: when a GMI dies, its peers in a collective (gloo) raise a
-    connection error within moments, so the first error to arrive is often not the cause."""
+_KILLS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+"""signals that kill a GMI from outside (kill, the OOM killer, a terminal), not a crash of its
+own (an abort or a segfault may follow a peer's failure)"""
+
+
+def _killed_sibling(procs, g: int, done: dict, wait_s: float = 0.5) -> int | None:
+    """A GMI other than ``g`` (and not finished) that a signal of `_KILLS` killed, waiting up
+    to ``wait_s`` for it to be reaped: when a GMI is killed, its peers in a collective (gloo)
+    raise a connection error within moments, so the first error to arrive is not the cause."""
     deadline = time.time() + wait_s
     while True:
         for k, p in enumerate(procs):
-            if k != g and k not in done and p.exitcode is not None and p.exitcode < 0:
+            if (k != g and k not in done and p.exitcode is not None
+                    and -p.exitcode in _KILLS):
                 return k
         if time.time() >= deadline:
             return None

@@ -361,6 +361,13 @@ class FrameReplayBuffer:
         self.steps = int(state["steps"])
 
 
+def refill_steps(learning_starts: int, capacity: int, remaining: int) -> int:
+    """Env steps a run resumed without its replay buffer collects before it trains again:
+    ``learning_starts`` (as a new run), at most the buffer's ``capacity``, and at most half
+    the ``remaining`` env steps of the run (so that a short resumed run still trains)."""
+    return max(0, min(learning_starts, capacity, remaining // 2))
+
+
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``(N,) bool``: whether row ``i`` of ``a`` equals row ``i`` of ``b``."""
     return (a == b).reshape(len(a), -1).all(1)

@@ -135,3 +135,12 @@ def test_make_replay_keeps_vectors_and_single_frames_in_the_naive_layout():
     assert all(type(make_replay(8, s, 2, "cpu")) is ReplayBuffer for s in (vec, one))
     with pytest.raises(ValueError, match="uint8 frame stacks"):
         FrameReplayBuffer(8, vec.observation_space, vec.action_space, 2)
+
+
+def test_a_resumed_run_refills_its_replay_but_still_trains_when_little_is_left():
+    from gmi_drl.rollout.replay import refill_steps
+
+    assert refill_steps(10_000, 1_000_000, 500_000) == 10_000  # as a new run
+    assert refill_steps(10_000, 5_000, 500_000) == 5_000  # no more than the buffer holds
+    assert refill_steps(10_000, 1_000_000, 10_000) == 5_000  # half of what is left
+    assert refill_steps(10_000, 1_000_000, -3) == 0

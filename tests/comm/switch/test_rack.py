@@ -75,7 +75,8 @@ def test_gmis_train_inside_the_rack(tmp_path, reduction):
         cfg.env.num_envs, cfg.algo.num_steps, cfg.compile = 4, 32, False
         cfg.gmi.num_gmis, cfg.total_timesteps = 2, 2 * 2 * 4 * 32
         cfg.gmi.reduction, cfg.gmi.netns = reduction, f"{rack.ns['w0']},{rack.ns['w1']}"
-        cfg.gmi.switch_addr = ",".join(f"{gw}:9999" for gw in rack.worker_gateway)
+        if reduction == "switch":
+            cfg.gmi.switch_addr = ",".join(f"{gw}:9999" for gw in rack.worker_gateway)
         cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "run")
         sw = None
         if reduction == "switch":
