@@ -758,7 +758,7 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     need(g.reduction == "switch" or (g.switch_job is None and not g.switch_token),
          f"gmi.switch_job / gmi.switch_token set, but gmi.reduction={g.reduction!r}; they are "
          "the run's credentials at the aggregation switch (gmi.reduction switch)")
-    flags = cfg.resume is None and cfg.config is None  # (a file's fields: not the user's flags)
+    flags = _from_flags(cfg)
     need(not flags or g.reduction == "switch" or g.switch_addr is None,
          f"gmi.switch_addr set, but gmi.reduction={g.reduction!r}: add --gmi.reduction switch")
     need(not flags or g.reduction == "ps" or g.ps_addr is None,
@@ -875,15 +875,14 @@ def _validate_profile(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
     need(pr.tool in ("none", "nsys", "torch"),
          f"profile.tool={pr.tool!r} must be one of ['none', 'nsys', 'torch']")
     if pr.tool == "none":
-        # (a resumed or --config run carries its file's profile fields: not the user's flags)
-        if cfg.resume is None and cfg.config is None:
+        if _from_flags(cfg):
             default = ProfilerConfig()
             changed = [f"profile.{f.name}" for f in dataclasses.fields(pr)
                        if getattr(pr, f.name) != getattr(default, f.name)]
             need(not changed, f"{', '.join(changed)} set but profile.tool='none': add "
                  "--profile.tool torch (or nsys)")
         return
-    need(pr.nvtx or pr.tool == "nsys" or cfg.resume is not None or cfg.config is not None,
+    need(pr.nvtx or pr.tool == "nsys" or not _from_flags(cfg),
          "profile.nvtx=False with profile.tool='torch': NVTX ranges are for nsys; drop "
          "--profile.no-nvtx")
     n_iter, n_gmis = cfg.num_iterations, cfg.gmi.num_gmis
@@ -899,6 +898,13 @@ def _validate_profile(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
          f"profile.ranks={pr.ranks}: {bad} outside the GMI ids [0, gmi.num_gmis={n_gmis})")
     need(len(pr.roles) > 0 and set(pr.roles) <= set(ROLES),
          f"profile.roles={pr.roles} must be a non-empty subset of {list(ROLES)}")
+
+
+def _from_flags(cfg: TrainConfig) -> bool:
+    """Whether the config's fields are the user's flags over a preset: not a resumed run's or a
+    ``--config`` file's, which carry fields the user did not give (checks that a field is set
+    to no effect apply to flags only)."""
+    return cfg.resume is None and cfg.config is None
 
 
 def _is_host_port(text: str) -> bool:

@@ -412,8 +412,9 @@ class DDPG:
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
+        left = self.ctx.num_iterations * self.steps_per_iteration - self.env_steps
         self._refill_until = 0 if "replay" in state else self.env_steps + refill_steps(
-            self.cfg.learning_starts, self.cfg.buffer_size, self.ctx.num_iterations * self.steps_per_iteration - self.env_steps)
+            self.cfg.learning_starts, self.cfg.buffer_size, left)
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
                                       self.ctx.device, state["replay"])

@@ -168,10 +168,9 @@ def _join(address: str) -> None:
     how = ("start one with `ray start --head` on this node, or leave --ray.address unset for "
            "a Ray instance of this run's own")
     if address != "auto":
-        host, _, port = address.rpartition(":")
-        try:  # ("[::1]:6379": the host without its brackets)
-            socket.create_connection((host.strip("[]"), int(port)),
-                                     timeout=CONNECT_TIMEOUT_S).close()
+        host, port = _host_port(address)
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as e:
             raise PlacementError(f"no Ray cluster at {address} ({e.strerror or e}); {how}",
                                  "", "") from None
@@ -252,11 +251,17 @@ def _check_switch_reachable(switch_addr: str, nodes: Sequence[NodeInfo]) -> None
                              "address on the network the hosts share", "", "")
 
 
+def _host_port(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` split, an IPv6 host without its brackets (``"[::1]:6379"``)."""
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def _is_loopback(addr: str) -> bool:
     """Whether ``HOST:PORT`` names this host only (127.0.0.0/8, ::1, ``localhost``)."""
     import ipaddress
 
-    host = addr.rpartition(":")[0].strip("[]")
+    host = _host_port(addr)[0]
     if host == "localhost":
         return True
     try:

@@ -24,7 +24,7 @@ from threadpoolctl import threadpool_limits
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
 from gmi_drl.rollout.collector import Episodes
-from gmi_drl.runner.loop import LoopResult, _digest, steady_sps
+from gmi_drl.runner.loop import LoopResult, _digest, per_iteration, steady_sps
 from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
@@ -283,13 +283,12 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                 if (k + 1) % cfg.log.log_every == 0 or last:
                     _digest(chain, t.learner.state_dict()["modules"])
                     now = t.tree.snapshot_s()
-                    per_iteration = {f"perf/{path}_s": (total - before.get(path, 0.0))
-                                     / (k + 1 - logged_k) for path, total in now.items()}
+                    perf = per_iteration(now, before, k + 1 - logged_k)
                     before, logged_k = now, k + 1
                     if t.rank == 0:
                         _log(t, global_step, step._replace(
                                 episodes=Episodes.merge(t.unlogged),
-                                metrics={**step.metrics, **per_iteration}),
+                                metrics={**step.metrics, **perf}),
                              (k + 1 - first) * batch / elapsed,
                              (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, progress)
                     t.unlogged.clear()

@@ -247,8 +247,7 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                         _digest(chain, algo.state_dict()["modules"])
                         sps = (k + 1 - first) * batch / elapsed
                         now = _totals(t.tree)
-                        metrics.update({f"perf/{path}_s": (total - before.get(path, 0.0))
-                                        / (k + 1 - logged_k) for path, total in now.items()})
+                        metrics.update(per_iteration(now, before, k + 1 - logged_k))
                         before, logged_k = now, k + 1
                         _log(t, global_step, Episodes.merge(t.unlogged), metrics, sps,
                              elapsed, progress)
@@ -275,6 +274,14 @@ def steady_sps(iterations: int, batch: int, wall_s: float, first_s: float | None
     if iterations < 2 or first_s is None or wall_s <= first_s:
         return float("nan")
     return (iterations - 1) * batch / (wall_s - first_s)
+
+
+def per_iteration(now: dict[str, float], before: dict[str, float],
+                  iterations: int) -> dict[str, float]:
+    """``perf/PATH_s``: seconds per iteration of each timer path over the ``iterations`` between
+    two snapshots of its totals (``before`` may lack paths opened since)."""
+    return {f"perf/{path}_s": (total - before.get(path, 0.0)) / iterations
+            for path, total in now.items()}
 
 
 def _totals(tree) -> dict[str, float]:
