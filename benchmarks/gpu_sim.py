@@ -243,28 +243,35 @@ def _start_mps(args):
     return daemon
 
 
+def _name_width(tasks) -> int:
+    """The task column's width: the longest name and two spaces (at least 18)."""
+    return max(18, 2 + max(map(len, tasks)))
+
+
 def _physics(args) -> None:
+    w = _name_width(args.tasks)
     print("\n(b) physics: env steps/s and device memory vs num_envs (medians of "
           f"{args.repeats} x {args.seconds:.0f} s)")
-    print(f"{'task':<18}{'num_envs':>10}{'steps/s':>14}{'memory MiB':>12}")
+    print(f"{'task':<{w}}{'num_envs':>10}{'steps/s':>14}{'memory MiB':>12}")
     for task in args.tasks:
         for n in args.num_envs:
             rates, mem = _in_child(_run, task, n, args.device, args.seconds, args.repeats,
                                    False)
-            print(f"{task:<18}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}",
+            print(f"{task:<{w}}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}",
                   flush=True)
 
 
 def _serving(args) -> None:
+    w = _name_width(args.tasks)
     print("\n(a) serving (physics + policy): the worlds as 1..N GMIs, summed env steps/s")
-    print(f"{'task':<18}{'worlds':>8}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
+    print(f"{'task':<{w}}{'worlds':>8}{'GMIs':>6}{'steps/s':>14}{'vs 1 process':>14}")
     for task in args.tasks:
         for total in args.total_envs:
             base = None
             for g in args.gmis:
                 rate = serving(task, total, g, args.device, args.seconds, args.repeats)
                 base = base or rate
-                print(f"{task:<18}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
+                print(f"{task:<{w}}{total:>8,}{g:>6}{rate:>14,.0f}{rate / base:>13.2f}x",
                       flush=True)
 
 
@@ -307,21 +314,22 @@ def training(task_id: str, gmis: int, num_envs: int, device: str, steps: int, ru
 
 
 def _training(args) -> None:
+    w = _name_width(args.tasks)
     import tempfile
 
     out = tempfile.mkdtemp(prefix="gpu-sim-train-")
     print(f"\n(c) training (PPO, gmi-* preset, {args.train_steps:,} env steps per run): GMIs x "
           f"worlds each, steady env steps/s summed over GMIs; runs in {out}")
-    print(f"{'task':<18}{'GMIs':>6}{'worlds/GMI':>12}{'steps/s':>14}")
+    print(f"{'task':<{w}}{'GMIs':>6}{'worlds/GMI':>12}{'steps/s':>14}")
     for task in args.tasks:
         rates = {}
         for g, n in args.train_layouts:  # each figure printed as it comes (a cut run keeps it)
             try:
                 rates[g, n] = _in_child(training, task, g, n, args.device, args.train_steps,
                                         os.path.join(out, f"{task}-{g}x{n}"))
-                print(f"{task:<18}{g:>6}{n:>12,}{rates[g, n]:>14,.0f}", flush=True)
+                print(f"{task:<{w}}{g:>6}{n:>12,}{rates[g, n]:>14,.0f}", flush=True)
             except RuntimeError as e:  # a layout that fails (out of memory, ...) is a result
-                print(f"{task:<18}{g:>6}{n:>12,}  not runnable: {e}", flush=True)
+                print(f"{task:<{w}}{g:>6}{n:>12,}  not runnable: {e}", flush=True)
         one = {k: r for k, r in rates.items() if k[0] == 1}
         gmis = {k: r for k, r in rates.items() if k[0] > 1}
         if one and gmis:

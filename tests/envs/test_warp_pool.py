@@ -4,6 +4,7 @@ recorded states, same-step and masked resets, determinism, MuJoCo C agreement, t
 limit check, the tensor collection path and a PPO run. The CUDA graph path runs where CUDA is.
 """
 
+import json
 import mujoco
 import numpy as np
 import pytest
@@ -540,14 +541,17 @@ def test_collector_reports_a_tasks_own_episode_totals(tensors):
 
 
 def test_ppo_trains_on_the_warp_engine(tmp_path):
+    """The ``gmi-ant`` preset, shrunk: observation and reward normalisers over the pool's arrays."""
     from gmi_drl.cli import main
 
     run = tmp_path / "ant"
-    assert main(["train", "ppo", "--env.task-id", "Ant-gmi-v0", "--env.num-envs", "4",
-                 "--env.engine", "warp", "--total-timesteps", "256", "--algo.num-steps", "32",
+    assert main(["train", "ppo", "--preset", "gmi-ant", "--env.num-envs", "4",
+                 "--total-timesteps", "256", "--algo.num-steps", "32",
                  "--algo.update-epochs", "1", "--no-compile", "--run-dir", str(run)]) == 0
     summary = (run / "summary.md").read_text()
     assert "PPO on Ant-gmi-v0" in summary and "global_step: 256" in summary
+    norm = json.loads((run / "config.json").read_text())["norm"]
+    assert norm["obs"] and norm["reward"]
 
 
 def test_two_gmis_reduce_gradients_over_warp_pools(tmp_path):
