@@ -88,7 +88,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
            switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
            on_restart: Callable[[GMIError], Any] | None = None,
            rendezvous: bool = False, switch_job: str | None = None,
-           switch_token: str = "") -> RayRun:
+           switch_token: str = "", reduction_note: str | None = None) -> RayRun:
     """Run ``target(ctx)`` in one Ray actor per GMI of ``layout``; blocks until all returned.
 
     Args:
@@ -113,6 +113,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
         rendezvous: always give the GMIs ``tcp://<GMI 0's node IP>:<a port GMI 0 picked>`` as
             ``ctx.reduction.init_method`` (HAR gets it anyway): what GMI 0 listens on and the
             others connect to (the async template's bridge).
+        reduction_note: what the GMIs reduce through, for the placement's log line, where
+            ``target`` does not use the layout's reduction (the async template's trainers).
 
     Raises:
         GMIError: a GMI died or raised (its id, node and cause in the message) and no restart was
@@ -133,7 +135,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
                 results, reduction, nodes = _attempt(
                     target, layout, payload, num_cpus_per_gmi, placement_timeout_s,
                     reducer_capacity, switch_addr, runtime_envs, rendezvous,
-                    (switch_job, switch_token))
+                    (switch_job, switch_token), reduction_note)
                 return RayRun(results, reduction, nodes, restarts)
             except PlacementError:
                 raise
@@ -198,7 +200,7 @@ def _connected(address: str | None, local_cpus: int):
 
 
 def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, reducer_capacity,
-             switch_addr, runtime_envs, rendezvous=False, job=(None, "")):
+             switch_addr, runtime_envs, rendezvous=False, job=(None, ""), reduction_note=None):
     name = f"gmi-drl-{uuid.uuid4().hex[:8]}"
     mps_dir = (os.path.join(tempfile.gettempdir(), f"{name}-mps")
                if layout.backend is BackendKind.CUDA_MPS else None)
@@ -215,7 +217,8 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         nodes = tuple(_collect([a.where.remote() for a in actors], None, placement_timeout_s))
         reduction = reduction_layout(layout, nodes)
         log.info("Ray placed %d GMIs on %d node(s): %s; reduction %s", layout.num_gmis,
-                 len(reduction.mpl), [list(g) for g in reduction.mpl], reduction.reduction.value)
+                 len(reduction.mpl), [list(g) for g in reduction.mpl],
+                 reduction_note or reduction.reduction.value)
         shared = (reduction.reduction in (Reduction.MPR, Reduction.HAR)
                   and layout.num_gmis > 1)
         groups = _collect([agents[nodes[gmis[0]].node_id].setup.remote(

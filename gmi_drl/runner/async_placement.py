@@ -115,7 +115,9 @@ class AsyncPlacement:
         self._ray = launch(TARGET, self.layout, spec, address=r.address,
                            max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s, reducer_capacity=1,
-                           rendezvous=True,
+                           rendezvous=True, reduction_note=(
+                               f"a gloo ring among the {cfg.gmi.trainer_gmis} trainer GMIs"
+                               if cfg.gmi.trainer_gmis > 1 else "none (one trainer GMI)"),
                            on_restart=lambda error: dataclasses.replace(
                                spec, run=payload.run.restarted()))
         self.results = self._ray.results

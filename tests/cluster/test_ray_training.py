@@ -2,6 +2,7 @@
 two-node local cluster."""
 
 import csv
+import logging
 import re
 import subprocess
 import sys
@@ -193,7 +194,7 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     assert_nothing_left(ray_cluster)
 
 
-def test_async_appo_with_two_trainers_across_two_nodes(ray_cluster, tmp_path):
+def test_async_appo_with_two_trainers_across_two_nodes(ray_cluster, tmp_path, caplog):
     """Two trainer GMIs and two serving GMIs as Ray actors on two nodes: each trainer listens
     on its own bridge (found through the run's rendezvous store), each serving GMI spreads its
     transfers over both, the trainers reduce gradients through a gloo ring and end with
@@ -204,7 +205,10 @@ def test_async_appo_with_two_trainers_across_two_nodes(ray_cluster, tmp_path):
     # each update averages two trainers' batches: twice the steps of the one-trainer test
     cfg.total_timesteps, cfg.compile, cfg.log.tensorboard = 61_440, False, False
     cfg.run_dir = str(tmp_path / "async-2")
-    result = train(cfg)
+    with caplog.at_level(logging.INFO, logger="gmi_drl.cluster.ray_launcher"):
+        result = train(cfg)
+    placed = next(r.getMessage() for r in caplog.records if "Ray placed" in r.getMessage())
+    assert placed.endswith("reduction a gloo ring among the 2 trainer GMIs"), placed
     assert result.global_step == 61_440
     assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
