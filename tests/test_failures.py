@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -161,3 +162,26 @@ def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     assert summary.startswith(f"GMI 0 raised SwitchError: worker 0: no complete group at switch "
                               f"127.0.0.1:{port} within 0.5 s")
     assert "\n" not in summary
+
+
+def test_an_interrupted_serial_run_stops_its_gmi_threads():
+    """Ctrl-C reaches only the main thread: the serial placement raises it in every GMI thread
+    (at an MPR barrier's wait, say) and waits for them, so none trains on into the exit."""
+    from gmi_drl.runner.placement import _interrupt
+
+    stopped = []
+
+    def gmi():
+        try:
+            while True:  # a barrier's spin-then-sleep wait
+                time.sleep(1e-3)
+        except KeyboardInterrupt:
+            stopped.append(threading.current_thread().name)
+
+    threads = [threading.Thread(target=gmi, name=f"gmi-{g}", daemon=True) for g in range(2)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    _interrupt(threads, timeout_s=10.0)
+    assert time.monotonic() - t0 < 2
+    assert sorted(stopped) == ["gmi-0", "gmi-1"] and not any(t.is_alive() for t in threads)

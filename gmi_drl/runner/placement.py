@@ -14,8 +14,10 @@ put the GMIs (markdown lines for ``summary.md``).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
+import time
 import traceback
 from typing import Any, Protocol
 
@@ -143,8 +145,12 @@ class SerialPlacement:
                    for g in range(self.layout.num_gmis)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C or SIGTERM (this thread): stop the GMIs first, as the
+            _interrupt(threads)  # process placements do, or they run on into the exit
+            raise
         if errors:
             g = min(errors)
             raise GMIError.raised(g, errors[g])
@@ -155,6 +161,21 @@ class SerialPlacement:
         where = "one GMI in this process" if n == 1 else f"{n} GMIs as threads of this process"
         return (f"- placement: serial: {where}, env workers in-process\n"
                 + self.layout.describe() + _notes(self.cfg, n))
+
+
+def _interrupt(threads: list[threading.Thread], timeout_s: float = 10.0) -> None:
+    """Raise ``KeyboardInterrupt`` in every live thread and wait for them, ``timeout_s`` seconds
+    in all. A thread gets it when it next runs Python code: a GMI waiting at an MPR barrier or
+    between kernels within milliseconds, one inside a long C call when the call returns. Left
+    running, GMI threads trained on into the interpreter's exit, past their unlinked MPR
+    groups, and the exit often aborted ("terminate called without an active exception")."""
+    for t in threads:
+        if t.is_alive() and t.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                       ctypes.py_object(KeyboardInterrupt))
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 class LocalPlacement:
