@@ -153,8 +153,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM to ``gmi-drl train``: stops the run as Ctrl-C does (its GMIs, a resume hint)."""
 
 
+_sigterm = threading.Event()  # set by `_terminated`: some libraries (Ray's wait) raise a
+# KeyboardInterrupt of their own in place of the handler's `Terminated`
+
+
 def _terminated(signum, frame) -> None:
+    _sigterm.set()
     raise Terminated()
+
+
+def _stop_status(e: BaseException | None) -> int:
+    """The exit status of a run stopped by ``e``: 143 after SIGTERM, 130 after Ctrl-C, else 1."""
+    if isinstance(e, Terminated) or (isinstance(e, KeyboardInterrupt) and _sigterm.is_set()):
+        return 128 + signal.SIGTERM
+    return 130 if isinstance(e, KeyboardInterrupt) else 1
 
 
 def _train(args: list[str], debug: bool = False) -> int:
@@ -181,6 +193,7 @@ def _train(args: list[str], debug: bool = False) -> int:
     start = time.perf_counter()
     main_thread = threading.current_thread() is threading.main_thread()
     # (timeout, systemd: as Ctrl-C; signal handlers belong to the main thread)
+    _sigterm.clear()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         result = train(cfg, on_progress=ProgressPrinter())
@@ -192,9 +205,7 @@ def _train(args: list[str], debug: bool = False) -> int:
             traceback.print_exception(e.__cause__, file=sys.stderr)
         print(f"gmi-drl train: {e.reason}\n  {e.next_step}   (traceback: {e.log_path})",
               file=sys.stderr)
-        if isinstance(e.__cause__, Terminated):
-            return 128 + signal.SIGTERM
-        return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return _stop_status(e.__cause__)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
@@ -409,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"gmi-drl {argv[0]}: interrupted", file=sys.stderr)
-        return 128 + signal.SIGTERM if isinstance(sys.exc_info()[1], Terminated) else 130
+        return _stop_status(sys.exc_info()[1])
 
 
 if __name__ == "__main__":

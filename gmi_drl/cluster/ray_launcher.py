@@ -36,6 +36,8 @@ import logging
 import math
 import os
 import re
+import signal
+import threading
 import tempfile
 import time
 import uuid
@@ -185,14 +187,29 @@ def _join(address: str) -> None:
 
 
 @contextlib.contextmanager
+def _keeping_sigterm():
+    """The caller's SIGTERM handler kept across the block: ``ray.init`` installs its own in a
+    driver's main thread (and keeps it after ``ray.shutdown``), which would exit at once where
+    ``gmi-drl train`` stops the run as Ctrl-C does (its GMIs, a resume hint, exit 143)."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
 def _connected(address: str | None, local_cpus: int):
     if ray.is_initialized():
         yield
         return
-    if address is None:
-        ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
-    else:
-        _join(address)
+    with _keeping_sigterm():
+        if address is None:
+            ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
+        else:
+            _join(address)
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ two-node local cluster."""
 import csv
 import logging
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 from tests.algos.test_placements import small_cfg
 from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
+from tests.procs import wait_until_written
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -47,6 +49,29 @@ def test_cli_starts_a_local_ray_instance_when_no_address_is_given(tmp_path):
     assert "done: 512 steps" in out.stdout
     summary = (run / "summary.md").read_text()
     assert "placement: Ray, 1 node(s)" in summary and "gradient reduction: `mpr`" in summary
+
+
+def test_sigterm_stops_a_ray_run_as_ctrl_c_does(ray_cluster, tmp_path):
+    """ray.init installs a SIGTERM handler of its own in the driver; the launcher keeps the
+    CLI's, so timeout(1) or systemd stop a Ray run as they stop a local one."""
+    run = tmp_path / "term"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
+         "--env.num-envs", "4", "--algo.num-steps", "32", "--gmi.num-gmis", "2",
+         "--total-timesteps", "100000000", "--checkpoint.every", "1", "--log.no-tensorboard",
+         "--no-compile", "--placement", "ray", "--ray.address", ray_cluster.address,
+         "--ray.num-cpus-per-gmi", str(NODE_CPUS), "--run-dir", str(run)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_written(proc, run, "checkpoints/iteration-*.pt", "no checkpoint written")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "gmi-drl train: interrupted; the run was stopped" in err
+    assert f"continue with: gmi-drl train ppo --resume {run}" in err
+    assert_nothing_left(ray_cluster)
 
 
 def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, tmp_path):
