@@ -314,9 +314,9 @@ def training(task_id: str, gmis: int, num_envs: int, device: str, steps: int, ru
 
 
 def _training(args) -> None:
-    w = _name_width(args.tasks)
     import tempfile
 
+    w = _name_width(args.tasks)
     out = tempfile.mkdtemp(prefix="gpu-sim-train-")
     print(f"\n(c) training (PPO, gmi-* preset, {args.train_steps:,} env steps per run): GMIs x "
           f"worlds each, steady env steps/s summed over GMIs; runs in {out}")

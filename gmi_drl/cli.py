@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
+    _sigterm.clear()
     try:
         return commands[argv[0]](argv[1:], debug)
     except KeyboardInterrupt:  # before a run started (imports, set-up): nothing to clean up

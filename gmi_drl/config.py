@@ -350,8 +350,8 @@ def _ppo_gmi(task_id: str, num_steps: int, epochs: int, lr: float, hidden: str,
     4,096 worlds, short rollouts, minibatches of 32,768, ELU networks of Table 6, observation
     normalisation (on the device with ``--device cuda``). ``norm_reward`` scales the rewards
     (`NormConfig.reward`), our stand-in for rl_games' value normalisation: on Ant (returns in
-    the thousands) it doubled the return reached at 60M env steps on an H200 (6,536 against
-    3,175; docs/benchmarks.md)."""
+    the thousands) it doubled the return on an H200 (6,536 at 60M env steps, against 3,175 at
+    57M without it; docs/benchmarks.md)."""
     def factory() -> TrainConfig:
         num_envs = 4096
         return TrainConfig(

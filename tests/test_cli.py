@@ -321,3 +321,23 @@ def test_train_runs_from_a_thread_other_than_the_main_one(tmp_path, capsys):
     worker.start()
     worker.join(timeout=120)
     assert codes == [0], capsys.readouterr().err
+
+
+def test_exit_status_of_a_stopped_command(monkeypatch):
+    """143 after SIGTERM (also when a library re-raised it as a KeyboardInterrupt of its own,
+    as Ray's wait does), 130 after Ctrl-C, and an earlier command's SIGTERM does not leak into
+    the next one run in the same process."""
+    from gmi_drl import cli
+
+    assert cli._stop_status(cli.Terminated()) == 143
+    assert cli._stop_status(ValueError()) == 1
+    cli._sigterm.clear()
+    assert cli._stop_status(KeyboardInterrupt()) == 130
+    cli._sigterm.set()
+    assert cli._stop_status(KeyboardInterrupt()) == 143
+
+    def interrupted(args, debug):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_eval", interrupted)
+    assert cli.main(["eval"]) == 130  # the SIGTERM above belonged to an earlier command

@@ -164,24 +164,24 @@ def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     assert "\n" not in summary
 
 
-def test_an_interrupted_serial_run_stops_its_gmi_threads():
-    """Ctrl-C reaches only the main thread: the serial placement raises it in every GMI thread
-    (at an MPR barrier's wait, say) and waits for them, so none trains on into the exit."""
-    from gmi_drl.runner.placement import _interrupt
+def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run():
+    """Ctrl-C reaches only the main thread, waiting for the GMI threads: the serial placement
+    raises it in every one (GMI 0 included, whose join the signal cut short) and waits for
+    them, so none trains on into the exit."""
+    from gmi_drl.gmi.context import ReductionGroup
+    from gmi_drl.gmi.devices import Machine
+    from gmi_drl.gmi.layout import plan
+    from gmi_drl.runner.placement import SerialPlacement
+    from tests.gmi import gmi_targets
 
-    stopped = []
-
-    def gmi():
-        try:
-            while True:  # a barrier's spin-then-sleep wait
-                time.sleep(1e-3)
-        except KeyboardInterrupt:
-            stopped.append(threading.current_thread().name)
-
-    threads = [threading.Thread(target=gmi, name=f"gmi-{g}", daemon=True) for g in range(2)]
-    for t in threads:
-        t.start()
+    layout = plan(3, Machine((), tuple(sorted(os.sched_getaffinity(0))), "no GPU: test"))
+    placement = SerialPlacement(preset("classic", "CartPole-v1"), layout, 1024)
+    gmi_targets.INTERRUPTED.clear()
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
-    _interrupt(threads, timeout_s=10.0)
-    assert time.monotonic() - t0 < 2
-    assert sorted(stopped) == ["gmi-0", "gmi-1"] and not any(t.is_alive() for t in threads)
+    with pytest.raises(KeyboardInterrupt):
+        placement._threads("tests.gmi.gmi_targets:spin_until_interrupted", None,
+                           ReductionGroup())
+    assert time.monotonic() - t0 < 5
+    assert gmi_targets.INTERRUPTED == {0, 1, 2}
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gmi-")]

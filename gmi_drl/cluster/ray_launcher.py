@@ -37,8 +37,8 @@ import math
 import os
 import re
 import signal
-import threading
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -188,15 +188,17 @@ def _join(address: str) -> None:
 
 @contextlib.contextmanager
 def _keeping_sigterm():
-    """The caller's SIGTERM handler kept across the block: ``ray.init`` installs its own in a
+    """The caller's own SIGTERM handler kept across the block: ``ray.init`` installs one in a
     driver's main thread (and keeps it after ``ray.shutdown``), which would exit at once where
-    ``gmi-drl train`` stops the run as Ctrl-C does (its GMIs, a resume hint, exit 143)."""
+    ``gmi-drl train`` stops the run as Ctrl-C does (its GMIs, a resume hint, exit 143). A caller
+    without a Python handler keeps Ray's (it exits through ``sys.exit``, running ``finally``
+    blocks, where the default would kill the process outright)."""
     main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
     finally:
-        if main and handler is not None:
+        if callable(handler):
             signal.signal(signal.SIGTERM, handler)
 
 

@@ -115,13 +115,21 @@ class AsyncPlacement:
         self._ray = launch(TARGET, self.layout, spec, address=r.address,
                            max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s, reducer_capacity=1,
-                           rendezvous=True, reduction_note=(
-                               f"a gloo ring among the {cfg.gmi.trainer_gmis} trainer GMIs"
-                               if cfg.gmi.trainer_gmis > 1 else "none (one trainer GMI)"),
+                           rendezvous=True, reduction_note=self.trainer_reduction(),
                            on_restart=lambda error: dataclasses.replace(
                                spec, run=payload.run.restarted()))
         self.results = self._ray.results
         return self.results
+
+    def trainer_reduction(self) -> str:
+        """What the trainer GMIs reduce their gradients through, in words."""
+        lay = self.trainer_layout
+        if lay is None:
+            return "none (one trainer GMI)"
+        if self.cfg.placement == "ray":
+            return ("`ring`: gloo among the trainer GMIs wherever Ray placed them, meeting "
+                    "through the run's rendezvous store")
+        return f"`{lay.reduction.value}`: {lay.reduction_reason}"
 
     def describe(self) -> str:
         """Markdown lines: the roles, the channels and what each serving GMI did."""
@@ -142,15 +150,7 @@ class AsyncPlacement:
         text += (self.layout.describe(reduction=False)
                 + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
                 f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")
-        lay = self.trainer_layout
-        if lay is None:
-            how = "none (one trainer GMI)"
-        elif cfg.placement == "ray":
-            how = ("`ring`: gloo among the trainer GMIs wherever Ray placed them, meeting "
-                   "through the run's rendezvous store")
-        else:
-            how = f"`{lay.reduction.value}`: {lay.reduction_reason}"
-        text += f"- gradient reduction among trainer GMIs: {how}\n"
+        text += f"- gradient reduction among trainer GMIs: {self.trainer_reduction()}\n"
         how = "one per field (MCC)" if a.channel == "multi" else "one message per step (UCC)"
         text += (f"- experience channels: {a.channel} ({how}), "
                  f"{a.fragments_per_transfer} fragment(s) of {cfg.algo.num_steps} steps per "

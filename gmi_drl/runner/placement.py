@@ -132,25 +132,31 @@ class SerialPlacement:
                 ShmGroup.destroy(owner)
 
     def _threads(self, target: str, payload: Any, group: ReductionGroup) -> list[Any]:
-        results: list[Any] = [None] * self.layout.num_gmis
+        n = self.layout.num_gmis
+        results: list[Any] = [None] * n
         errors: dict[int, str] = {}
+        done = [threading.Event() for _ in range(n)]
 
         def run(g: int) -> None:
             try:
                 results[g] = run_target(target, GMIContext(g, self.layout, payload, group))
             except BaseException:  # noqa: BLE001 - reported below with its traceback
                 errors[g] = traceback.format_exc()
+            finally:
+                done[g].set()
 
         threads = [threading.Thread(target=run, args=(g,), name=f"gmi-{g}", daemon=True)
-                   for g in range(self.layout.num_gmis)]
-        for t in threads:
-            t.start()
+                   for g in range(n)]
         try:
             for t in threads:
-                t.join()
+                t.start()
+            for d in done:  # not Thread.join: on CPython 3.11-3.12 a join that a signal cuts
+                d.wait()    # short marks the (live) thread as stopped
         except BaseException:  # Ctrl-C or SIGTERM (this thread): stop the GMIs first, as the
-            _interrupt(threads)  # process placements do, or they run on into the exit
+            _interrupt(threads, done)  # process placements do, or they run on into the exit
             raise
+        for t in threads:
+            t.join()
         if errors:
             g = min(errors)
             raise GMIError.raised(g, errors[g])
@@ -163,19 +169,30 @@ class SerialPlacement:
                 + self.layout.describe() + _notes(self.cfg, n))
 
 
-def _interrupt(threads: list[threading.Thread], timeout_s: float = 10.0) -> None:
-    """Raise ``KeyboardInterrupt`` in every live thread and wait for them, ``timeout_s`` seconds
-    in all. A thread gets it when it next runs Python code: a GMI waiting at an MPR barrier or
-    between kernels within milliseconds, one inside a long C call when the call returns. Left
-    running, GMI threads trained on into the interpreter's exit, past their unlinked MPR
+def _interrupt(threads: list[threading.Thread], done: list[threading.Event],
+               timeout_s: float = 10.0) -> None:
+    """Raise ``KeyboardInterrupt`` in every GMI thread that started and has not set its
+    ``done``, and wait for them, ``timeout_s`` seconds in all (a second Ctrl-C does not cut the
+    wait short). A thread gets it when it next runs Python code: a GMI waiting at an MPR barrier
+    or between kernels within milliseconds, one inside a long C call when the call returns.
+    Left running, GMI threads trained on into the interpreter's exit, past their unlinked MPR
     groups, and the exit often aborted ("terminate called without an active exception")."""
-    for t in threads:
-        if t.is_alive() and t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+    live = [(t, d) for t, d in zip(threads, done) if t.ident is not None and not d.is_set()]
+    for t, _ in live:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                   ctypes.py_object(KeyboardInterrupt))
     deadline = time.monotonic() + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    for _, d in live:
+        while True:
+            try:
+                d.wait(max(0.0, deadline - time.monotonic()))
+                break
+            except KeyboardInterrupt:
+                continue
+    stuck = [t.name for t, d in live if not d.is_set()]
+    if stuck:
+        log.warning("GMI threads %s did not stop within %.0f s of the interrupt (inside a "
+                    "long call); the exit may abort", stuck, timeout_s)
 
 
 class LocalPlacement:

@@ -57,3 +57,16 @@ def allreduce_on_device(ctx):
     t = torch.full((4,), float(ctx.gmi_id), device=ctx.payload)
     red.allreduce_([t])
     return t.device.type, t.tolist()
+
+
+INTERRUPTED: set[int] = set()
+
+
+def spin_until_interrupted(ctx):
+    """Wait as a GMI at an MPR barrier does (sleeps of 1 ms) until a KeyboardInterrupt."""
+    try:
+        while True:
+            time.sleep(1e-3)
+    except KeyboardInterrupt:
+        INTERRUPTED.add(ctx.gmi_id)
+        raise
