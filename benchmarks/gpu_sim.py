@@ -161,6 +161,27 @@ def serving(task_id: str, total: int, gmis: int, device: str, seconds: float,
     return float(sum(statistics.median(r) for r in per_gmi))
 
 
+def _check(ap: argparse.ArgumentParser, args) -> None:
+    """Refuse, as usage errors, what the parts cannot run."""
+    from gmi_drl.envs.warp import tasks
+
+    unknown = [t for t in args.tasks if t not in tasks()]
+    if unknown:
+        ap.error(f"--tasks {unknown}: not warp tasks; choose from {sorted(tasks())}")
+    for name in ("num_envs", "total_envs", "gmis"):
+        if min(getattr(args, name)) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if "serving" in args.parts:
+        if args.gmis[0] != 1:
+            ap.error("--gmis must start with 1: the serving part compares with one process")
+        bad = [(t, g) for t in args.total_envs for g in args.gmis if t % g]
+        if bad:
+            ap.error(f"--total-envs must split evenly over every --gmis (not {bad[0][0]} "
+                     f"worlds over {bad[0][1]} GMIs)")
+    if args.seconds <= 0 or args.repeats < 1 or args.train_steps < 1:
+        ap.error("--seconds, --repeats and --train-steps must be positive")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
@@ -187,6 +208,7 @@ def main() -> None:
                     help="run the serving part's GMIs as MPS clients of a private MPS daemon "
                          "started here (auto: where nvidia-cuda-mps-control exists)")
     args = ap.parse_args()
+    _check(ap, args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("skipped: no CUDA device here (run with --device cpu to try the code on Warp's "
               "CPU device)")

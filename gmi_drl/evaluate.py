@@ -133,6 +133,11 @@ def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path) -> Pa
         return None
     import imageio.v2 as imageio
 
+    from gmi_drl.envs.warp import tasks as warp_tasks
+
+    if task_id in warp_tasks():
+        log.warning("video skipped: the warp engine's tasks (%s) do not render", task_id)
+        return None
     try:
         env = gym.make(task_id, render_mode="rgb_array")
         obs, _ = env.reset(seed=seed)

@@ -581,3 +581,31 @@ def test_cuda_graph_step_returns_device_tensors_in_place():
         assert p._graph is not None and obs.data_ptr() == ptr and rew.is_cuda
         assert torch.isfinite(obs).all()
         p.check_limits()
+
+
+def test_bad_pool_arguments_and_actions_are_refused_clearly():
+    """NaN in a torch action (as in a NumPy one), keywords the engine does not take, seeds it
+    would alias, empty contact buffers, use after close; a torch.device names a Warp device."""
+    def make(**kw):
+        kw = {"seed": 0, **kw}
+        return envs.make("Ant-gmi-v0", 2, autoreset="same_step", device=kw.pop("device", "cpu"),
+                         **kw)
+
+    with make(device=torch.device("cpu")) as pool:
+        pool.reset()
+        with pytest.raises(ValueError, match="NaN"):
+            pool.step(torch.full((2, pool.model.nu), float("nan")))
+    with pytest.raises(RuntimeError, match="closed"):  # as step after close does
+        pool.check_limits()
+    with pytest.raises(ValueError, match=r"does not take the keyword\(s\) \['foo'\]"):
+        make(foo=1)
+    with pytest.raises(ValueError, match="episodes are 1000 steps"):
+        make(max_episode_steps=10)
+    make(max_episode_steps=None).close()
+    for seed in (-1, 2**31 - 1):
+        with pytest.raises(ValueError, match=r"seeds in \[0, 2\*\*31\)"):
+            make(seed=seed)
+    with pytest.raises(ValueError, match="nconmax=0 must be >= 1"):
+        make(nconmax=0)
+    with pytest.raises(ValueError, match="'gpu' is not a Warp device"):
+        make(device="gpu")

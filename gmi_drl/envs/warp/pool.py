@@ -93,7 +93,8 @@ class WarpPool:
         tensors: return torch tensors (``None``: on CUDA devices; NumPy on the CPU).
 
     Raises:
-        ValueError: an invalid ``num_envs`` or ``device``.
+        ValueError: an invalid ``num_envs``, ``device``, ``nconmax`` or ``njmax``, or seeds
+            outside [0, 2**31).
         RuntimeError: MuJoCo Warp is not installed (the message says how to install it).
     """
 
@@ -116,15 +117,24 @@ class WarpPool:
         self.task = task
         self.num_envs = self.env_batch_size = int(num_envs)
         self.autoreset = AutoresetMode.SAME_STEP
+        for name, value in (("nconmax", nconmax), ("njmax", njmax)):
+            if value is not None and int(value) < 1:
+                raise ValueError(f"{name}={value} must be >= 1 (None: the task's)")
+        seeds = np.asarray(seeds, np.int64)
+        if seeds.size and (seeds.min() < 0 or seeds.max() >= 2**31):
+            raise ValueError(f"the worlds' seeds run from {seeds.min()} to {seeds.max()}; the "
+                             f"warp engine takes seeds in [0, 2**31): seed + num_envs <= 2**31")
+        n_cuda = wp.get_cuda_device_count()
         try:
-            self._device = wp.get_device(device)
+            self._device = wp.get_device(str(device))  # (a torch.device names the same one)
         except Exception as e:
-            if str(device).startswith("cuda") and wp.get_cuda_device_count() == 0:
+            if str(device).startswith("cuda") and n_cuda == 0:
                 raise ValueError(f"device={device!r}: Warp sees no CUDA device here (no GPU, or "
                                  "no CUDA driver); use device='cpu' (Warp's CPU device, small "
                                  "num_envs)") from None
-            raise ValueError(f"device={device!r} is not a Warp device ({e}); use 'cpu' or "
-                             f"'cuda:<k>' with k < {wp.get_cuda_device_count()}") from None
+            cuda = f" or 'cuda:<k>' with k < {n_cuda}" if n_cuda else " (no CUDA device here)"
+            raise ValueError(f"device={device!r} is not a Warp device ({e}); use "
+                             f"'cpu'{cuda}") from None
         self.device = torch.device("cpu" if self._device.is_cpu else f"cuda:{self._device.ordinal}")
         self._on_cuda = self._device.is_cuda
         self.tensors = self._on_cuda if tensors is None else bool(tensors)
@@ -148,7 +158,7 @@ class WarpPool:
                                     njmax=task.njmax if njmax is None else njmax)
             self._params = wt.make_params(task, self.layout, self._device)
             z = wp.zeros
-            self._seed = wp.array((np.asarray(seeds) % (2**31)).astype(np.int32))
+            self._seed = wp.array(seeds.astype(np.int32))
             self._resets = z(n, dtype=wp.int32)
             self._actions_in = z((n, nu), dtype=wp.float32)
             self._actions = z((n, nu), dtype=wp.float32)
@@ -287,8 +297,10 @@ class WarpPool:
         (a host read of ``(num_envs,)`` flags: call it once per rollout, not per step).
 
         Raises:
-            RuntimeError: names the worlds and overflows, and the argument to raise.
+            RuntimeError: names the worlds and overflows, and the argument to raise; the pool
+                is closed.
         """
+        self._check_open()
         flags = self._d.overflow.numpy()
         bad = np.flatnonzero(flags & self._fatal_bits)
         if len(bad):
@@ -382,6 +394,8 @@ class WarpPool:
             if not actions.is_floating_point():
                 raise ValueError(f"actions have dtype {actions.dtype}, expected a float dtype")
             actions = actions.detach()
+            if actions.device.type == "cpu" and bool(actions.isnan().any()):
+                raise ValueError("actions contain NaN")  # (a device tensor: not checked, a sync)
         a = actions if isinstance(actions, torch.Tensor) else np.asarray(actions)
         if isinstance(a, np.ndarray):
             if a.shape != shape:
@@ -463,10 +477,18 @@ class WarpTaskFactory:
         if request.autoreset is not AutoresetMode.SAME_STEP:
             errors.append("the warp engine resets ended worlds in the same step: make the pool "
                           "with autoreset='same_step'")
+        task = tasks()[self.task_id]
+        steps = kwargs.pop("max_episode_steps", None)
+        if steps is not None and steps != task.max_episode_steps:
+            errors.append(f"max_episode_steps={steps}: a warp task's episodes are "
+                          f"{task.max_episode_steps} steps (its definition; leave it None)")
+        unknown = sorted(set(kwargs) - {"nconmax", "njmax", "graph", "tensors"})
+        if unknown:
+            errors.append(f"{self.task_id} does not take the keyword(s) {unknown}; it takes "
+                          "['graph', 'max_episode_steps', 'nconmax', 'njmax', 'tensors']")
         if errors:
             raise ValueError(f"invalid pool of {self.task_id}: " + "; ".join(errors))
-        return WarpPool(tasks()[self.task_id], request.num_envs, request.seeds, request.device,
-                        **kwargs)
+        return WarpPool(task, request.num_envs, request.seeds, request.device, **kwargs)
 
 
 def engines() -> dict[str, dict[str, EngineEntry]]:
