@@ -249,7 +249,8 @@ class TrainConfig:
     run_dir: str | None = None
     """run directory (None: runs/<task>-<algo>-<YYYYmmdd-HHMMSS>)"""
     preset: str = "auto"
-    """preset the defaults came from (auto: by task family); set on the command line only"""
+    """preset the defaults came from (auto: a warp task's gmi-* preset, else by task family);
+    set on the command line only"""
     resume: str | None = None
     """run directory (or checkpoint file) to continue from; its config is the default"""
     config: str | None = None
@@ -546,8 +547,9 @@ defaults of each task family (``--preset auto``)"""
 
 
 def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainConfig:
-    """A fresh `TrainConfig` of preset ``name`` of algorithm ``algo`` (``"auto"``: the family of
-    ``task_id``, or ``"classic"`` where ``algo`` has no preset of that family).
+    """A fresh `TrainConfig` of preset ``name`` of algorithm ``algo`` (``"auto"``: a warp task's
+    own ``gmi-*`` preset where ``algo`` has one, else the family of ``task_id``, or
+    ``"classic"`` where ``algo`` has no preset of that family).
 
     ``task_id``, when given, replaces the preset's task.
 
@@ -557,7 +559,8 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
     if algo not in PRESETS:
         raise ConfigError(f"algo={algo!r} must be one of {list(PRESETS)}")
     if name == "auto":  # an algorithm without a preset of the task's family: its general one
-        name = task_family(task_id) if task_id else "classic"
+        own = f"gmi-{task_id.split('-gmi-')[0].lower()}" if task_id and "-gmi-" in task_id else ""
+        name = own if own in PRESETS[algo] else task_family(task_id) if task_id else "classic"
         name = name if name in PRESETS[algo] else "classic"
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "

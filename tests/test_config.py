@@ -234,3 +234,12 @@ def test_learning_starts_at_the_last_step_still_trains_once():
     cfg = preset("classic", "Pendulum-v1", algo="td3")  # one env step per iteration
     cfg.total_timesteps = cfg.algo.learning_starts = 10_000
     validate(cfg)  # the last iteration's update trains (env_steps >= learning_starts)
+
+
+def test_the_auto_preset_of_a_warp_task_is_its_own():
+    """A user naming only the task gets the Table 6 network and the warp engine's settings."""
+    cfg = preset("auto", "FrankaCabinet-gmi-v0")
+    assert cfg.preset == "gmi-frankacabinet" and cfg.env.engine == "warp"
+    assert cfg.model.actor_hidden == "256:128:64"
+    assert preset("auto", "Ant-gmi-v0", "a2c").preset == "classic"  # a2c has no gmi-* preset
+    assert preset("auto", "Hopper-v5").preset == "mujoco"
