@@ -561,8 +561,8 @@ def test_two_gmis_reduce_gradients_over_warp_pools(tmp_path):
     run = tmp_path / "anymal2"
     assert main(["train", "ppo", "--env.task-id", "Anymal-gmi-v0", "--env.num-envs", "4",
                  "--total-timesteps", "512", "--algo.num-steps", "32", "--gmi.num-gmis", "2",
-                 "--gmi.reduction", "mpr", "--algo.update-epochs", "1", "--no-compile",
-                 "--run-dir", str(run)]) == 0
+                 "--gmi.reduction", "mpr", "--algo.update-epochs", "1",
+                 "--algo.num-minibatches", "1", "--no-compile", "--run-dir", str(run)]) == 0
     summary = (run / "summary.md").read_text()
     assert "one process per GMI (2)" in summary and "`mpr`" in summary
     assert "global_step: 512" in summary
