@@ -318,7 +318,7 @@ def training(task_id: str, gmis: int, num_envs: int, device: str, steps: int, ru
     from gmi_drl.config import preset
     from gmi_drl.train import train
 
-    cfg = preset("gmi-" + task_id.split("-gmi")[0].lower())
+    cfg = preset("auto", task_id)  # the task's own gmi-* preset
     cuda = device.startswith("cuda")
     cfg.device = "cuda" if cuda else "cpu"
     cfg.gmi.num_gmis, cfg.env.num_envs = gmis, num_envs

@@ -482,10 +482,11 @@ class WarpTaskFactory:
         if steps is not None and steps != task.max_episode_steps:
             errors.append(f"max_episode_steps={steps}: a warp task's episodes are "
                           f"{task.max_episode_steps} steps (its definition; leave it None)")
-        unknown = sorted(set(kwargs) - {"nconmax", "njmax", "graph", "tensors"})
+        pool_keywords = {"nconmax", "njmax", "graph", "tensors"}
+        unknown = sorted(set(kwargs) - pool_keywords)
         if unknown:
             errors.append(f"{self.task_id} does not take the keyword(s) {unknown}; it takes "
-                          "['graph', 'max_episode_steps', 'nconmax', 'njmax', 'tensors']")
+                          f"{sorted(pool_keywords | {'max_episode_steps'})}")
         if errors:
             raise ValueError(f"invalid pool of {self.task_id}: " + "; ".join(errors))
         return WarpPool(task, request.num_envs, request.seeds, request.device, **kwargs)
