@@ -470,6 +470,9 @@ def test_tensor_outputs_feed_the_collector_without_numpy():
         assert buf.rewards.abs().sum() > 0
         obs, *_ = p.step(torch.zeros(N, 8))
         assert obs.data_ptr() == ptr  # the same preallocated buffer, every step
+        obs, info = p.reset([1, 3])  # a masked reset answers in tensors too
+        assert isinstance(info["env_id"], torch.Tensor) and info["env_id"].tolist() == [1, 3]
+        assert isinstance(obs, torch.Tensor) and obs.shape == (2, 60)
 
 
 def test_device_collection_equals_host_collection():

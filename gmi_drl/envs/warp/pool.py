@@ -235,6 +235,8 @@ class WarpPool:
         obs = self._out["obs"]
         if len(ids) == self.num_envs:
             return obs, {"env_id": self._all_ids}
+        if self.tensors:  # ids in the pool's own array type, as every other output
+            ids = self._torch.as_tensor(ids, device=self.device)
         return obs[ids], {"env_id": ids}
 
     def send(self, actions, env_id: Any = None) -> None:
