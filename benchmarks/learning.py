@@ -202,7 +202,7 @@ def _sb3_model(cfg: TrainConfig):
                        target_update_interval=a.target_network_frequency,
                        exploration_fraction=a.exploration_fraction,
                        exploration_initial_eps=a.start_e, exploration_final_eps=a.end_e,
-                       max_grad_norm=a.max_grad_norm, policy_kwargs=kw,
+                       max_grad_norm=a.max_grad_norm, n_steps=a.n_step, policy_kwargs=kw,
                        optimize_memory_usage=False, **common)
     if name in ("a2c", "ppo"):
         kw = dict(net_arch=dict(pi=_hidden(m.actor_hidden), vf=_hidden(m.critic_hidden)),
@@ -226,7 +226,7 @@ def _sb3_model(cfg: TrainConfig):
               activation_fn=act)
     off = dict(buffer_size=a.buffer_size, learning_starts=a.learning_starts,
                batch_size=a.batch_size, tau=a.tau, train_freq=a.train_frequency,
-               gradient_steps=a.gradient_steps, policy_kwargs=kw,
+               gradient_steps=a.gradient_steps, n_steps=a.n_step, policy_kwargs=kw,
                action_noise=NormalActionNoise(np.zeros(dim), a.exploration_noise * np.ones(dim)))
     if name == "td3":
         return sb3.TD3(policy, env, policy_delay=a.policy_delay,

@@ -56,6 +56,9 @@ class DeterministicPGConfig:
     """soft update rate of the target networks"""
     gamma: float = 0.99
     """discount factor"""
+    n_step: int = 1
+    """rewards per critic target: n-step returns, cut where an episode ended (1: the papers'
+    one-step target)"""
     train_frequency: int = 1
     """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
     gradient_steps: int = 1
@@ -92,6 +95,7 @@ class DeterministicPGConfig:
             (self.batch_size >= 1, f"algo.batch_size={self.batch_size} must be >= 1"),
             (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
             (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
+            (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
             (self.train_frequency >= 1,
              f"algo.train_frequency={self.train_frequency} must be >= 1"),
             (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
@@ -145,10 +149,12 @@ class QCritics(nn.Module):
 
 
 def critic_target(q_next: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor,
-                  gamma: float) -> torch.Tensor:
-    """``r + gamma (1 - terminated) min_i Q'_i(s', a')`` for ``q_next (n, B)`` (with one critic
-    the minimum is DDPG's target; with two, TD3's clipped double-Q, Fujimoto et al. eq. 10)."""
-    return rewards + gamma * (1.0 - terminated) * q_next.min(0).values
+                  discount: torch.Tensor | float) -> torch.Tensor:
+    """``r + discount (1 - terminated) min_i Q'_i(s', a')`` for ``q_next (n, B)`` (with one
+    critic the minimum is DDPG's target; with two, TD3's clipped double-Q, Fujimoto et al. eq.
+    10); ``discount`` is ``gamma``, or ``(B,)`` ``gamma ** m`` after an n-step sum of ``m``
+    rewards (`gmi_drl.rollout.replay.ReplayBatch`)."""
+    return rewards + discount * (1.0 - terminated) * q_next.min(0).values
 
 
 def smoothed_target_action(next_action: torch.Tensor, noise: torch.Tensor, scale: float,
@@ -160,8 +166,8 @@ def smoothed_target_action(next_action: torch.Tensor, noise: torch.Tensor, scale
 
 def critic_objective(critics: QCritics, obs: torch.Tensor, actions: torch.Tensor,
                      rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
-                     noise: torch.Tensor | None = None, *, actor_target: nn.Module,
-                     critics_target: nn.Module, gamma: float, target_policy_noise: float,
+                     discount: torch.Tensor, noise: torch.Tensor | None = None, *,
+                     actor_target: nn.Module, critics_target: nn.Module, target_policy_noise: float,
                      target_noise_clip: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The critics' loss on one replay minibatch in a `GradStep`'s shape: the sum over critics
     of the mean squared error to `critic_target` (no gradient through the target; the target
@@ -172,7 +178,7 @@ def critic_objective(critics: QCritics, obs: torch.Tensor, actions: torch.Tensor
         next_action = smoothed_target_action(next_action, noise, target_policy_noise,
                                              target_noise_clip)
     target = critic_target(critics_target(next_obs, next_action), rewards, terminated,
-                           gamma).detach()
+                           discount).detach()
     q = critics(obs, actions)
     loss = ((q - target) ** 2).mean(1).sum()
     return loss, (loss.detach(), q[0].detach().mean())
@@ -288,7 +294,7 @@ class DDPG:
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         critic_loss = functools.partial(
             critic_objective, actor_target=self.actor_target,
-            critics_target=self.critics_target, gamma=cfg.gamma,
+            critics_target=self.critics_target,
             target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip)
         self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
                                               cfg.max_grad_norm, cfg.adam_eps)
@@ -334,7 +340,8 @@ class DDPG:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device)
+            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device,
+                                      n_step=cfg.n_step, gamma=cfg.gamma)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -417,7 +424,8 @@ class DDPG:
             self.cfg.learning_starts, self.cfg.buffer_size, left)
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
-                                      self.ctx.device, state["replay"])
+                                      self.ctx.device, state["replay"], self.cfg.n_step,
+                                      self.cfg.gamma)
 
     def close(self) -> None:
         self.actor_step.close()

@@ -43,6 +43,9 @@ class DQNConfig:
     """replay capacity of each GMI, transitions"""
     gamma: float = 0.99
     """discount factor"""
+    n_step: int = 1
+    """rewards per TD target: n-step returns (Rainbow's multi-step, Hessel et al. 2018), cut
+    where an episode ended; 1 is Nature DQN's one-step target"""
     tau: float = 1.0
     """target update rate: 1 copies the online network, < 1 is a Polyak average"""
     target_network_frequency: int = 500
@@ -85,6 +88,7 @@ class DQNConfig:
             (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
             (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
             (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
+            (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
             (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
             (self.target_network_frequency >= 1,
              f"algo.target_network_frequency={self.target_network_frequency} must be >= 1"),
@@ -128,22 +132,24 @@ class QNetwork(nn.Module):
 
 
 def td_target(q_next_target: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor,
-              gamma: float, q_next_online: torch.Tensor | None = None) -> torch.Tensor:
-    """``r + gamma (1 - terminated) Q_target(s', a')`` for ``(B,)`` rewards and terminations
-    and ``(B, num_actions)`` next-state values: ``a' = argmax Q_target(s')`` (Nature DQN), or
-    ``argmax Q_online(s')`` when ``q_next_online`` is given (Double DQN, van Hasselt 2016 eq. 4).
-    Truncated episodes are stored with the state that followed and ``terminated = 0``: they
-    bootstrap."""
+              discount: torch.Tensor | float,
+              q_next_online: torch.Tensor | None = None) -> torch.Tensor:
+    """``r + discount (1 - terminated) Q_target(s', a')`` for ``(B,)`` rewards and
+    terminations, ``discount`` (``gamma``, or ``(B,)`` ``gamma ** m`` after an n-step sum of
+    ``m`` rewards: `gmi_drl.rollout.replay.ReplayBatch`) and ``(B, num_actions)`` next-state
+    values: ``a' = argmax Q_target(s')`` (Nature DQN), or ``argmax Q_online(s')`` when
+    ``q_next_online`` is given (Double DQN, van Hasselt 2016 eq. 4). Truncated episodes are
+    stored with the state that followed and ``terminated = 0``: they bootstrap."""
     if q_next_online is None:
         next_value = q_next_target.max(1).values
     else:
         next_value = q_next_target.gather(1, q_next_online.argmax(1, keepdim=True)).squeeze(1)
-    return rewards + gamma * (1.0 - terminated) * next_value
+    return rewards + discount * (1.0 - terminated) * next_value
 
 
 def dqn_objective(q_network: nn.Module, obs: torch.Tensor, actions: torch.Tensor,
-                  rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor, *,
-                  target_network: nn.Module, gamma: float, double_q: bool,
+                  rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
+                  discount: torch.Tensor, *, target_network: nn.Module, double_q: bool,
                   loss: str) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """The TD loss of one replay minibatch in a `GradStep`'s shape (so the target's forward
     joins the compiled step): ``Q(s, a)`` of the ``(B,) int64`` ``actions`` against `td_target`
@@ -151,7 +157,7 @@ def dqn_objective(q_network: nn.Module, obs: torch.Tensor, actions: torch.Tensor
     ``(loss, (loss, mean Q(s, a)))``."""
     q_next_target = target_network(next_obs).detach()
     q_next_online = q_network(next_obs).detach() if double_q else None
-    target = td_target(q_next_target, rewards, terminated, gamma, q_next_online)
+    target = td_target(q_next_target, rewards, terminated, discount, q_next_online)
     q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     if loss == "huber":
         value = F.smooth_l1_loss(q, target)
@@ -251,7 +257,7 @@ class DQN:
                                   m.activation, m.cnn_features).to(ctx.device)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         loss = functools.partial(dqn_objective, target_network=self.target_network,
-                                 gamma=cfg.gamma, double_q=cfg.double_q, loss=cfg.loss)
+                                 double_q=cfg.double_q, loss=cfg.loss)
         self.grad_step = ctx.make_grad_step(self.q_network, loss, cfg.learning_rate,
                                             cfg.max_grad_norm, cfg.adam_eps)
         self._target = FlatParams(self.target_network)
@@ -289,7 +295,8 @@ class DQN:
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
         if self.replay is None:
-            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device)
+            self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device,
+                                      n_step=cfg.n_step, gamma=cfg.gamma)
         self._collector = ReplayCollector(pool, self.replay)
 
     def update(self) -> dict[str, float]:
@@ -348,7 +355,8 @@ class DQN:
             self.cfg.learning_starts, self.cfg.buffer_size, self.total_steps - self.env_steps)
         if "replay" in state:
             self.replay = make_replay(self.cfg.buffer_size, self.ctx.spec, self.ctx.num_envs,
-                                      self.ctx.device, state["replay"])
+                                      self.ctx.device, state["replay"], self.cfg.n_step,
+                                      self.cfg.gamma)
 
     def close(self) -> None:
         self.grad_step.close()

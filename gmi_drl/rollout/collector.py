@@ -260,6 +260,6 @@ class ReplayCollector:
                 end = info["episode_end"]
                 returns.append(info["episode_return"][end].copy())
                 lengths.append(info["episode_length"][end].copy())
-            self.replay.add(self.obs, stored_action, reward, stored_next, terminated)
+            self.replay.add(self.obs, stored_action, reward, stored_next, terminated, done)
             self.obs[...] = next_obs
         return Episodes.concat(returns, lengths)

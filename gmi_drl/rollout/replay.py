@@ -7,7 +7,10 @@
   stored once per env stream, not once per stack and transition; stacks are rebuilt at sampling.
 
 Both store, where an episode ended, the final observation as the next one, so a truncated
-episode is bootstrapped from its real last state.
+episode is bootstrapped from its real last state. Both sample n-step transitions when built
+with ``n_step > 1`` (Sutton & Barto §7.1; the "multi-step" component of Rainbow, Hessel et al.
+2018): the discounted rewards of up to ``n_step`` steps of the same env, cut where the episode
+ended or where no later step is stored yet, and the observation that followed the last of them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,23 @@ class ReplayBatch(NamedTuple):
     """``(B, *obs_shape)``"""
     terminated: torch.Tensor
     """``(B,) float32``: 1 where the episode terminated (no bootstrap), 0 otherwise"""
+    discount: torch.Tensor
+    """``(B,) float32``: ``gamma ** m``, the discount of the bootstrap from ``next_obs`` after
+    the ``m`` rewards summed in ``rewards`` (``m = 1`` without n-step returns)"""
+
+
+def _check_n_step(n_step: int, gamma: float) -> None:
+    if n_step < 1:
+        raise ValueError(f"n_step={n_step} must be >= 1")
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma={gamma} must be in [0, 1]")
+
+
+def _window(exists: np.ndarray | torch.Tensor, done: np.ndarray | torch.Tensor):
+    """``(B, n)`` mask of the steps an n-step transition sums: step ``k`` is stored
+    (``exists``) and no episode ended at a step before it (``done``)."""
+    ended_before = (done.cumsum(1) - done) > 0
+    return exists & ~ended_before
 
 
 class ReplayBuffer:
@@ -44,15 +64,23 @@ class ReplayBuffer:
         capacity: transitions held (the oldest are overwritten first).
         observation_space, action_space: the task's single-env spaces.
         device: where the tensors live (sampling returns tensors there).
+        n_step: rewards summed per sampled transition (1: one-step transitions).
+        gamma: their discount factor.
+        num_envs: transitions per `add` (one per env, in env order); with ``n_step > 1`` every
+            `add` must bring this many, since an env's next step is ``num_envs`` rows later.
 
     Raises:
-        ValueError: ``capacity < 1``; an action space that is neither Discrete nor Box.
+        ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1`` or ``gamma`` outside
+            [0, 1]; an action space that is neither Discrete nor Box.
     """
 
     def __init__(self, capacity: int, observation_space: gym.spaces.Box,
-                 action_space: gym.spaces.Space, device: torch.device | str = "cpu") -> None:
-        if capacity < 1:
-            raise ValueError(f"replay capacity={capacity} must be >= 1")
+                 action_space: gym.spaces.Space, device: torch.device | str = "cpu",
+                 n_step: int = 1, gamma: float = 0.99, num_envs: int = 1) -> None:
+        if capacity < 1 or num_envs < 1:
+            raise ValueError(f"replay capacity={capacity} and num_envs={num_envs} must be >= 1")
+        _check_n_step(n_step, gamma)
+        self.n_step, self.gamma, self.num_envs = n_step, gamma, num_envs
         self.capacity, self.device = capacity, torch.device(device)
         obs_dtype = torch.from_numpy(np.zeros(0, observation_space.dtype)).dtype
         if obs_dtype != torch.uint8:
@@ -65,7 +93,10 @@ class ReplayBuffer:
         self.actions = torch.zeros((capacity, *act_shape), dtype=act_dtype, device=d)
         self.rewards = torch.zeros(capacity, dtype=torch.float32, device=d)
         self.terminated = torch.zeros(capacity, dtype=torch.float32, device=d)
-        self._tensors = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated)
+        self.done = torch.zeros(capacity, dtype=torch.bool, device=d)
+        """where an episode ended (terminated or truncated): n-step sums stop there"""
+        self._tensors = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated,
+                         self.done)
         self._host = [t.numpy() for t in self._tensors] if d.type == "cpu" else None
         self.pos, self.size, self.added = 0, 0, 0
 
@@ -74,11 +105,22 @@ class ReplayBuffer:
         """Bytes the buffer holds (all of it is allocated up front)."""
         return sum(t.numel() * t.element_size() for t in self._tensors)
 
-    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
+    def add(self, obs, actions, rewards, next_obs, terminated, done=None) -> None:
         """Append ``n`` transitions (NumPy arrays or tensors with a leading ``n`` dim): the
-        oldest are overwritten once the buffer is full."""
-        data = (obs, actions, rewards, next_obs, terminated)
+        oldest are overwritten once the buffer is full. ``done``: ``(n,) bool``, where an
+        episode ended by termination or truncation (default: ``terminated``).
+
+        Raises:
+            ValueError: with ``n_step > 1``, a batch of another size than ``num_envs``.
+        """
         n = len(rewards)
+        if self.n_step > 1 and n != self.num_envs:
+            raise ValueError(f"an n-step replay takes one transition per env ({self.num_envs}) "
+                             f"per add, got {n}")
+        if done is None:
+            done = terminated
+        data = (obs, actions, rewards, next_obs, terminated,
+                np.asarray(done.cpu() if isinstance(done, torch.Tensor) else done).astype(bool))
         idx = (self.pos + np.arange(n)) % self.capacity
         if self._host is not None:
             for dst, src in zip(self._host, data):
@@ -106,8 +148,7 @@ class ReplayBuffer:
         index = np.asarray(index, np.int64)
         if index.size and (index.min() < self.added - self.size or index.max() >= self.added):
             raise IndexError(f"transitions {self.added - self.size}..{self.added - 1} are held")
-        idx = torch.from_numpy(index % self.capacity).to(self.device)
-        return ReplayBatch(*(t.index_select(0, idx) for t in self._tensors))
+        return self._gather(torch.from_numpy(index % self.capacity).to(self.device))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
         """``batch_size`` transitions drawn uniformly with replacement from those held.
@@ -117,8 +158,27 @@ class ReplayBuffer:
         """
         if self.size == 0:
             raise ValueError("sample from an empty replay buffer")
-        idx = torch.randint(self.size, (batch_size,), generator=generator).to(self.device)
-        return ReplayBatch(*(t.index_select(0, idx) for t in self._tensors))
+        return self._gather(torch.randint(self.size, (batch_size,), generator=generator)
+                            .to(self.device))
+
+    def _gather(self, idx: torch.Tensor) -> ReplayBatch:
+        """The transitions at storage rows ``idx`` ``(B,)``, as n-step transitions."""
+        obs, actions, rewards, next_obs, terminated = (t.index_select(0, idx)
+                                                       for t in self._tensors[:5])
+        if self.n_step == 1:
+            discount = torch.full_like(rewards, self.gamma)
+            return ReplayBatch(obs, actions, rewards, next_obs, terminated, discount)
+        k = torch.arange(self.n_step, device=self.device)
+        rows = (idx[:, None] + k * self.num_envs) % self.capacity  # (B, n): the env's steps
+        newer = (self.pos - 1 - idx) % self.capacity  # rows written after idx
+        valid = _window(k * self.num_envs <= newer[:, None], self.done[rows].long())
+        m = valid.sum(1)
+        powers = self.gamma ** k.to(torch.float64)
+        rewards = (self.rewards[rows].double() * powers * valid).sum(1).float()
+        last = rows.gather(1, (m - 1)[:, None]).squeeze(1)
+        discount = (self.gamma ** m.to(torch.float64)).float()
+        return ReplayBatch(obs, actions, rewards, self.next_obs.index_select(0, last),
+                           self.terminated.index_select(0, last), discount)
 
     def state_dict(self) -> dict:
         """The held transitions (``size`` rows of each tensor, on the CPU) and the write
@@ -127,13 +187,16 @@ class ReplayBuffer:
                 "tensors": [t[:self.size].cpu() for t in self._tensors]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
+        """Restore `state_dict` output (of a checkpoint written before ``done`` was stored
+        too: episode ends are then taken from ``terminated`` alone).
 
         Raises:
             ValueError: the stored transitions do not fit this buffer (capacity or shapes).
         """
         size = int(state["size"])
-        stored = state["tensors"]
+        stored = list(state["tensors"])
+        if len(stored) == len(self._tensors) - 1:
+            stored.append(stored[4].bool())
         if size > self.capacity or len(stored) != len(self._tensors) or any(
                 s.shape[1:] != t.shape[1:] for s, t in zip(stored, self._tensors)):
             raise ValueError(f"stored replay of {size} transitions does not fit a buffer of "
@@ -169,17 +232,23 @@ class FrameReplayBuffer:
         action_space: the task's single-env action space (Discrete or Box).
         num_envs: transitions per `add` (one per env, in env order).
         device: where frames and sampled batches live.
+        n_step: rewards summed per sampled transition (1: one-step transitions).
+        gamma: their discount factor.
 
     Raises:
-        ValueError: ``capacity < 1`` or ``num_envs < 1``; observations that are not ``uint8``
-            arrays of at least two dims; an action space that is neither Discrete nor Box.
+        ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1`` or ``gamma`` outside
+            [0, 1]; observations that are not ``uint8`` arrays of at least two dims; an action
+            space that is neither Discrete nor Box.
     """
 
     def __init__(self, capacity: int, observation_space: gym.spaces.Box,
                  action_space: gym.spaces.Space, num_envs: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", n_step: int = 1,
+                 gamma: float = 0.99) -> None:
         if capacity < 1 or num_envs < 1:
             raise ValueError(f"replay capacity={capacity} and num_envs={num_envs} must be >= 1")
+        _check_n_step(n_step, gamma)
+        self.n_step, self.gamma = n_step, gamma
         shape = observation_space.shape
         if observation_space.dtype != np.uint8 or len(shape) < 2:
             raise ValueError(f"frame replay stores uint8 frame stacks (K, *frame_shape), got "
@@ -199,6 +268,7 @@ class FrameReplayBuffer:
         # stream positions (frames appended so far, never wrapped) of each transition's stacks
         self.obs_end = np.zeros((e, n), np.int64)
         self.next_end = np.zeros((e, n), np.int64)
+        self.done = np.zeros((e, n), bool)  # an episode ended there: n-step sums stop
         self.head = np.zeros(e, np.int64)  # frames appended to each env's stream
         self.first_valid = np.zeros(e, np.int64)  # oldest transition whose frames are held
         self.steps = 0  # transitions added per env
@@ -210,7 +280,7 @@ class FrameReplayBuffer:
         """Bytes the buffer holds (all of it is allocated up front)."""
         tensors = (self.frames, *self._rows)
         return (sum(t.numel() * t.element_size() for t in tensors) + self.obs_end.nbytes
-                + self.next_end.nbytes + self._last_next.nbytes)
+                + self.next_end.nbytes + self.done.nbytes + self._last_next.nbytes)
 
     def _lower(self) -> np.ndarray:
         """``(num_envs,)``: the oldest sampleable transition of each env (per-env count)."""
@@ -221,8 +291,10 @@ class FrameReplayBuffer:
         """Transitions that can be sampled."""
         return int((self.steps - self._lower()).sum())
 
-    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
+    def add(self, obs, actions, rewards, next_obs, terminated, done=None) -> None:
         """Append one transition per env (arrays with a leading ``num_envs`` dim, env order).
+        ``done``: ``(num_envs,) bool``, where an episode ended by termination or truncation
+        (default: ``terminated``).
 
         Raises:
             ValueError: a batch of another size than ``num_envs``.
@@ -250,6 +322,9 @@ class FrameReplayBuffer:
         self.obs_end[:, slot], self.next_end[:, slot] = obs_end, self.head - 1
         for dst, src in zip(self._rows, (actions, rewards, terminated)):
             dst[:, slot] = torch.as_tensor(np.asarray(src)).to(self.device, dst.dtype)
+        done = terminated if done is None else done
+        self.done[:, slot] = np.asarray(done.cpu() if isinstance(done, torch.Tensor) else done,
+                                        bool)
         self.steps += 1
         self._last_next[...] = next_obs
         self._last_end = self.head - 1
@@ -299,7 +374,7 @@ class FrameReplayBuffer:
         env, step = index % self.num_envs, index // self.num_envs
         if index.size and ((step < self._lower()[env]) | (step >= self.steps)).any():
             raise IndexError("a transition that is not held (see indices())")
-        return self._gather(env, step % self.slots)
+        return self._gather(env, step)
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
         """``batch_size`` transitions drawn uniformly with replacement from the sampleable ones.
@@ -316,30 +391,52 @@ class FrameReplayBuffer:
         ends = np.cumsum(counts)
         env = np.searchsorted(ends, u, side="right")
         step = lower[env] + u - (ends[env] - counts[env])
-        return self._gather(env, step % self.slots)
+        return self._gather(env, step)
 
-    def _gather(self, env: np.ndarray, slot: np.ndarray) -> ReplayBatch:
+    def _gather(self, env: np.ndarray, step: np.ndarray) -> ReplayBatch:
+        """Transition ``step`` (per-env count) of each ``env``, as n-step transitions."""
+        slot = step % self.slots
+        rows = env * self.slots + slot
+        if self.n_step == 1:
+            last_slot, last_rows, rewards = slot, rows, None
+            m = np.ones(len(env), np.int64)
+        else:
+            k = np.arange(self.n_step)
+            steps = step[:, None] + k
+            window = _window(steps < self.steps, self.done[env[:, None], steps % self.slots])
+            m = window.sum(1)
+            last_slot = (step + m - 1) % self.slots
+            last_rows = env * self.slots + last_slot
+            weights = torch.from_numpy(window * self.gamma ** k).to(self.device)
+            all_rows = (env[:, None] * self.slots + steps % self.slots).ravel()
+            per_step = self.rewards.view(-1).index_select(
+                0, torch.from_numpy(all_rows).to(self.device)).view(len(env), -1)
+            rewards = (per_step.double() * weights).sum(1).float()
         k = self.stack
         offsets = np.arange(1 - k, 1)
-        ends = np.concatenate([self.obs_end[env, slot], self.next_end[env, slot]])
+        ends = np.concatenate([self.obs_end[env, slot], self.next_end[env, last_slot]])
         f = self.frame_slots
         flat = np.tile(env, 2)[:, None] * f + (ends[:, None] + offsets) % f
         frames = self.frames.view(-1, *self.frames.shape[2:])  # (num_envs * frame_slots, ...)
         stacks = frames.index_select(0, torch.from_numpy(flat.ravel()).to(self.device))
         obs, next_obs = stacks.view(2 * len(env), k, *stacks.shape[1:]).split(len(env))
-        row = torch.from_numpy(env * self.slots + slot).to(self.device)
-        actions, rewards, terminated = (t.view(-1, *t.shape[2:]).index_select(0, row)
-                                        for t in self._rows)
-        return ReplayBatch(obs, actions, rewards, next_obs, terminated)
+        row, last = (torch.from_numpy(r).to(self.device) for r in (rows, last_rows))
+        actions = self.actions.view(-1, *self.actions.shape[2:]).index_select(0, row)
+        if rewards is None:
+            rewards = self.rewards.view(-1).index_select(0, row)
+        terminated = self.terminated.view(-1).index_select(0, last)
+        discount = torch.from_numpy(self.gamma ** m.astype(np.float64)).float().to(self.device)
+        return ReplayBatch(obs, actions, rewards, next_obs, terminated, discount)
 
     _COUNTERS = ("obs_end", "next_end", "head", "first_valid", "_last_next", "_last_end")
 
     def state_dict(self) -> dict:
         """Everything held (frames and rows on the CPU) and the stream counters."""
+        # (tensors: a safe checkpoint load takes no ndarray)
         return {"layout": "frames", "steps": self.steps, "frames": self.frames.cpu(),
-                "rows": [t.cpu() for t in self._rows],  # (tensors: a safe checkpoint load
-                **{name: torch.from_numpy(getattr(self, name).copy())  # takes no ndarray)
-                   for name in self._COUNTERS}}
+                "rows": [t.cpu() for t in self._rows],
+                **{name: torch.from_numpy(getattr(self, name).copy())
+                   for name in (*self._COUNTERS, "done")}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output.
@@ -358,6 +455,9 @@ class FrameReplayBuffer:
         for name in self._COUNTERS:
             value = state[name]
             getattr(self, name)[...] = value.numpy() if isinstance(value, torch.Tensor) else value
+        # checkpoints written before ``done`` was stored: episode ends from terminations alone
+        done = state.get("done", self.terminated.cpu() > 0)
+        self.done[...] = done.numpy() if isinstance(done, torch.Tensor) else done
         self.steps = int(state["steps"])
 
 
@@ -390,22 +490,24 @@ def is_frame_stack(space: gym.spaces.Space) -> bool:
 
 
 def make_replay(capacity: int, spec, num_envs: int, device: torch.device | str,
-                state: dict | None = None) -> ReplayBuffer | FrameReplayBuffer:
+                state: dict | None = None, n_step: int = 1,
+                gamma: float = 0.99) -> ReplayBuffer | FrameReplayBuffer:
     """The replay for the task ``spec`` (an `gmi_drl.envs.spec.EnvSpec`): a
     `FrameReplayBuffer` for frame stacks (`is_frame_stack`), a `ReplayBuffer` otherwise;
-    holding ``state`` (`state_dict` output) when given. Logs its size in bytes.
+    holding ``state`` (`state_dict` output) when given; sampling ``n_step``-step transitions
+    discounted by ``gamma``. Logs its size in bytes.
 
     Raises:
         ValueError: as the constructors and ``load_state_dict``.
     """
     obs_space, act_space = spec.observation_space, spec.action_space
     if is_frame_stack(obs_space):
-        buf = FrameReplayBuffer(capacity, obs_space, act_space, num_envs, device)
+        buf = FrameReplayBuffer(capacity, obs_space, act_space, num_envs, device, n_step, gamma)
         naive = buf.capacity * 2 * int(np.prod(obs_space.shape))
         log.info("replay buffer: %d transitions, %.1f MB (frames stored once; %.1f MB as "
                  "stacks)", buf.capacity, buf.nbytes / 1e6, naive / 1e6)
     else:
-        buf = ReplayBuffer(capacity, obs_space, act_space, device)
+        buf = ReplayBuffer(capacity, obs_space, act_space, device, n_step, gamma, num_envs)
         log.info("replay buffer: %d transitions, %.1f MB", capacity, buf.nbytes / 1e6)
     if state is not None:
         buf.load_state_dict(state)

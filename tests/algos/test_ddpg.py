@@ -54,10 +54,11 @@ def test_critic_loss_is_the_summed_squared_error_of_each_critic():
     obs, actions = torch.randn(4, 3), torch.rand(4, 2) * 2 - 1
     rewards, terminated = torch.tensor([1.0, 0.0, -1.0, 2.0]), torch.tensor([0.0, 0.0, 1.0, 0.0])
     loss, (aux, q1_mean) = critic_objective(
-        critics, obs, actions, rewards, obs, terminated, actor_target=_Const([3.0, 2.0]),
-        critics_target=_Const([3.0, 2.0]), gamma=0.5, target_policy_noise=0.0,
-        target_noise_clip=0.0)
-    target = rewards + 0.5 * (1 - terminated) * 2.0  # min(3, 2)
+        critics, obs, actions, rewards, obs, terminated, torch.tensor([0.5, 0.5, 0.5, 0.25]),
+        actor_target=_Const([3.0, 2.0]), critics_target=_Const([3.0, 2.0]),
+        target_policy_noise=0.0, target_noise_clip=0.0)
+    # min(3, 2); the last row's discount as after a 2-step sum with gamma 0.5
+    target = rewards + torch.tensor([0.5, 0.5, 0.5, 0.25]) * (1 - terminated) * 2.0
     q = critics(obs, actions)
     expected = ((q[0] - target) ** 2).mean() + ((q[1] - target) ** 2).mean()
     torch.testing.assert_close(loss, expected)
@@ -125,15 +126,16 @@ def test_exploration_stays_in_the_bounds_and_the_replay_holds_rescaled_actions()
                           torch.Generator(), HostArrays())
 
 
-@pytest.mark.parametrize("cls, cfg_cls", [(DDPG, DDPGConfig), (TD3, TD3Config)])
-def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cls, cfg_cls):
-    first = _learner(cls, cfg_cls, save_replay=True, gradient_steps=3)
+@pytest.mark.parametrize("cls, cfg_cls, n_step", [(DDPG, DDPGConfig, 1), (TD3, TD3Config, 1),
+                                                  (TD3, TD3Config, 3)])
+def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cls, cfg_cls, n_step):
+    first = _learner(cls, cfg_cls, save_replay=True, gradient_steps=3, n_step=n_step)
     with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
         for _ in range(8):
             first.collect(pool)
             first.update()
     state = copy.deepcopy(first.state_dict())
-    second = _learner(cls, cfg_cls, seed=5, save_replay=True, gradient_steps=3)
+    second = _learner(cls, cfg_cls, seed=5, save_replay=True, gradient_steps=3, n_step=n_step)
     second.load_state_dict(state)
     assert first.update() == second.update()
     for name in ("actor", "critics", "actor_target", "critics_target"):
@@ -147,8 +149,9 @@ def test_ddpg_refuses_what_it_cannot_learn():
     ctx = AlgoContext(spec, 1, ModelConfig(), 10, 0, make_grad_step, torch.Generator())
     with pytest.raises(ValueError, match="Box action space"):
         TD3(TD3Config(), ctx)
-    assert TD3Config(tau=0.0, policy_delay=0).validate(1, 1) == [
-        "algo.tau=0.0 must be in (0, 1]", "algo.policy_delay=0 must be >= 1"]
+    assert TD3Config(tau=0.0, policy_delay=0, n_step=-1).validate(1, 1) == [
+        "algo.tau=0.0 must be in (0, 1]", "algo.n_step=-1 must be >= 1",
+        "algo.policy_delay=0 must be >= 1"]
 
 
 @pytest.mark.parametrize("algo", ["ddpg", "td3"])

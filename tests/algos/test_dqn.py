@@ -27,6 +27,10 @@ def test_td_target_masks_terminations_and_double_q_lets_the_online_network_choos
     online = torch.tensor([[5.0, 0.0], [0.0, 5.0], [9.0, 1.0]])  # picks actions 0, 1, 0
     torch.testing.assert_close(td_target(q_next_target, rewards, terminated, 0.9, online),
                                torch.tensor([1 + 0.9 * 1, 1.0, 0.5 + 0.9 * 4]))
+    # n-step transitions: each row bootstraps with gamma ** m of its own m rewards
+    discount = torch.tensor([0.9, 0.81, 0.729])
+    torch.testing.assert_close(td_target(q_next_target, rewards, terminated, discount),
+                               torch.tensor([1 + 0.9 * 2, 1.0, 0.5 + 0.729 * 5]))
 
 
 class _Zeros(torch.nn.Module):
@@ -42,7 +46,7 @@ def test_dqn_loss_is_the_td_error_of_the_taken_actions(loss):
     obs, actions = torch.randn(5, 3), torch.tensor([0, 3, 1, 1, 2])
     target = torch.tensor([0.5, -2.0, 3.0, 0.0, 1.5])
     value, (aux_loss, q_mean) = dqn_objective(q, obs, actions, target, obs, torch.zeros(5),
-                                              target_network=_Zeros(), gamma=0.0,
+                                              torch.zeros(5), target_network=_Zeros(),
                                               double_q=False, loss=loss)
     chosen = torch.stack([q(obs)[i, a] for i, a in enumerate(actions.tolist())])
     err = chosen - target
@@ -72,7 +76,7 @@ def test_exploring_draws_the_actions_of_act_computing_q_only_where_it_exploits(
 def test_replay_wraps_and_samples_like_a_naive_list():
     space = gym.spaces.Box(0, 255, (2, 3), np.uint8)
     buf = ReplayBuffer(5, space, gym.spaces.Discrete(4))
-    assert buf.obs.dtype == torch.uint8 and buf.nbytes == 5 * (6 + 6 + 8 + 4 + 4)
+    assert buf.obs.dtype == torch.uint8 and buf.nbytes == 5 * (6 + 6 + 8 + 4 + 4 + 1)
     rng, naive = np.random.default_rng(0), []
     for n in (2, 2, 3, 1):  # 8 transitions into 5 slots: the first 3 are overwritten
         obs = rng.integers(0, 255, (n, 2, 3), np.uint8)
@@ -105,14 +109,15 @@ def _dqn(seed=0, **cfg):
                          train_frequency=8, target_network_frequency=16, **cfg), ctx)
 
 
-def test_a_checkpoint_with_the_replay_gives_the_same_next_update():
-    first = _dqn(save_replay=True)
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_checkpoint_with_the_replay_gives_the_same_next_update(n_step):
+    first = _dqn(save_replay=True, n_step=n_step)
     with envs.make("CartPole-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
         for _ in range(4):
             first.collect(pool)
             first.update()
     state = copy.deepcopy(first.state_dict())
-    second = _dqn(seed=5)  # other initial weights and generator
+    second = _dqn(seed=5, n_step=n_step)  # other initial weights and generator
     second.cfg.save_replay = True
     second.load_state_dict(state)
     assert second.replay.size == first.replay.size == 64
@@ -145,8 +150,8 @@ def test_dqn_refuses_what_it_cannot_learn():
     ctx = AlgoContext(spec, 1, ModelConfig(), 10, 0, make_grad_step, torch.Generator())
     with pytest.raises(ValueError, match="Discrete action space"):
         DQN(DQNConfig(), ctx)
-    assert DQNConfig(end_e=0.5, start_e=0.1, buffer_size=0).validate(1, 1) == [
-        "algo.buffer_size=0 must be >= 1",
+    assert DQNConfig(end_e=0.5, start_e=0.1, buffer_size=0, n_step=0).validate(1, 1) == [
+        "algo.buffer_size=0 must be >= 1", "algo.n_step=0 must be >= 1",
         "algo.start_e=0.1, algo.end_e=0.5: need 0 <= end_e <= start_e <= 1"]
 
 
@@ -188,12 +193,13 @@ def test_the_compiled_step_reads_the_target_network_as_it_is_now():
         torch.manual_seed(0)
         q = QNetwork(space, 2, "mlp", "16", "relu")
         target = copy.deepcopy(q).requires_grad_(False)
-        objective = functools.partial(dqn_objective, target_network=target, gamma=0.9,
-                                      double_q=False, loss="mse")
+        objective = functools.partial(dqn_objective, target_network=target, double_q=False,
+                                      loss="mse")
         step = make_grad_step(q, objective, 1e-3, 10.0, compile=compile)
         g = torch.Generator().manual_seed(1)
         batch = (torch.randn(8, 3, generator=g), torch.randint(2, (8,), generator=g),
-                 torch.randn(8, generator=g), torch.randn(8, 3, generator=g), torch.zeros(8))
+                 torch.randn(8, generator=g), torch.randn(8, 3, generator=g), torch.zeros(8),
+                 torch.full((8,), 0.9))
         out = [float(step(*batch)[0])]
         with torch.no_grad():
             for p in target.parameters():

@@ -1,6 +1,6 @@
 """The frame replay (each Atari frame stored once) against the naive replay that stores every
 stack twice: same transitions after wrap-around, eviction and episode resets; sampling,
-checkpoints and bad input."""
+checkpoints and bad input; n-step transitions of both against a hand-walked reference."""
 
 import gymnasium as gym
 import numpy as np
@@ -68,7 +68,7 @@ def _stream(rng, steps, num_envs, stack=3, shape=(2, 2), reset_every=(1, 4)):
         odd = done & (rng.random(num_envs) < 0.5)
         nxt[odd] = rng.integers(0, 255, (int(odd.sum()), stack, *shape), np.uint8)
         yield obs, rng.integers(0, 5, num_envs), rng.normal(size=num_envs).astype(np.float32), \
-            nxt, done & (rng.random(num_envs) < 0.5)
+            nxt, done & (rng.random(num_envs) < 0.5), done
         obs = nxt.copy()
         if done.any():
             obs[done] = rng.integers(0, 255, (int(done.sum()), stack, *shape), np.uint8)
@@ -144,3 +144,91 @@ def test_a_resumed_run_refills_its_replay_but_still_trains_when_little_is_left()
     assert refill_steps(10_000, 5_000, 500_000) == 5_000  # no more than the buffer holds
     assert refill_steps(10_000, 1_000_000, 10_000) == 5_000  # half of what is left
     assert refill_steps(10_000, 1_000_000, -3) == 0
+
+
+def _n_step_reference(streams, env, step, n, gamma):
+    """The n-step transition ``step`` of ``env``, walked by hand over its list of
+    ``(obs, action, reward, next_obs, terminated, done)``: rewards up to ``n`` steps, stopping
+    after a step whose episode ended or at the newest step stored."""
+    own = streams[env]
+    m = 1
+    while m < n and step + m < len(own) and not own[step + m - 1][5]:
+        m += 1
+    ret = sum(gamma ** k * own[step + k][2] for k in range(m))
+    obs, action = own[step][0], own[step][1]
+    return obs, action, ret, own[step + m - 1][3], float(own[step + m - 1][4]), gamma ** m
+
+
+@pytest.mark.parametrize("layout", ["naive", "frames"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_n_step_transitions_sum_discounted_rewards_up_to_episode_ends_and_the_newest_step(
+        layout, n):
+    space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
+    num_envs, gamma = 2, 0.9
+    if layout == "frames":
+        buf = FrameReplayBuffer(80, space, gym.spaces.Discrete(5), num_envs, n_step=n,
+                                gamma=gamma)
+    else:  # 41 rows: the streams wrap at a row that is not an env boundary
+        buf = ReplayBuffer(41, space, gym.spaces.Discrete(5), n_step=n, gamma=gamma,
+                           num_envs=num_envs)
+    streams = [[] for _ in range(num_envs)]
+    ends = terminations = 0
+    for t in _stream(np.random.default_rng(5), 70, num_envs, reset_every=(1, 6)):
+        buf.add(*t)
+        for e in range(num_envs):
+            streams[e].append(tuple(x[e] for x in t))
+        ends, terminations = ends + int(t[5].sum()), terminations + int(t[4].sum())
+    assert ends > terminations > 5  # truncations and terminations both cut windows
+    held = buf.indices()
+    assert len(held) > 30
+    batch = buf.get(held)
+    cut = 0
+    for row, index in enumerate(held):
+        env, step = int(index % num_envs), int(index // num_envs)
+        obs, action, ret, nxt, term, discount = _n_step_reference(streams, env, step, n, gamma)
+        np.testing.assert_array_equal(batch.obs[row].numpy(), obs)
+        assert int(batch.actions[row]) == int(action)
+        assert float(batch.rewards[row]) == pytest.approx(ret, rel=1e-5, abs=1e-6)
+        np.testing.assert_array_equal(batch.next_obs[row].numpy(), nxt)
+        assert float(batch.terminated[row]) == term
+        assert float(batch.discount[row]) == pytest.approx(discount, rel=1e-6)
+        cut += discount > gamma ** n * 1.0001
+    if n > 1:
+        assert 0 < cut < len(held)  # some windows were cut short, most were not
+    sampled = buf.sample(16, torch.Generator().manual_seed(0))
+    assert sampled.discount.shape == (16,) and sampled.discount.dtype == torch.float32
+
+
+def test_an_n_step_replay_takes_one_transition_per_env_and_refuses_bad_settings():
+    space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    buf = ReplayBuffer(10, space, gym.spaces.Discrete(2), n_step=2, num_envs=2)
+    with pytest.raises(ValueError, match="one transition per env"):
+        buf.add(np.zeros((3, 3)), np.zeros(3), np.zeros(3), np.zeros((3, 3)), np.zeros(3))
+    with pytest.raises(ValueError, match="n_step=0"):
+        ReplayBuffer(10, space, gym.spaces.Discrete(2), n_step=0)
+    with pytest.raises(ValueError, match="gamma=1.5"):
+        FrameReplayBuffer(10, gym.spaces.Box(0, 255, (3, 2, 2), np.uint8),
+                          gym.spaces.Discrete(2), 1, gamma=1.5)
+
+
+@pytest.mark.parametrize("layout", ["naive", "frames"])
+def test_a_replay_saved_before_episode_ends_were_stored_takes_them_from_terminations(layout):
+    space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
+
+    def build():
+        if layout == "frames":
+            return FrameReplayBuffer(40, space, gym.spaces.Discrete(5), 2, n_step=3)
+        return ReplayBuffer(40, space, gym.spaces.Discrete(5), n_step=3, num_envs=2)
+
+    buf = build()
+    for t in _stream(np.random.default_rng(6), 15, 2, reset_every=(2, 5)):
+        buf.add(*t[:5])  # no done: the terminations are the episode ends
+    state = buf.state_dict()
+    if layout == "frames":
+        del state["done"]
+    else:
+        state["tensors"] = state["tensors"][:5]
+    restored = build()
+    restored.load_state_dict(state)
+    held = buf.indices()
+    assert all(torch.equal(a, b) for a, b in zip(buf.get(held), restored.get(held)))
