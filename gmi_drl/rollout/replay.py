@@ -187,16 +187,20 @@ class ReplayBuffer:
                 "tensors": [t[:self.size].cpu() for t in self._tensors]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output (of a checkpoint written before ``done`` was stored
-        too: episode ends are then taken from ``terminated`` alone).
+        """Restore `state_dict` output. The newest step of each env ends its episode here: the
+        run that goes on starts new episodes, which no n-step sum may join. A checkpoint
+        written before ``done`` was stored has it rebuilt from the transitions: an episode
+        ended where it terminated or where the next step of its env does not start from the
+        stored next observation.
 
         Raises:
             ValueError: the stored transitions do not fit this buffer (capacity or shapes).
         """
         size = int(state["size"])
         stored = list(state["tensors"])
-        if len(stored) == len(self._tensors) - 1:
-            stored.append(stored[4].bool())
+        rebuild = len(stored) == len(self._tensors) - 1
+        if rebuild:
+            stored.append(stored[4] > 0)
         if size > self.capacity or len(stored) != len(self._tensors) or any(
                 s.shape[1:] != t.shape[1:] for s, t in zip(stored, self._tensors)):
             raise ValueError(f"stored replay of {size} transitions does not fit a buffer of "
@@ -206,6 +210,21 @@ class ReplayBuffer:
         self.pos, self.size = int(state["pos"]), size
         # checkpoints written before ``added`` existed: the smallest count that fits ``pos``
         self.added = int(state.get("added", size + (self.pos - size) % self.capacity))
+        if rebuild and size:
+            self._rebuild_done()
+        self._end_streams()
+
+    def _rebuild_done(self) -> None:
+        rows = torch.arange(self.size, device=self.device)
+        after = (rows + self.num_envs) % self.capacity  # the env's next step
+        held = (self.pos - 1 - rows) % self.capacity >= self.num_envs
+        differs = (self.next_obs[rows] != self.obs[after]).flatten(1).any(1)
+        self.done[:self.size] = (self.terminated[:self.size] > 0) | (held & differs)
+
+    def _end_streams(self) -> None:
+        """Mark the newest stored step of each env as an episode end."""
+        newest = (self.pos - 1 - np.arange(min(self.num_envs, self.size))) % self.capacity
+        self.done[torch.from_numpy(newest).to(self.device)] = True
 
 
 class FrameReplayBuffer:
@@ -439,7 +458,11 @@ class FrameReplayBuffer:
                    for name in (*self._COUNTERS, "done")}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
+        """Restore `state_dict` output. The newest step of each env ends its episode here: the
+        run that goes on starts new episodes, which no n-step sum may join. A checkpoint
+        written before ``done`` was stored has it rebuilt from the streams: an episode ended
+        where it terminated or where the next step's observation does not end at this step's
+        next observation.
 
         Raises:
             ValueError: the state is not a frame replay of this capacity, ``num_envs`` and
@@ -455,10 +478,15 @@ class FrameReplayBuffer:
         for name in self._COUNTERS:
             value = state[name]
             getattr(self, name)[...] = value.numpy() if isinstance(value, torch.Tensor) else value
-        # checkpoints written before ``done`` was stored: episode ends from terminations alone
-        done = state.get("done", self.terminated.cpu() > 0)
-        self.done[...] = done.numpy() if isinstance(done, torch.Tensor) else done
         self.steps = int(state["steps"])
+        if "done" in state:
+            done = state["done"]
+            self.done[...] = done.numpy() if isinstance(done, torch.Tensor) else done
+        else:  # written before ``done`` was stored (slots not yet written are never read)
+            following = np.roll(self.obs_end, -1, axis=1)  # the env's next step, per slot
+            self.done[...] = (self.terminated.cpu().numpy() > 0) | (following != self.next_end)
+        if self.steps:
+            self.done[:, (self.steps - 1) % self.slots] = True
 
 
 def refill_steps(learning_starts: int, capacity: int, remaining: int) -> int:

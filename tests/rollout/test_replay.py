@@ -211,24 +211,54 @@ def test_an_n_step_replay_takes_one_transition_per_env_and_refuses_bad_settings(
                           gym.spaces.Discrete(2), 1, gamma=1.5)
 
 
-@pytest.mark.parametrize("layout", ["naive", "frames"])
-def test_a_replay_saved_before_episode_ends_were_stored_takes_them_from_terminations(layout):
+def _n_step_buffer(layout, capacity=40, n=3, gamma=0.9):
     space = gym.spaces.Box(0, 255, (3, 2, 2), np.uint8)
+    if layout == "frames":
+        return FrameReplayBuffer(capacity, space, gym.spaces.Discrete(5), 2, n_step=n,
+                                 gamma=gamma)
+    return ReplayBuffer(capacity, space, gym.spaces.Discrete(5), n_step=n, gamma=gamma,
+                        num_envs=2)
 
-    def build():
-        if layout == "frames":
-            return FrameReplayBuffer(40, space, gym.spaces.Discrete(5), 2, n_step=3)
-        return ReplayBuffer(40, space, gym.spaces.Discrete(5), n_step=3, num_envs=2)
 
-    buf = build()
-    for t in _stream(np.random.default_rng(6), 15, 2, reset_every=(2, 5)):
-        buf.add(*t[:5])  # no done: the terminations are the episode ends
+def _held_equal(a, b) -> bool:
+    held = a.indices()
+    return np.array_equal(held, b.indices()) and all(
+        torch.equal(x, y) for x, y in zip(a.get(held), b.get(held)))
+
+
+@pytest.mark.parametrize("layout", ["naive", "frames"])
+def test_a_loaded_n_step_replay_ends_each_envs_stream_at_the_resume(layout):
+    buf = _n_step_buffer(layout)
+    stream = _stream(np.random.default_rng(7), 40, 2, reset_every=(3, 9))
+    for _, t in zip(range(25), stream):
+        buf.add(*t)
+    restored = _n_step_buffer(layout)
+    restored.load_state_dict(buf.state_dict())
+    assert _held_equal(buf, restored)  # truncations and terminations survive the checkpoint
+    # the resumed run starts new episodes: the steps before the resume must not sum them
+    newest = restored.indices()[-2:]  # each env's newest step
+    before = restored.get(newest - 2)  # two steps earlier: a window of 3 would reach past it
+    for _, t in zip(range(3), stream):
+        restored.add(*t)
+    after = restored.get(newest - 2)
+    assert torch.equal(before.rewards, after.rewards)
+    assert torch.equal(before.discount, after.discount)
+    assert torch.equal(before.next_obs, after.next_obs)
+
+
+@pytest.mark.parametrize("layout", ["naive", "frames"])
+def test_a_replay_saved_before_episode_ends_were_stored_rebuilds_them(layout):
+    buf = _n_step_buffer(layout)
+    truncations = 0
+    for t in _stream(np.random.default_rng(6), 30, 2, reset_every=(2, 5)):
+        buf.add(*t)
+        truncations += int((t[5] & ~t[4]).sum())
+    assert truncations > 3  # ends that terminated alone would not show
     state = buf.state_dict()
     if layout == "frames":
         del state["done"]
     else:
         state["tensors"] = state["tensors"][:5]
-    restored = build()
+    restored = _n_step_buffer(layout)
     restored.load_state_dict(state)
-    held = buf.indices()
-    assert all(torch.equal(a, b) for a, b in zip(buf.get(held), restored.get(held)))
+    assert _held_equal(buf, restored)
