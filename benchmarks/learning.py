@@ -17,7 +17,7 @@ schedules, network sizes, envs):
 | dqn-cartpole-zoo | dqn cartpole-zoo (RL-Zoo's entry) | 100k | >= 475 on 3/3 seeds |
 | a2c-cartpole | a2c classic | 500k | >= 475 on 3/3 seeds |
 | ddpg-halfcheetah, td3-halfcheetah | mujoco | 300k | median final mean >= SB3's |
-| dqn-pong | dqn atari, Pong-v5 | 500k (2M frames) | >= 0 on 1 seed |
+| dqn-pong | dqn pong (3-step returns) | 500k (2M frames) | >= 0 on 1 seed |
 | a2c-qbert | a2c iswitch (Qbert-v5) | 500k (2M frames) | curve beside SB3's (no target) |
 | appo-hopper | appo mujoco (2 serving GMIs x 8 envs, 1 trainer) | 1M | >= 1500 on 2/3 seeds |
 | a3c-cartpole | a3c classic (1 serving GMI x 8 envs, 1 trainer) | 500k | >= 475 on 3/3 seeds |
@@ -72,7 +72,7 @@ CASES = {
     "a2c-cartpole": Case("a2c", "classic", None, 500_000, 475.0, 3),
     "ddpg-halfcheetah": Case("ddpg", "mujoco", "HalfCheetah-v5", 300_000, None, 0),
     "td3-halfcheetah": Case("td3", "mujoco", "HalfCheetah-v5", 300_000, None, 0),
-    "dqn-pong": Case("dqn", "atari", "Pong-v5", 500_000, 0.0, 1),
+    "dqn-pong": Case("dqn", "pong", None, 500_000, 0.0, 1),
     "a2c-qbert": Case("a2c", "iswitch", None, 500_000, None, 0),
     "appo-hopper": Case("appo", "mujoco", "Hopper-v5", 1_000_000, 1500.0, 2, sb3=False,
                         serving_gmis=2),
