@@ -7,7 +7,7 @@ and how does it compare with Stable-Baselines3 given the same hyper-parameters a
     .venv/bin/python benchmarks/learning.py --cases dqn-pong --seeds 1
 
 Cases (gmi-drl preset; SB3 is built from the same config: learning rate, buffer, batch,
-schedules, network sizes, envs):
+schedules, n-step returns, network sizes, envs):
 
 | case | preset | env steps | pass when |
 |---|---|---:|---|
@@ -177,6 +177,10 @@ def _sb3_model(cfg: TrainConfig):
     a, m, name = cfg.algo, cfg.model, cfg.algo_name
     atari = m.encoder == "nature_cnn"
     if atari:  # the pool's Atari settings: no sticky actions, frame skip 4, 84x84, 4 frames
+        import ale_py
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)  # (with --no-gmi nothing else has registered ALE/*)
         game = cfg.env.task_id.removesuffix("-v5")
         env = VecTransposeImage(VecFrameStack(make_atari_env(
             f"ALE/{game}-v5", n_envs=cfg.env.num_envs, seed=cfg.seed,

@@ -46,6 +46,17 @@ def test_presets_follow_cleanrl():
         validate(preset(name))
 
 
+def test_the_dqn_pong_preset_is_the_atari_one_with_n_step_returns():
+    atari, pong = preset("atari", algo="dqn"), preset("pong", algo="dqn")
+    validate(pong)
+    a, p = atari.algo, pong.algo
+    assert (p.n_step, p.learning_rate, p.learning_starts, p.exploration_fraction,
+            pong.total_timesteps) == (3, 2.5e-4, 20_000, 0.2, 500_000)
+    assert a.n_step == 1 and pong.env == atari.env and pong.model == atari.model
+    assert (p.batch_size, p.buffer_size, p.train_frequency, p.target_network_frequency) == (
+        a.batch_size, a.buffer_size, a.train_frequency, a.target_network_frequency)
+
+
 def test_auto_preset_by_task_family():
     assert task_family("Hopper-v5") == "mujoco" and task_family("CartPole-v1") == "classic"
     assert task_family("ALE/Pong-v5") == "atari" and task_family("Pong-v5") == "atari"

@@ -70,8 +70,9 @@ class ReplayBuffer:
             `add` must bring this many, since an env's next step is ``num_envs`` rows later.
 
     Raises:
-        ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1`` or ``gamma`` outside
-            [0, 1]; an action space that is neither Discrete nor Box.
+        ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1``, ``gamma`` outside
+            [0, 1], or ``n_step > 1`` with ``capacity < num_envs``; an action space that is
+            neither Discrete nor Box.
     """
 
     def __init__(self, capacity: int, observation_space: gym.spaces.Box,
@@ -80,6 +81,9 @@ class ReplayBuffer:
         if capacity < 1 or num_envs < 1:
             raise ValueError(f"replay capacity={capacity} and num_envs={num_envs} must be >= 1")
         _check_n_step(n_step, gamma)
+        if n_step > 1 and capacity < num_envs:
+            raise ValueError(f"an n-step replay needs capacity={capacity} >= num_envs={num_envs}"
+                             " (one step of every env)")
         self.n_step, self.gamma, self.num_envs = n_step, gamma, num_envs
         self.capacity, self.device = capacity, torch.device(device)
         obs_dtype = torch.from_numpy(np.zeros(0, observation_space.dtype)).dtype
@@ -181,9 +185,10 @@ class ReplayBuffer:
                            self.terminated.index_select(0, last), discount)
 
     def state_dict(self) -> dict:
-        """The held transitions (``size`` rows of each tensor, on the CPU) and the write
-        position."""
+        """The held transitions (``size`` rows of each tensor, on the CPU), the write
+        position, the capacity and ``num_envs`` (rows are laid out by both)."""
         return {"pos": self.pos, "size": self.size, "added": self.added,
+                "capacity": self.capacity, "num_envs": self.num_envs,
                 "tensors": [t[:self.size].cpu() for t in self._tensors]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -194,14 +199,17 @@ class ReplayBuffer:
         stored next observation.
 
         Raises:
-            ValueError: the stored transitions do not fit this buffer (capacity or shapes).
+            ValueError: the stored transitions do not fit this buffer (another capacity or
+                ``num_envs``, where the state records them, or other shapes).
         """
         size = int(state["size"])
         stored = list(state["tensors"])
         rebuild = len(stored) == len(self._tensors) - 1
         if rebuild:
             stored.append(stored[4] > 0)
-        if size > self.capacity or len(stored) != len(self._tensors) or any(
+        layout = (state.get("capacity", self.capacity), state.get("num_envs", self.num_envs))
+        if size > self.capacity or layout != (self.capacity, self.num_envs) or len(
+                stored) != len(self._tensors) or any(
                 s.shape[1:] != t.shape[1:] for s, t in zip(stored, self._tensors)):
             raise ValueError(f"stored replay of {size} transitions does not fit a buffer of "
                              f"capacity {self.capacity} with these spaces")
@@ -214,12 +222,16 @@ class ReplayBuffer:
             self._rebuild_done()
         self._end_streams()
 
-    def _rebuild_done(self) -> None:
-        rows = torch.arange(self.size, device=self.device)
-        after = (rows + self.num_envs) % self.capacity  # the env's next step
-        held = (self.pos - 1 - rows) % self.capacity >= self.num_envs
-        differs = (self.next_obs[rows] != self.obs[after]).flatten(1).any(1)
-        self.done[:self.size] = (self.terminated[:self.size] > 0) | (held & differs)
+    def _rebuild_done(self, chunk: int = 4096) -> None:
+        """``done`` of the held rows from the data: terminated, or the env's next step is held
+        and does not start from this row's next observation (compared ``chunk`` rows at a
+        time, so a large buffer is not copied whole)."""
+        for start in range(0, self.size, chunk):
+            rows = torch.arange(start, min(start + chunk, self.size), device=self.device)
+            after = (rows + self.num_envs) % self.capacity  # the env's next step
+            held = (self.pos - 1 - rows) % self.capacity >= self.num_envs
+            differs = (self.next_obs[rows] != self.obs[after]).flatten(1).any(1)
+            self.done[rows] = (self.terminated[rows] > 0) | (held & differs)
 
     def _end_streams(self) -> None:
         """Mark the newest stored step of each env as an episode end."""

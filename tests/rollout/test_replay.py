@@ -206,6 +206,13 @@ def test_an_n_step_replay_takes_one_transition_per_env_and_refuses_bad_settings(
         buf.add(np.zeros((3, 3)), np.zeros(3), np.zeros(3), np.zeros((3, 3)), np.zeros(3))
     with pytest.raises(ValueError, match="n_step=0"):
         ReplayBuffer(10, space, gym.spaces.Discrete(2), n_step=0)
+    with pytest.raises(ValueError, match="capacity=1 >= num_envs=2"):
+        ReplayBuffer(1, space, gym.spaces.Discrete(2), n_step=2, num_envs=2)
+    buf.add(*(np.zeros((2, 3)), np.zeros(2), np.zeros(2), np.zeros((2, 3)), np.zeros(2)))
+    for capacity, num_envs in ((12, 2), (10, 1)):  # rows are laid out by both
+        with pytest.raises(ValueError, match="does not fit"):
+            ReplayBuffer(capacity, space, gym.spaces.Discrete(2), n_step=2,
+                         num_envs=num_envs).load_state_dict(buf.state_dict())
     with pytest.raises(ValueError, match="gamma=1.5"):
         FrameReplayBuffer(10, gym.spaces.Box(0, 255, (3, 2, 2), np.uint8),
                           gym.spaces.Discrete(2), 1, gamma=1.5)
@@ -257,8 +264,14 @@ def test_a_replay_saved_before_episode_ends_were_stored_rebuilds_them(layout):
     state = buf.state_dict()
     if layout == "frames":
         del state["done"]
-    else:
+    else:  # nor did it record capacity and num_envs
         state["tensors"] = state["tensors"][:5]
+        del state["capacity"], state["num_envs"]
     restored = _n_step_buffer(layout)
     restored.load_state_dict(state)
     assert _held_equal(buf, restored)
+    if layout == "naive":  # rebuilt a few rows at a time, the same
+        whole = restored.done.clone()
+        restored._rebuild_done(chunk=7)
+        restored._end_streams()
+        assert torch.equal(restored.done, whole)
