@@ -57,6 +57,16 @@ def _window(exists: np.ndarray | torch.Tensor, done: np.ndarray | torch.Tensor):
     return exists & ~ended_before
 
 
+def _n_step_sum(per_step: torch.Tensor, window: torch.Tensor,
+                gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rewards, discount)``, both ``(B,) float32``: the sums of the ``(B, n)`` per-step
+    rewards inside ``window`` (`_window`) discounted by ``gamma ** k``, and ``gamma ** m`` for
+    the ``m`` rewards each sums (in float64, then rounded once)."""
+    k = torch.arange(per_step.shape[1], device=per_step.device, dtype=torch.float64)
+    rewards = (per_step.double() * gamma ** k * window).sum(1).float()
+    return rewards, (gamma ** window.sum(1).double()).float()
+
+
 class ReplayBuffer:
     """A circular buffer of ``capacity`` transitions, filled ``num_envs`` at a time.
 
@@ -176,11 +186,8 @@ class ReplayBuffer:
         rows = (idx[:, None] + k * self.num_envs) % self.capacity  # (B, n): the env's steps
         newer = (self.pos - 1 - idx) % self.capacity  # rows written after idx
         valid = _window(k * self.num_envs <= newer[:, None], self.done[rows].long())
-        m = valid.sum(1)
-        powers = self.gamma ** k.to(torch.float64)
-        rewards = (self.rewards[rows].double() * powers * valid).sum(1).float()
-        last = rows.gather(1, (m - 1)[:, None]).squeeze(1)
-        discount = (self.gamma ** m.to(torch.float64)).float()
+        rewards, discount = _n_step_sum(self.rewards[rows], valid, self.gamma)
+        last = rows.gather(1, (valid.sum(1) - 1)[:, None]).squeeze(1)
         return ReplayBatch(obs, actions, rewards, self.next_obs.index_select(0, last),
                            self.terminated.index_select(0, last), discount)
 
@@ -429,20 +436,17 @@ class FrameReplayBuffer:
         slot = step % self.slots
         rows = env * self.slots + slot
         if self.n_step == 1:
-            last_slot, last_rows, rewards = slot, rows, None
-            m = np.ones(len(env), np.int64)
+            last_slot, last_rows, rewards, discount = slot, rows, None, None
         else:
-            k = np.arange(self.n_step)
-            steps = step[:, None] + k
+            steps = step[:, None] + np.arange(self.n_step)
             window = _window(steps < self.steps, self.done[env[:, None], steps % self.slots])
-            m = window.sum(1)
-            last_slot = (step + m - 1) % self.slots
+            last_slot = (step + window.sum(1) - 1) % self.slots
             last_rows = env * self.slots + last_slot
-            weights = torch.from_numpy(window * self.gamma ** k).to(self.device)
             all_rows = (env[:, None] * self.slots + steps % self.slots).ravel()
             per_step = self.rewards.view(-1).index_select(
                 0, torch.from_numpy(all_rows).to(self.device)).view(len(env), -1)
-            rewards = (per_step.double() * weights).sum(1).float()
+            rewards, discount = _n_step_sum(per_step, torch.from_numpy(window).to(self.device),
+                                            self.gamma)
         k = self.stack
         offsets = np.arange(1 - k, 1)
         ends = np.concatenate([self.obs_end[env, slot], self.next_end[env, last_slot]])
@@ -455,8 +459,8 @@ class FrameReplayBuffer:
         actions = self.actions.view(-1, *self.actions.shape[2:]).index_select(0, row)
         if rewards is None:
             rewards = self.rewards.view(-1).index_select(0, row)
+            discount = torch.full_like(rewards, self.gamma)
         terminated = self.terminated.view(-1).index_select(0, last)
-        discount = torch.from_numpy(self.gamma ** m.astype(np.float64)).float().to(self.device)
         return ReplayBatch(obs, actions, rewards, next_obs, terminated, discount)
 
     _COUNTERS = ("obs_end", "next_end", "head", "first_valid", "_last_next", "_last_end")
