@@ -194,23 +194,38 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
                                      str(result)], stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
-                proc.wait(timeout=timeout_s)
-                hung = False
-            except subprocess.TimeoutExpired:
-                hung = True
+                hung = not _wait_for(proc, result, timeout_s)
             finally:
-                _kill_group(proc)  # on a timeout the probe; always GMIs or workers it left
+                # on a timeout the probe; always GMIs or workers it left; once RESULT.json is
+                # there, the interpreter's own teardown (0.7-1.6 s a probe), which measures nothing
+                _kill_group(proc)
             log.seek(0)
             text = log.read()
         if hung:
             raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed) "
                               f"{_how_far(text)}")
-        if proc.returncode != 0 or not result.exists():
+        if not result.exists():
             what = ("killed by the kernel (out of memory?)" if proc.returncode == -9
                     else f"exit status {proc.returncode}")
             last = [line for line in text.strip().splitlines() if line.strip()][-1:]
             raise ProbeFailed(f"{what}: {last[0][:300] if last else 'no output'}")
         return json.loads(result.read_text())
+
+
+def _wait_for(proc: subprocess.Popen, result: Path, timeout_s: float) -> bool:
+    """Wait until ``proc`` exits or has written ``result`` (the probe writes it whole, with
+    `os.replace`, once its run has ended); False when neither happened within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not result.exists():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            proc.wait(timeout=min(left, 0.05))
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+    return True
 
 
 def _how_far(log: str) -> str:
@@ -228,12 +243,46 @@ class ProbeFailed(RuntimeError):
     """A profiled point did not run to its end (Algorithm 2: not runnable)."""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """End the process group that ``proc`` leads. SIGTERM first: the GMIs leave through their
+    handlers, and multiprocessing's resource tracker, which ignores SIGTERM, outlives them and
+    unlinks the shared memory and semaphores they still held (a SIGKILL to the whole group
+    left those in /dev/shm). SIGKILL then ends whatever is still running after ``grace_s``
+    seconds (a process stuck where no handler runs)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.wait()
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader: a zombie is not running
+        if not _running_in_group(proc.pid):
+            break
+        time.sleep(0.02)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _running_in_group(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (zombies left out), from /proc;
+    False where there is no /proc to read."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 @dataclass
@@ -248,7 +297,8 @@ class Tuner:
         warmup, iterations: iterations each probe leaves out, then measures (at least).
         min_steps: env steps (every GMI's) each probe measures at least.
         min_seconds: seconds each probe measures at least, judged from the throughput of the
-            previous point of the same GMI count (its first point measures ``min_steps``).
+            nearest runnable point measured (`_prior_top`; the search's first point measures
+            ``min_steps``).
         timeout_s: a probe that runs longer is killed and not runnable.
         bw_bytes_per_s: BW between devices for the estimate's allreduce term (None: the
             bandwidth the probes' own reductions reached).
@@ -266,8 +316,8 @@ class Tuner:
     cache: PointCache | None = None
     measured_bw: float | None = None
     min_seconds: float = 0.0
-    _last_top: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
-    """env steps/s of the last runnable point of each GMI count"""
+    _tops: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    """env steps/s of every runnable point so far, by (GMIs, num_envs)"""
 
     def profile(self, gmis: int, num_envs: int) -> Point:
         """Algorithm 2's ``profile``: a cached point, or a probe run (never raises for a
@@ -286,8 +336,8 @@ class Tuner:
         start = time.perf_counter()
         try:
             validate(cfg)
-            steps = max(self.min_steps, math.ceil(self._last_top.get(gmis, 0.0)
-                                                  * self.min_seconds))
+            steps = max(self.min_steps,
+                        math.ceil(self._prior_top(gmis, num_envs) * self.min_seconds))
             figures = run_probe(to_dict(cfg), self.warmup, self.iterations, self.timeout_s,
                                 steps)
             point = Point(gmis, num_envs, True, figures.pop("top"), figures.pop("mem"),
@@ -300,11 +350,24 @@ class Tuner:
         self._learn(point)
         return point
 
+    def _prior_top(self, gmis: int, num_envs: int) -> float:
+        """The throughput a probe of (``gmis``, ``num_envs``) is expected to reach: that of the
+        runnable point with as many GMIs and the next fewer envs (the inner loop's previous
+        point), else of the one with as many envs and the nearest GMI count (a device's
+        throughput moves less with its GMI count than with num_envs), else 0."""
+        fewer = [n for g, n in self._tops if g == gmis and n < num_envs]
+        if fewer:
+            return self._tops[(gmis, max(fewer))]
+        same = [g for g, n in self._tops if n == num_envs]
+        if same:
+            return self._tops[(min(same, key=lambda g: (abs(g - gmis), g)), num_envs)]
+        return 0.0
+
     def _learn(self, point: Point) -> None:
         """Keep the point's throughput (the next probe's length) and the path bandwidth the
         first reducing point reached: allreduce bytes / seconds."""
         if point.runnable:
-            self._last_top[point.gmis] = point.top
+            self._tops[(point.gmis, point.num_envs)] = point.top
         t = point.terms
         if self.measured_bw is None and point.runnable and point.gmis > 1 and t.get("t_comm"):
             self.measured_bw = (cost.allreduce_bytes(t["model_bytes"], point.gmis)
@@ -470,13 +533,13 @@ class TuneOptions:
     """iterations each probe runs before it measures (start-up, compilation)"""
     iterations: int = 3
     """iterations each probe measures, at least"""
-    min_steps: int = 40_000
-    """env steps (over the device's GMIs) each probe measures, at least: more iterations where
-    one holds fewer, so a fast task's probe is not over before it is measured"""
+    min_steps: int = 5_000
+    """env steps (over the device's GMIs) each probe measures, at least: what sets the window
+    of the search's first point, which has no earlier throughput to judge ``min_seconds`` by"""
     min_seconds: float = 1.0
-    """seconds each probe measures, at least, judged from the throughput of the previous point
-    with the same GMIs per device: 40,000 steps of a task at 300,000 steps/s are 0.13 s, too
-    short a window for a stable figure"""
+    """seconds each probe measures, at least, judged from the throughput of the nearest point
+    measured: the previous one with as many GMIs per device, else the one with as many envs
+    (5,000 steps of a task at 300,000 steps/s would be a 17 ms window)"""
     probe_timeout_s: float = 180.0
     """a probe that runs longer hangs: it is killed and its point is not runnable"""
     num_devices: int | None = None

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import threading
 import time
 
@@ -134,6 +135,9 @@ def test_a_point_that_failed_is_measured_again_not_cached(tmp_path):
 
 
 def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
+    """... nor its GMIs' shared memory and semaphores in /dev/shm (SIGKILL to the whole group
+    took the resource tracker that unlinks them)."""
+    shm_before = set(os.listdir("/dev/shm"))
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
     started = []
@@ -167,6 +171,27 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
     time.sleep(0.5)
     assert group_members(started[0], zombies=False) == []
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(tmp_path,
+                                                                          monkeypatch):
+    """The figures are whole once RESULT.json is there: `run_probe` takes them without waiting
+    out the interpreter's teardown, and kills what is left of the group."""
+    script = tmp_path / "probe.sh"
+    script.write_text('#!/bin/sh\necho $$ > "%s"\nprintf \'{"top": 7.0}\' > "$4.tmp"\n'
+                      'mv "$4.tmp" "$4"\nsleep 60 &\nwait\n' % (tmp_path / "pgid"))
+    script.chmod(0o755)
+    monkeypatch.setattr("gmi_drl.gmi.tune.sys.executable", str(script))
+    t0 = time.perf_counter()
+    assert run_probe({}, warmup=1, iterations=1, timeout_s=30) == {"top": 7.0}
+    assert time.perf_counter() - t0 < 10
+    pgid = int((tmp_path / "pgid").read_text())
+    for _ in range(20):
+        if not group_members(pgid, zombies=False):
+            break
+        time.sleep(0.1)
+    assert group_members(pgid, zombies=False) == []
 
 
 def test_a_killed_probe_says_how_far_it_got():
@@ -182,8 +207,9 @@ def test_a_killed_probe_says_how_far_it_got():
 
 
 def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypatch):
-    """Each GMI count's first probe measures min_steps; the next ones at least min_seconds at
-    the throughput of that GMI count's previous runnable point."""
+    """The search's first probe measures min_steps; the next ones at least min_seconds at the
+    throughput of the previous runnable point of the same GMI count, else of the point with as
+    many envs (not the last one measured: 2 x 64 envs is no guide to 1 x 4)."""
     asked = []
 
     def probe(config, warmup, iterations, timeout_s, min_steps):
@@ -192,9 +218,9 @@ def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypa
 
     monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
     tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
-    for gmis, n in ((2, 4), (2, 8), (1, 4), (1, 16)):
+    for gmis, n in ((2, 4), (2, 8), (2, 64), (1, 4), (1, 16)):
         tuner.profile(gmis, n)
-    assert asked == [(2, 4, 500), (2, 8, 8000), (1, 4, 500), (1, 16, 8000)]
+    assert asked == [(2, 4, 500), (2, 8, 8000), (2, 64, 16000), (1, 4, 8000), (1, 16, 8000)]
 
 
 def test_a_probe_that_crashes_is_not_runnable_with_the_reason():
