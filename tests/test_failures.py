@@ -164,10 +164,12 @@ def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     assert "\n" not in summary
 
 
-def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run():
+@pytest.mark.parametrize("to", ["process", "gmi thread"])
+def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run(to):
     """Ctrl-C reaches only the main thread, waiting for the GMI threads: the serial placement
     raises it in every one (GMI 0 included, whose join the signal cut short) and waits for
-    them, so none trains on into the exit."""
+    them, so none trains on into the exit. The kernel may hand the signal to a GMI thread
+    (``gmi thread``): the main thread's wait must still wake to run Python's handler."""
     from gmi_drl.gmi.context import ReductionGroup
     from gmi_drl.gmi.devices import Machine
     from gmi_drl.gmi.layout import plan
@@ -177,11 +179,26 @@ def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run():
     layout = plan(3, Machine((), tuple(sorted(os.sched_getaffinity(0))), "no GPU: test"))
     placement = SerialPlacement(preset("classic", "CartPole-v1"), layout, 1024)
     gmi_targets.INTERRUPTED.clear()
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    def ctrl_c():
+        if to == "process":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            gmi = next(t for t in threading.enumerate() if t.name == "gmi-1")
+            signal.pthread_kill(gmi.ident, signal.SIGINT)
+
+    threading.Timer(0.5, ctrl_c).start()
+    # a wait that the signal does not wake would hang the test: wake it at 6 s, and fail
+    rescue = threading.Timer(6.0, signal.pthread_kill,
+                             (threading.main_thread().ident, signal.SIGINT))
+    rescue.start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        placement._threads("tests.gmi.gmi_targets:spin_until_interrupted", None,
-                           ReductionGroup())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            placement._threads("tests.gmi.gmi_targets:spin_until_interrupted", None,
+                               ReductionGroup())
+    finally:
+        rescue.cancel()
     assert time.monotonic() - t0 < 5
     assert gmi_targets.INTERRUPTED == {0, 1, 2}
     assert not [t.name for t in threading.enumerate() if t.name.startswith("gmi-")]

@@ -150,8 +150,13 @@ class SerialPlacement:
         try:
             for t in threads:
                 t.start()
-            for d in done:  # not Thread.join: on CPython 3.11-3.12 a join that a signal cuts
-                d.wait()    # short marks the (live) thread as stopped
+            # not Thread.join: on CPython 3.11-3.12 a join that a signal cuts short marks the
+            # (live) thread as stopped; and waits of 0.1 s, not one untimed wait: a Ctrl-C that
+            # the kernel hands to a GMI thread does not wake this one, which only then runs
+            # Python's handler (an untimed wait once hung a test run for good)
+            for d in done:
+                while not d.wait(0.1):
+                    pass
         except BaseException:  # Ctrl-C or SIGTERM (this thread): stop the GMIs first, as the
             _interrupt(threads, done)  # process placements do, or they run on into the exit
             raise
