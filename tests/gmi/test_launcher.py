@@ -130,6 +130,8 @@ def test_listing1_api_groups_allreduce_send_recv():
 
 
 CTRL_C_SCRIPT = """
+import faulthandler, signal
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it stands, should it hang
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import launch
 from gmi_drl.gmi.layout import plan
@@ -152,7 +154,14 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
         time.sleep(0.2)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    _, err = proc.communicate(timeout=20)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:  # say where the controller hangs (once seen in a suite run)
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"the controller did not exit 20 s after Ctrl-C; its threads:\n{err[-6000:]}")
     assert "KeyboardInterrupt" in err
     assert_group_gone(proc.pid, shm_before)
 
