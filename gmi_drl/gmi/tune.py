@@ -27,8 +27,9 @@ from typing import Callable, Sequence
 
 from gmi_drl.gmi import cost
 
-CACHE_VERSION = 1
-"""bumped when a point's meaning changes, so older cache files are not reused"""
+CACHE_VERSION = 2
+"""bumped when a point's meaning changes, so older cache files are not reused (2: windows of
+at least ``min_seconds`` judged from the nearest point measured)"""
 
 
 @dataclass
@@ -182,8 +183,9 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
     """Run `gmi_drl.gmi.probe` on ``config`` in a new session; returns its figures.
 
     Raises:
-        ProbeFailed: it exited non-zero, or ran past ``timeout_s`` (then its whole process group,
-            GMIs and env workers included, is killed first).
+        ProbeFailed: it ended without writing its figures (a crash, the kernel's OOM killer),
+            or ran past ``timeout_s`` (then its whole process group, GMIs and env workers
+            included, is stopped first).
     """
     with tempfile.TemporaryDirectory(prefix="gmi-drl-tune-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -207,8 +209,8 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
         if not result.exists():
             what = ("killed by the kernel (out of memory?)" if proc.returncode == -9
                     else f"exit status {proc.returncode}")
-            last = [line for line in text.strip().splitlines() if line.strip()][-1:]
-            raise ProbeFailed(f"{what}: {last[0][:300] if last else 'no output'}")
+            last = _last_line(text)
+            raise ProbeFailed(f"{what}: {last[:300] if last else 'no output'}")
         return json.loads(result.read_text())
 
 
@@ -226,6 +228,16 @@ def _wait_for(proc: subprocess.Popen, result: Path, timeout_s: float) -> bool:
         except subprocess.TimeoutExpired:
             pass
     return True
+
+
+def _last_line(log: str) -> str:
+    """The probe's last line of output, less the resource tracker's warning about what it
+    unlinked after the probe died (two lines: the warning and its source line)."""
+    lines = [line for line in log.splitlines() if line.strip()]
+    while lines and ("resource_tracker" in lines[-1]
+                     or lines[-1].lstrip().startswith("warnings.warn(")):
+        lines.pop()
+    return lines[-1] if lines else ""
 
 
 def _how_far(log: str) -> str:
@@ -247,33 +259,40 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """End the process group that ``proc`` leads. SIGTERM first: the GMIs leave through their
     handlers, and multiprocessing's resource tracker, which ignores SIGTERM, outlives them and
     unlinks the shared memory and semaphores they still held (a SIGKILL to the whole group
-    left those in /dev/shm). SIGKILL then ends whatever is still running after ``grace_s``
-    seconds (a process stuck where no handler runs)."""
+    left those in /dev/shm). SIGKILL then ends whatever is still running ``grace_s`` seconds
+    later (a process stuck where no handler runs)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        proc.wait()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader: a zombie runs nothing
+            if not _running_in_group(proc.pid):
+                return
+            time.sleep(0.02)
+    except ProcessLookupError:  # the group is gone
         return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader: a zombie is not running
-        if not _running_in_group(proc.pid):
-            break
-        time.sleep(0.02)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except PermissionError:
         pass
-    proc.wait()
+    finally:
+        if proc.poll() is None or _running_in_group(proc.pid):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
 
 
 def _running_in_group(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (zombies left out), from /proc;
-    False where there is no /proc to read."""
+    """Whether a process of group ``pgid`` still runs: from /proc, zombies left out; without
+    /proc, whether the group has a member at all (a zombie counts there)."""
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
-        return False
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
     for entry in entries:
         try:
             with open(f"/proc/{entry}/stat") as f:
@@ -354,13 +373,15 @@ class Tuner:
         """The throughput a probe of (``gmis``, ``num_envs``) is expected to reach: that of the
         runnable point with as many GMIs and the next fewer envs (the inner loop's previous
         point), else of the one with as many envs and the nearest GMI count (a device's
-        throughput moves less with its GMI count than with num_envs), else 0."""
+        throughput moves less with its GMI count than with num_envs), else of the one nearest
+        in num_envs; 0 before any point ran."""
         fewer = [n for g, n in self._tops if g == gmis and n < num_envs]
         if fewer:
             return self._tops[(gmis, max(fewer))]
-        same = [g for g, n in self._tops if n == num_envs]
-        if same:
-            return self._tops[(min(same, key=lambda g: (abs(g - gmis), g)), num_envs)]
+        if self._tops:
+            g, n = min(self._tops, key=lambda p: (abs(math.log2(p[1] / num_envs)),
+                                                  abs(p[0] - gmis), p[0], p[1]))
+            return self._tops[(g, n)]
         return 0.0
 
     def _learn(self, point: Point) -> None:

@@ -179,8 +179,8 @@ def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(tmp_pa
     """The figures are whole once RESULT.json is there: `run_probe` takes them without waiting
     out the interpreter's teardown, and kills what is left of the group."""
     script = tmp_path / "probe.sh"
-    script.write_text('#!/bin/sh\necho $$ > "%s"\nprintf \'{"top": 7.0}\' > "$4.tmp"\n'
-                      'mv "$4.tmp" "$4"\nsleep 60 &\nwait\n' % (tmp_path / "pgid"))
+    script.write_text('#!/bin/sh\necho $$ > "%s"\nsleep 60 &\nprintf \'{"top": 7.0}\' > '
+                      '"$4.tmp"\nmv "$4.tmp" "$4"\nwait\n' % (tmp_path / "pgid"))
     script.chmod(0o755)
     monkeypatch.setattr("gmi_drl.gmi.tune.sys.executable", str(script))
     t0 = time.perf_counter()
@@ -192,6 +192,41 @@ def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(tmp_pa
             break
         time.sleep(0.1)
     assert group_members(pgid, zombies=False) == []
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_a_probe_group_gets_sigterm_then_sigkill_after_the_grace(ignores_term):
+    """SIGTERM ends a group that obeys it at once; what ignores it is SIGKILLed after the
+    grace period, and nothing of the group is left either way."""
+    import subprocess
+
+    from gmi_drl.gmi.tune import _kill_group
+
+    trap = "trap '' TERM; " if ignores_term else ""
+    proc = subprocess.Popen(["sh", "-c", trap + "sleep 60 & sleep 60 & wait"],
+                            start_new_session=True)
+    time.sleep(0.3)
+    assert len(group_members(proc.pid, zombies=False)) == 3
+    t0 = time.perf_counter()
+    _kill_group(proc, grace_s=1.0)
+    took = time.perf_counter() - t0
+    assert (1.0 <= took < 3.0) if ignores_term else took < 0.9
+    for _ in range(20):
+        if not group_members(proc.pid, zombies=False):
+            break
+        time.sleep(0.1)
+    assert group_members(proc.pid, zombies=False) == []
+
+
+def test_a_dead_probes_reason_is_its_own_last_line_not_the_trackers_warning():
+    from gmi_drl.gmi.tune import _last_line
+
+    log = ("step 128/1,024 | 900 sps\nRuntimeError: CUDA error: out of memory\n"
+           "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: "
+           "resource_tracker: There appear to be 1 leaked shared_memory objects to clean up "
+           "at shutdown\n  warnings.warn('resource_tracker: There appear to be %d '\n")
+    assert _last_line(log) == "RuntimeError: CUDA error: out of memory"
+    assert _last_line("") == ""
 
 
 def test_a_killed_probe_says_how_far_it_got():
@@ -218,9 +253,29 @@ def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypa
 
     monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
     tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
-    for gmis, n in ((2, 4), (2, 8), (2, 64), (1, 4), (1, 16)):
+    for gmis, n in ((2, 4), (2, 8), (2, 64), (1, 4), (1, 16), (1, 8)):
         tuner.profile(gmis, n)
-    assert asked == [(2, 4, 500), (2, 8, 8000), (2, 64, 16000), (1, 4, 8000), (1, 16, 8000)]
+    # (1, 8): its own GMI count's previous point (1 x 4), not 2 x 8 with as many envs
+    assert asked == [(2, 4, 500), (2, 8, 8000), (2, 64, 16000), (1, 4, 8000), (1, 16, 8000),
+                     (1, 8, 8000)]
+
+
+def test_a_probe_without_a_point_of_its_envs_is_judged_by_the_nearest_num_envs(monkeypatch):
+    asked = []
+
+    def probe(config, warmup, iterations, timeout_s, min_steps):
+        gmis, n = config["gmi"]["num_gmis"], config["env"]["num_envs"]
+        asked.append((gmis, n, min_steps))
+        if (gmis, n) == (2, 4):
+            raise ProbeFailed("exit status 1: out of memory")
+        return {"top": 1000.0 * n, "mem": 1.0}
+
+    monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
+    tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
+    for gmis, n in ((2, 4), (2, 8), (2, 32), (1, 4)):
+        tuner.profile(gmis, n)
+    # 1 x 4: no 1-GMI point, 2 x 4 did not run; 2 x 8 is the nearest in num_envs
+    assert asked == [(2, 4, 500), (2, 8, 500), (2, 32, 16000), (1, 4, 16000)]
 
 
 def test_a_probe_that_crashes_is_not_runnable_with_the_reason():
