@@ -14,6 +14,7 @@ from typing import Any
 import ray
 
 from gmi_drl.cluster.membership import NodeInfo
+from gmi_drl.comm import blocks
 from gmi_drl.gmi.context import GMIContext
 from gmi_drl.gmi.launcher import run_target
 
@@ -23,12 +24,17 @@ class GMIActor:
 
     Args:
         torch_threads: torch intra-op threads of this process.
+        agent: the `NodeAgent` actor of this node, told of every shared-memory block this
+            process makes (`gmi_drl.comm.blocks`), so that a killed GMI leaves none (None:
+            nobody is told).
     """
 
-    def __init__(self, torch_threads: int) -> None:
+    def __init__(self, torch_threads: int, agent=None) -> None:
         import torch
 
         torch.set_num_threads(torch_threads)
+        if agent is not None:
+            blocks.on_create(lambda name: ray.get(agent.adopt.remote(name), timeout=60))
 
     def where(self) -> NodeInfo:
         """This actor's Ray node id, node IP and process id."""

@@ -5,13 +5,15 @@ shared-memory block for MPR/HAR (a block must be made on the node that maps it) 
 ``cuda_mps``, runs the node's MPS control daemon. Being a process of its own, it outlives GMI
 actors that die: the block is always unlinked and the daemon always quit, and before GMI actors
 are killed it ends their GPU work through the MPS control, so no MPS client dies with work in
-flight.
+flight. The GMI actors of its node hand it the name of every block they make (`adopt`;
+`gmi_drl.comm.blocks`), and it unlinks those that a killed actor left.
 """
 
 from __future__ import annotations
 
 import shutil
 
+from gmi_drl.comm import blocks
 from gmi_drl.comm.shm import ShmGroup
 from gmi_drl.gmi.backends import MPSDaemon
 
@@ -22,6 +24,7 @@ class NodeAgent:
     def __init__(self) -> None:
         self._owner = None
         self._mps: MPSDaemon | None = None
+        self._adopted: list[str] = []
 
     def setup(self, world_size: int | None, capacity: int,
               mps_dir: str | None) -> ShmGroup | None:
@@ -47,8 +50,15 @@ class NodeAgent:
         MPS control; returns those that were clients. A no-op without an MPS daemon."""
         return self._mps.terminate_clients(set(pids)) if self._mps is not None else []
 
-    def close(self) -> None:
-        """Unlink the block and quit the MPS daemon (after the GMIs are gone). Idempotent."""
+    def adopt(self, name: str) -> None:
+        """Unlink the block ``name``, made by a GMI actor of this node, at `close` if it is
+        still there (its GMI was killed before its own clean-up)."""
+        self._adopted.append(name)
+
+    def close(self) -> list[str]:
+        """Unlink the block and the GMIs' blocks left, and quit the MPS daemon (after the GMIs
+        are gone); returns the GMIs' blocks it unlinked. Idempotent."""
+        left, self._adopted = blocks.unlink(self._adopted), []
         if self._owner is not None:
             ShmGroup.destroy(self._owner)
             self._owner = None
@@ -56,3 +66,4 @@ class NodeAgent:
             self._mps.stop()
             shutil.rmtree(self._mps.directory, ignore_errors=True)
             self._mps = None
+        return left

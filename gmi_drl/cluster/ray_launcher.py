@@ -232,7 +232,8 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         # the agents start beside the GMIs: the placement group already tells the nodes
         bundle_nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
         agents = _start_agents(dict.fromkeys(bundle_nodes[g] for g in range(len(wanted))), name)
-        actors = _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs)
+        actors = _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs,
+                             [agents[bundle_nodes[g]] for g in range(len(wanted))])
         nodes = tuple(_collect([a.where.remote() for a in actors], None, placement_timeout_s))
         reduction = reduction_layout(layout, nodes)
         log.info("Ray placed %d GMIs on %d node(s): %s; reduction %s", layout.num_gmis,
@@ -311,7 +312,9 @@ def _wait_placed(pg, wanted, timeout_s: float) -> None:
             "nodes") from None
 
 
-def _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs) -> list:
+def _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs,
+                agent_of) -> list:
+    """One `GMIActor` per GMI in its bundle; ``agent_of[g]``: the agent of GMI ``g``'s node."""
     code_dir = str(Path(gmi_drl.__file__).resolve().parent.parent)
     remote = ray.remote(GMIActor)
     actors = []
@@ -322,7 +325,7 @@ def _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_env
         where = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=g)
         actors.append(remote.options(
             **actor_resources(bundle), runtime_env=env, name=f"{name}-gmi-{g}", max_restarts=0,
-            scheduling_strategy=where).remote(max(1, int(num_cpus_per_gmi))))
+            scheduling_strategy=where).remote(max(1, int(num_cpus_per_gmi)), agent_of[g]))
     return actors
 
 

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from gmi_drl.comm import blocks
 from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
 
 _HEADER_BYTES = 64  # one cache line per member's barrier epoch
@@ -61,7 +62,7 @@ class ShmGroup:
         if world_size < 1 or capacity < 1:
             raise ValueError(f"{world_size=} and {capacity=} must both be >= 1")
         nbytes = _HEADER_BYTES * world_size + (world_size + 1) * capacity * 4
-        shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        shm = blocks.create(nbytes)
         shm.buf[:_HEADER_BYTES * world_size] = bytes(_HEADER_BYTES * world_size)
         return cls(shm.name, world_size, capacity, untracked_members), shm
 

@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from gmi_drl.comm import blocks
+
 _HEADER = 128  # line 0: latest buffer index; line 1: per buffer (seq, version) x 2
 
 
@@ -54,7 +56,7 @@ class WeightStore:
     @classmethod
     def create(cls, nbytes: int) -> "WeightStore":
         """A zeroed store of ``nbytes`` payload bytes, version 0 (nothing published)."""
-        shm = shared_memory.SharedMemory(create=True, size=_HEADER + 2 * max(nbytes, 1))
+        shm = blocks.create(_HEADER + 2 * max(nbytes, 1))
         np.frombuffer(shm.buf, np.uint8, count=_HEADER)[:] = 0
         return cls(WeightStoreHandle(shm.name, nbytes), shm, owner=True)
 

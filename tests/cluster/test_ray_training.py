@@ -3,6 +3,7 @@ two-node local cluster."""
 
 import csv
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -146,7 +147,8 @@ def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cl
     again from the trainer's newest checkpoint and the run ends. A killed trainer resumes
     mid-run; the trainer outlives a killed serving GMI for the launcher's grace period and may
     checkpoint its last update, so the restart then has nothing left to train and only ends
-    the serving GMIs."""
+    the serving GMIs. The killed GMI's channel blocks are unlinked too (its node's agent)."""
+    shm_before = set(os.listdir("/dev/shm"))
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
     cfg.ray.address, cfg.ray.num_cpus_per_gmi, cfg.ray.max_restarts = ray_cluster.address, 1, 1
@@ -165,7 +167,7 @@ def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cl
     summary = (result.run_dir / "summary.md").read_text()
     assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
         in summary
-    assert_nothing_left(ray_cluster)
+    assert_nothing_left(ray_cluster, shm_before=shm_before)
 
 
 def _train_killing(cfg, gmi_id: int):

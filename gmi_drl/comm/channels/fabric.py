@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from gmi_drl.comm import blocks
+
 from gmi_drl.comm.channels.ring import SlotRing, ring_bytes
 
 MODES = ("multi", "uni")
@@ -163,7 +165,7 @@ class Fabric:
         errors = plan.validate()
         if errors:
             raise ValueError("; ".join(errors))
-        shm = shared_memory.SharedMemory(create=True, size=plan.nbytes)
+        shm = blocks.create(plan.nbytes)
         np.frombuffer(shm.buf, np.uint8, count=plan.nbytes)[:] = 0
         from dataclasses import replace
 
