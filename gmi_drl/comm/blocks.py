@@ -4,7 +4,7 @@ A GMI unlinks the blocks it made (channels, weight store) in its ``finally`` blo
 that is killed runs none of them, and the blocks stayed in ``/dev/shm`` of its node. So every
 block is made through `create`, which tells the hooks set with `on_create` its name: a GMI actor
 hands each name to its node's agent (`gmi_drl.cluster.node_agent`), which outlives the actors
-and `unlink`\\ s whatever is left once they are gone.
+and unlinks (`unlink`) whatever is left once they are gone.
 """
 
 from __future__ import annotations
