@@ -261,20 +261,21 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     unlinks the shared memory and semaphores they still held (a SIGKILL to the whole group
     left those in /dev/shm). SIGKILL then ends whatever is still running ``grace_s`` seconds
     later (a process stuck where no handler runs)."""
+    running = True
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
+        while running and time.monotonic() < deadline:
             proc.poll()  # reap the leader: a zombie runs nothing
-            if not _running_in_group(proc.pid):
-                return
-            time.sleep(0.02)
+            running = _running_in_group(proc.pid)
+            if running:
+                time.sleep(0.02)
     except ProcessLookupError:  # the group is gone
-        return
+        running = False
     except PermissionError:
         pass
     finally:
-        if proc.poll() is None or _running_in_group(proc.pid):
+        if running or proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

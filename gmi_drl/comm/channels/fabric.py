@@ -25,7 +25,6 @@ from typing import Literal
 import numpy as np
 
 from gmi_drl.comm import blocks
-
 from gmi_drl.comm.channels.ring import SlotRing, ring_bytes
 
 MODES = ("multi", "uni")
