@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from gmi_drl.cluster.membership import NodeInfo
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 from gmi_drl.gmi.context import GMIContext
 from gmi_drl.gmi.launcher import run_target
 
@@ -25,7 +25,7 @@ class GMIActor:
     Args:
         torch_threads: torch intra-op threads of this process.
         agent: the `NodeAgent` actor of this node, told of every shared-memory block this
-            process makes (`gmi_drl.comm.blocks`), so that a killed GMI leaves none (None:
+            process makes (`gmi_drl.blocks`), so that a killed GMI leaves none (None:
             nobody is told).
     """
 

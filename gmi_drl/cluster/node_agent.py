@@ -6,14 +6,14 @@ shared-memory block for MPR/HAR (a block must be made on the node that maps it) 
 actors that die: the block is always unlinked and the daemon always quit, and before GMI actors
 are killed it ends their GPU work through the MPS control, so no MPS client dies with work in
 flight. The GMI actors of its node hand it the name of every block they make (`adopt`;
-`gmi_drl.comm.blocks`), and it unlinks those that a killed actor left.
+`gmi_drl.blocks`), and it unlinks those that a killed actor left.
 """
 
 from __future__ import annotations
 
 import shutil
 
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 from gmi_drl.comm.shm import ShmGroup
 from gmi_drl.gmi.backends import MPSDaemon
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 from gmi_drl.comm.reducer import GradReducer, flatten_into, unflatten_from
 
 _HEADER_BYTES = 64  # one cache line per member's barrier epoch

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 
 _HEADER = 128  # line 0: latest buffer index; line 1: per buffer (seq, version) x 2
 

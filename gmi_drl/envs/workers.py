@@ -25,6 +25,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
+from gmi_drl import blocks
 from gmi_drl.envs.engine import Engine, EnvWorkerError  # (its home: pools raise it too)
 from gmi_drl.envs.batched import BatchedEnv
 from gmi_drl.envs.spec import AutoresetMode
@@ -152,7 +153,7 @@ class ProcessEngine(Engine):
         self._worker_of = np.repeat(np.arange(num_workers), np.diff(bounds))
         self.num_workers = num_workers
         layout = _layout(num_envs, num_workers, observation_space, action_space)
-        self._shm = shared_memory.SharedMemory(create=True, size=_nbytes(layout))
+        self._shm = blocks.create(_nbytes(layout))
         a = _views(self._shm.buf, layout)
         self._arrays = a
         self.slots = _slots(a, 0, num_envs)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 import gmi_drl
+import gmi_drl.envs
 
 
 def reduce_and_report(ctx):
@@ -20,9 +21,12 @@ def reduce_and_report(ctx):
 
 
 def fail_on_one(ctx):
-    """Every GMI joins the reduction group and writes its pid; GMI 1 then exits abruptly
+    """Every GMI makes an env pool with a worker process (a shared-memory block it never
+    closes), joins the reduction group and writes its pid; GMI 1 then exits abruptly
     (``payload[0] == "exit"``) or raises; the others wait to be stopped."""
     how, pid_dir = ctx.payload
+    pool = gmi_drl.envs.make("CartPole-v1", num_envs=2, num_workers=1, engine="gymnasium")
+    pool.reset()
     Path(pid_dir, f"gmi-{ctx.gmi_id}.pid").write_text(str(os.getpid()))
     ctx.make_reducer()
     if ctx.gmi_id == 1:

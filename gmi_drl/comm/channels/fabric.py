@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 from gmi_drl.comm.channels.ring import SlotRing, ring_bytes
 
 MODES = ("multi", "uni")

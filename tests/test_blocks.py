@@ -1,10 +1,10 @@
-"""`gmi_drl.comm.blocks`: every block made is told to the hooks; `unlink` removes what is left."""
+"""`gmi_drl.blocks`: every block made is told to the hooks; `unlink` removes what is left."""
 
 import os
 
 import pytest
 
-from gmi_drl.comm import blocks
+from gmi_drl import blocks
 
 
 def test_hooks_hear_of_every_block_and_unlink_removes_those_left(monkeypatch):

@@ -1,10 +1,12 @@
 """Shared-memory blocks handed to a process that outlives their creator.
 
-A GMI unlinks the blocks it made (channels, weight store) in its ``finally`` blocks. A Ray actor
-that is killed runs none of them, and the blocks stayed in ``/dev/shm`` of its node. So every
-block is made through `create`, which tells the hooks set with `on_create` its name: a GMI actor
-hands each name to its node's agent (`gmi_drl.cluster.node_agent`), which outlives the actors
-and unlinks (`unlink`) whatever is left once they are gone.
+A GMI unlinks the blocks it made (env pool, channels, weight store) in its ``close`` and
+``finally`` blocks. A Ray actor that is killed runs none of them, and the blocks stayed in
+``/dev/shm`` of its node. So every block is made through `create`, which tells the hooks set
+with `on_create` its name: a GMI actor hands each name to its node's agent
+(`gmi_drl.cluster.node_agent`), which outlives the actors and unlinks (`unlink`) whatever is left
+once they are gone. It sits below every layer (as `gmi_drl.errors` does), since the env pool
+(`gmi_drl.envs.workers`) and the reducers and channels (`gmi_drl.comm`) make blocks alike.
 """
 
 from __future__ import annotations
