@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--envs-max", type=int, default=256)
     parser.add_argument("--alpha", type=float, default=0.1)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--min-steps", type=int, default=5_000)
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=180.0)

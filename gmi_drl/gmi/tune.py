@@ -329,7 +329,7 @@ class Tuner:
     num_devices: int = 1
     device_cores: int = 1
     warmup: int = 1
-    iterations: int = 3
+    iterations: int = 1
     min_steps: int = 0
     timeout_s: float = 180.0
     bw_bytes_per_s: float | None = None
@@ -553,8 +553,10 @@ class TuneOptions:
     """seconds the search may take; no new point is profiled after it (None: no bound)"""
     warmup: int = 1
     """iterations each probe runs before it measures (start-up, compilation)"""
-    iterations: int = 3
-    """iterations each probe measures, at least"""
+    iterations: int = 1
+    """iterations each probe measures, at least (``min_steps`` and ``min_seconds`` set the window
+    of a point whose iterations are short; one iteration of a point whose iterations are long
+    varies by a few percent from the next, far less than two probes of the same point do)"""
     min_steps: int = 5_000
     """env steps (over the device's GMIs) each probe measures, at least: what sets the window
     of the search's first point, which has no earlier throughput to judge ``min_seconds`` by"""
