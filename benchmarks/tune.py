@@ -4,6 +4,9 @@ For each task: every (GMIs per device, num_envs) point of the grid is profiled (
 then `tune` searches the same grid with a fresh cache. Printed: the grid's best point, tune's
 pick, the pick's throughput over the grid's best (both as the grid measured them, so probe noise
 is not counted twice; tune's own figure beside it), and the search's wall time over the grid's.
+Beside it, Algorithm 2 replayed on the grid's own figures: what the search would cost and pick
+if its probes returned exactly what the grid measured (its behaviour without a second draw of
+probe noise).
 Then the cost model (`gmi_drl.gmi.cost`): from each num_envs' one-GMI point alone, the predicted
 throughput of every larger GMI count at that num_envs beside the grid's measurement, per template
 and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error.
@@ -15,13 +18,14 @@ and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
 
 from gmi_drl.config import preset, validate
 from gmi_drl.gmi.devices import discover
-from gmi_drl.gmi.tune import Tuner, TuneOptions, compare, envs_grid, tune
+from gmi_drl.gmi.tune import Point, Tuner, TuneOptions, compare, envs_grid, search, tune
 
 TASK_FLAGS = {"Hopper-v5": {"num_steps": 64}, "CartPole-v1": {}}
 """per task: PPO fields changed from the preset (Hopper: a 64-step horizon, as GPU-simulator
@@ -76,6 +80,7 @@ def run_task(task: str, args) -> None:
           f"{len(report.search.points)} |")
     print(f"\npick / grid best: {in_grid.top / best.top:.2f}x (target >= 0.9); search time / "
           f"grid time: {report.wall_s / grid_s:.0%} (target <= 40%)")
+    replay(points, max_gmis, grid, tuner, args.alpha, best)
 
     errors: dict[tuple[str, str], list[float]] = {}
     for n in grid:
@@ -92,6 +97,22 @@ def run_task(task: str, args) -> None:
     for (template, variant), errs in sorted(errors.items()):
         print(f"| {template} | {variant} | {len(errs)} | {statistics.median(errs):.1%} | "
               f"{max(errs):.1%} |")
+
+
+def replay(points: list[Point], max_gmis: int, grid: list[int], tuner: Tuner, alpha: float,
+           best: Point) -> None:
+    """Algorithm 2 on the grid's measured points (copies): the points it would profile, their
+    probe seconds over the grid's, and its pick."""
+    by_key = {(p.gmis, p.num_envs): p for p in points}
+    result = search(range(max_gmis, 0, -1), grid,
+                    lambda g, n: dataclasses.replace(by_key[(g, n)]), tuner.estimate, alpha)
+    cost = sum(p.seconds for p in result.points)
+    line = (f"Algorithm 2 replayed on the grid's figures: {len(result.points)} of {len(points)} "
+            f"points, {cost / sum(p.seconds for p in points):.0%} of the grid's probe seconds")
+    if result.best is not None:
+        n, g = result.best
+        line += f", pick {g} x {n}: {by_key[(g, n)].top / best.top:.2f}x the grid best"
+    print(line)
 
 
 def main() -> None:
