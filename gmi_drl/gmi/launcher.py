@@ -220,8 +220,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
 
 def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, results,
            mps_dir, netns, prefixes, tmp) -> None:
-    """Start every GMI, appending each to ``procs`` as it starts (so that an interrupt midway
-    still stops those already running: they are not daemonic)."""
+    """Start every GMI, appending each to ``procs`` just before it starts (so that an interrupt
+    midway still stops those already running: they are not daemonic)."""
     for spec in layout.specs:
         env, aff, threads = process_env(spec, machine, len(layout.mpl[spec.device]), mps_dir)
         ns = None if netns is None else netns[spec.gmi_id]
@@ -232,13 +232,16 @@ def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, r
         p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=False,
                           args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns,
                                 os.getpid()))
+        # listed before it starts: a Ctrl-C handled as `start` returns must still find it, or
+        # `_stop` would pass it by and the interpreter's exit would wait on it for good
+        # (multiprocessing joins every non-daemonic child at exit, without a timeout)
+        procs.append(p)
         prefix = prefixes.get(spec.gmi_id)
         if prefix is None:
             p.start()
         else:
             with _interpreter(mpctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
                 p.start()
-        procs.append(p)
 
 
 def _prefixed_python(prefix: list[str], tmp: str, gmi_id: int) -> str:
@@ -340,8 +343,9 @@ def _killed_sibling(procs, g: int, done: dict, wait_s: float = 0.5) -> int | Non
 
 
 def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) -> None:
-    """Terminate, then kill, every GMI still running; a GMI in ``grouped`` (started under a
-    prefix, `_prefixed_python`) with its whole process group."""
+    """Terminate, then kill, every GMI still running (``procs`` may end with one that never
+    started); a GMI in ``grouped`` (started under a prefix, `_prefixed_python`) with its whole
+    process group."""
     def signal_gmi(g: int, p, sig: int) -> None:
         try:
             if g in grouped:
@@ -351,10 +355,11 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
         except (ProcessLookupError, PermissionError):
             pass  # already gone
 
-    for g, p in enumerate(procs):
+    started = [(g, p) for g, p in enumerate(procs) if p.pid is not None]  # not: start failed
+    for g, p in started:
         signal_gmi(g, p, signal.SIGTERM)
     deadline = time.time() + grace_s
-    for g, p in enumerate(procs):
+    for g, p in started:
         p.join(timeout=max(0.0, deadline - time.time()))
         if p.is_alive() or g in grouped:
             signal_gmi(g, p, signal.SIGKILL)

@@ -1,6 +1,7 @@
 """The local launcher: real GMI processes, reduction across them, crash and kill handling."""
 
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -164,6 +165,33 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
         pytest.fail(f"the controller did not exit 20 s after Ctrl-C; its threads:\n{err[-6000:]}")
     assert "KeyboardInterrupt" in err
     assert_group_gone(proc.pid, shm_before)
+
+
+def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch):
+    """Ctrl-C handled the moment `Process.start` returns, before the launcher's next line: the
+    GMI just started is stopped with the others, so the interpreter's exit (which joins every
+    non-daemonic child without a timeout) has none left to wait on."""
+    real_start = multiprocessing.context.SpawnProcess.start
+    started = []
+
+    def start(self):
+        real_start(self)
+        started.append(self)
+        if self.name == "gmi-1":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    m = discover()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
+        assert [p.name for p in started] == ["gmi-0", "gmi-1"]
+        assert not [p.name for p in started if p.is_alive()], "a started GMI was left running"
+    finally:
+        for p in started:
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def test_reduction_options_are_checked_before_any_process_starts():
