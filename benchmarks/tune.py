@@ -71,14 +71,16 @@ def run_task(task: str, args) -> None:
                               probe_timeout_s=args.timeout_s, out=out)
         report = tune(cfg, options)
     pick = report.chosen
-    in_grid = measured[(pick.gmis, pick.num_envs)]
     print("\n| | GMIs | num_envs | env steps/s | wall s | points |\n|---|---|---|---|---|---|")
     print(f"| grid best | {best.gmis} | {best.num_envs} | {best.top:,.0f} | {grid_s:.0f} | "
           f"{len(points)} |")
-    print(f"| tune pick ({report.chosen_by}) | {pick.gmis} | {pick.num_envs} | "
-          f"{in_grid.top:,.0f} (tune's probe: {pick.top:,.0f}) | {report.wall_s:.0f} | "
-          f"{len(report.search.points)} |")
-    print(f"\npick / grid best: {in_grid.top / best.top:.2f}x (target >= 0.9); search time / "
+    # the pick as the grid measured it (0 where the grid's probe of it did not run)
+    in_grid = measured.get((pick.gmis, pick.num_envs)) if pick is not None else None
+    grid_top = in_grid.top if in_grid is not None else 0.0
+    print(f"| tune pick ({report.chosen_by}) | {pick.gmis if pick else '-'} | "
+          f"{pick.num_envs if pick else '-'} | {grid_top:,.0f} (tune's probe: "
+          f"{pick.top if pick else 0:,.0f}) | {report.wall_s:.0f} | {len(report.search.points)} |")
+    print(f"\npick / grid best: {grid_top / best.top:.2f}x (target >= 0.9); search time / "
           f"grid time: {report.wall_s / grid_s:.0%} (target <= 40%)")
     replay(points, max_gmis, grid, tuner, args.alpha, best)
 
@@ -109,7 +111,9 @@ def replay(points: list[Point], max_gmis: int, grid: list[int], tuner: Tuner, al
     cost = sum(p.seconds for p in result.points)
     line = (f"Algorithm 2 replayed on the grid's figures: {len(result.points)} of {len(points)} "
             f"points, {cost / sum(p.seconds for p in points):.0%} of the grid's probe seconds")
-    if result.best is not None:
+    if result.best is None:
+        line += ", no pick (every inner loop ended at its second point)"
+    else:
         n, g = result.best
         line += f", pick {g} x {n}: {by_key[(g, n)].top / best.top:.2f}x the grid best"
     print(line)

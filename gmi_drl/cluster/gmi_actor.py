@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from gmi_drl.cluster.membership import NodeInfo
 from gmi_drl import blocks
+from gmi_drl.cluster.membership import NodeInfo
 from gmi_drl.gmi.context import GMIContext
 from gmi_drl.gmi.launcher import run_target
 

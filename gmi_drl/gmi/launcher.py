@@ -355,7 +355,8 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
         except (ProcessLookupError, PermissionError):
             pass  # already gone
 
-    started = [(g, p) for g, p in enumerate(procs) if p.pid is not None]  # not: start failed
+    # a GMI whose start raised (or was interrupted before its pid was recorded) has no pid
+    started = [(g, p) for g, p in enumerate(procs) if p.pid is not None]
     for g, p in started:
         signal_gmi(g, p, signal.SIGTERM)
     deadline = time.time() + grace_s
