@@ -8,7 +8,7 @@
     gmi-drl train ppo --config tune/Hopper-v5-ppo/tuned.json --total-timesteps 1000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
-    gmi-drl bench env|train|algos|update|reduce|switch|gmi|learning|profile [benchmark flags]
+    gmi-drl bench env|train|algos|update|reduce|switch|gmi|learning|profile|tune|launch [benchmark flags]
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
 
 An expected failure (a GMI or env worker that dies, a checkpoint that does not load, a switch
@@ -40,7 +40,7 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile,tune} [flags]
+  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile,tune,launch} [flags]
       (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
@@ -372,7 +372,8 @@ def _switch(args: list[str], debug: bool = False) -> int:
 BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "algos": "algo_throughput",
               "update": "ppo_update",
               "reduce": "reduce", "switch": "switch", "gmi": "gmi_scaling",
-              "learning": "learning", "profile": "profile_overhead", "tune": "tune"}
+              "learning": "learning", "profile": "profile_overhead", "tune": "tune",
+              "launch": "launch"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:

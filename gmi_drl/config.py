@@ -147,6 +147,10 @@ class GMIConfig:
     """async_training: the share of the GPUs (with two or more) or CPU cores the trainer GMIs
     get, the serving GMIs the rest; None: GPUs in proportion to the GMI counts, CPU cores shared
     by every GMI"""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """how the local placement starts GMI processes: forkserver (forked from a server that
+    imported torch and gmi-drl once: no GMI pays its own imports) or spawn (a fresh
+    interpreter per GMI)"""
 
     @property
     def switch_addrs(self) -> tuple[str, ...]:

@@ -9,20 +9,52 @@ import time
 from pathlib import Path
 
 
-def gmi_processes(pid: int) -> list[int]:
-    """The spawned children of ``pid`` (its GMIs; not the resource tracker), oldest first (the
-    launcher starts GMIs in id order)."""
-    kids = []
+def _processes() -> dict[int, tuple[int, int, str, str]]:
+    """Every process: pid -> (parent pid, start time in clock ticks, state, command line)."""
+    table = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{entry}/cmdline") as f:
                 cmd = f.read()
+            table[int(entry)] = (int(fields[1]), int(fields[19]), fields[0], cmd)
         except (OSError, ValueError, IndexError):
             continue
-        if int(fields[1]) == pid and "spawn_main" in cmd:
-            kids.append((int(fields[19]), int(entry)))  # start time, in clock ticks
+    return table
+
+
+_SERVER = "forkserver import main"
+
+
+def _helper(pid: int, table: dict) -> bool:
+    """Whether ``pid`` is one of multiprocessing's own processes: the resource tracker, or the
+    fork server (whose children, the processes it forked, share its command line)."""
+    ppid, _, _, cmd = table[pid]
+    return "resource_tracker" in cmd or (_SERVER in cmd and _SERVER not in
+                                         table.get(ppid, (0, 0, "", ""))[3])
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, their children, ...), except
+    multiprocessing's resource tracker and fork server (the GMIs a fork server started are
+    listed: they are what ``pid`` launched)."""
+    table = _processes()
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, (ppid, _, state, _) in table.items()
+                    if ppid in frontier and state != "Z"}
+        out |= frontier
+    return {p for p in out if not _helper(p, table)}
+
+
+def gmi_processes(pid: int) -> list[int]:
+    """The GMIs of the controller ``pid``, oldest first (the launcher starts GMIs in id order):
+    the children of its fork server, and those it spawned (a GMI under a prefix)."""
+    table = _processes()
+    servers = {p for p, (ppid, _, _, cmd) in table.items() if ppid == pid and _SERVER in cmd}
+    kids = [(start, p) for p, (ppid, start, state, cmd) in table.items()
+            if state != "Z" and ((ppid in servers) or (ppid == pid and "spawn_main" in cmd))]
     return [p for _, p in sorted(kids)]
 
 

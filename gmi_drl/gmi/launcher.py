@@ -10,6 +10,13 @@ shared-memory segment is left behind (also on Ctrl-C).
 A GMI's Python can run under a command prefix (``nsys profile ...``: `launch`'s ``prefixes``):
 multiprocessing's spawn then starts a two-line shell script that ``exec``s the prefix with the
 interpreter and spawn's own arguments, so the process keeps the pipe spawn hands it.
+
+Every other GMI is forked by multiprocessing's fork server (``start_method="forkserver"``, the
+default), which imports torch and the GMI loops once per controller process (`PRELOAD`): a GMI
+then starts without an interpreter and imports of its own (docs/benchmarks.md, "Starting
+GMIs"). The server never runs a torch operation nor touches CUDA, so forking from it is safe.
+A forked GMI gets the controller's environment as it is at `launch`, as a spawned one does, not
+the server's. ``start_method="spawn"`` starts a fresh interpreter per GMI, as before.
 """
 
 from __future__ import annotations
@@ -39,6 +46,28 @@ from gmi_drl.gmi.layout import Layout
 
 log = logging.getLogger(__name__)
 
+#: modules the fork server imports once, so that no GMI imports them itself: torch and the
+#: targets of training runs (synchronous and asynchronous)
+PRELOAD = ("torch", "gmi_drl.gmi.launcher", "gmi_drl.runner.loop", "gmi_drl.runner.async_loop")
+#: what a run that compiles its gradient step adds to `PRELOAD` (2 s of imports on machine A)
+COMPILER = ("torch._dynamo",)
+START_METHODS = ("forkserver", "spawn")
+
+
+def _context(start_method: str, preload: Sequence[str] = ()):
+    """The multiprocessing context of ``start_method``; the fork server's imports `PRELOAD` and
+    ``preload`` when this process starts it (a server already running keeps what it has).
+
+    Raises:
+        ValueError: not one of `START_METHODS`.
+    """
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method {start_method!r}: use one of {', '.join(START_METHODS)}")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload([*PRELOAD, *preload])
+    return ctx
+
 
 class GMIError(RuntimeError):
     """A GMI raised, died or hung; the run was stopped.
@@ -61,8 +90,12 @@ class GMIError(RuntimeError):
         return cls(f"GMI {gmi_id} raised {line}; the run was stopped", tb, line)
 
 
-def _gmi_main(gmi_id, env, affinity, threads, target, ctx, beats, results, netns, controller):
-    os.environ.update(env)  # before anything imports CUDA
+def _gmi_main(gmi_id, environ, env, affinity, threads, target, ctx, beats, results, netns,
+              controller):
+    if environ is not None:  # forked by the fork server: the controller's environment at
+        os.environ.clear()  # launch, not the server's (a spawned GMI has its own, with what a
+        os.environ.update(environ)  # prefix such as nsys added)
+    os.environ.update(env)  # before anything initialises CUDA
     if affinity:
         os.sched_setaffinity(0, affinity)
     if netns is not None:  # before any socket or thread: both stay in the namespace
@@ -144,7 +177,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            poll_s: float = 0.2, service_addrs: Sequence[str] = (),
            netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
            exit_timeout_s: float = 5.0, tolerate: frozenset[int] = frozenset(),
-           job_id: str | None = None, token: str = "") -> list[Any]:
+           job_id: str | None = None, token: str = "",
+           start_method: str = "forkserver", preload: Sequence[str] = ()) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -166,14 +200,20 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             logged with the GMI id, and its result is ``None``.
         job_id, token: the run's job id at an aggregation switch (``None``: one per launch)
             and the switch's shared secret.
+        start_method: ``"forkserver"``: GMIs forked from a server that imported `PRELOAD`
+            once per controller process; ``"spawn"``: a fresh interpreter each. A GMI under a
+            prefix is always spawned.
+        preload: modules the fork server imports besides `PRELOAD` (e.g. `COMPILER`), if
+            this launch starts it.
 
     Raises:
-        ValueError: ``service_addrs`` / ``netns`` not one per GMI.
+        ValueError: ``service_addrs`` / ``netns`` not one per GMI, or an unknown
+            ``start_method``.
         GMIError: a GMI raised (its traceback in ``details``), died, or hung.
     """
     from gmi_drl.comm.shm import ShmGroup
 
-    mpctx = mp.get_context("spawn")
+    mpctx = _context(start_method, preload)
     n = layout.num_gmis
     if layout.reduction in (Reduction.SWITCH, Reduction.PS) and n > 1 and \
             len(service_addrs) != n:
@@ -229,18 +269,20 @@ def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, r
         # not daemonic: a GMI starts env worker processes of its own (the gymnasium engine),
         # which a daemonic process may not; the launcher stops its GMIs itself (`_stop`), and a
         # GMI whose controller died exits on its own (the heartbeat checks the controller pid)
-        p = mpctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=False,
-                          args=(spec.gmi_id, env, aff, threads, target, ctx, beats, results, ns,
-                                os.getpid()))
+        prefix = prefixes.get(spec.gmi_id)
+        pctx = mpctx if prefix is None else mp.get_context("spawn")
+        environ = dict(os.environ) if pctx.get_start_method() == "forkserver" else None
+        p = pctx.Process(target=_gmi_main, name=f"gmi-{spec.gmi_id}", daemon=False,
+                         args=(spec.gmi_id, environ, env, aff, threads, target, ctx, beats,
+                               results, ns, os.getpid()))
         # listed before it starts: a Ctrl-C handled as `start` returns must still find it, or
         # `_stop` would pass it by and the interpreter's exit would wait on it for good
         # (multiprocessing joins every non-daemonic child at exit, without a timeout)
         procs.append(p)
-        prefix = prefixes.get(spec.gmi_id)
         if prefix is None:
             p.start()
         else:
-            with _interpreter(mpctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
+            with _interpreter(pctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
                 p.start()
 
 

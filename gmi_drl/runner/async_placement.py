@@ -91,14 +91,15 @@ class AsyncPlacement:
             if cfg.placement == "serial":
                 self.results = serial_main(spec)
             else:
-                from gmi_drl.gmi.launcher import launch
+                from gmi_drl.gmi.launcher import COMPILER, launch
 
                 n_tr = cfg.gmi.trainer_gmis
                 tolerate = (frozenset(range(n_tr, n_tr + cfg.gmi.serving_gmis))
                             if cfg.async_.tolerate_serving_failures else frozenset())
                 self.results = launch(TARGET, self.layout, self.machine, payload=spec,
                                       reducer_capacity=1, exit_timeout_s=5.0,
-                                      tolerate=tolerate)
+                                      tolerate=tolerate, start_method=cfg.gmi.start_method,
+                                      preload=COMPILER if cfg.compile else ())
             return self.results
 
     def _launch_ray(self, payload, task) -> list[Any]:

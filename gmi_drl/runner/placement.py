@@ -208,7 +208,7 @@ class LocalPlacement:
         self.prefixes: dict[int, list[str]] = {}
 
     def launch(self, target: str, payload: Any) -> list[Any]:
-        from gmi_drl.gmi.launcher import launch
+        from gmi_drl.gmi.launcher import COMPILER, launch
 
         self.prefixes = _nsys_prefixes(self.cfg, payload.run.run_dir, self.machine)
         if self.layout.num_gmis == 1 and not self.prefixes:
@@ -218,13 +218,16 @@ class LocalPlacement:
                       reducer_capacity=self.capacity,
                       service_addrs=g.service_addrs,
                       netns=g.netns_list, prefixes=self.prefixes,
-                      job_id=g.switch_job, token=g.switch_token,
+                      job_id=g.switch_job, token=g.switch_token, start_method=g.start_method,
+                      preload=COMPILER if self.cfg.compile else (),
                       exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
 
     def describe(self) -> str:
         n = self.layout.num_gmis
+        how = ("forked by the fork server" if self.cfg.gmi.start_method == "forkserver"
+               else "spawned")
         where = ("one GMI in this process" if n == 1 and not self.prefixes
-                 else f"one process per GMI ({n})")
+                 else f"one process per GMI ({n}), {how}")
         return (f"- placement: local: {where}\n" + self.layout.describe()
                 + _notes(self.cfg, n))
 

@@ -13,6 +13,14 @@ def allreduce_rank(ctx):
     return t.tolist(), os.environ["CUDA_VISIBLE_DEVICES"], sorted(os.sched_getaffinity(0))
 
 
+def started_with(ctx):
+    """What this GMI found at its start: whether the training loop was imported before the
+    target (the fork server's preload), and the variables named in the payload."""
+    import sys
+
+    return "gmi_drl.runner.loop" in sys.modules, {k: os.environ.get(k) for k in ctx.payload}
+
+
 def fail_on_one(ctx):
     if ctx.gmi_id == ctx.payload:
         time.sleep(1.0)  # let the others start working
@@ -70,3 +78,4 @@ def spin_until_interrupted(ctx):
     except KeyboardInterrupt:
         INTERRUPTED.add(ctx.gmi_id)
         raise
+

@@ -1,6 +1,7 @@
 """The local launcher: real GMI processes, reduction across them, crash and kill handling."""
 
 import gc
+import json
 import multiprocessing
 import os
 import signal
@@ -15,28 +16,15 @@ import torch
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
-from tests.procs import assert_group_gone, group_members
+from tests.procs import assert_group_gone, descendants, gmi_processes
 
 pytestmark = pytest.mark.distributed
 
 
 def _children(me=None):
-    """Live child processes of ``me`` (this test process), except multiprocessing's resource
-    tracker."""
-    me = os.getpid() if me is None else me
-    out = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmd = f.read()
-                if int(fields[1]) == me and fields[0] != "Z" and "resource_tracker" not in cmd:
-                    out.add(int(pid))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
+    """Live processes below ``me`` (this test process), except multiprocessing's resource
+    tracker and fork server: GMIs, and what they started."""
+    return descendants(os.getpid() if me is None else me)
 
 
 @pytest.mark.parametrize("num_gmis, devices", [(3, 1), (2, 2), (3, 2)])
@@ -142,6 +130,44 @@ launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
 """
 
 
+START_SCRIPT = """
+import json, os, sys
+from gmi_drl.gmi.devices import discover
+from gmi_drl.gmi.launcher import launch
+from gmi_drl.gmi.layout import plan
+m, method, names = discover(), sys.argv[1], ["GMI_DRL_SET", "GMI_DRL_UNSET"]
+os.environ["GMI_DRL_UNSET"] = "before the first launch"
+first = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method)
+os.environ["GMI_DRL_SET"] = "after the first launch"
+del os.environ["GMI_DRL_UNSET"]
+second = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method)
+print(json.dumps([first, second]))
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_both_start_methods_give_gmis_the_controllers_environment_at_launch(method):
+    """Forked from the fork server, a GMI starts with the loops already imported; forked or
+    spawned, it sees the controller's environment as it is at each launch (the server's is the
+    one of the first launch)."""
+    out = subprocess.run([sys.executable, "-c", START_SCRIPT, method], capture_output=True,
+                         text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = json.loads(out.stdout.splitlines()[-1])
+    preloaded = method == "forkserver"
+    assert first == [[preloaded, {"GMI_DRL_SET": None,
+                                  "GMI_DRL_UNSET": "before the first launch"}]] * 2
+    assert second == [[preloaded, {"GMI_DRL_SET": "after the first launch",
+                                   "GMI_DRL_UNSET": None}]] * 2
+
+
+def test_an_unknown_start_method_is_refused():
+    m = discover()
+    with pytest.raises(ValueError, match="start_method 'fork': use one of forkserver, spawn"):
+        launch("tests.gmi.gmi_targets:allreduce_rank", plan(2, m), m, start_method="fork")
+
+
 def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
@@ -150,7 +176,7 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
     assert proc.stdout.readline().strip() == "launching"
     deadline = time.time() + 30
     while time.time() < deadline:  # wait until both GMIs run
-        if len(group_members(proc.pid)) >= 3:
+        if len(gmi_processes(proc.pid)) >= 2:
             break
         time.sleep(0.2)
     time.sleep(1.0)
@@ -171,7 +197,7 @@ def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch):
     """Ctrl-C handled the moment `Process.start` returns, before the launcher's next line: the
     GMI just started is stopped with the others, so the interpreter's exit (which joins every
     non-daemonic child without a timeout) has none left to wait on."""
-    real_start = multiprocessing.context.SpawnProcess.start
+    real_start = multiprocessing.context.ForkServerProcess.start
     started = []
 
     def start(self):
@@ -180,7 +206,7 @@ def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch):
         if self.name == "gmi-1":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    monkeypatch.setattr(multiprocessing.context.ForkServerProcess, "start", start)
     m = discover()
     try:
         with pytest.raises(KeyboardInterrupt):

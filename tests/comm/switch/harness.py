@@ -19,11 +19,14 @@ _CTX = None
 
 def ctx():
     """A forkserver context whose server has imported torch and the switch once, so starting a
-    worker costs milliseconds, not the 2 s of a fresh interpreter."""
+    worker costs milliseconds, not the 2 s of a fresh interpreter. The server is this process's
+    one, which the launcher's GMIs fork from too: it preloads their modules as well."""
+    from gmi_drl.gmi.launcher import PRELOAD
+
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "numpy", "gmi_drl.comm.switch",
+        _CTX.set_forkserver_preload([*PRELOAD, "numpy", "gmi_drl.comm.switch",
                                      "tests.comm.switch.harness"])
     return _CTX
 
