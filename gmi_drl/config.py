@@ -149,8 +149,8 @@ class GMIConfig:
     by every GMI"""
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """how the local placement starts GMI processes: forkserver (forked from a server that
-    imported torch and gmi-drl once: no GMI pays its own imports) or spawn (a fresh
-    interpreter per GMI)"""
+    imported torch and the GMI loops once per gmi-drl process, so a GMI does not import them
+    itself) or spawn (a fresh interpreter per GMI); a GMI under a profiler is always spawned"""
 
     @property
     def switch_addrs(self) -> tuple[str, ...]:

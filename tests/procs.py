@@ -48,6 +48,13 @@ def descendants(pid: int) -> set[int]:
     return {p for p in out if not _helper(p, table)}
 
 
+def fork_server(pid: int) -> int | None:
+    """The fork server that ``pid`` started (its GMIs' parent), or ``None``."""
+    table = _processes()
+    return next((p for p, (ppid, _, state, cmd) in table.items()
+                 if ppid == pid and state != "Z" and _SERVER in cmd), None)
+
+
 def gmi_processes(pid: int) -> list[int]:
     """The GMIs of the controller ``pid``, oldest first (the launcher starts GMIs in id order):
     the children of its fork server, and those it spawned (a GMI under a prefix)."""

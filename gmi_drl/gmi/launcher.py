@@ -12,11 +12,15 @@ multiprocessing's spawn then starts a two-line shell script that ``exec``s the p
 interpreter and spawn's own arguments, so the process keeps the pipe spawn hands it.
 
 Every other GMI is forked by multiprocessing's fork server (``start_method="forkserver"``, the
-default), which imports torch and the GMI loops once per controller process (`PRELOAD`): a GMI
-then starts without an interpreter and imports of its own (docs/benchmarks.md, "Starting
-GMIs"). The server never runs a torch operation nor touches CUDA, so forking from it is safe.
-A forked GMI gets the controller's environment as it is at `launch`, as a spawned one does, not
-the server's. ``start_method="spawn"`` starts a fresh interpreter per GMI, as before.
+default), which imports torch and the GMI loops once per controller process (`PRELOAD`, and
+`COMPILER` for a run that compiles): a GMI then starts without an interpreter and those imports
+of its own (docs/benchmarks.md, "Starting GMIs: fork server against spawn"). The server never
+runs a torch operation nor touches CUDA, so forking from it is safe, and CUDA reads a GMI's
+device variables when the GMI first uses it. A forked GMI's ``os.environ`` is the controller's
+as it is at `launch`, as a spawned one's is, not the server's; what torch reads from the
+environment when it is imported (``TORCH_LOGS``, ``TORCHINDUCTOR_*``) comes from the server's
+start, the first launch, except inductor's compile threads, which each GMI sets again for its
+own cores. ``start_method="spawn"`` starts a fresh interpreter per GMI.
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ def _gmi_main(gmi_id, environ, env, affinity, threads, target, ctx, beats, resul
     os.environ.update(env)  # before anything initialises CUDA
     if affinity:
         os.sched_setaffinity(0, affinity)
+    inductor = sys.modules.get("torch._inductor.config")  # preloaded: set from the server's
+    if inductor is not None and inductor.compile_threads is not None:  # cores and environment
+        inductor.compile_threads = inductor.decide_compile_threads()  # at its start, not ours
     if netns is not None:  # before any socket or thread: both stay in the namespace
         _enter_netns(netns)
     import torch
@@ -357,6 +364,8 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
                     pass
                 code = p.exitcode
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                if _running(p):
+                    how = "cannot be watched: the fork server that started it ended"
                 failed(g, GMIError(f"GMI {g} {how} without a result; the run was stopped"))
             elif now - beats[g] > heartbeat_timeout_s:
                 failed(g, GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s "
@@ -384,6 +393,22 @@ def _killed_sibling(procs, g: int, done: dict, wait_s: float = 0.5) -> int | Non
         time.sleep(0.05)
 
 
+def _running(p) -> bool:
+    """Whether GMI process ``p`` may still run. A forked GMI's exit status comes from the fork
+    server: with the server gone (SIGTERM to the process group ends it at once, and so may the
+    OOM killer), multiprocessing reads every GMI as ended with code 255, so the kernel is asked
+    whether the process still exists."""
+    if p.is_alive():
+        return True
+    if not isinstance(p, mp.context.ForkServerProcess) or p.exitcode != 255:
+        return False
+    try:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) -> None:
     """Terminate, then kill, every GMI still running (``procs`` may end with one that never
     started); a GMI in ``grouped`` (started under a prefix, `_prefixed_python`) with its whole
@@ -392,7 +417,7 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
         try:
             if g in grouped:
                 os.killpg(p.pid, sig)  # the prefix and the GMI's Python under it
-            elif p.is_alive():
+            elif _running(p):
                 os.kill(p.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass  # already gone
@@ -404,6 +429,8 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
     deadline = time.time() + grace_s
     for g, p in started:
         p.join(timeout=max(0.0, deadline - time.time()))
-        if p.is_alive() or g in grouped:
+        while _running(p) and time.time() < deadline:  # its fork server gone, join cannot wait
+            time.sleep(0.05)
+        if _running(p) or g in grouped:
             signal_gmi(g, p, signal.SIGKILL)
             p.join(timeout=1.0)

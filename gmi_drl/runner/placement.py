@@ -224,12 +224,21 @@ class LocalPlacement:
 
     def describe(self) -> str:
         n = self.layout.num_gmis
-        how = ("forked by the fork server" if self.cfg.gmi.start_method == "forkserver"
-               else "spawned")
         where = ("one GMI in this process" if n == 1 and not self.prefixes
-                 else f"one process per GMI ({n}), {how}")
+                 else f"one process per GMI ({n}), {self._started()}")
         return (f"- placement: local: {where}\n" + self.layout.describe()
                 + _notes(self.cfg, n))
+
+
+    def _started(self) -> str:
+        """How the GMI processes were started: a GMI under a profiler is always spawned."""
+        n, profiled = self.layout.num_gmis, sorted(self.prefixes)
+        if self.cfg.gmi.start_method == "spawn" or len(profiled) == n:
+            return "spawned"
+        if not profiled:
+            return "forked by the fork server"
+        return (f"forked by the fork server, GMI {', '.join(map(str, profiled))} spawned "
+                "under the profiler")
 
 
 class RayPlacement:

@@ -15,10 +15,14 @@ def allreduce_rank(ctx):
 
 def started_with(ctx):
     """What this GMI found at its start: whether the training loop was imported before the
-    target (the fork server's preload), and the variables named in the payload."""
+    target (the fork server's preload), the variables named in the payload, and inductor's
+    compile threads (``None`` where inductor was not imported) beside this GMI's core count."""
     import sys
 
-    return "gmi_drl.runner.loop" in sys.modules, {k: os.environ.get(k) for k in ctx.payload}
+    inductor = sys.modules.get("torch._inductor.config")
+    return ("gmi_drl.runner.loop" in sys.modules, {k: os.environ.get(k) for k in ctx.payload},
+            None if inductor is None else inductor.compile_threads,
+            len(os.sched_getaffinity(0)))
 
 
 def fail_on_one(ctx):
@@ -78,4 +82,3 @@ def spin_until_interrupted(ctx):
     except KeyboardInterrupt:
         INTERRUPTED.add(ctx.gmi_id)
         raise
-

@@ -16,7 +16,7 @@ import torch
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
-from tests.procs import assert_group_gone, descendants, gmi_processes
+from tests.procs import assert_group_gone, descendants, fork_server, gmi_processes
 
 pytestmark = pytest.mark.distributed
 
@@ -133,11 +133,12 @@ launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
 START_SCRIPT = """
 import json, os, sys
 from gmi_drl.gmi.devices import discover
-from gmi_drl.gmi.launcher import launch
+from gmi_drl.gmi.launcher import COMPILER, launch
 from gmi_drl.gmi.layout import plan
 m, method, names = discover(), sys.argv[1], ["GMI_DRL_SET", "GMI_DRL_UNSET"]
 os.environ["GMI_DRL_UNSET"] = "before the first launch"
-first = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method)
+first = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method,
+               preload=COMPILER)
 os.environ["GMI_DRL_SET"] = "after the first launch"
 del os.environ["GMI_DRL_UNSET"]
 second = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method)
@@ -147,19 +148,22 @@ print(json.dumps([first, second]))
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_both_start_methods_give_gmis_the_controllers_environment_at_launch(method):
-    """Forked from the fork server, a GMI starts with the loops already imported; forked or
-    spawned, it sees the controller's environment as it is at each launch (the server's is the
-    one of the first launch)."""
+    """Forked from the fork server, a GMI starts with the loops (and the compiler) already
+    imported; forked or spawned, it sees the controller's environment as it is at each launch
+    (the server's is the one of the first launch), and inductor compiles on its own cores
+    (the server set its compile threads from all of them)."""
     out = subprocess.run([sys.executable, "-c", START_SCRIPT, method], capture_output=True,
                          text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = json.loads(out.stdout.splitlines()[-1])
-    preloaded = method == "forkserver"
-    assert first == [[preloaded, {"GMI_DRL_SET": None,
-                                  "GMI_DRL_UNSET": "before the first launch"}]] * 2
-    assert second == [[preloaded, {"GMI_DRL_SET": "after the first launch",
-                                   "GMI_DRL_UNSET": None}]] * 2
+    forked = method == "forkserver"
+    for gmis, env in [(first, {"GMI_DRL_SET": None, "GMI_DRL_UNSET": "before the first launch"}),
+                      (second, {"GMI_DRL_SET": "after the first launch", "GMI_DRL_UNSET": None})]:
+        assert [g[:2] for g in gmis] == [[forked, env]] * 2
+        for _, _, threads, cores in gmis:
+            assert threads == (min(32, cores) if forked else None)
+    assert sum(cores for *_, cores in first) <= len(os.sched_getaffinity(0))
 
 
 def test_an_unknown_start_method_is_refused():
@@ -193,11 +197,14 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
     assert_group_gone(proc.pid, shm_before)
 
 
-def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch):
+@pytest.mark.parametrize("method, cls", [("forkserver", "ForkServerProcess"),
+                                         ("spawn", "SpawnProcess")])
+def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch, method, cls):
     """Ctrl-C handled the moment `Process.start` returns, before the launcher's next line: the
     GMI just started is stopped with the others, so the interpreter's exit (which joins every
     non-daemonic child without a timeout) has none left to wait on."""
-    real_start = multiprocessing.context.ForkServerProcess.start
+    process = getattr(multiprocessing.context, cls)
+    real_start = process.start
     started = []
 
     def start(self):
@@ -206,18 +213,63 @@ def test_an_interrupt_as_a_gmi_starts_still_stops_it(monkeypatch):
         if self.name == "gmi-1":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(multiprocessing.context.ForkServerProcess, "start", start)
+    monkeypatch.setattr(process, "start", start)
     m = discover()
     try:
         with pytest.raises(KeyboardInterrupt):
-            launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
+            launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m, start_method=method)
         assert [p.name for p in started] == ["gmi-0", "gmi-1"]
         assert not [p.name for p in started if p.is_alive()], "a started GMI was left running"
     finally:
         for p in started:
             if p.is_alive():
                 p.kill()
-                p.join()
+
+
+SERVER_DIES_SCRIPT = """
+import sys
+from gmi_drl.gmi.devices import discover
+from gmi_drl.gmi.launcher import GMIError, launch
+from gmi_drl.gmi.layout import plan
+m = discover()
+print("launching", flush=True)
+try:
+    launch("tests.gmi.gmi_targets:sleep_long", plan(2, m), m)
+except GMIError as e:
+    print(e.summary, flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_fork_server_that_dies_stops_the_run_and_leaves_no_gmi():
+    """With its fork server gone (SIGTERM to the process group kills it at once, and so can the
+    OOM killer), the launcher can no longer learn its GMIs' exit status: every GMI reads as
+    ended. The run must still stop, and the GMIs that still run must be killed, not left."""
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_DIES_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        assert proc.stdout.readline().strip() == "launching"
+        deadline = time.time() + 60
+        while len(gmis := gmi_processes(proc.pid)) < 2:
+            assert time.time() < deadline, "the GMIs did not start"
+            time.sleep(0.1)
+        os.kill(fork_server(proc.pid), signal.SIGKILL)
+        killed = time.time()
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:  # the GMIs sleep 30 s: nothing stopped them
+            pytest.fail("the run went on for 15 s after its fork server died")
+        assert time.time() - killed < 10  # the launcher's grace period is 3 s
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    assert "cannot be watched: the fork server that started it ended" in out
+    assert not [pid for pid in gmis if os.path.exists(f"/proc/{pid}")
+                and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"], \
+        "a GMI outlived its run"
+    assert_group_gone(proc.pid, shm_before)
 
 
 def test_reduction_options_are_checked_before_any_process_starts():

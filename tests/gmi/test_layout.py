@@ -73,3 +73,19 @@ def test_async_layouts_give_each_role_its_own_device_set():
     assert one.mpl == ((0, 1, 2),)
     with pytest.raises(ValueError, match="trainer_share=1.0 must be in"):
         plan_async(1, 1, cpu, trainer_share=1.0)
+
+
+def test_the_local_placement_says_how_it_started_its_gmis():
+    from gmi_drl.config import preset
+    from gmi_drl.runner.placement import LocalPlacement
+
+    cfg = preset("classic", "CartPole-v1", "ppo")
+    place = LocalPlacement(cfg, plan(2, CPU), CPU, 1)
+    assert "one process per GMI (2), forked by the fork server\n" in place.describe()
+    place.prefixes = {1: ["nsys", "profile"]}
+    assert ("one process per GMI (2), forked by the fork server, GMI 1 spawned under the "
+            "profiler\n") in place.describe()
+    place.prefixes = {0: ["nsys"], 1: ["nsys"]}
+    assert "one process per GMI (2), spawned\n" in place.describe()
+    cfg.gmi.start_method, place.prefixes = "spawn", {}
+    assert "one process per GMI (2), spawned\n" in place.describe()
