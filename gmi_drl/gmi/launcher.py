@@ -288,6 +288,7 @@ def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, r
         procs.append(p)
         if prefix is None:
             p.start()
+            p.started_ticks = (_proc_stat(p.pid) or ("", None))[1]  # see `_running`
         else:
             with _interpreter(pctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
                 p.start()
@@ -330,8 +331,7 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
             raise error
         log.warning("%s; the run goes on without it", error.summary.removesuffix(
             "; the run was stopped"))
-        if procs[g].is_alive():
-            procs[g].kill()
+        _signal(procs[g], signal.SIGKILL)
         done[g] = None
 
     def received(status: str, g: int, value) -> None:
@@ -362,11 +362,7 @@ def _watch(procs, results, beats, heartbeat_timeout_s, poll_s,
                     continue
                 except queue.Empty:
                     pass
-                code = p.exitcode
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                if _running(p):
-                    how = "cannot be watched: the fork server that started it ended"
-                failed(g, GMIError(f"GMI {g} {how} without a result; the run was stopped"))
+                failed(g, GMIError(_ended(g, p)))
             elif now - beats[g] > heartbeat_timeout_s:
                 failed(g, GMIError(f"GMI {g} sent no heartbeat for {now - beats[g]:.0f} s "
                                    "(hung); the run was stopped"))
@@ -393,20 +389,63 @@ def _killed_sibling(procs, g: int, done: dict, wait_s: float = 0.5) -> int | Non
         time.sleep(0.05)
 
 
+def _ended(g: int, p) -> str:
+    """What became of GMI ``g``, whose process reads as ended without a result."""
+    if _running(p):
+        return (f"GMI {g} cannot be watched (the fork server that started it ended); the run "
+                "was stopped")
+    code = p.exitcode
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    if code == _NO_STATUS and isinstance(p, mp.context.ForkServerProcess):
+        how += " (or the fork server that started it ended)"
+    return f"GMI {g} {how} without a result; the run was stopped"
+
+
+_NO_STATUS = 255
+"""the exit code multiprocessing gives a forked GMI whose fork server ended before reporting"""
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time in clock ticks)`` of process ``pid`` from /proc, or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _running(p) -> bool:
     """Whether GMI process ``p`` may still run. A forked GMI's exit status comes from the fork
     server: with the server gone (SIGTERM to the process group ends it at once, and so may the
-    OOM killer), multiprocessing reads every GMI as ended with code 255, so the kernel is asked
-    whether the process still exists."""
+    OOM killer), multiprocessing reads every GMI as ended with `_NO_STATUS`, so the kernel is
+    asked whether the process still exists: under its pid, not a zombie, and started when the
+    GMI did (the pid of one that ended may have been given to another process since)."""
     if p.is_alive():
         return True
-    if not isinstance(p, mp.context.ForkServerProcess) or p.exitcode != 255:
+    if not isinstance(p, mp.context.ForkServerProcess) or p.exitcode != _NO_STATUS:
         return False
+    stat = _proc_stat(p.pid)
+    return (stat is not None and stat[0] != "Z"
+            and stat[1] == getattr(p, "started_ticks", None))
+
+
+def _signal(p, sig: int) -> None:
+    """Send ``sig`` to GMI process ``p`` if it may still run."""
     try:
-        with open(f"/proc/{p.pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        if _running(p):
+            os.kill(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _wait(p, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for GMI process ``p`` to end (a forked GMI whose server ended
+    cannot be joined: its state is polled)."""
+    deadline = time.time() + timeout_s
+    p.join(timeout=timeout_s)
+    while _running(p) and time.time() < deadline:
+        time.sleep(0.05)
 
 
 def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) -> None:
@@ -414,11 +453,10 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
     started); a GMI in ``grouped`` (started under a prefix, `_prefixed_python`) with its whole
     process group."""
     def signal_gmi(g: int, p, sig: int) -> None:
+        if g not in grouped:
+            return _signal(p, sig)
         try:
-            if g in grouped:
-                os.killpg(p.pid, sig)  # the prefix and the GMI's Python under it
-            elif _running(p):
-                os.kill(p.pid, sig)
+            os.killpg(p.pid, sig)  # the prefix and the GMI's Python under it
         except (ProcessLookupError, PermissionError):
             pass  # already gone
 
@@ -428,9 +466,7 @@ def _stop(procs, grouped: frozenset[int] = frozenset(), grace_s: float = 3.0) ->
         signal_gmi(g, p, signal.SIGTERM)
     deadline = time.time() + grace_s
     for g, p in started:
-        p.join(timeout=max(0.0, deadline - time.time()))
-        while _running(p) and time.time() < deadline:  # its fork server gone, join cannot wait
-            time.sleep(0.05)
+        _wait(p, max(0.0, deadline - time.time()))
         if _running(p) or g in grouped:
             signal_gmi(g, p, signal.SIGKILL)
-            p.join(timeout=1.0)
+            _wait(p, 1.0)
