@@ -9,8 +9,13 @@ start-up: the GMI processes, their imports, the envs and, with ``--compile``, to
 Printed: the median wall time of each (start method, GMIs, first / later run) and the ratio
 spawn / forkserver, with the methods alternating between repeats.
 
+``--steady NUM_ENVS`` instead compares the training rate once started: pairs of fresh runs of 2
+GMIs x NUM_ENVS (8 iterations, logged each), one per method, the method that goes first
+alternating; per run the median env steps/s of iterations 3-8; printed per pair and as medians.
+
     python benchmarks/launch.py                     # 2 and 4 GMIs, 3 repeats, no compile
     python benchmarks/launch.py --gmis 2 --compile  # with the compiled gradient step
+    python benchmarks/launch.py --steady 256 --compile --repeats 8
 """
 
 from __future__ import annotations
@@ -46,16 +51,65 @@ def one_process(method: str, gmis: int, compile_: bool) -> list[float]:
     return walls
 
 
+def steady_run(method: str, num_envs: int, compile_: bool) -> float:
+    """Median env steps/s of iterations 3-8 of a fresh 2-GMI CartPole-v1 run."""
+    import csv
+
+    from gmi_drl.config import preset, validate
+    from gmi_drl.train import train
+
+    cfg = preset("classic", "CartPole-v1", "ppo")
+    cfg.env.num_envs, cfg.gmi.num_gmis, cfg.gmi.start_method = num_envs, 2, method
+    cfg.compile, cfg.log.tensorboard, cfg.checkpoint.every = compile_, False, 0
+    cfg.log.log_every = 1
+    cfg.total_timesteps = 8 * 2 * num_envs * cfg.algo.num_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.run_dir = tmp
+        validate(cfg)
+        train(cfg)
+        with open(f"{tmp}/metrics.csv", newline="") as f:
+            sps = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "perf/sps"]
+    return statistics.median(sps[2:])
+
+
+def steady(num_envs: int, repeats: int, compile_: bool) -> None:
+    print(f"PPO CartPole-v1, 2 GMIs x {num_envs} envs, compile {'on' if compile_ else 'off'}: "
+          f"median env steps/s of iterations 3-8, {repeats} pairs of fresh runs\n")
+    print("| pair | first | forkserver | spawn | forkserver / spawn |\n|---:|---|---:|---:|---:|")
+    rates: dict[str, list[float]] = {m: [] for m in METHODS}
+    for pair in range(repeats):
+        order = METHODS if pair % 2 else METHODS[::-1]
+        for method in order:
+            cmd = [sys.executable, __file__, "--one-steady", method, str(num_envs)]
+            out = subprocess.run(cmd + (["--compile"] if compile_ else []),
+                                 capture_output=True, text=True, check=True)
+            rates[method].append(float(out.stdout.strip().splitlines()[-1]))
+        f, s = rates["forkserver"][-1], rates["spawn"][-1]
+        print(f"| {pair + 1} | {order[0]} | {f:,.0f} | {s:,.0f} | {f / s:.2f} |", flush=True)
+    ratios = [f / s for f, s in zip(rates["forkserver"], rates["spawn"])]
+    print(f"| median | | {statistics.median(rates['forkserver']):,.0f} | "
+          f"{statistics.median(rates['spawn']):,.0f} | {statistics.median(ratios):.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gmis", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true",
                         help="compile the gradient step (the default of a training run)")
+    parser.add_argument("--steady", type=int, metavar="NUM_ENVS",
+                        help="compare the training rate of 2 GMIs x NUM_ENVS instead")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--one-steady", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_process(args.one[0], int(args.one[1]), args.compile)))
+        return
+    if args.one_steady:
+        print(steady_run(args.one_steady[0], int(args.one_steady[1]), args.compile))
+        return
+    if args.steady:
+        steady(args.steady, args.repeats, args.compile)
         return
     print(f"PPO CartPole-v1, 4 envs per GMI, 2 iterations per run, compile "
           f"{'on' if args.compile else 'off'}; median of {args.repeats} fresh processes "
