@@ -55,6 +55,12 @@ def fork_server(pid: int) -> int | None:
                  if ppid == pid and state != "Z" and _SERVER in cmd), None)
 
 
+def running(pids) -> list[int]:
+    """Those of ``pids`` that still run (exist and have not ended as zombies)."""
+    table = _processes()
+    return [p for p in pids if p in table and table[p][2] != "Z"]
+
+
 def gmi_processes(pid: int) -> list[int]:
     """The GMIs of the controller ``pid``, oldest first (the launcher starts GMIs in id order):
     the children of its fork server, and those it spawned (a GMI under a prefix)."""

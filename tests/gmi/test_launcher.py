@@ -16,7 +16,7 @@ import torch
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
-from tests.procs import assert_group_gone, descendants, fork_server, gmi_processes
+from tests.procs import assert_group_gone, descendants, fork_server, gmi_processes, running
 
 pytestmark = pytest.mark.distributed
 
@@ -268,9 +268,7 @@ def test_a_fork_server_that_dies_stops_the_run_and_leaves_no_gmi():
         assert time.time() - killed < 10  # the launcher's grace period is 3 s
         assert "cannot be watched (the fork server that started it ended)" in line[0]
         assert proc.poll() is None
-        live = [pid for pid in gmis if os.path.exists(f"/proc/{pid}")
-                and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
-        assert not live, "the launcher left GMIs running"
+        assert not running(gmis), "the launcher left GMIs running"
         _, err = proc.communicate("\n", timeout=30)
     finally:
         proc.kill()
