@@ -238,7 +238,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
 
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.config import ConfigError
-    from gmi_drl.gmi.tune import TuneOptions, check_options, gmi_role, top_unit, tune
+    from gmi_drl.gmi.tune import TuneOptions, gmi_role, plan, top_unit, tune
     from gmi_drl.runner.preflight import preflight
 
     names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TuneOptions)}
@@ -253,7 +253,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
     try:
         options = tyro.cli(TuneOptions, args=mine, prog="gmi-drl tune")
         cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
-        check_options(options)
+        plan(cfg, options)  # every option and the --out directory, before the table starts
         preflight(cfg)  # an algorithm that cannot run the task fails here, not in every probe
     except (ConfigError, CheckpointError, OSError, ValueError) as e:
         print(f"gmi-drl tune: {e}", file=sys.stderr)
@@ -303,6 +303,10 @@ def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
                 else "see the reasons above, or widen --envs-min/--envs-max")
         print(f"gmi-drl tune: no runnable point ({len(r.points)} profiled); {hint}",
               file=sys.stderr)
+        earlier = report.out_dir / "tuned.json"
+        if earlier.exists():
+            print(f"gmi-drl tune: {earlier} is an earlier search's, left as it was",
+                  file=sys.stderr)
         return 1
     c = report.chosen
     print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} {gmis} per device: "

@@ -38,7 +38,9 @@ def run(config: dict, warmup: int, iterations: int, min_steps: int = 0) -> dict:
     per_gmi = cfg.algo.steps_per_iteration(cfg.env.num_envs)
     warmup += -(-getattr(cfg.algo, "learning_starts", 0) // per_gmi)
     with tempfile.TemporaryDirectory(prefix="gmi-drl-probe-") as tmp:
-        cfg.run_dir, cfg.total_timesteps = tmp, (warmup + iterations) * cfg.batch_size
+        # a probe is a fresh run in its own directory: it never continues the user's
+        cfg.run_dir, cfg.resume = tmp, None
+        cfg.total_timesteps = (warmup + iterations) * cfg.batch_size
         cfg.log.tensorboard, cfg.log.log_every, cfg.log.cpu_times = False, 1, True
         cfg.log.gpu_util_interval_s, cfg.checkpoint.every = 0.0, 0
         validate(cfg)

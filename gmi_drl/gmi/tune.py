@@ -593,38 +593,61 @@ class TuneReport:
     plot_path: Path | None
 
 
-def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None
-         ) -> TuneReport:
-    """Algorithm 2 on ``cfg`` (a validated `TrainConfig`): search, write ``tuned.json`` (the
-    config with the chosen ``env.num_envs`` and GMIs (`gmi_field`), under ``"config"``, and the
-    search under ``"tune"``), ``tune_cache.json`` and ``tune.png``. ``top`` is env steps per
-    second for sync_training and trained samples per second for async_training; the cost
-    model's predictions (synchronous templates) are made for sync_training only.
+@dataclass(frozen=True)
+class Plan:
+    """What a search covers, resolved from `TuneOptions` and the machine (`plan`)."""
+
+    devices: int
+    """devices the estimate projects to"""
+    cores: int
+    """CPU cores of one device"""
+    max_gmis: int
+    """GMIs per device the outer loop starts from"""
+    grid: list[int]
+    """num_envs per GMI of the inner loop"""
+    out: Path
+    """where tuned.json, tune_cache.json and tune.png go (created)"""
+    fingerprint: str
+    """the machine, in the cache key"""
+
+
+def plan(cfg, options: TuneOptions) -> Plan:
+    """Resolve the search of ``cfg`` under ``options`` on this machine and check everything that
+    can be checked before a probe runs; creates the ``--out`` directory.
 
     Raises:
-        ValueError: options that do not hold, or an async_training run over several devices.
+        ValueError: an option that cannot hold (all of them named), a ``cfg`` that resumes a run
+            (probes are fresh runs), an async_training run over several devices, an ``--out``
+            that is not a directory.
     """
-    from gmi_drl.config import to_dict
     from gmi_drl.gmi.devices import discover
 
+    check_options(options)
+    if cfg.resume:
+        raise ValueError(f"--resume {cfg.resume}: tune measures fresh short runs of the job and "
+                         "never continues a run; give the training flags without --resume (and "
+                         "train the tuned config with `gmi-drl train ALGO --config tuned.json`)")
     machine = discover()
     gpu = cfg.device == "cuda" and bool(machine.gpus)
-    check_options(options)
     devices = (options.num_devices if options.num_devices is not None
                else (len(machine.gpus) if gpu else 1))
     cores = len(machine.cpu_cores) if gpu else max(1, len(machine.cpu_cores) // devices)
+
     def given(value, default):
         return default if value is None else value
 
     max_gmis = given(options.max_gmis, 10 if gpu else cores)
     sim_on_gpu = gpu and envs_on_device(cfg)
-    grid = envs_grid(given(options.envs_min, 128 if sim_on_gpu else 2),
-                     given(options.envs_max, 16384 if sim_on_gpu else 256))
+    low = given(options.envs_min, 128 if sim_on_gpu else 2)
+    high = given(options.envs_max, 16384 if sim_on_gpu else 256)
+    if high < low:
+        raise ValueError(f"--envs-min {low} is above --envs-max {high}"
+                         + ("" if options.envs_max is not None and options.envs_min is not None
+                            else " (the default here); give both"))
+    grid = envs_grid(low, high)
     if cfg.is_async and devices > 1:
         raise ValueError("tune projects an async_training run onto one device only "
                          "(--num-devices 1)")
-    if max_gmis < 1:
-        raise ValueError(f"need --max-gmis >= 1 (got {max_gmis})")
     if devices > 1 and options.bw is None and max_gmis < 2:
         raise ValueError(f"projecting onto {devices} devices needs the bandwidth between them: "
                          "pass --bw BYTES_PER_S (benchmarks/reduce.py measures it), or let "
@@ -635,66 +658,106 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     except (FileExistsError, NotADirectoryError):
         raise ValueError(f"--out {out} is not a directory (a file is in the way); give a "
                          "directory for tuned.json, tune_cache.json and tune.png") from None
-    for stale in ("tuned.json", "tune.png"):  # a search that finds nothing leaves no old pick
-        (out / stale).unlink(missing_ok=True)
-    base = to_dict(cfg)
     fingerprint = (f"{machine.gpus if gpu else 'cpu'}:{len(machine.cpu_cores)}:{devices}:"
                    f"{os.uname().nodename}")
-    cache_path = out / "tune_cache.json"
+    return Plan(devices, cores, max_gmis, grid, out, fingerprint)
+
+
+def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None
+         ) -> TuneReport:
+    """Algorithm 2 on ``cfg`` (a validated `TrainConfig`): search, write ``tuned.json`` (the
+    config with the chosen ``env.num_envs`` and GMIs (`gmi_field`), under ``"config"``, and the
+    search under ``"tune"``), ``tune_cache.json`` and ``tune.png``. ``top`` is env steps per
+    second for sync_training and trained samples per second for async_training; the cost
+    model's predictions (synchronous templates) are made for sync_training only.
+
+    ``tuned.json`` and ``tune.png`` are replaced whole, and only by a search that chose a point:
+    one that is interrupted or finds nothing runnable leaves an earlier search's files as they
+    were (the report's ``tuned_path`` is then ``None``).
+
+    Raises:
+        ValueError: what `plan` refuses.
+    """
+    from gmi_drl.config import to_dict
+
+    p = plan(cfg, options)
+    base = to_dict(cfg)
+    cache_path = p.out / "tune_cache.json"
     if options.fresh and cache_path.exists():
         cache_path.unlink()
-    key = cache_key(base, options.warmup, options.iterations, fingerprint, options.min_steps,
+    key = cache_key(base, options.warmup, options.iterations, p.fingerprint, options.min_steps,
                     options.min_seconds)
-    tuner = Tuner(cfg, devices, cores, options.warmup, options.iterations, options.min_steps,
+    tuner = Tuner(cfg, p.devices, p.cores, options.warmup, options.iterations, options.min_steps,
                   options.probe_timeout_s, options.bw, PointCache(cache_path, key),
                   min_seconds=options.min_seconds)
     start = time.perf_counter()
     over = ((lambda: time.perf_counter() - start > options.budget_s)
             if options.budget_s is not None else (lambda: False))
-    result = search(range(max_gmis, 0, -1), grid, tuner.profile, tuner.estimate, options.alpha,
-                    over, on_point)
+    result = search(range(p.max_gmis, 0, -1), p.grid, tuner.profile, tuner.estimate,
+                    options.alpha, over, on_point)
     chosen, chosen_by = _choose(result)
     predictions, reference = [], None
     if chosen is not None and not cfg.is_async:  # Tables 4-5 model synchronous templates
-        reference = next((p for p in result.points if p.gmis == 1
-                          and p.num_envs == chosen.num_envs), None)
+        reference = next((pt for pt in result.points if pt.gmis == 1
+                          and pt.num_envs == chosen.num_envs), None)
         if reference is None and not over():
             reference = tuner.profile(1, chosen.num_envs)
             if on_point is not None:
                 on_point(reference)
         if reference is not None and reference.runnable:
-            predictions = compare(reference, [p for p in result.points
-                                              if p.num_envs == chosen.num_envs],
-                                  cores, tuner.bw_bytes_per_s or tuner.measured_bw)
+            predictions = compare(reference, [pt for pt in result.points
+                                              if pt.num_envs == chosen.num_envs],
+                                  p.cores, tuner.bw_bytes_per_s or tuner.measured_bw)
     wall = time.perf_counter() - start
-    tuned = None
+    tuned = plot_path = None
     if chosen is not None:
-        tuned = out / "tuned.json"
         best = json.loads(json.dumps(base))
         best["env"]["num_envs"] = chosen.num_envs
-        best["gmi"][gmi_field(cfg)] = chosen.gmis * devices
-        best["gmi"]["num_devices"] = devices if devices > 1 else None
+        best["gmi"][gmi_field(cfg)] = chosen.gmis * p.devices
+        best["gmi"]["num_devices"] = p.devices if p.devices > 1 else None
         best["run_dir"] = best["resume"] = best["config"] = None
-        tuned.write_text(json.dumps({"config": best, "tune": {
-            "num_envs": chosen.num_envs, "gmis_per_device": chosen.gmis, "num_devices": devices,
-            "chosen_by": chosen_by, "estimate": chosen.estimate or chosen.top,
-            "unit": top_unit(cfg), "gmis_counted": gmi_role(cfg),
-            "search_s": round(wall, 1), "points": len(result.points),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}}, indent=1))
-    plot_path = plot(result.points, chosen, out / "tune.png", top_unit(cfg), gmi_role(cfg))
-    return TuneReport(result, chosen, chosen_by, wall, predictions, reference, out, tuned,
+        tuned = _replace(p.out / "tuned.json", lambda f: f.write_text(json.dumps({
+            "config": best, "tune": {
+                "num_envs": chosen.num_envs, "gmis_per_device": chosen.gmis,
+                "num_devices": p.devices, "chosen_by": chosen_by,
+                "estimate": chosen.estimate or chosen.top, "unit": top_unit(cfg),
+                "gmis_counted": gmi_role(cfg), "search_s": round(wall, 1),
+                "points": len(result.points), "date": time.strftime("%Y-%m-%d %H:%M:%S")}},
+            indent=1)))
+        plot_path = _replace(p.out / "tune.png", lambda f: plot(
+            result.points, chosen, f, top_unit(cfg), gmi_role(cfg)))
+    return TuneReport(result, chosen, chosen_by, wall, predictions, reference, p.out, tuned,
                       plot_path)
+
+
+def _replace(path: Path, write: Callable[[Path], object]) -> Path:
+    """``write`` into a temporary file beside ``path``, then move it over ``path`` (a reader, or
+    an interrupted search, never sees a half-written file); ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def check_options(options: TuneOptions) -> None:
     """Raise ``ValueError`` naming every option that cannot hold, before any probe runs."""
+    def at_least(value, low):
+        return value is None or value >= low
+
     bad = [f"--{name} {value} (needs {need})" for name, value, ok, need in (
+        ("max-gmis", options.max_gmis, at_least(options.max_gmis, 1), ">= 1"),
+        ("envs-min", options.envs_min, at_least(options.envs_min, 1), ">= 1"),
+        ("envs-max", options.envs_max, at_least(options.envs_max, 1), ">= 1"),
         ("alpha", options.alpha, options.alpha >= 0, ">= 0"),
+        ("budget-s", options.budget_s, options.budget_s is None or options.budget_s > 0,
+         "> 0 seconds"),
         ("warmup", options.warmup, options.warmup >= 0, ">= 0"),
         ("iterations", options.iterations, options.iterations >= 1, ">= 1"),
         ("probe-timeout-s", options.probe_timeout_s, options.probe_timeout_s > 0, "> 0"),
-        ("num-devices", options.num_devices,
-         options.num_devices is None or options.num_devices >= 1, ">= 1"),
+        ("num-devices", options.num_devices, at_least(options.num_devices, 1), ">= 1"),
         ("bw", options.bw, options.bw is None or options.bw > 0, "> 0 bytes/s"),
         ("min-steps", options.min_steps, options.min_steps >= 0, ">= 0"),
         ("min-seconds", options.min_seconds, options.min_seconds >= 0, ">= 0"))
@@ -763,6 +826,6 @@ def plot(points: list[Point], chosen: Point | None, path: Path, unit: str = "env
         ax.legend(fontsize=8)
     fig.suptitle("gmi-drl tune (GMI-DRL Algorithm 2)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
     return path

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
+from gmi_drl.gmi import probe
 from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
 from tests.procs import group_members
@@ -402,7 +403,9 @@ def test_probe_measure_splits_the_iteration_into_the_roles():
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("max_gmis", 0, "max-gmis"), ("envs_min", 0, "num_envs grid"),
+    ("max_gmis", 0, "--max-gmis 0 \\(needs >= 1\\)"), ("envs_min", 0, "--envs-min 0"),
+    ("envs_max", 1, "--envs-min 2 is above --envs-max 1 \\(the default here\\)"),
+    ("budget_s", 0.0, "--budget-s 0.0 \\(needs > 0 seconds\\)"),
     ("iterations", 0, "iterations"),
     ("probe_timeout_s", 0.0, "probe-timeout-s 0.0 \\(needs > 0\\)"),
     ("num_devices", -1, "num-devices -1"), ("bw", 0.0, "--bw 0.0"),
@@ -415,8 +418,28 @@ def test_tune_refuses_bad_options_before_profiling(tmp_path, field, value, match
     assert not (tmp_path / "tune_cache.json").exists()
 
 
-def test_tune_out_must_be_a_directory_and_a_fruitless_search_leaves_no_old_pick(tmp_path,
-                                                                                capsys):
+def test_tune_refuses_to_resume_a_run_and_a_probe_never_continues_one(tmp_path, capsys):
+    """A probe that resumed the user's run would train it on and rewrite its files."""
+    from gmi_drl.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--env.task-id", "CartPole-v1", "--env.num-envs", "2",
+                 "--algo.num-steps", "8", "--total-timesteps", "32", "--no-compile",
+                 "--run-dir", str(run)]) == 0
+    before = {f: f.stat().st_mtime_ns for f in run.rglob("*") if f.is_file()}
+    capsys.readouterr()
+    assert main(["tune", "--resume", str(run), "--max-gmis", "1",
+                 "--out", str(tmp_path / "t")]) == 2
+    assert "tune measures fresh short runs" in capsys.readouterr().err
+    cfg = preset("auto", "CartPole-v1", "ppo")
+    cfg.env.num_envs, cfg.algo.num_steps, cfg.compile, cfg.resume = 2, 8, False, str(run)
+    figures = probe.run(to_dict(cfg), warmup=0, iterations=1)
+    assert figures["top"] > 0
+    assert {f: f.stat().st_mtime_ns for f in run.rglob("*") if f.is_file()} == before
+
+
+def test_tune_out_must_be_a_directory_and_a_fruitless_search_keeps_the_earlier_pick(tmp_path,
+                                                                                    capsys):
     from gmi_drl.cli import main
 
     cfg = preset("auto", "CartPole-v1", "ppo")
@@ -430,8 +453,13 @@ def test_tune_out_must_be_a_directory_and_a_fruitless_search_leaves_no_old_pick(
     out = tmp_path / "tune"
     out.mkdir()
     (out / "tuned.json").write_text("{}")  # from an earlier search
-    report = tune(cfg, TuneOptions(out=str(out), max_gmis=1, budget_s=0.0))
-    assert report.chosen is None and not (out / "tuned.json").exists()
+    report = tune(cfg, TuneOptions(out=str(out), max_gmis=1, budget_s=1e-9))
+    assert report.chosen is None and report.tuned_path is None
+    assert (out / "tuned.json").read_text() == "{}"
+    assert not list(out.glob("*.tmp"))
+    capsys.readouterr()
+    assert main(["tune", "--out", str(out), "--max-gmis", "1", "--budget-s", "1e-9"]) == 1
+    assert "tuned.json is an earlier search's, left as it was" in capsys.readouterr().err
 
 
 def test_tune_refuses_an_algorithm_the_task_cannot_run_before_probing(tmp_path, capsys):
