@@ -620,7 +620,7 @@ def validate(cfg: TrainConfig) -> None:
          f"env.num_workers={e.num_workers} must be in [1, env.num_envs={e.num_envs}] or None")
     errors += cfg.algo.validate(e.num_envs, cfg.gmi.num_gmis)
     starts = getattr(cfg.algo, "learning_starts", None)
-    if starts is not None and cfg.total_timesteps >= cfg.batch_size:
+    if starts is not None and e.num_envs >= 1 and cfg.total_timesteps >= cfg.batch_size:
         per_gmi = cfg.num_iterations * cfg.algo.steps_per_iteration(e.num_envs)
         need(starts <= per_gmi, f"algo.learning_starts={starts:,} env steps, but each GMI "
              f"takes {per_gmi:,}: nothing would be trained; lower --algo.learning-starts or "
@@ -664,6 +664,9 @@ def validate(cfg: TrainConfig) -> None:
          f"preset={cfg.preset!r} must be one of {['auto', *PRESETS.get(algo, {})]}")
     if cfg.resume is not None:  # (a run made from --config keeps that path in its config)
         need(os.path.exists(cfg.resume), f"resume={cfg.resume!r} does not exist")
+    elif cfg.run_dir is not None and not cfg.run_dir.strip():
+        errors.append(f"run_dir={cfg.run_dir!r} is empty: give a directory (or leave "
+                      "--run-dir out for a new one under runs/)")
     elif cfg.run_dir is not None:
         # a run stopped before its first checkpoint holds nothing to continue: it starts over
         need(not list_checkpoints(cfg.run_dir),
@@ -718,7 +721,13 @@ def _fits(value, hint) -> bool | None:
         fits = [_fits(value, a) for a in args]
         return True if True in fits else (False if all(x is False for x in fits) else None)
     if origin in (tuple, list):
-        return isinstance(value, (tuple, list))
+        if not isinstance(value, (tuple, list)):
+            return False
+        item = args[0] if len(args) == 1 or (len(args) == 2 and args[1] is ...) else None
+        if item is None:
+            return None
+        fits = [_fits(v, item) for v in value]
+        return False if False in fits else (None if None in fits else True)
     return None
 
 
@@ -728,6 +737,8 @@ def _describe(hint) -> str:
         return f"one of {list(args)}"
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in args)
+    if origin in (tuple, list) and args:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
     return {bool: "true or false", int: "an int", float: "a number", str: "a string",
             type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
 

@@ -44,6 +44,10 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
+    (tmp_path / "afile").write_text("")
+    assert main(["train", "ppo", "--run-dir", str(tmp_path / "afile" / "sub"),
+                 "--total-timesteps", "1024"]) == 2
+    assert "cannot create the run directory" in capsys.readouterr().err
 
 
 def test_dqn_through_the_cli_with_its_own_flags(tmp_path, capsys):

@@ -110,6 +110,20 @@ def test_fields_of_the_wrong_type_or_not_finite_are_named():
     cfg.seed = -1
     with pytest.raises(ConfigError, match="seed=-1 must be >= 0"):
         validate(cfg)
+    cfg = preset("classic")  # a list's items, as a config file gives them
+    cfg.profile.iterations, cfg.profile.ranks = ["1"], [0, "a"]
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    for msg in ("profile.iterations=['1'] must be a list of ints",
+                "profile.ranks=[0, 'a'] must be a list of ints"):
+        assert msg in str(e.value)
+
+
+@pytest.mark.parametrize("run_dir", ["", "  "])
+def test_an_empty_run_dir_is_refused(run_dir):
+    """It would put the run's files straight into the working directory."""
+    with pytest.raises(ConfigError, match="is empty: give a directory"):
+        validate(TrainConfig(run_dir=run_dir))
 
 
 def test_existing_run_dir_needs_resume_once_it_holds_a_checkpoint(tmp_path):

@@ -160,11 +160,15 @@ class Run:
         ``--resume`` of the same directory is refused instead of writing beside this one.
 
         Raises:
-            ConfigError: another process holds the directory.
+            ConfigError: another process holds the directory, or it cannot be created.
         """
         import fcntl
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {self.run_dir}: {e.strerror}; "
+                              "choose another --run-dir") from None
         with open(self.run_dir / ".lock", "a+") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
