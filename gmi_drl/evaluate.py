@@ -111,8 +111,15 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
                     returns[i].append(float(info["episode_return"][i]))
                     lengths[i].append(int(info["episode_length"][i]))
     video_path = _record(cfg.env.task_id, acting, obs_norm, deterministic, seed,
-                         resolve_checkpoint(path).parent.parent) if video else None
+                         _video_dir(resolve_checkpoint(path))) if video else None
     return EvalReport(np.array(sum(returns, [])), np.array(sum(lengths, []), np.int64), video_path)
+
+
+def _video_dir(checkpoint: Path) -> Path:
+    """Where ``eval --video`` writes: the run directory of a checkpoint in its
+    ``checkpoints/``, else the folder the checkpoint lies in."""
+    folder = checkpoint.parent
+    return folder.parent if folder.name == "checkpoints" else folder
 
 
 def _act(acting: Acting, obs_norm, obs, space, deterministic) -> np.ndarray:

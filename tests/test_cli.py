@@ -345,3 +345,13 @@ def test_exit_status_of_a_stopped_command(monkeypatch):
 
     monkeypatch.setattr(cli, "_eval", interrupted)
     assert cli.main(["eval"]) == 130  # the SIGTERM above belonged to an earlier command
+
+
+def test_eval_video_goes_to_the_run_or_beside_a_loose_checkpoint(tmp_path):
+    """The run directory for ``RUN/checkpoints/x.pt``; the checkpoint's own folder otherwise
+    (its grandparent could be ``/`` or a folder the user never named)."""
+    from gmi_drl.evaluate import _video_dir
+
+    assert _video_dir(tmp_path / "run" / "checkpoints" / "x.pt") == tmp_path / "run"
+    assert _video_dir(tmp_path / "loose" / "sub" / "hop.pt") == tmp_path / "loose" / "sub"
+    assert _video_dir(Path("/x.pt")) == Path("/")
