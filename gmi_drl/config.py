@@ -599,6 +599,7 @@ def validate(cfg: TrainConfig) -> None:
     """
     from gmi_drl.checkpoint import list_checkpoints
     from gmi_drl.envs import engines, list_tasks
+    from gmi_drl.envs.native_tasks import mujoco_unavailable
 
     errors = field_type_errors(cfg)
     if errors:  # (the rules below compare values: they need the right types)
@@ -610,7 +611,12 @@ def validate(cfg: TrainConfig) -> None:
             errors.append(msg)
 
     known = e.task_id in list_tasks() or e.task_id in gym.registry
-    need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id")
+    no_mujoco = mujoco_unavailable()
+    need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id"
+         + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else ""))
+    if known and no_mujoco and task_family(e.task_id) == "mujoco":
+        errors.append(f"env.task_id={e.task_id!r} needs MuJoCo: {no_mujoco}")
+        known = False
     if known:
         names = engines(e.task_id)
         need(e.engine == "auto" or e.engine in names,

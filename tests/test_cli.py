@@ -355,3 +355,19 @@ def test_eval_video_goes_to_the_run_or_beside_a_loose_checkpoint(tmp_path):
     assert _video_dir(tmp_path / "run" / "checkpoints" / "x.pt") == tmp_path / "run"
     assert _video_dir(tmp_path / "loose" / "sub" / "hop.pt") == tmp_path / "loose" / "sub"
     assert _video_dir(Path("/x.pt")) == Path("/")
+
+
+def test_a_mujoco_that_cannot_import_spares_the_other_tasks(tmp_path, monkeypatch):
+    """``MUJOCO_GL`` naming a backend the machine lacks (``osmesa`` without libOSMesa) breaks
+    ``import mujoco`` itself: CartPole must still train, and a MuJoCo task must say why not."""
+    monkeypatch.setenv("MUJOCO_GL", "no-such-backend")
+    ok = _run(["train", "ppo", *BASE, "--total-timesteps", "128", "--no-compile", "--run-dir",
+               str(tmp_path / "cartpole")], tmp_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "the MuJoCo tasks are unavailable" in ok.stderr
+    bad = _run(["train", "ppo", "--env.task-id", "Hopper-v5", "--run-dir",
+                str(tmp_path / "hopper")], tmp_path)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "env.task_id='Hopper-v5' needs MuJoCo" in bad.stderr
+    assert "MUJOCO_GL=no-such-backend names a rendering backend" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "hopper").exists()
