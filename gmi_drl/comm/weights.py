@@ -103,17 +103,29 @@ class WeightStore:
                 _unpack(scratch, arrays)
                 return version
 
+    def __del__(self) -> None:
+        # a GMI stopped inside its clean-up (SIGTERM after Ctrl-C) drops its store unclosed:
+        # release the views before the mapping, or the mapping's own __del__ prints a
+        # BufferError at exit (the owner's block is unlinked only by `close`)
+        if getattr(self, "_shm", None) is not None:
+            self._release()
+
     def close(self) -> None:
         if self._shm is None:
             return
+        shm = self._release()
+        if self._owner:
+            shm.unlink()
+
+    def _release(self) -> shared_memory.SharedMemory:
+        """Drop the views and close the mapping; the block itself stays."""
+        shm, self._shm = self._shm, None
         self._bufs = self._latest = self._seq = self._version = None
         try:
-            self._shm.close()
+            shm.close()
         except BufferError:  # a caller still holds a view
-            self._shm.close = lambda: None
-        if self._owner:
-            self._shm.unlink()
-        self._shm = None
+            shm.close = lambda: None
+        return shm
 
 
 def _pack(arrays: Sequence[np.ndarray], out: np.ndarray) -> None:

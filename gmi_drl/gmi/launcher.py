@@ -121,14 +121,33 @@ def _gmi_main(gmi_id, environ, env, affinity, threads, target, ctx, beats, resul
                 os._exit(70)
 
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
-    # `_stop` ends a GMI with SIGTERM: as an exception, so that `run_target` leaves its group
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, _stop_once)
+    signal.signal(signal.SIGINT, _stop_once)
     try:
         results.put(("ok", gmi_id, run_target(target, ctx)))
     except BaseException:
         results.put(("error", gmi_id, traceback.format_exc()))
     finally:  # past the target, a stop may kill outright: an exception in atexit would print
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _stop_once(signum: int, _frame) -> None:
+    """A GMI's handler of Ctrl-C (SIGINT to the terminal's process group) and of `_stop`'s
+    SIGTERM: the first of them unwinds the target as an exception, so that it leaves its group
+    and closes its shared memory; later ones do nothing, since `_stop` follows Ctrl-C at once
+    and would cut that clean-up short (SIGKILL follows a grace period anyway). It never changes
+    a handler itself: a signal already pending for a handler set to SIG_IGN raises OSError."""
+    global _STOPPING
+    if _STOPPING:
+        return
+    _STOPPING = True
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(128 + signum)
+
+
+_STOPPING = False
 
 
 def run_target(target: str, ctx: GMIContext) -> Any:
