@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import tyro
@@ -110,7 +111,8 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     if resume is not None:
         default = _resumed_config(resume)
         if default.algo_name != algo:
-            raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}")
+            raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}: run "
+                              f"{prog} {default.algo_name} --resume {resume}")
     elif config is not None:
         default = load_config_file(config)
         if default.algo_name != algo:
@@ -124,7 +126,13 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     cfg = tyro.cli(TrainConfig, args=tyro_args, default=default,
                    prog=prog if len(ALGORITHMS) > 1 else f"{prog} {algo}",
                    description=TrainConfig.__doc__, config=(tyro.conf.CascadeSubcommandArgs,))
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        if config is None:
+            raise
+        raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag given "
+                          "after it overrides a field)") from None
     return cfg
 
 
@@ -135,10 +143,17 @@ def _resumed_config(resume: str):
     Raises:
         CheckpointError: no checkpoint that loads. ConfigError: neither holds a config.
     """
-    from gmi_drl.checkpoint import find_loadable, resolve_checkpoint
+    from gmi_drl.checkpoint import CheckpointError, find_loadable, resolve_checkpoint
     from gmi_drl.config import ConfigError, from_dict
 
-    ckpt = resolve_checkpoint(resume)
+    try:
+        ckpt = resolve_checkpoint(resume)
+    except CheckpointError as e:
+        if not (Path(resume) / "config.json").is_file():
+            raise
+        raise CheckpointError(f"{e}: the run stopped before its first checkpoint, so nothing "
+                              f"can be continued; start it over with --run-dir {resume} "
+                              "instead of --resume") from None
     try:
         return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
@@ -382,7 +397,6 @@ BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "algos": "al
 
 def _bench(args: list[str], debug: bool = False) -> int:
     import runpy
-    from pathlib import Path
 
     listing = "\n".join(f"  {name:<9} benchmarks/{script}.py"
                         for name, script in BENCHMARKS.items())

@@ -1006,6 +1006,10 @@ def from_dict(data: dict) -> TrainConfig:
             no or an unknown algorithm, or a section that is no object.
     """
     algo = data.get("algo") if isinstance(data, dict) else None
+    if isinstance(algo, dict) and len(algo) > 1:
+        raise ConfigError(f"the config's \"algo\" section names {len(algo)} algorithms "
+                          f"({', '.join(map(repr, algo))}): it holds one, "
+                          "{\"<name>\": {...fields}}")
     if not (isinstance(algo, dict) and len(algo) == 1):
         raise ConfigError("the config has no \"algo\": {\"<name>\": {...}} section: a config file "
                           "is a whole run config (a run's config.json, or tuned.json from "

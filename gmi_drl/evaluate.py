@@ -54,7 +54,12 @@ def load_policy(path: str | Path, seed: int = 0
     except (TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{resolve_checkpoint(path)}: not a usable checkpoint: its config "
                               f"does not hold: {e}") from None
-    spec = envs.task_spec(cfg.env.task_id)
+    try:
+        spec = envs.task_spec(cfg.env.task_id)
+    except ValueError as e:  # a task registered by code of the training process, not this one
+        raise CheckpointError(f"{resolve_checkpoint(path)}: its task cannot be made here: {e} "
+                              "(a task registered with gmi_drl.envs.register must be registered "
+                              "again, or its package installed, before eval)") from None
     ctx = AlgoContext(spec, cfg.env.num_envs, cfg.model, cfg.num_iterations, cfg.seed,
                       functools.partial(make_grad_step, compile=False),  # (schedules: as trained)
                       torch.Generator().manual_seed(seed))

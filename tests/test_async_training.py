@@ -159,6 +159,7 @@ def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "no checkpoint was written: run the same command to start over" in err
     assert_group_gone(proc.pid, shm_before)
 
 

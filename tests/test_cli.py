@@ -371,3 +371,43 @@ def test_a_mujoco_that_cannot_import_spares_the_other_tasks(tmp_path, monkeypatc
     assert "env.task_id='Hopper-v5' needs MuJoCo" in bad.stderr
     assert "MUJOCO_GL=no-such-backend names a rendering backend" in bad.stderr
     assert "Traceback" not in bad.stderr and not (tmp_path / "hopper").exists()
+
+
+def test_resume_refusals_say_which_command_would_work(finished, tmp_path, capsys):
+    assert main(["train", "dqn", "--resume", str(finished)]) == 2
+    assert f"is a ppo run, not dqn: run gmi-drl train ppo --resume {finished}" in (
+        capsys.readouterr().err)
+    early = tmp_path / "early"  # a run stopped before its first checkpoint
+    early.mkdir()
+    (early / "config.json").write_text((finished / "config.json").read_text())
+    assert main(["train", "ppo", "--resume", str(early)]) == 2
+    assert f"start it over with --run-dir {early} instead of --resume" in capsys.readouterr().err
+
+
+def test_eval_of_a_task_not_registered_here_names_the_checkpoint(finished, tmp_path, capsys):
+    import torch
+
+    from gmi_drl.checkpoint import list_checkpoints
+
+    state = torch.load(list_checkpoints(finished)[0], weights_only=False)
+    state["config"]["env"]["task_id"] = "NotRegisteredHere-v0"
+    path = tmp_path / "elsewhere.pt"
+    torch.save(state, path)
+    assert main(["eval", str(path), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: its task cannot be made here: unknown task_id='NotRegisteredHere-v0'" in err
+
+
+def test_config_file_errors_name_the_file_and_a_second_algorithm(finished, tmp_path, capsys):
+    data = json.loads((finished / "config.json").read_text())
+    data["env"]["num_envs"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert main(["train", "ppo", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "env.num_envs=0 must be >= 1" in err and f"came from --config {bad}" in err
+    data = json.loads((finished / "config.json").read_text())
+    data["algo"]["dqn"] = {}
+    bad.write_text(json.dumps(data))
+    assert main(["train", "ppo", "--config", str(bad)]) == 2
+    assert "\"algo\" section names 2 algorithms ('ppo', 'dqn')" in capsys.readouterr().err

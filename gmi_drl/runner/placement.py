@@ -68,8 +68,10 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
                       reduction=g.reduction)
     except ValueError as e:  # a layout this machine cannot hold: the config's fault
         raise ConfigError(f"invalid config:\n  gmi: {e}") from None
-    log.info("GMI layout %s, backend %s, reduction %s", layout.mpl, layout.backend.value,
-             layout.reduction.value)
+    log.info("%d GMI(s), %s, backend %s, gradient reduction %s", layout.num_gmis,
+             " | ".join(f"device {d}: GMI {', '.join(map(str, g))}"
+                        for d, g in enumerate(layout.mpl)), layout.backend.value,
+             layout.reduction.value if layout.num_gmis > 1 else "none (one GMI)")
     if cfg.placement == "serial":
         try:
             return SerialPlacement(cfg, layout, capacity)

@@ -69,8 +69,8 @@ def preflight(cfg: TrainConfig):
             hint = (f" (gmi-drl's Atari tasks drop the ALE/ prefix: --env.task-id {task[4:]} "
                     "is the game with the standard Atari preprocessing)")
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"env.task_id={task!r} with {cfg.algo_name}: {type(e).__name__}: "
-                          f"{first}{hint}") from None
+        raise ConfigError(f"{cfg.algo_name} cannot run this config on {task}: {first}{hint}"
+                          ) from None
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:

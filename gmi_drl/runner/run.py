@@ -61,6 +61,8 @@ class RunStopped(RuntimeError):
         elif list_checkpoints(run.run_dir):
             self.next_step = (f"continue with: gmi-drl train {run.config.algo_name} "
                               f"--resume {run.run_dir}")
+        elif isinstance(cause, KeyboardInterrupt):  # nothing went wrong to deal with first
+            self.next_step = "no checkpoint was written: run the same command to start over"
         else:
             self.next_step = ("no checkpoint was written: once the cause above is dealt with, "
                               "run the same command again")
