@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import logging
 import math
 import os
 import types
@@ -580,7 +581,12 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
     if name == "auto":  # an algorithm without a preset of the task's family: its general one
         own = f"gmi-{task_id.split('-gmi-')[0].lower()}" if task_id and "-gmi-" in task_id else ""
         name = own if own in PRESETS[algo] else task_family(task_id) if task_id else "classic"
-        name = name if name in PRESETS[algo] else "classic"
+        if name not in PRESETS[algo]:
+            logging.getLogger(__name__).warning(
+                "%s has no preset for %s tasks: %s starts from its 'classic' preset (settings "
+                "made for CartPole); give flags or another --preset for what it needs", algo,
+                name, task_id)
+            name = "classic"
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "
                           f"for {algo}")

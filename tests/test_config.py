@@ -268,3 +268,14 @@ def test_the_auto_preset_of_a_warp_task_is_its_own():
     assert cfg.model.actor_hidden == "256:128:64"
     assert preset("auto", "Ant-gmi-v0", "a2c").preset == "classic"  # a2c has no gmi-* preset
     assert preset("auto", "Hopper-v5").preset == "mujoco"
+
+
+def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
+    with caplog.at_level("WARNING", logger="gmi_drl.config"):
+        cfg = preset("auto", "Hopper-v5", "a2c")
+    assert cfg.preset == "classic"
+    assert "a2c has no preset for mujoco tasks: Hopper-v5 starts from its 'classic'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gmi_drl.config"):
+        assert preset("auto", "Hopper-v5", "ppo").preset == "mujoco"
+    assert not caplog.text
