@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -120,6 +121,16 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     return EvalReport(np.array(sum(returns, [])), np.array(sum(lengths, []), np.int64), video_path)
 
 
+def _render_hint(task_id: str) -> str:
+    """What usually makes ``task_id`` render, for the skip message (Gymnasium's own message
+    already names the package a classic-control task lacks)."""
+    from gmi_drl.config import task_family
+
+    if task_family(task_id) == "mujoco" and not os.environ.get("MUJOCO_GL"):
+        return "; on a machine without a display, set MUJOCO_GL=egl"
+    return ""
+
+
 def _video_dir(checkpoint: Path) -> Path:
     """Where ``eval --video`` writes: the run directory of a checkpoint in its
     ``checkpoints/``, else the folder the checkpoint lies in."""
@@ -155,7 +166,8 @@ def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path) -> Pa
         obs, _ = env.reset(seed=seed)
         env.render()
     except Exception as e:  # noqa: BLE001 - a task that cannot render gets no video, only a note
-        log.warning("video skipped: %s cannot render rgb_array (%s)", task_id, e)
+        log.warning("video skipped: %s cannot render rgb_array (%s)%s", task_id, e,
+                    _render_hint(task_id))
         return None
     frames = []
     done = False

@@ -411,3 +411,13 @@ def test_config_file_errors_name_the_file_and_a_second_algorithm(finished, tmp_p
     bad.write_text(json.dumps(data))
     assert main(["train", "ppo", "--config", str(bad)]) == 2
     assert "\"algo\" section names 2 algorithms ('ppo', 'dqn')" in capsys.readouterr().err
+
+
+def test_a_skipped_mujoco_video_says_how_to_render_headless(monkeypatch):
+    from gmi_drl.evaluate import _render_hint
+
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    assert "set MUJOCO_GL=egl" in _render_hint("Hopper-v5")
+    assert _render_hint("CartPole-v1") == ""
+    monkeypatch.setenv("MUJOCO_GL", "egl")  # chosen already: the error says the rest
+    assert _render_hint("Hopper-v5") == ""
