@@ -2,15 +2,17 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# CPU wheel where no NVIDIA driver is present; the default (CUDA) build otherwise.
+# pip's torch build for this platform: on Linux from PyPI the CUDA one (several GB). For the
+# CPU-only wheel: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH  := torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev,bench,ray,gpu]"
 	touch $@
 

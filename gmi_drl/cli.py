@@ -41,7 +41,8 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,train,algos,update,reduce,switch,gmi,learning,profile,tune,launch} [flags]
+  gmi-drl bench {env,engines,faces,train,algos,update,reduce,switch,switch-training,gmi,async,
+                 gpu-sim,learning,profile,tune,probe-noise,launch} [flags]
       (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
@@ -327,6 +328,8 @@ def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
     print(f"\nchosen ({report.chosen_by}): num_envs {c.num_envs}, {c.gmis} {gmis} per device: "
           f"{c.top:,.0f} {unit} measured; search {report.wall_s:.0f} s, "
           f"{len(r.points)} points ({sum(p.cached for p in r.points)} from the cache)")
+    if report.no_model:
+        print(f"\ncost model: not predicted: {report.no_model}")
     if report.predictions:
         ref = report.reference
         print(f"\ncost model (GMI-DRL Tables 4-5, eqs. 2-3) from the terms of 1 GMI alone at "
@@ -388,17 +391,18 @@ def _switch(args: list[str], debug: bool = False) -> int:
     return switch_main(args)
 
 
-BENCHMARKS = {"env": "env_throughput", "train": "train_throughput", "algos": "algo_throughput",
-              "update": "ppo_update",
-              "reduce": "reduce", "switch": "switch", "gmi": "gmi_scaling",
+BENCHMARKS = {"env": "env_throughput", "engines": "mujoco_engines", "faces": "faces",
+              "train": "train_throughput", "algos": "algo_throughput", "update": "ppo_update",
+              "reduce": "reduce", "switch": "switch", "switch-training": "switch_training",
+              "gmi": "gmi_scaling", "async": "async_training", "gpu-sim": "gpu_sim",
               "learning": "learning", "profile": "profile_overhead", "tune": "tune",
-              "launch": "launch"}
+              "probe-noise": "probe_noise", "launch": "launch"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:
     import runpy
 
-    listing = "\n".join(f"  {name:<9} benchmarks/{script}.py"
+    listing = "\n".join(f"  {name:<16} benchmarks/{script}.py"
                         for name, script in BENCHMARKS.items())
     if args[:1] in (["-h"], ["--help"]):
         print(f"usage: gmi-drl bench NAME [flags]   (gmi-drl bench NAME --help: its flags)\n"

@@ -102,9 +102,11 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     assert "must be one of" in capsys.readouterr().err
     assert main(["bench", "--help"]) == 0
     listing = capsys.readouterr().out
-    bench_line = next(line for line in USAGE.splitlines() if "gmi-drl bench {" in line)
-    assert set(bench_line.split("{")[1].split("}")[0].split(",")) == set(BENCHMARKS)
+    names = USAGE.split("gmi-drl bench {")[1].split("}")[0]
+    assert set(names.replace("\n", "").replace(" ", "").split(",")) == set(BENCHMARKS)
     assert all(f"benchmarks/{script}.py" in listing for script in BENCHMARKS.values())
+    scripts = {p.stem for p in (Path(__file__).parent.parent / "benchmarks").glob("*.py")}
+    assert scripts == set(BENCHMARKS.values())  # every script has a name
     with pytest.raises(SystemExit) as exit_:
         main(["switch", "serve", "--help"])
     assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out

@@ -591,6 +591,8 @@ class TuneReport:
     out_dir: Path
     tuned_path: Path | None
     plot_path: Path | None
+    no_model: str | None = None
+    """why ``predictions`` is empty, where a point was chosen"""
 
 
 @dataclass(frozen=True)
@@ -696,8 +698,10 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     result = search(range(p.max_gmis, 0, -1), p.grid, tuner.profile, tuner.estimate,
                     options.alpha, over, on_point)
     chosen, chosen_by = _choose(result)
-    predictions, reference = [], None
-    if chosen is not None and not cfg.is_async:  # Tables 4-5 model synchronous templates
+    predictions, reference, no_model = [], None, None
+    if chosen is not None and cfg.is_async:
+        no_model = "Tables 4-5 model synchronous templates; this is an async_training run"
+    elif chosen is not None:
         reference = next((pt for pt in result.points if pt.gmis == 1
                           and pt.num_envs == chosen.num_envs), None)
         if reference is None and not over():
@@ -708,6 +712,12 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
             predictions = compare(reference, [pt for pt in result.points
                                               if pt.num_envs == chosen.num_envs],
                                   p.cores, tuner.bw_bytes_per_s or tuner.measured_bw)
+        elif reference is None:
+            no_model = (f"the --budget-s ended before its reference, 1 GMI at num_envs "
+                        f"{chosen.num_envs}, was measured")
+        else:
+            no_model = (f"its reference, 1 GMI at num_envs {chosen.num_envs}, did not run: "
+                        f"{reference.reason}")
     wall = time.perf_counter() - start
     tuned = plot_path = None
     if chosen is not None:
@@ -727,7 +737,7 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
         plot_path = _replace(p.out / "tune.png", lambda f: plot(
             result.points, chosen, f, top_unit(cfg), gmi_role(cfg)))
     return TuneReport(result, chosen, chosen_by, wall, predictions, reference, p.out, tuned,
-                      plot_path)
+                      plot_path, no_model)
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> Path:

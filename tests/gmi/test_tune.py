@@ -349,6 +349,7 @@ def test_tune_searches_serving_gmis_of_an_async_run(tmp_path):
     # the trainer's and both serving GMIs' peak memory: the largest
     assert all(p.mem > 100 * 2**20 for p in report.search.points)
     assert report.predictions == []  # Tables 4-5 model synchronous templates only
+    assert "an async_training run" in report.no_model
     tuned = json.loads(report.tuned_path.read_text())["config"]
     assert tuned["gmi"]["serving_gmis"] == report.chosen.gmis
     assert tuned["gmi"]["trainer_gmis"] == 1 and tuned["env"]["num_envs"] == report.chosen.num_envs
