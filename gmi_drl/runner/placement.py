@@ -44,6 +44,15 @@ class Placement(Protocol):
         """Markdown lines: where the GMIs ran and how they reduced (after `launch`)."""
 
 
+def _warn_shared_cores(gmis: int, cores: int) -> None:
+    """More CPU GMIs than cores: they take turns on a core each, which costs throughput
+    (`gmi-drl tune` measures how much)."""
+    if gmis > cores:
+        log.warning("%d GMIs on %d CPU core(s): GMIs share cores (%.1f GMIs per core), so each "
+                    "runs slower; `gmi-drl tune` measures which count is fastest here", gmis,
+                    cores, gmis / cores)
+
+
 def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
     """The placement of ``cfg.placement`` for ``cfg.gmi``'s layout; ``capacity``: the most
     float32 values one allreduce carries (shared-memory sizing).
@@ -72,6 +81,8 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
              " | ".join(f"device {d}: GMI {', '.join(map(str, g))}"
                         for d, g in enumerate(layout.mpl)), layout.backend.value,
              layout.reduction.value if layout.num_gmis > 1 else "none (one GMI)")
+    if layout.backend.value == "cpu" and cfg.placement != "ray":
+        _warn_shared_cores(layout.num_gmis, len(machine.cpu_cores))
     if cfg.placement == "serial":
         try:
             return SerialPlacement(cfg, layout, capacity)

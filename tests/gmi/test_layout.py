@@ -89,3 +89,13 @@ def test_the_local_placement_says_how_it_started_its_gmis():
     assert "one process per GMI (2), spawned\n" in place.describe()
     cfg.gmi.start_method, place.prefixes = "spawn", {}
     assert "one process per GMI (2), spawned\n" in place.describe()
+
+
+def test_more_cpu_gmis_than_cores_is_warned(caplog):
+    from gmi_drl.runner.placement import _warn_shared_cores
+
+    with caplog.at_level("WARNING", logger="gmi_drl.runner.placement"):
+        _warn_shared_cores(2, 2)
+        assert not caplog.text
+        _warn_shared_cores(4, 2)
+    assert "4 GMIs on 2 CPU core(s): GMIs share cores (2.0 GMIs per core)" in caplog.text
