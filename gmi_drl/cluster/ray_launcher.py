@@ -182,6 +182,7 @@ def _join(address: str) -> None:
         ray.init(address=address)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first.replace("`--address` flag", "--ray.address")  # Ray's flag, not ours
         raise PlacementError(f"could not join the Ray cluster at {address}: {first}; {how}",
                              "", "") from None
 
