@@ -87,8 +87,8 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     policy's mode (Gaussian mean, arg-max) instead of sampling (DQN: epsilon-greedy at the
     epsilon its schedule had reached at the checkpoint). Observations pass through the
     normaliser saved with the checkpoint, frozen. With ``video``, one further episode is rendered
-    (``rgb_array``) and written next to the checkpoint's run (``eval.mp4`` with imageio-ffmpeg,
-    else ``eval.gif``); skipped, with a log message, when the task does not render or imageio is
+    (``rgb_array``) and written into the checkpoint's run directory, or beside a checkpoint
+    that lies outside one (``eval.mp4`` with imageio-ffmpeg, else ``eval.gif``); skipped, with a log message, when the task does not render or imageio is
     absent.
 
     Raises:
