@@ -8,7 +8,7 @@
     gmi-drl train ppo --config tune/Hopper-v5-ppo/tuned.json --total-timesteps 1000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
-    gmi-drl bench env|train|algos|update|reduce|switch|gmi|learning|profile|tune|launch [benchmark flags]
+    gmi-drl bench NAME [benchmark flags]     (gmi-drl bench --help: the names)
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
 
 An expected failure (a GMI or env worker that dies, a checkpoint that does not load, a switch
@@ -150,11 +150,16 @@ def _resumed_config(resume: str):
     try:
         ckpt = resolve_checkpoint(resume)
     except CheckpointError as e:
-        if not (Path(resume) / "config.json").is_file():
+        stored = Path(resume) / "config.json"
+        if not stored.is_file():
             raise
+        try:
+            algo = next(iter(json.loads(stored.read_text())["algo"]))
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            algo = "ALGO"
         raise CheckpointError(f"{e}: the run stopped before its first checkpoint, so nothing "
-                              f"can be continued; start it over with --run-dir {resume} "
-                              "instead of --resume") from None
+                              "can be continued; start it over with its own config: gmi-drl "
+                              f"train {algo} --config {stored} --run-dir {resume}") from None
     try:
         return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
@@ -268,6 +273,11 @@ def _tune(args: list[str], debug: bool = False) -> int:
         tyro.cli(TuneOptions, args=["--help"], prog="gmi-drl tune")
     try:
         options = tyro.cli(TuneOptions, args=mine, prog="gmi-drl tune")
+        for flag in ("--resume", "--run-dir"):  # before the config, whose errors would send
+            if _flag_value(rest, flag) is not None:  # the user on to use them
+                raise ConfigError(f"{flag} is for gmi-drl train: tune measures fresh short runs "
+                                  "in scratch directories and writes its files to --out; train "
+                                  "the result with gmi-drl train ALGO --config tuned.json")
         cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
         plan(cfg, options)  # every option and the --out directory, before the table starts
         preflight(cfg)  # an algorithm that cannot run the task fails here, not in every probe

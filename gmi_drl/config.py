@@ -580,12 +580,13 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
         raise ConfigError(f"algo={algo!r} must be one of {list(PRESETS)}")
     if name == "auto":  # an algorithm without a preset of the task's family: its general one
         own = f"gmi-{task_id.split('-gmi-')[0].lower()}" if task_id and "-gmi-" in task_id else ""
-        name = own if own in PRESETS[algo] else task_family(task_id) if task_id else "classic"
-        if name not in PRESETS[algo]:
+        family = task_family(task_id) if task_id else "classic"
+        name = own if own in PRESETS[algo] else family
+        if name not in PRESETS[algo] or (own and name != own):  # (a warp task is "classic")
             logging.getLogger(__name__).warning(
-                "%s has no preset for %s tasks: %s starts from its 'classic' preset (settings "
-                "made for CartPole); give flags or another --preset for what it needs", algo,
-                name, task_id)
+                "%s has no preset for %s: %s starts from its 'classic' preset (settings made "
+                "for CartPole); give flags or another --preset for what it needs", algo,
+                task_id if own else f"{family} tasks", task_id)
             name = "classic"
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "
@@ -620,11 +621,12 @@ def validate(cfg: TrainConfig) -> None:
     no_mujoco = mujoco_unavailable()
     need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id"
          + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else ""))
-    if known and no_mujoco and task_family(e.task_id) == "mujoco":
-        errors.append(f"env.task_id={e.task_id!r} needs MuJoCo: {no_mujoco}")
-        known = False
-    if known:
-        names = engines(e.task_id)
+    try:
+        names = engines(e.task_id) if known else []
+    except ValueError as err:  # a MuJoCo task where MuJoCo does not import
+        errors.append(f"env.{err}")
+        names = []
+    if names:
         need(e.engine == "auto" or e.engine in names,
              f"env.engine={e.engine!r} must be one of {['auto', *names]} for {e.task_id}")
     need(e.num_envs >= 1, f"env.num_envs={e.num_envs} must be >= 1")
@@ -750,7 +752,9 @@ def _describe(hint) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in args)
     if origin in (tuple, list) and args:
-        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+        plain = {bool: "booleans", int: "ints", float: "numbers", str: "strings"}
+        return (f"a list of {plain[args[0]]}" if args[0] in plain
+                else f"a list, each {_describe(args[0])}")
     return {bool: "true or false", int: "an int", float: "a number", str: "a string",
             type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
 

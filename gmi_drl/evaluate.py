@@ -88,8 +88,8 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     epsilon its schedule had reached at the checkpoint). Observations pass through the
     normaliser saved with the checkpoint, frozen. With ``video``, one further episode is rendered
     (``rgb_array``) and written into the checkpoint's run directory, or beside a checkpoint
-    that lies outside one (``eval.mp4`` with imageio-ffmpeg, else ``eval.gif``); skipped, with a log message, when the task does not render or imageio is
-    absent.
+    that lies outside one (``eval.mp4`` with imageio-ffmpeg, else ``eval.gif``); skipped, with
+    a log message, when the task does not render or imageio is absent.
 
     Raises:
         CheckpointError: see `load_policy`. ValueError: ``episodes < 1``, ``num_envs < 1`` or

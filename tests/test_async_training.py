@@ -147,7 +147,7 @@ def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gmi_drl.cli", "train", "appo", "--gmi.serving-gmis", "2",
          "--total-timesteps", "100000000", "--no-compile", "--log.no-tensorboard",
-         "--run-dir", str(run)],
+         "--checkpoint.every", "0", "--run-dir", str(run)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:  # metrics.csv: the GMIs run

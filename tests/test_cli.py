@@ -47,7 +47,7 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     (tmp_path / "afile").write_text("")
     assert main(["train", "ppo", "--run-dir", str(tmp_path / "afile" / "sub"),
                  "--total-timesteps", "1024"]) == 2
-    assert "cannot create the run directory" in capsys.readouterr().err
+    assert "cannot write the run directory" in capsys.readouterr().err
 
 
 def test_dqn_through_the_cli_with_its_own_flags(tmp_path, capsys):
@@ -373,6 +373,10 @@ def test_a_mujoco_that_cannot_import_spares_the_other_tasks(tmp_path, monkeypatc
     assert "env.task_id='Hopper-v5' needs MuJoCo" in bad.stderr
     assert "MUJOCO_GL=no-such-backend names a rendering backend" in bad.stderr
     assert "Traceback" not in bad.stderr and not (tmp_path / "hopper").exists()
+    spec = subprocess.run([sys.executable, "-c", "import gmi_drl.envs as e\ntry:\n"
+                           "    e.task_spec('Hopper-v5')\nexcept ValueError as x:\n    print(x)"],
+                          capture_output=True, text=True, timeout=120)  # what eval builds on
+    assert "task_id='Hopper-v5' needs MuJoCo" in spec.stdout, spec.stderr[-2000:]
 
 
 def test_resume_refusals_say_which_command_would_work(finished, tmp_path, capsys):
@@ -383,7 +387,8 @@ def test_resume_refusals_say_which_command_would_work(finished, tmp_path, capsys
     early.mkdir()
     (early / "config.json").write_text((finished / "config.json").read_text())
     assert main(["train", "ppo", "--resume", str(early)]) == 2
-    assert f"start it over with --run-dir {early} instead of --resume" in capsys.readouterr().err
+    assert (f"start it over with its own config: gmi-drl train ppo --config "
+            f"{early / 'config.json'} --run-dir {early}") in capsys.readouterr().err
 
 
 def test_eval_of_a_task_not_registered_here_names_the_checkpoint(finished, tmp_path, capsys):

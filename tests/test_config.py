@@ -277,5 +277,11 @@ def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
     assert "a2c has no preset for mujoco tasks: Hopper-v5 starts from its 'classic'" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
+        assert preset("auto", "Ant-gmi-v0", "a2c").preset == "classic"  # its family: classic
+    assert "a2c has no preset for Ant-gmi-v0: Ant-gmi-v0 starts from" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gmi_drl.config"):
         assert preset("auto", "Hopper-v5", "ppo").preset == "mujoco"
+        assert preset("auto", "Ant-gmi-v0", "ppo").preset == "gmi-ant"
+        assert preset("auto", "CartPole-v1", "a2c").preset == "classic"
     assert not caplog.text

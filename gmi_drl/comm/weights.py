@@ -104,9 +104,9 @@ class WeightStore:
                 return version
 
     def __del__(self) -> None:
-        # a GMI stopped inside its clean-up (SIGTERM after Ctrl-C) drops its store unclosed:
-        # release the views before the mapping, or the mapping's own __del__ prints a
-        # BufferError at exit (the owner's block is unlinked only by `close`)
+        # a store dropped unclosed (a clean-up that raised before reaching it): release the
+        # views before the mapping, or the mapping's own __del__ prints a BufferError at exit
+        # (the owner's block is unlinked only by `close`)
         if getattr(self, "_shm", None) is not None:
             self._release()
 

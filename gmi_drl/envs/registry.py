@@ -96,16 +96,36 @@ def _entry(task_id: str) -> TaskEntry | None:
     return entry
 
 
+def _problem(task_id: str, entry: TaskEntry | None) -> str | None:
+    """Why ``task_id`` cannot be made here: unknown, or a MuJoCo task where MuJoCo cannot be
+    imported (`native_tasks.mujoco_unavailable`); None where it can."""
+    from gmi_drl.envs.native_tasks import mujoco_unavailable
+
+    no_mujoco = mujoco_unavailable()
+    if entry is None:
+        return (f"unknown task_id={task_id!r}"
+                + (f" (the MuJoCo tasks are unavailable: {no_mujoco})" if no_mujoco else ""))
+    spec = gym.registry.get(task_id)
+    if no_mujoco and spec is not None and "mujoco" in str(spec.entry_point):
+        return f"task_id={task_id!r} needs MuJoCo: {no_mujoco}"
+    return None
+
+
+def _known(task_id: str) -> TaskEntry:
+    entry = _entry(task_id)
+    problem = _problem(task_id, entry)
+    if problem is not None:
+        raise ValueError(problem)
+    return entry
+
+
 def engines(task_id: str) -> list[str]:
     """The engines ``task_id`` has, in the order ``engine="auto"`` tries them.
 
     Raises:
-        ValueError: unknown ``task_id``.
+        ValueError: unknown ``task_id``, or a MuJoCo task where MuJoCo does not import.
     """
-    entry = _entry(task_id)
-    if entry is None:
-        raise ValueError(f"unknown task_id={task_id!r}")
-    return entry.order()
+    return _known(task_id).order()
 
 
 def task_spec(task_id: str, engine: str = "auto", **task_kwargs: Any) -> EnvSpec:
@@ -114,11 +134,10 @@ def task_spec(task_id: str, engine: str = "auto", **task_kwargs: Any) -> EnvSpec
     made in this process.
 
     Raises:
-        ValueError: unknown ``task_id``, or as `make`.
+        ValueError: unknown ``task_id``, a MuJoCo task where MuJoCo does not import, or as
+            `make`.
     """
-    entry = _entry(task_id)
-    if entry is None:
-        raise ValueError(f"unknown task_id={task_id!r}")
+    entry = _known(task_id)
     kwargs = {**entry.kwargs, **task_kwargs}
     _, chosen = entry.select(engine, kwargs)
     if chosen.spec is not None:
@@ -195,6 +214,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if entry is None:
         errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
                       "nor a Gymnasium id")
+    elif (problem := _problem(task_id, entry)) is not None:
+        errors.append(problem)
     try:
         seeds = env_seeds(seed, num_envs)
     except ValueError as e:

@@ -136,8 +136,9 @@ def _stop_once(signum: int, _frame) -> None:
     """A GMI's handler of Ctrl-C (SIGINT to the terminal's process group) and of `_stop`'s
     SIGTERM: the first of them unwinds the target as an exception, so that it leaves its group
     and closes its shared memory; later ones do nothing, since `_stop` follows Ctrl-C at once
-    and would cut that clean-up short (SIGKILL follows a grace period anyway). It never changes
-    a handler itself: a signal already pending for a handler set to SIG_IGN raises OSError."""
+    and would cut that clean-up short (SIGKILL follows a grace period anyway). It ignores
+    them by returning, not by setting SIG_IGN: a signal that arrived before such a change and
+    is handled after it makes Python raise ``OSError`` ("ignored due to race condition")."""
     global _STOPPING
     if _STOPPING:
         return
@@ -162,27 +163,21 @@ def run_target(target: str, ctx: GMIContext) -> Any:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
     except BaseException:  # failed or stopped: still leave, or a switch holds the job (and
-        with contextlib.suppress(Exception), _stop_deferred():  # refuses the resumed run)
+        _cleaning_up()  # refuses the resumed run)
+        with contextlib.suppress(Exception):
             ctx.close()
         raise
+    _cleaning_up()
     ctx.close()
     return result
 
 
-@contextlib.contextmanager
-def _stop_deferred():
-    """SIGTERM (`_stop`'s) ignored inside the block, where this is the main thread: leaving
-    the reduction group takes a moment that the stop, which follows Ctrl-C at once, must not
-    cut short (SIGKILL follows a grace period anyway)."""
-    try:
-        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread (a Ray actor's worker thread): nothing to defer
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+def _cleaning_up() -> None:
+    """From here on `_stop_once` ignores Ctrl-C and SIGTERM: leaving the reduction group takes
+    a moment that the stop, which follows Ctrl-C at once, must not cut short (SIGKILL follows a
+    grace period anyway)."""
+    global _STOPPING
+    _STOPPING = True
 
 
 def _enter_netns(name: str) -> None:

@@ -608,14 +608,14 @@ class Plan:
     grid: list[int]
     """num_envs per GMI of the inner loop"""
     out: Path
-    """where tuned.json, tune_cache.json and tune.png go (created)"""
+    """where tuned.json, tune_cache.json and tune.png go (`tune` creates it)"""
     fingerprint: str
     """the machine, in the cache key"""
 
 
 def plan(cfg, options: TuneOptions) -> Plan:
     """Resolve the search of ``cfg`` under ``options`` on this machine and check everything that
-    can be checked before a probe runs; creates the ``--out`` directory.
+    can be checked before a probe runs (nothing is written).
 
     Raises:
         ValueError: an option that cannot hold (all of them named), a ``cfg`` that resumes a run
@@ -643,9 +643,11 @@ def plan(cfg, options: TuneOptions) -> Plan:
     low = given(options.envs_min, 128 if sim_on_gpu else 2)
     high = given(options.envs_max, 16384 if sim_on_gpu else 256)
     if high < low:
-        raise ValueError(f"--envs-min {low} is above --envs-max {high}"
-                         + ("" if options.envs_max is not None and options.envs_min is not None
-                            else " (the default here); give both"))
+        def shown(flag, value, given):
+            return f"--{flag} {value}" + ("" if given is not None else " (the default here)")
+
+        raise ValueError(f"{shown('envs-min', low, options.envs_min)} is above "
+                         f"{shown('envs-max', high, options.envs_max)}: give both")
     grid = envs_grid(low, high)
     if cfg.is_async and devices > 1:
         raise ValueError("tune projects an async_training run onto one device only "
@@ -655,11 +657,10 @@ def plan(cfg, options: TuneOptions) -> Plan:
                          "pass --bw BYTES_PER_S (benchmarks/reduce.py measures it), or let "
                          "--max-gmis be 2+ so that the probes' own reductions measure one")
     out = Path(options.out or f"tune/{cfg.env.task_id}-{cfg.algo_name}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"--out {out} is not a directory (a file is in the way); give a "
-                         "directory for tuned.json, tune_cache.json and tune.png") from None
+    existing = next(p for p in (out, *out.parents) if p.exists())  # ("." or "/" at last)
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(f"--out {out} is not a directory ({existing} is a file); give a "
+                         "directory for tuned.json, tune_cache.json and tune.png")
     fingerprint = (f"{machine.gpus if gpu else 'cpu'}:{len(machine.cpu_cores)}:{devices}:"
                    f"{os.uname().nodename}")
     return Plan(devices, cores, max_gmis, grid, out, fingerprint)
@@ -683,6 +684,7 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     from gmi_drl.config import to_dict
 
     p = plan(cfg, options)
+    p.out.mkdir(parents=True, exist_ok=True)
     base = to_dict(cfg)
     cache_path = p.out / "tune_cache.json"
     if options.fresh and cache_path.exists():

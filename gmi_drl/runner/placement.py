@@ -65,6 +65,9 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
     from gmi_drl.gmi.layout import plan
 
     machine, g = discover(), cfg.gmi
+    if cfg.placement == "local" and cfg.device == "cpu":  # a process per GMI, on these cores
+        _warn_shared_cores(g.serving_gmis + g.trainer_gmis if cfg.is_async else g.num_gmis,
+                           len(machine.cpu_cores))
     if cfg.is_async:
         from gmi_drl.runner.async_placement import AsyncPlacement
 
@@ -81,8 +84,6 @@ def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
              " | ".join(f"device {d}: GMI {', '.join(map(str, g))}"
                         for d, g in enumerate(layout.mpl)), layout.backend.value,
              layout.reduction.value if layout.num_gmis > 1 else "none (one GMI)")
-    if layout.backend.value == "cpu" and cfg.placement != "ray":
-        _warn_shared_cores(layout.num_gmis, len(machine.cpu_cores))
     if cfg.placement == "serial":
         try:
             return SerialPlacement(cfg, layout, capacity)

@@ -162,16 +162,17 @@ class Run:
         ``--resume`` of the same directory is refused instead of writing beside this one.
 
         Raises:
-            ConfigError: another process holds the directory, or it cannot be created.
+            ConfigError: another process holds the directory, or it cannot be written.
         """
         import fcntl
 
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            f = open(self.run_dir / ".lock", "a+")
         except OSError as e:
-            raise ConfigError(f"cannot create the run directory {self.run_dir}: {e.strerror}; "
+            raise ConfigError(f"cannot write the run directory {self.run_dir}: {e.strerror}; "
                               "choose another --run-dir") from None
-        with open(self.run_dir / ".lock", "a+") as f:
+        with f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -405,7 +405,7 @@ def test_probe_measure_splits_the_iteration_into_the_roles():
 
 @pytest.mark.parametrize("field, value, match", [
     ("max_gmis", 0, "--max-gmis 0 \\(needs >= 1\\)"), ("envs_min", 0, "--envs-min 0"),
-    ("envs_max", 1, "--envs-min 2 is above --envs-max 1 \\(the default here\\)"),
+    ("envs_max", 1, "--envs-min 2 \\(the default here\\) is above --envs-max 1: give both"),
     ("budget_s", 0.0, "--budget-s 0.0 \\(needs > 0 seconds\\)"),
     ("iterations", 0, "iterations"),
     ("probe_timeout_s", 0.0, "probe-timeout-s 0.0 \\(needs > 0\\)"),
@@ -431,9 +431,14 @@ def test_tune_refuses_to_resume_a_run_and_a_probe_never_continues_one(tmp_path, 
     capsys.readouterr()
     assert main(["tune", "--resume", str(run), "--max-gmis", "1",
                  "--out", str(tmp_path / "t")]) == 2
-    assert "tune measures fresh short runs" in capsys.readouterr().err
+    assert "--resume is for gmi-drl train: tune measures fresh short runs" in (
+        capsys.readouterr().err)
+    assert main(["tune", "--run-dir", str(run), "--max-gmis", "1"]) == 2
+    assert "--run-dir is for gmi-drl train" in capsys.readouterr().err
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.env.num_envs, cfg.algo.num_steps, cfg.compile, cfg.resume = 2, 8, False, str(run)
+    with pytest.raises(ValueError, match="tune measures fresh short runs"):
+        tune(cfg, TuneOptions(out=str(tmp_path / "t"), max_gmis=1))  # the API refuses it too
     figures = probe.run(to_dict(cfg), warmup=0, iterations=1)
     assert figures["top"] > 0
     assert {f: f.stat().st_mtime_ns for f in run.rglob("*") if f.is_file()} == before
@@ -468,10 +473,10 @@ def test_tune_refuses_an_algorithm_the_task_cannot_run_before_probing(tmp_path, 
 
     t0 = time.perf_counter()
     assert main(["tune", "--algo", "dqn", "--env.task-id", "Pendulum-v1", "--max-gmis", "1",
-                 "--out", str(tmp_path)]) == 2
+                 "--out", str(tmp_path / "out")]) == 2
     assert "Discrete" in capsys.readouterr().err
     assert time.perf_counter() - t0 < 10  # no probe ran (one takes longer)
-    assert not (tmp_path / "tune_cache.json").exists()
+    assert not (tmp_path / "out").exists()  # nothing written
 
 
 def test_estimate_projects_to_more_devices_with_the_allreduce_term():
