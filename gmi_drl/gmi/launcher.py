@@ -163,21 +163,34 @@ def run_target(target: str, ctx: GMIContext) -> Any:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()  # an MPS client must finish its GPU work before it exits
     except BaseException:  # failed or stopped: still leave, or a switch holds the job (and
-        _cleaning_up()  # refuses the resumed run)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), _cleaning_up():  # refuses the resumed run)
             ctx.close()
         raise
-    _cleaning_up()
-    ctx.close()
+    with _cleaning_up():
+        ctx.close()
     return result
 
 
-def _cleaning_up() -> None:
-    """From here on `_stop_once` ignores Ctrl-C and SIGTERM: leaving the reduction group takes
-    a moment that the stop, which follows Ctrl-C at once, must not cut short (SIGKILL follows a
-    grace period anyway)."""
+@contextlib.contextmanager
+def _cleaning_up():
+    """Leaving the reduction group takes a moment that the stop, which follows Ctrl-C at once,
+    must not cut short (SIGKILL follows a grace period anyway): in a GMI process `_stop_once`
+    ignores Ctrl-C and SIGTERM from here on; in the main thread of the controller (a GMI run in
+    its process) SIGTERM waits for the block."""
     global _STOPPING
-    _STOPPING = True
+    if signal.getsignal(signal.SIGTERM) is _stop_once:
+        _STOPPING = True
+        yield
+        return
+    try:
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a Ray actor's, a serial GMI's): nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _enter_netns(name: str) -> None:
