@@ -164,3 +164,50 @@ def test_learns_pendulum(tmp_path, algo):
     cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / algo)
     returns = train(cfg).episode_returns
     assert len(returns) == 40 and np.mean(returns[-5:]) > -600, returns
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "td3"])
+def test_updates_equal_stable_baselines3_on_the_same_batches(algo):
+    """Same weights, the same minibatches and the same target-smoothing noise: after 12
+    gradient steps (TD3: 6 actor steps and target updates) the four networks equal SB3's
+    ``train``'s to float32 rounding (SB3 draws its noise with ``normal_`` from torch's global
+    RNG, the learner with ``randn`` from its own generator: the same numbers, seeded alike)."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    from gmi_drl.rollout.replay import ReplayBatch
+
+    cls, cfg_cls, ref_cls = {"ddpg": (DDPG, DDPGConfig, sb3.DDPG),
+                             "td3": (TD3, TD3Config, sb3.TD3)}[algo]
+    ref = ref_cls("MlpPolicy", gym.make("Pendulum-v1"), learning_rate=1e-3, batch_size=32,
+                  gamma=0.9, tau=0.05, policy_kwargs=dict(net_arch=[16]), seed=0,
+                  device="cpu")
+    ref.set_logger(Logger(None, []))
+    ours = _learner(cls, cfg_cls, batch_size=32, gamma=0.9, tau=0.05, learning_starts=0)
+    pairs = [(ours.actor, ref.actor), (ours.actor_target, ref.actor_target),
+             (ours.critics, ref.critic), (ours.critics_target, ref.critic_target)]
+    with torch.no_grad():
+        for mine, theirs in pairs:
+            for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+                p.copy_(q)
+    rng = np.random.default_rng(0)
+    batches = [[torch.as_tensor(x, dtype=torch.float32) for x in (
+        rng.normal(size=(32, 3)), rng.uniform(-1, 1, (32, 1)), rng.normal(size=32),
+        rng.normal(size=(32, 3)), rng.random(32) < 0.2)] for _ in range(12)]
+    theirs, mine = iter(batches), iter(batches)
+    ref.replay_buffer.sample = lambda *_, **__: (lambda o, a, r, n, t: ReplayBufferSamples(
+        o, a, n, t[:, None], r[:, None]))(*next(theirs))
+    ours.replay = type("Batches", (), {"sample": lambda self, *_: ReplayBatch(
+        *next(mine), torch.full((32,), 0.9))})()
+    ours.env_steps = 1
+    for k in range(12):
+        torch.manual_seed(k)
+        ref.train(gradient_steps=1, batch_size=32)
+        ours.generator.manual_seed(k)
+        ours.update()
+    assert ours.critic_step.optimizer.steps == 12
+    assert ours.actor_step.optimizer.steps == (6 if algo == "td3" else 12)
+    for mine, theirs in pairs:
+        for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
