@@ -160,7 +160,9 @@ def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     tb = "".join(traceback.format_exception(err.value))
     summary = GMIError.raised(0, tb).summary
     assert summary.startswith(f"GMI 0 raised SwitchError: worker 0: no complete group at switch "
-                              f"127.0.0.1:{port} within 0.5 s")
+                              f"127.0.0.1:{port} within 0.5 s (the switch never answered: "
+                              "is one running there (gmi-drl switch serve --bind "
+                              f"127.0.0.1:{port})")
     assert "\n" not in summary
 
 

@@ -177,10 +177,12 @@ class SwitchReducer(GradReducer):
         while not (self._joined and self._ready):
             now = time.monotonic()
             if now > deadline:
-                raise SwitchError(
-                    f"worker {self.rank}: no complete group at switch {self._where} within "
-                    f"{timeout_s} s (joined={self._joined}; are all {self.world_size} workers "
-                    f"and the switches up?)")
+                why = (f"joined, but not all {self.world_size} workers did: are they all "
+                       "started, with the same --gmi.switch-addr?" if self._joined else
+                       "the switch never answered: is one running there (gmi-drl switch serve "
+                       f"--bind {self._where}), and does a firewall let UDP through?")
+                raise SwitchError(f"worker {self.rank}: no complete group at switch "
+                                  f"{self._where} within {timeout_s} s ({why})")
             self._send_join(now)
             self._poll(min(0.1, deadline - now))
 

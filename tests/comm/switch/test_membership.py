@@ -70,6 +70,13 @@ def test_foreign_job_and_bad_token_are_refused(switches):
     assert sw.stats()["foreign_job_dropped"] == 2
 
 
+def test_a_group_that_never_completes_says_the_other_workers_are_missing(switches):
+    sw = switches()
+    with pytest.raises(RuntimeError, match=f"no complete group at switch {sw.addr} within 0.5 s "
+                       r"\(joined, but not all 2 workers did: are they all started"):
+        SwitchReducer(sw.addr, 0, 2, join_timeout_s=0.5)
+
+
 @pytest.mark.distributed
 def test_a_threshold_below_the_workers_is_refused_at_join(switches):
     """With H < N a round would complete without some workers (the faster one running ahead,
