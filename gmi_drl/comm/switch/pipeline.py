@@ -234,11 +234,6 @@ class StaleSyncPipeline:
                 copy()
                 self._copied = self.version
 
-    @property
-    def max_staleness(self) -> int:
-        """The largest staleness of any gradient pushed so far (0 before the first)."""
-        return max(self.staleness_counts, default=0)
-
     def close(self) -> None:
         """Stop the LWU thread now, abandoning gradients still in flight (after an error; a
         drained pipeline has no thread). Idempotent; the reducer stays open (its owner closes

@@ -276,11 +276,6 @@ def _read_short_str(body, pos: int) -> tuple[str, int]:
     return bytes(body[pos + 1:end]).decode(), end
 
 
-def pack_data_header(buf, seq: int, round_: int, member: int, count: int, flags: int) -> None:
-    """Write the 8-byte Seg header at the start of ``buf`` (a writable buffer)."""
-    DATA_HEADER.pack_into(buf, 0, seq % SEQ_MOD, round_ & 0xFF, member, count, flags)
-
-
 def data_header(seq: int, round_: int, member: int, count: int, flags: int) -> bytes:
     """The 8-byte Seg header as bytes (send it followed by the payload's bytes)."""
     return DATA_HEADER.pack(seq % SEQ_MOD, round_ & 0xFF, member, count, flags)
