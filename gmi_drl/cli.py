@@ -279,7 +279,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
                                   "in scratch directories and writes its files to --out; train "
                                   "the result with gmi-drl train ALGO --config tuned.json")
         cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
-        plan(cfg, options)  # every option and the --out directory, before the table starts
+        planned = plan(cfg, options)  # every option and --out, before the table starts
         preflight(cfg)  # an algorithm that cannot run the task fails here, not in every probe
     except (ConfigError, CheckpointError, OSError, ValueError) as e:
         print(f"gmi-drl tune: {e}", file=sys.stderr)
@@ -306,7 +306,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
                               markup=False, highlight=False, soft_wrap=True)
 
         try:
-            report = tune(cfg, options, row)
+            report = tune(cfg, options, row, planned=planned)
         except ValueError as e:
             print(f"gmi-drl tune: {e}", file=sys.stderr)
             return 2

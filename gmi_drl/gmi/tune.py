@@ -666,8 +666,8 @@ def plan(cfg, options: TuneOptions) -> Plan:
     return Plan(devices, cores, max_gmis, grid, out, fingerprint)
 
 
-def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None
-         ) -> TuneReport:
+def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = None, *,
+         planned: Plan | None = None) -> TuneReport:
     """Algorithm 2 on ``cfg`` (a validated `TrainConfig`): search, write ``tuned.json`` (the
     config with the chosen ``env.num_envs`` and GMIs (`gmi_field`), under ``"config"``, and the
     search under ``"tune"``), ``tune_cache.json`` and ``tune.png``. ``top`` is env steps per
@@ -678,12 +678,15 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     one that is interrupted or finds nothing runnable leaves an earlier search's files as they
     were (the report's ``tuned_path`` is then ``None``).
 
+    ``planned`` is `plan`'s result for ``cfg`` and ``options`` where the caller already has it
+    (the devices are then not discovered twice).
+
     Raises:
         ValueError: what `plan` refuses.
     """
     from gmi_drl.config import to_dict
 
-    p = plan(cfg, options)
+    p = planned if planned is not None else plan(cfg, options)
     p.out.mkdir(parents=True, exist_ok=True)
     base = to_dict(cfg)
     cache_path = p.out / "tune_cache.json"
