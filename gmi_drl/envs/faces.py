@@ -88,3 +88,30 @@ def rebuild(make: Callable[[np.ndarray], Any], old_pool, seeds: np.ndarray):
     pool = make(seeds)
     old_pool.close()
     return pool
+
+
+
+def shared_env_attr(face, name: str, space_attrs: tuple[str, str]) -> Any:
+    """What every env of ``face``'s pool shares, as a face's ``get_attr`` / ``call`` returns it
+    per env: ``render_mode`` (``None``: pools do not render), one env's observation and action
+    spaces (the face's attributes ``space_attrs``), the face's ``metadata``, and ``spec`` (the
+    Gymnasium registration of the task id, or ``None`` for a gmi-drl-only task). Read when
+    asked (SB3's ``VecEnv.__init__`` asks for ``render_mode`` before ``metadata`` exists).
+
+    Raises:
+        AttributeError: any other name (the envs of a pool are no Python objects with
+            attributes or methods of their own).
+    """
+    import gymnasium as gym
+
+    shared = {"render_mode": lambda: None,
+              "observation_space": lambda: getattr(face, space_attrs[0]),
+              "action_space": lambda: getattr(face, space_attrs[1]),
+              "metadata": lambda: face.metadata,
+              "spec": lambda: gym.registry.get(face.pool.spec.task_id)}
+    if name not in shared:
+        raise AttributeError(
+            f"gmi-drl pools have no per-env attribute or method {name!r}: the envs of a pool are "
+            "no Python objects (only render_mode, observation_space, action_space, metadata "
+            "and spec are shared by all of them)")
+    return shared[name]()

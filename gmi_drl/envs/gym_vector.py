@@ -13,8 +13,13 @@ Gymnasium's (`gymnasium.vector.AutoresetMode`: next-step by default, same-step w
 ``info["final_obs"]`` / ``info["final_info"]`` and their ``_``-masks, disabled with
 ``options={"reset_mask": mask}``), rewards are float64 and the flags bool. Observations,
 rewards and flags equal ``gymnasium.make_vec``'s step for step on the same seeds (tested for
-classic control, MuJoCo and Atari against ale-py's vector env, the one ``gymnasium.make_vec``
-makes for ALE ids). What differs: ``info`` carries no per-step keys of Gymnasium's single envs
+classic control and MuJoCo; gmi-drl's Atari ids, ``Pong-v5``, against ale-py's
+``AtariVectorEnv``, which ``gymnasium.make_vec("ALE/Pong-v5", n)`` makes by default: 84x84
+grayscale, 4 stacked frames; an ``ALE/`` id itself gives the raw frames of
+``gymnasium.make``, as ``vectorization_mode="sync"`` does, and `make_vec` warns). ``get_attr``
+and ``call`` answer what every env of a pool shares (`gmi_drl.envs.faces.shared_env_attr`);
+``set_attr``, and ``call`` of anything else, raise: a pool's envs are no Python objects.
+What differs: ``info`` carries no per-step keys of Gymnasium's single envs
 (the pool computes observations, rewards and flags only; Atari pools add ``lives``), a
 ``reset(seed=...)`` after the first one rebuilds the pool (engines take seeds at construction;
 ``None`` items of a seed list get seeds drawn from its ints, where Gymnasium would continue
@@ -35,6 +40,8 @@ CUDA, or ``tensors=True``) every output is copied to NumPy on the host.
 from __future__ import annotations
 
 import time
+import warnings
+from copy import deepcopy
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -43,7 +50,7 @@ from gymnasium.vector import AutoresetMode as GymAutoreset
 from gymnasium.vector.utils import batch_space
 
 from gmi_drl.envs.faces import (OWNED_BY_EVERY_FACE, check_face_args, face_seeds, host_outputs,
-                                rebuild)
+                                rebuild, shared_env_attr)
 
 _MODES = {GymAutoreset.NEXT_STEP: "next_step", GymAutoreset.SAME_STEP: "same_step",
           GymAutoreset.DISABLED: "disabled"}
@@ -110,6 +117,8 @@ class GymVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": self._mode, "render_modes": []}
+        self.autoreset_mode = self._mode  # (as SyncVectorEnv's attribute)
+        self.spec = deepcopy(gym.registry.get(task_id))
         self._clip = isinstance(self.single_action_space, gym.spaces.Box)
         if self._clip:
             act = self.single_action_space
@@ -199,6 +208,32 @@ class GymVectorEnv(gym.vector.VectorEnv):
             info["_episode"] = ended
         self._episode_start[ended] = now
 
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """One value per env of what every env of a pool shares (`gmi_drl.envs.faces.
+        shared_env_attr`).
+
+        Raises:
+            AttributeError: any other name: the envs of a pool are no Python objects.
+        """
+        value = shared_env_attr(self, name, ("single_observation_space", "single_action_space"))
+        return tuple(value for _ in range(self.num_envs))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """`get_attr` of a shared attribute (Gymnasium's ``call`` returns attributes that are no
+        methods); ``"render"`` as `render`.
+
+        Raises:
+            AttributeError: any other name (a pool's envs have no methods to call).
+            NotImplementedError: ``"render"``.
+        """
+        if name == "render":
+            self.render()
+        return self.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        raise AttributeError(f"gmi-drl pools have no per-env attribute {name!r} to set: the envs "
+                             "of a pool are no Python objects")
+
     def render(self):
         raise NotImplementedError("gmi-drl pools do not render; `gmi-drl eval RUN_DIR --video` "
                                   "records a policy's episode")
@@ -221,7 +256,47 @@ class GymVectorEnv(gym.vector.VectorEnv):
         return np.flatnonzero(mask)
 
 
-def make_vec(task_id: str, num_envs: int, **kwargs: Any) -> GymVectorEnv:
-    """`GymVectorEnv` of ``task_id`` (keyword arguments as there): gmi-drl's answer to
-    ``gymnasium.make_vec(task_id, num_envs)``."""
-    return GymVectorEnv(task_id, num_envs, **kwargs)
+_VECTOR_KWARGS = {"autoreset_mode", "copy"}
+"""``vector_kwargs`` of Gymnasium's vector envs that the face takes"""
+
+
+def make_vec(task_id: str, num_envs: int = 1, vectorization_mode: str | None = None,
+             vector_kwargs: dict[str, Any] | None = None, wrappers: Sequence[Any] | None = None,
+             render_mode: str | None = None, **kwargs: Any) -> GymVectorEnv:
+    """`GymVectorEnv` of ``task_id`` (keyword arguments as there), with the arguments of
+    ``gymnasium.make_vec``: gmi-drl's answer to it. One pool stands in for every
+    ``vectorization_mode`` (``None``, ``"sync"``, ``"async"``); ``vector_kwargs`` may hold
+    ``autoreset_mode`` and ``copy``.
+
+    Raises:
+        ValueError: ``vectorization_mode="vector_entry_point"`` or an unknown one; other
+            ``vector_kwargs``; ``wrappers`` (they wrap each single env, which a pool does not
+            build); a ``render_mode`` (pools do not render); a keyword given twice; what
+            `GymVectorEnv` refuses.
+    """
+    errors = []
+    if vectorization_mode not in (None, "sync", "async"):
+        errors.append(f"vectorization_mode={vectorization_mode!r}: the face is its own vector env, "
+                      "standing in for 'sync' and 'async' (for ale-py's AtariVectorEnv, use "
+                      "gmi-drl's Atari ids, e.g. Pong-v5)")
+    vector_kwargs = dict(vector_kwargs or {})
+    if set(vector_kwargs) - _VECTOR_KWARGS:
+        errors.append(f"vector_kwargs {sorted(set(vector_kwargs) - _VECTOR_KWARGS)} are not "
+                      f"taken (only {sorted(_VECTOR_KWARGS)})")
+    if wrappers:
+        errors.append("wrappers= wraps each single env, which a gmi-drl pool does not build: "
+                      "wrap the vector env (gymnasium.wrappers.vector) instead")
+    if render_mode is not None:
+        errors.append(f"render_mode={render_mode!r}: gmi-drl pools do not render; "
+                      "`gmi-drl eval RUN_DIR --video` records a policy's episode")
+    twice = sorted(set(vector_kwargs) & set(kwargs))
+    if twice:
+        errors.append(f"{twice} given both in vector_kwargs and as keywords")
+    if errors:
+        raise ValueError("invalid make_vec: " + "; ".join(errors))
+    if task_id.startswith("ALE/"):
+        warnings.warn(f"{task_id} steps the raw frames of gymnasium.make({task_id!r}) (as "
+                      "vectorization_mode='sync'); gymnasium.make_vec's default for ALE ids is "
+                      f"ale-py's AtariVectorEnv (84x84 grayscale, 4 frames stacked): the "
+                      f"preprocessing of gmi-drl's {task_id.removeprefix('ALE/')}", stacklevel=2)
+    return GymVectorEnv(task_id, num_envs, **vector_kwargs, **kwargs)

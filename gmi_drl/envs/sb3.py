@@ -23,20 +23,33 @@ engine refuses raises and leaves the old pool in use); ``step`` before any ``res
 ``Monitor`` does; ``env_method`` / ``set_attr`` have no per-env Python object to reach and
 raise. Over a pool of torch tensors (the warp engine on CUDA, or ``tensors=True``) every output is
 copied to NumPy on the host.
+
+What a port from ``make_vec_env`` meets:
+- ``infos[i]`` holds the keys above and nothing of the env's own ``info`` (Hopper's
+  ``x_position``, an ``is_success``): the pool computes observations, rewards and flags only,
+  so callbacks that read env info keys (``EvalCallback``'s success rate, Monitor's
+  ``info_keywords``, HER) have nothing to read; ``reset_infos`` are empty dicts.
+- gmi-drl's Atari tasks (``Breakout-v5``) already return SB3's Atari preprocessing, 4 stacked
+  84x84 frames (``make_atari_env`` + ``VecFrameStack(..., 4)``): do not stack them again.
+- ``render`` and ``get_images`` are not available (``gmi-drl eval --video`` records a policy),
+  so neither is ``VecVideoRecorder``.
+- Observation spaces are arrays (Box, Discrete, MultiDiscrete, MultiBinary); Dict and Tuple
+  spaces (``MultiInputPolicy``) are refused.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.monitor import Monitor, ResultsWriter
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
 from gmi_drl.envs.faces import (OWNED_BY_EVERY_FACE, check_face_args, face_seeds, host_outputs,
-                                rebuild)
+                                rebuild, shared_env_attr)
 from gmi_drl.envs.spec import env_seeds, random_seed
 
 _OWNED = {"autoreset": "an SB3 VecEnv resets an ended env in the same step (its last observation "
@@ -50,6 +63,10 @@ class GmiVecEnv(VecEnv):
         task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
         num_workers: as `gmi_drl.envs.make`.
         seed: seeds of the pool's first reset (``seed + i``); ``None``: random ones.
+        monitor_files: one path per env (without the suffix) where each ended episode is
+            written as ``Monitor`` writes it (``<path>.monitor.csv``: ``r``, ``l``, ``t``, for
+            SB3's ``load_results`` / ``plot_results``); ``None``: none.
+        override_existing: replace monitor files that exist (False: append to them).
         **task_kwargs: the task's keyword arguments (also ``device`` and ``engine``).
 
     Raises:
@@ -59,10 +76,14 @@ class GmiVecEnv(VecEnv):
     """
 
     def __init__(self, task_id: str, num_envs: int, num_workers: int | None = None,
-                 seed: int | None = None, **task_kwargs: Any) -> None:
+                 seed: int | None = None, monitor_files: Sequence[str] | None = None,
+                 override_existing: bool = True, **task_kwargs: Any) -> None:
         from gmi_drl.envs.registry import make
 
         check_face_args("Stable-Baselines3 face", num_envs, task_kwargs, _OWNED)
+        if monitor_files is not None and len(monitor_files) != num_envs:
+            raise ValueError(f"monitor_files has {len(monitor_files)} paths, expected one per "
+                             f"env ({num_envs})")
         self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
                                         autoreset="same_step", **task_kwargs)
         self._pool_seeds = face_seeds(seed, num_envs)
@@ -71,6 +92,9 @@ class GmiVecEnv(VecEnv):
         self._fresh = True  # no reset yet: the pool is the first one, and step must wait
         super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
         self._t_start = time.time()
+        self._monitors = None if monitor_files is None else [
+            ResultsWriter(path, {"t_start": self._t_start, "env_id": task_id},
+                          override_existing=override_existing) for path in monitor_files]
 
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         """Seeds ``seed + i`` for the next `reset` (a random base when ``None``)."""
@@ -128,28 +152,23 @@ class GmiVecEnv(VecEnv):
             for i in np.flatnonzero(info["episode_end"]):
                 infos[i]["episode"] = {"r": round(float(info["episode_return"][i]), 6),
                                        "l": int(info["episode_length"][i]), "t": now}
+                if self._monitors is not None:
+                    self._monitors[i].write_row(infos[i]["episode"])
         return obs.copy(), rewards.astype(np.float32), dones, infos
 
     def close(self) -> None:
         self.pool.close()
+        for monitor in self._monitors or ():
+            monitor.close()
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """What every env of a pool shares: ``render_mode`` (``None``: pools do not render),
-        ``observation_space`` and ``action_space`` (one env's), ``metadata`` and ``spec`` (the
-        Gymnasium registration of the task id, or ``None`` for a gmi-drl-only task); anything
-        else raises.
+        """What every env of a pool shares (`gmi_drl.envs.faces.shared_env_attr`).
 
         Raises:
-            AttributeError: the envs of a pool are no Python objects with attributes.
+            AttributeError: any other name: the envs of a pool are no Python objects.
         """
-        shared = {"render_mode": lambda: None,  # (asked for by VecEnv.__init__: lazily)
-                  "observation_space": lambda: self.observation_space,
-                  "action_space": lambda: self.action_space, "metadata": lambda: self.metadata,
-                  "spec": lambda: gym.registry.get(self.pool.spec.task_id)}
-        if attr_name in shared:
-            value = shared[attr_name]()
-            return [value for _ in self._get_indices(indices)]
-        raise AttributeError(f"gmi-drl pools have no per-env attribute {attr_name!r}")
+        value = shared_env_attr(self, attr_name, ("observation_space", "action_space"))
+        return [value for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         raise AttributeError(f"gmi-drl pools have no per-env attribute {attr_name!r} to set")
@@ -166,13 +185,63 @@ class GmiVecEnv(VecEnv):
         return [wrapped for _ in self._get_indices(indices)]
 
 
-def make_vec_env(task_id: str, n_envs: int = 1, seed: int | None = None,
+def make_vec_env(env_id: str, n_envs: int = 1, seed: int | None = None, start_index: int = 0,
+                 monitor_dir: str | None = None, wrapper_class: Any = None,
+                 env_kwargs: dict[str, Any] | None = None, vec_env_cls: Any = None,
+                 vec_env_kwargs: dict[str, Any] | None = None,
+                 monitor_kwargs: dict[str, Any] | None = None,
+                 wrapper_kwargs: dict[str, Any] | None = None, *,
                  num_workers: int | None = None, **task_kwargs: Any) -> GmiVecEnv:
-    """`GmiVecEnv` of ``n_envs`` envs, seeded ``seed + i`` at the first reset (SB3's
-    ``make_vec_env`` convention); gmi-drl's answer to ``stable_baselines3.common.env_util
-    .make_vec_env``."""
-    env = GmiVecEnv(task_id, n_envs, num_workers=num_workers, seed=seed, **task_kwargs)
+    """gmi-drl's answer to ``stable_baselines3.common.env_util.make_vec_env``, with its
+    arguments: `GmiVecEnv` of ``n_envs`` envs of ``env_id``, seeded ``seed + i`` at the first
+    reset; ``env_kwargs`` (and any other keyword) go to the task; ``monitor_dir`` gets one
+    ``<start_index + i>.monitor.csv`` per env, as SB3's ``Monitor`` writes them
+    (``monitor_kwargs``: ``override_existing``, and ``allow_early_resets``, which the face
+    always allows). One pool stands in for ``DummyVecEnv`` and ``SubprocVecEnv`` alike
+    (``vec_env_cls`` may name either; ``vec_env_kwargs`` only SubprocVecEnv's
+    ``start_method``, which has no use here).
+
+    Raises:
+        ValueError: a callable ``env_id`` (register the env and pass its id), a
+            ``wrapper_class`` (it would wrap each single env, which a pool does not build),
+            another ``vec_env_cls``, Monitor's ``info_keywords`` / ``reset_keywords`` (pools carry
+            no per-env info), a keyword given twice; what `GmiVecEnv` refuses.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    if not isinstance(env_id, str):
+        raise ValueError(f"env_id={env_id!r}: the gmi-drl face takes a task id, not a callable; "
+                         "register your env (gymnasium.register('MyEnv-v0', entry_point=...)) "
+                         "and pass 'MyEnv-v0'")
+    errors = []
+    if wrapper_class is not None or wrapper_kwargs:
+        errors.append("wrapper_class wraps each single env, which a gmi-drl pool does not "
+                      "build: wrap the VecEnv instead (stable_baselines3.common.vec_env "
+                      "wrappers, e.g. VecNormalize)")
+    if vec_env_cls not in (None, DummyVecEnv, SubprocVecEnv):
+        errors.append(f"vec_env_cls={vec_env_cls!r}: the face stands in for DummyVecEnv and "
+                      "SubprocVecEnv only")
+    if set(vec_env_kwargs or {}) - {"start_method"}:
+        errors.append(f"vec_env_kwargs {sorted(vec_env_kwargs)}: only SubprocVecEnv's "
+                      "start_method is taken (and has no use: the pool's workers are its own)")
+    monitor_kwargs = dict(monitor_kwargs or {})
+    monitor_kwargs.pop("allow_early_resets", None)
+    override = monitor_kwargs.pop("override_existing", True)
+    if any(monitor_kwargs.values()):
+        errors.append(f"monitor_kwargs {sorted(monitor_kwargs)}: gmi-drl pools carry no per-env "
+                      "info keys for Monitor to record (override_existing and "
+                      "allow_early_resets are taken)")
+    twice = sorted(set(env_kwargs or {}) & set(task_kwargs))
+    if twice:
+        errors.append(f"{twice} given both in env_kwargs and as keywords")
+    if errors:
+        raise ValueError("invalid make_vec_env: " + "; ".join(errors))
+    monitors = None
+    if monitor_dir is not None:
+        os.makedirs(monitor_dir, exist_ok=True)
+        monitors = [os.path.join(monitor_dir, str(start_index + i)) for i in range(n_envs)]
+    env = GmiVecEnv(env_id, n_envs, num_workers=num_workers, seed=seed, monitor_files=monitors,
+                    override_existing=override, **(env_kwargs or {}), **task_kwargs)
     if seed is not None:
         env.seed(seed)  # SB3's own record of the seeds: the first reset keeps the pool
     return env
-

@@ -146,6 +146,35 @@ def test_seeds_as_int_list_and_again():
     assert unseeded.observation_space.contains(unseeded.reset()[0])  # seeds of its own
 
 
+def test_make_vec_takes_gymnasiums_arguments_and_get_attr_answers_as_sync_vector_env():
+    ours = envs.make_vec("Pendulum-v1", vectorization_mode="sync",
+                         vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    ref = _gym("Pendulum-v1", 1, AutoresetMode.SAME_STEP)
+    assert ours.num_envs == 1 and ours.autoreset_mode == ref.autoreset_mode
+    assert ours.spec.id == ref.spec.id == "Pendulum-v1"
+    for name in ("observation_space", "action_space", "render_mode"):
+        assert ours.get_attr(name) == ref.get_attr(name) == ours.call(name), name
+    assert ours.get_attr("spec")[0].id == "Pendulum-v1"
+    with pytest.raises(AttributeError, match="no per-env attribute or method 'g'"):
+        ours.get_attr("g")
+    with pytest.raises(AttributeError, match="no per-env attribute or method 'step'"):
+        ours.call("step", 0)
+    with pytest.raises(AttributeError, match="no per-env attribute 'g' to set"):
+        ours.set_attr("g", [5.0])
+    with pytest.raises(NotImplementedError, match="--video"):
+        ours.call("render")
+    ours.close()
+    ref.close()
+    with pytest.raises(ValueError, match=r"vectorization_mode='vector_entry_point'.*Pong-v5\); "
+                       r"vector_kwargs \['context'\] are not taken.*wrappers= wraps each single "
+                       r"env.*render_mode='human': gmi-drl pools do not render"):
+        envs.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point",
+                      vector_kwargs={"context": "spawn"}, wrappers=[gym.wrappers.ClipAction],
+                      render_mode="human")
+    with pytest.warns(UserWarning, match="raw frames.*AtariVectorEnv.*gmi-drl's Pong-v5"):
+        envs.make_vec("ALE/Pong-v5", 1).close()
+
+
 def test_disabled_mode_resets_the_masked_envs():
     ours = envs.make_vec("CartPole-v1", 2, autoreset_mode=AutoresetMode.DISABLED)
     ref = _gym("CartPole-v1", 2, AutoresetMode.DISABLED)
@@ -414,6 +443,46 @@ def test_sb3_face_refuses_what_it_sets_and_steps_only_after_reset():
         env.reset()
     assert env.reset().shape == (2, 4, 84, 84)  # the refused seeds were dropped, the pool kept
     assert env.step(np.array([0, 1]))[0].shape == (2, 4, 84, 84)
+    env.close()
+
+
+def test_sb3_make_vec_env_writes_monitor_files_as_sb3s_and_names_what_it_refuses(tmp_path):
+    import csv
+    import json
+
+    from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from gmi_drl.envs.sb3 import make_vec_env
+
+    ours = make_vec_env("CartPole-v1", 2, seed=3, start_index=5, monitor_dir=str(tmp_path / "o"),
+                        vec_env_cls=SubprocVecEnv, monitor_kwargs={"allow_early_resets": True})
+    ref = sb3_make_vec_env("CartPole-v1", 2, seed=3, start_index=5,
+                           monitor_dir=str(tmp_path / "r"))
+    ours.reset(), ref.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = rng.integers(0, 2, 2)
+        ours.step(a), ref.step(a)
+    ours.close(), ref.close()
+    for name in ("5.monitor.csv", "6.monitor.csv"):
+        mine, theirs = ((tmp_path / d / name).read_text().splitlines() for d in "or")
+        assert json.loads(mine[0][1:]).keys() == json.loads(theirs[0][1:]).keys()
+        rows = [[row[:2] for row in csv.reader(lines[1:])] for lines in (mine, theirs)]
+        assert rows[0] == rows[1] and len(rows[0]) > 5  # header r,l,t, then r and l alike
+    with pytest.raises(ValueError, match=r"wrapper_class wraps each single env.*vec_env_cls=.*"
+                       r"DummyVecEnv and SubprocVecEnv only.*monitor_kwargs \['info_keywords'\]"
+                       r".*\['g'\] given both"):
+        make_vec_env("Pendulum-v1", 2, wrapper_class=gym.wrappers.ClipAction, vec_env_cls=int,
+                     monitor_kwargs={"info_keywords": ("is_success",)}, env_kwargs={"g": 5.0},
+                     g=2.0)
+    with pytest.raises(ValueError, match="takes a task id, not a callable; register"):
+        make_vec_env(lambda: gym.make("CartPole-v1"), 2)
+    env = make_vec_env("Pendulum-v1", 1, seed=0, env_kwargs={"g": 5.0})  # env_kwargs: the task's
+    ref = gym.make("Pendulum-v1", g=5.0)
+    np.testing.assert_array_equal(env.reset()[0], ref.reset(seed=0)[0])
+    a = np.array([[1.5]], np.float32)
+    np.testing.assert_array_equal(env.step(a)[0][0], ref.step(a[0])[0])
     env.close()
 
 
