@@ -38,7 +38,10 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir), purge_step=purge_step)
+            # TensorBoard purges events at purge_step and after; the row at the checkpoint's
+            # own step was logged before it and is kept, as in the CSV
+            self._tb = SummaryWriter(str(run_dir), purge_step=None if purge_step is None
+                                     else purge_step + 1)
         self._t0 = time.perf_counter()
 
     def log(self, global_step: int, metrics: dict[str, float]) -> None:

@@ -108,16 +108,22 @@ def test_a_resumed_writer_drops_the_rows_after_its_checkpoint(tmp_path):
 
     from gmi_drl.telemetry.metrics import MetricsWriter
 
-    w = MetricsWriter(tmp_path, tensorboard=False)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    w = MetricsWriter(tmp_path)
     for step in (100, 200, 300):
         w.log(step, {"loss": step / 100})
     w.close()
-    w = MetricsWriter(tmp_path, tensorboard=False, purge_step=200)  # crashed after 300, saved at 200
+    w = MetricsWriter(tmp_path, purge_step=200)  # crashed after 300, saved at 200
     w.log(300, {"loss": 9.0})
     w.close()
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [(r["global_step"], r["value"]) for r in rows] == [("100", "1"), ("200", "2"),
                                                                 ("300", "9")]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()  # TensorBoard's curve is the CSV's: the checkpoint's own step kept
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(100, 1.0), (200, 2.0),
+                                                                  (300, 9.0)]
 
 
 def test_a_resumed_writer_repairs_what_a_killed_writer_left(tmp_path):
