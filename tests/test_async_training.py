@@ -182,6 +182,9 @@ def test_an_async_run_resumes_and_its_checkpoint_evaluates(tmp_path):
     assert resumed.run_dir == first.run_dir and resumed.global_step == 4096
     assert fragments() == 2 * before  # the resumed half's fragments added, none lost
     assert len(resumed.episode_returns) > len(first.episode_returns)  # continued, not restarted
+    collected = [float(r.split(",")[3]) for r in (first.run_dir / "metrics.csv").read_text()
+                 .splitlines() if ",async/env_steps," in r]
+    assert collected == sorted(collected) and collected[-1] >= 4096, collected  # a total
     report = evaluate(first.run_dir, episodes=3)
     assert len(report.returns) == 3 and (report.returns > 0).all()
 

@@ -145,6 +145,8 @@ class Trainer:
             torch.Generator(device).manual_seed(cfg.seed + 1), device, self.obs_norm, None,
             cfg.compile))
         self.first_iteration = 0
+        self.env_steps_before = 0
+        """env steps the serving GMIs collected before this run resumed (at its checkpoint)"""
         self.episode_steps: list[int] = []
         self.episode_returns: list[float] = []
         state = run.load_resume()
@@ -173,7 +175,12 @@ class Trainer:
                 "obs_norm": self.obs_norm.state_dict() if self.obs_norm else None,
                 "reward_norm": None, "rng": torch.get_rng_state(),
                 "episode_steps": torch.tensor(self.episode_steps, dtype=torch.int64),
-                "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64)}
+                "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64),
+                "env_steps": self.env_steps()}
+
+    def env_steps(self) -> int:
+        """Env steps of every serving GMI over the whole run, resumes included."""
+        return self.env_steps_before + self.fabric.env_steps()
 
     def _restore(self, state: dict) -> None:
         self.learner.load_state_dict(state["algo"])
@@ -184,6 +191,7 @@ class Trainer:
         self.first_iteration = int(state["iteration"])
         self.episode_steps = state["episode_steps"].tolist()
         self.episode_returns = state["episode_returns"].tolist()
+        self.env_steps_before = int(state.get("env_steps", 0))  # (not in older checkpoints)
 
     def record(self, step: TrainStep, global_step: int, wall_s: float) -> None:
         n = len(step.episodes.returns)
@@ -317,7 +325,7 @@ def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: flo
         metrics["env/episodic_length"] = float(step.episodes.lengths.mean())
     metrics["perf/sps"] = sps  # trained samples per second (TTOP)
     metrics["perf/env_sps"] = env_sps  # env steps of every serving GMI per second
-    metrics["async/env_steps"] = float(t.fabric.env_steps())  # collected so far (>= trained)
+    metrics["async/env_steps"] = float(t.env_steps())  # collected so far (>= trained)
     metrics.update(t.fabric.stats())
     t.writer.log(global_step, metrics)
     if progress is not None:
