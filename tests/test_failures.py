@@ -119,6 +119,33 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug, red
     assert "done: " in resumed.stdout
 
 
+def test_ctrl_c_while_the_gmis_start_prints_no_traceback(tmp_path):
+    """Ctrl-C as the first GMI starts: the fork server is still importing torch (it ignores the
+    signal only after that), and the controller waits for the GMI's pid before it stops."""
+    from tests.procs import assert_group_gone
+
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--gmi.num-gmis", "2",
+         "--total-timesteps", "100000", "--no-compile", "--log.no-tensorboard", "--run-dir",
+         str(tmp_path / "run")],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        first = proc.stderr.readline()
+        while first and "run directory:" not in first:  # printed just before the GMIs start
+            first = proc.stderr.readline()
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "gmi-drl train: interrupted; the run was stopped" in err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert_group_gone(proc.pid, shm_before)
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     """timeout(1) and systemd stop with SIGTERM to the controller alone: its GMIs stop, the
     run names how to resume, and the exit status is 128 + SIGTERM."""

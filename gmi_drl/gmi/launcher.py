@@ -70,7 +70,26 @@ def _context(start_method: str, preload: Sequence[str] = ()):
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload([*PRELOAD, *preload])
+        _start_fork_server()
     return ctx
+
+
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server (if it is not running) with SIGINT ignored: the
+    server ignores it itself only once its preload imports are done, and a Ctrl-C during those
+    seconds printed their traceback on the terminal. An ignored signal stays ignored across the
+    server's exec; the controller's own Ctrl-C handling is unchanged, and a GMI sets its
+    handlers first thing (`_gmi_main`)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()  # (signal dispositions are the main thread's to set)
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class GMIError(RuntimeError):
@@ -191,6 +210,31 @@ def _cleaning_up():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
+    """Hold Ctrl-C and SIGTERM until the block ends, then handle the first that came as the
+    handler in place would have. Around a GMI's start: interrupted inside it, the controller
+    never learned the pid of a child the fork server forked anyway, so `_stop` could not stop
+    it, and the child, unpickling the queue the controller had just unlinked, printed a
+    traceback. The wait is the fork server's (its imports, at the first start: seconds)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old = {n: signal.signal(n, lambda signum, _frame: pending.append(signum)) for n in signums}
+    try:
+        yield
+    finally:
+        for n, handler in old.items():
+            signal.signal(n, handler)
+        if pending:
+            handler = old[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), pending[0])
 
 
 def _enter_netns(name: str) -> None:
@@ -314,7 +358,8 @@ def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, r
         # (multiprocessing joins every non-daemonic child at exit, without a timeout)
         procs.append(p)
         if prefix is None:
-            p.start()
+            with _signals_deferred():
+                p.start()
             p.started_ticks = (_proc_stat(p.pid) or ("", None))[1]  # see `_running`
         else:
             with _interpreter(pctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
