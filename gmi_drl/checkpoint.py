@@ -96,7 +96,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         found = list_checkpoints(path)
         if found:
             return found[0]
-        raise CheckpointError(f"no checkpoint in {checkpoint_dir(path)} (no iteration-*.pt)")
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(path)} (no iteration-*.pt): "
+                              f"{path} is no run directory that wrote one")
     raise CheckpointError(f"no checkpoint at {path} (give a run directory or a .pt file)")
 
 
@@ -136,10 +137,13 @@ def find_loadable(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if len(errors) == 1:
         raise CheckpointError(errors[0])
     raise CheckpointError(f"none of the {len(errors)} checkpoints in {checkpoint_dir(path)} "
-                          f"loads; the newest: {errors[0]}")
+                          f"loads, so this run cannot be continued (start a new one in another "
+                          f"directory); the newest: {errors[0]}")
 
 
 def _load_file(path: Path) -> dict[str, Any]:
+    hint = ("" if path.suffix == ".pt" else "; a checkpoint is a .pt file: give the run "
+            "directory, or one of its checkpoints/iteration-*.pt")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -147,14 +151,12 @@ def _load_file(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{path} is not a gmi-drl checkpoint: it holds more than "
                                   "tensors and plain data, and is not loaded, as that could run "
                                   "code") from None
-        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint (unreadable "
-                              "pickle)") from None
+        raise CheckpointError(f"{path} is corrupt or not a torch checkpoint{hint}") from None
     except EOFError:
-        raise CheckpointError(f"{path} is empty or cut short") from None
-    except Exception as e:  # noqa: BLE001 - arbitrary bytes fail the unpickler in arbitrary ways
-        reason = str(e).split(". ")[0].strip() or type(e).__name__
-        raise CheckpointError(f"{path} is corrupt, cut short or not a torch checkpoint "
-                              f"({type(e).__name__}: {reason})") from None
+        raise CheckpointError(f"{path} is empty or cut short{hint}") from None
+    except Exception:  # noqa: BLE001 - arbitrary bytes fail the unpickler in arbitrary ways
+        raise CheckpointError(f"{path} is corrupt, cut short or not a torch checkpoint"
+                              f"{hint}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a gmi-drl checkpoint (no format={FORMAT!r} entry)")
     if state.get("version") != VERSION:

@@ -163,10 +163,11 @@ def _resumed_config(resume: str):
     try:
         return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
-        _, state = find_loadable(resume)
-        logging.getLogger(__name__).warning(
-            "%s/config.json: %s; using the config stored in the checkpoint",
-            ckpt.parent.parent, getattr(e, "strerror", None) or e)
+        _, state = find_loadable(resume)  # (a file that is no checkpoint says so here first)
+        if ckpt.parent.name == "checkpoints":  # in a run directory, which has a config.json
+            logging.getLogger(__name__).warning(
+                "%s/config.json: %s; using the config stored in the checkpoint",
+                ckpt.parent.parent, getattr(e, "strerror", None) or e)
         return from_dict(state["config"])
 
 

@@ -307,6 +307,10 @@ def test_a_run_directory_in_use_is_refused(tmp_path, capsys):
         assert "is in use by a running gmi-drl (pid " in capsys.readouterr().err
     assert main(["train", "ppo", *BASE, "--total-timesteps", "128", "--run-dir",
                  cfg.run_dir]) == 0  # released
+    with Run.create(cfg).claimed():
+        assert main(["train", "ppo", "--resume", cfg.run_dir, "--total-timesteps", "256"]) == 2
+        err = capsys.readouterr().err  # (--run-dir is refused with --resume: not suggested)
+        assert err.rstrip().endswith("wait for it to end"), err
 
 
 def test_a_placement_error_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
@@ -389,6 +393,28 @@ def test_resume_refusals_say_which_command_would_work(finished, tmp_path, capsys
     assert main(["train", "ppo", "--resume", str(early)]) == 2
     assert (f"start it over with its own config: gmi-drl train ppo --config "
             f"{early / 'config.json'} --run-dir {early}") in capsys.readouterr().err
+
+
+def test_resume_of_what_is_no_checkpoint_says_what_to_give(finished, tmp_path, capsys, caplog):
+    assert main(["train", "ppo", "--resume", str(finished / "config.json")]) == 2
+    assert ("a checkpoint is a .pt file: give the run directory, or one of its "
+            "checkpoints/iteration-*.pt") in capsys.readouterr().err
+    text = tmp_path / "readme.txt"
+    text.write_text("notes\n")
+    assert main(["train", "ppo", "--resume", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert "is corrupt or not a torch checkpoint; a checkpoint is a .pt" in err
+    assert "Error" not in err  # (the unpickler's own KeyError is no help)
+    loose = tmp_path / "loose" / "model.pt"  # no run directory around it: no config.json
+    loose.parent.mkdir()
+    loose.write_bytes(b"junk")
+    assert main(["train", "ppo", "--resume", str(loose)]) == 2
+    assert "model.pt is corrupt" in capsys.readouterr().err
+    assert "config.json" not in caplog.text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "ppo", "--resume", str(empty)]) == 2
+    assert f"{empty} is no run directory that wrote one" in capsys.readouterr().err
 
 
 def test_eval_of_a_task_not_registered_here_names_the_checkpoint(finished, tmp_path, capsys):

@@ -202,6 +202,7 @@ def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, cap
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(tmp_path / "run")
     assert str(err.value).startswith("none of the 2 checkpoints in ")
+    assert "cannot be continued (start a new one in another directory)" in str(err.value)
     assert "iteration-0000005.pt is corrupt" in str(err.value)
 
 

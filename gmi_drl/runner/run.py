@@ -178,8 +178,9 @@ class Run:
             except BlockingIOError:
                 f.seek(0)
                 holder = f.read().strip() or "?"
+                instead = ("" if self.config.resume else ", or choose another --run-dir")
                 raise ConfigError(f"{self.run_dir} is in use by a running gmi-drl (pid "
-                                  f"{holder}); wait for it, or choose another --run-dir") from None
+                                  f"{holder}); wait for it to end{instead}") from None
             f.seek(0)
             f.truncate()
             f.write(f"{os.getpid()}\n")
