@@ -59,6 +59,18 @@ def checkpoint_dir(path: str | Path) -> Path:
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
+def checkpoint_iteration(path: Path) -> int:
+    """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``).
+
+    Raises:
+        ValueError: a name `list_checkpoints` would not list.
+    """
+    m = _NAME.fullmatch(path.name)
+    if m is None:
+        raise ValueError(f"{path.name} is not named as a checkpoint (iteration-NNNNNNN.pt)")
+    return int(m[1])
+
+
 def list_checkpoints(path: str | Path) -> list[Path]:
     """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first."""
     directory = checkpoint_dir(path)

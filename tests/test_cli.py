@@ -417,6 +417,26 @@ def test_resume_of_what_is_no_checkpoint_says_what_to_give(finished, tmp_path, c
     assert f"{empty} is no run directory that wrote one" in capsys.readouterr().err
 
 
+def test_a_run_stopped_after_its_last_checkpoint_is_not_sent_to_resume(finished, tmp_path,
+                                                                         capsys):
+    """Ctrl-C between the final checkpoint and summary.md: there is nothing to continue."""
+    from gmi_drl.config import from_dict
+    from gmi_drl.runner.run import Run, RunStopped
+
+    run = _copy(finished, tmp_path / "r")
+    (run / "summary.md").unlink()
+    cfg = from_dict(json.loads((run / "config.json").read_text()))
+    stopped = RunStopped(Run(run, cfg), KeyboardInterrupt())
+    assert stopped.next_step.startswith("its last checkpoint was already at the run's 256 env "
+                                        "steps: training had ended")
+    assert stopped.next_step.endswith(f"--resume {run} --total-timesteps MORE")
+    assert main(["train", "ppo", "--resume", str(run)]) == 2
+    assert ("stopped after its last checkpoint, before summary.md; metrics.csv holds its whole "
+            "learning curve") in capsys.readouterr().err
+    cfg.total_timesteps = 512  # an earlier checkpoint: continue, as before
+    assert RunStopped(Run(run, cfg), KeyboardInterrupt()).next_step.startswith("continue with")
+
+
 def test_eval_of_a_task_not_registered_here_names_the_checkpoint(finished, tmp_path, capsys):
     import torch
 

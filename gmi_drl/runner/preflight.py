@@ -108,7 +108,11 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
                           f"{int(state['global_step']):,} env steps, iteration "
                           f"{int(state['iteration'])} of the {cfg.num_iterations} that "
                           f"total_timesteps={cfg.total_timesteps:,} allows; raise "
-                          "--total-timesteps to train on")
+                          "--total-timesteps to train on"
+                          + ("" if (Path(cfg.resume) / "summary.md").exists() or
+                             Path(cfg.resume).is_file() else
+                             " (it was stopped after its last checkpoint, before summary.md; "
+                             "metrics.csv holds its whole learning curve)"))
     first = int(state["iteration"])
     if cfg.profile.tool != "none" and max(cfg.profile.iterations, default=-1) < first:
         # a warning, not a refusal: a profiled run resumed as it was keeps its old iterations

@@ -24,8 +24,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gmi_drl.checkpoint import (checkpoint_name, find_loadable, list_checkpoints, load_checkpoint,
-                                prune_checkpoints, save_checkpoint)
+from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_loadable,
+                                list_checkpoints, load_checkpoint, prune_checkpoints,
+                                save_checkpoint)
 from gmi_drl.config import ConfigError, TrainConfig, to_dict
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,14 @@ class RunStopped(RuntimeError):
         if isinstance(cause, GMIError) and cause.exception.startswith("CheckpointError"):
             self.next_step = ("the checkpoint did not load into this run: resume with the run's "
                               "own flags, or start a new run")
-        elif list_checkpoints(run.run_dir):
+        elif (found := list_checkpoints(run.run_dir)) and checkpoint_iteration(
+                found[0]) >= run.config.num_iterations:
+            self.next_step = (
+                f"its last checkpoint was already at the run's {run.config.total_timesteps:,} "
+                "env steps: training had ended, and metrics.csv holds the whole learning curve "
+                "(summary.md was not written); to train on: gmi-drl train "
+                f"{run.config.algo_name} --resume {run.run_dir} --total-timesteps MORE")
+        elif found:
             self.next_step = (f"continue with: gmi-drl train {run.config.algo_name} "
                               f"--resume {run.run_dir}")
         elif isinstance(cause, KeyboardInterrupt):  # nothing went wrong to deal with first
