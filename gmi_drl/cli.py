@@ -112,6 +112,11 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     if resume is not None:
         default = _resumed_config(resume)
         if default.algo_name != algo:
+            if _checkpoint_algo(resume) == algo:
+                raise ConfigError(f"{Path(resume) / 'config.json'} configures "
+                                  f"{default.algo_name}, but the checkpoint in {resume} is a "
+                                  f"{algo} run: restore config.json, or delete it and the "
+                                  "checkpoint's copy is used")
             raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}: run "
                               f"{prog} {default.algo_name} --resume {resume}")
     elif config is not None:
@@ -135,6 +140,17 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag given "
                           "after it overrides a field)") from None
     return cfg
+
+
+def _checkpoint_algo(resume: str) -> str | None:
+    """The algorithm of the checkpoint ``--resume`` names, or ``None`` where none loads."""
+    from gmi_drl.checkpoint import CheckpointError, find_loadable
+    from gmi_drl.config import ConfigError, from_dict
+
+    try:
+        return from_dict(find_loadable(resume)[1]["config"]).algo_name
+    except (CheckpointError, ConfigError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _resumed_config(resume: str):

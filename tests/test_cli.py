@@ -437,6 +437,24 @@ def test_a_run_stopped_after_its_last_checkpoint_is_not_sent_to_resume(finished,
     assert RunStopped(Run(run, cfg), KeyboardInterrupt()).next_step.startswith("continue with")
 
 
+def test_an_edited_config_json_is_named_not_the_flags(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "r")
+    data = json.loads((run / "config.json").read_text())
+    data["env"]["task_id"] = "Acrobot-v1"
+    (run / "config.json").write_text(json.dumps(data))
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 2
+    assert (f"with no such flag given, {run / 'config.json'} differs from the checkpoint's own "
+            "config: restore it, or delete it") in capsys.readouterr().err
+    data = json.loads((finished / "config.json").read_text())
+    data["algo"] = {"dqn": {}}
+    (run / "config.json").write_text(json.dumps(data))
+    assert main(["train", "ppo", "--resume", str(run)]) == 2
+    assert (f"{run / 'config.json'} configures dqn, but the checkpoint in {run} is a ppo run: "
+            "restore config.json") in capsys.readouterr().err
+    (run / "config.json").unlink()  # what the message offers: the checkpoint's copy
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+
+
 def test_eval_of_a_task_not_registered_here_names_the_checkpoint(finished, tmp_path, capsys):
     import torch
 

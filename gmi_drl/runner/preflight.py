@@ -99,10 +99,14 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
             conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
     if conflicts:
+        edited = ("" if Path(cfg.resume).is_file() else
+                  f"; with no such flag given, {Path(cfg.resume) / 'config.json'} differs from "
+                  "the checkpoint's own config: restore it, or delete it and the checkpoint's "
+                  "copy is used")
         raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
                           + "; ".join(conflicts) + ". Drop the flags that changed them (a "
                           "resumed run keeps its task, model, normalisers, optimizer and env "
-                          "steps per iteration), or start a new run")
+                          f"steps per iteration), or start a new run{edited}")
     if int(state["iteration"]) >= cfg.num_iterations:
         raise ConfigError(f"--resume {cfg.resume}: the run is already at "
                           f"{int(state['global_step']):,} env steps, iteration "
