@@ -146,6 +146,43 @@ def test_ctrl_c_while_the_gmis_start_prints_no_traceback(tmp_path):
     assert_group_gone(proc.pid, shm_before)
 
 
+def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
+    """kill -9 of a run's whole process group (its resource tracker too) runs no clean-up;
+    the next launch unlinks the blocks whose creator is gone."""
+    from gmi_drl import blocks
+
+    def ours():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("gmidrl_")}
+
+    before = ours()
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--gmi.num-gmis", "2",
+         "--total-timesteps", "100000000", "--no-compile", "--log.no-tensorboard",
+         "--run-dir", str(run)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        wait_until_written(proc, run, "metrics.csv", "the run did not start")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the killed group's processes did not end"
+        time.sleep(0.1)
+    left = ours() - before
+    assert left, "the kill left no block: nothing to reclaim"
+    live = blocks.create(64)  # this process's: kept
+    try:
+        assert set(blocks.reclaim_orphans()) >= left
+        assert not (ours() & left) and live.name in ours()
+    finally:
+        live.close()
+        live.unlink()
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     """timeout(1) and systemd stop with SIGTERM to the controller alone: its GMIs stop, the
     run names how to resume, and the exit status is 128 + SIGTERM."""

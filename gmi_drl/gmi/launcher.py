@@ -41,6 +41,7 @@ import time
 import traceback
 from typing import Any, Sequence
 
+from gmi_drl import blocks
 from gmi_drl.comm.reduction import Reduction
 from gmi_drl.errors import exception_line
 from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
@@ -298,6 +299,10 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         raise ValueError(f"{len(service_addrs)} {layout.reduction.value} addresses for {n} GMIs")
     if netns is not None and len(netns) != n:
         raise ValueError(f"{len(netns)} network namespaces for {n} GMIs")
+    reclaimed = blocks.reclaim_orphans()
+    if reclaimed:
+        log.info("unlinked %d shared-memory block(s) that killed runs left in /dev/shm",
+                 len(reclaimed))
     made = [ShmGroup.create(size, reducer_capacity) for size in shm_group_sizes(layout)]
     owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
