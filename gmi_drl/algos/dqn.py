@@ -69,7 +69,7 @@ class DQNConfig:
     loss: Literal["huber", "mse"] = "huber"
     """TD loss: Huber (Nature DQN, SB3) or squared error (CleanRL)"""
     max_grad_norm: float = 10.0
-    """global gradient norm bound (SB3's default)"""
+    """global gradient norm bound (SB3's default; inf: none, as CleanRL)"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
