@@ -4,9 +4,12 @@ a point, and check that nothing of it is left."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 
 def _processes() -> dict[int, tuple[int, int, str, str]]:
@@ -85,6 +88,28 @@ def group_members(pgid: int, zombies: bool = True) -> list[int]:
         if int(fields[2]) == pgid and (zombies or fields[0] != "Z"):
             pids.append(int(entry))
     return pids
+
+
+def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
+    """``gmi-drl ARGS`` as a terminal's job: in a process group of its own, with Ctrl-C's
+    default handling (a background shell ignores it), stdout dropped, stderr piped as text."""
+    return subprocess.Popen([sys.executable, "-m", "gmi_drl.cli", *args], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def signal_group(proc: subprocess.Popen, ready: Callable[[], object], sig: int,
+                 timeout_s: float = 30.0) -> str:
+    """Once ``ready()`` returns, send ``sig`` to ``proc``'s whole group (SIGINT: what Ctrl-C in
+    a terminal does); returns ``proc``'s stderr once it ended (it is killed if it did not)."""
+    try:
+        ready()
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        proc.kill()
+    return err
 
 
 def wait_until_written(proc: subprocess.Popen, run: Path, pattern: str, what: str,

@@ -12,7 +12,8 @@ import pytest
 
 from gmi_drl.config import ConfigError, preset, validate
 from gmi_drl.train import train
-from tests.procs import assert_group_gone, gmi_processes, wait_until_written
+from tests.procs import (assert_group_gone, gmi_processes, signal_group, start_cli,
+                         wait_until_written)
 
 
 def _appo(tmp_path, name, algo="appo", **kw):
@@ -144,18 +145,11 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
 def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gmi_drl.cli", "train", "appo", "--gmi.serving-gmis", "2",
-         "--total-timesteps", "100000000", "--no-compile", "--log.no-tensorboard",
-         "--checkpoint.every", "0", "--run-dir", str(run)],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:  # metrics.csv: the GMIs run
-        wait_until_written(proc, run, "metrics.csv", "the run did not start")
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    proc = start_cli(["train", "appo", "--gmi.serving-gmis", "2", "--total-timesteps",
+                      "100000000", "--no-compile", "--log.no-tensorboard", "--checkpoint.every",
+                      "0", "--run-dir", str(run)], tmp_path)
+    err = signal_group(proc, lambda: wait_until_written(  # metrics.csv: the GMIs run
+        proc, run, "metrics.csv", "the run did not start"), signal.SIGINT)
     assert proc.returncode == 130, err
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert "Traceback" not in err and "Exception ignored" not in err, err

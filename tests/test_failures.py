@@ -122,24 +122,20 @@ def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug, red
 def test_ctrl_c_while_the_gmis_start_prints_no_traceback(tmp_path):
     """Ctrl-C as the first GMI starts: the fork server is still importing torch (it ignores the
     signal only after that), and the controller waits for the GMI's pid before it stops."""
-    from tests.procs import assert_group_gone
+    from tests.procs import assert_group_gone, signal_group, start_cli
 
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--gmi.num-gmis", "2",
-         "--total-timesteps", "100000", "--no-compile", "--log.no-tensorboard", "--run-dir",
-         str(tmp_path / "run")],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        first = proc.stderr.readline()
-        while first and "run directory:" not in first:  # printed just before the GMIs start
-            first = proc.stderr.readline()
+    proc = start_cli(["train", "ppo", "--gmi.num-gmis", "2", "--total-timesteps", "100000",
+                      "--no-compile", "--log.no-tensorboard", "--run-dir", str(tmp_path / "run")],
+                     tmp_path)
+
+    def starting():
+        line = proc.stderr.readline()
+        while line and "run directory:" not in line:  # printed just before the GMIs start
+            line = proc.stderr.readline()
         time.sleep(0.3)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+
+    err = signal_group(proc, starting, signal.SIGINT, timeout_s=60)
     assert proc.returncode == 130, err
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert "Traceback" not in err and "Error" not in err, err
@@ -150,26 +146,19 @@ def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
     """kill -9 of a run's whole process group (its resource tracker too) runs no clean-up;
     the next launch unlinks the blocks whose creator is gone."""
     from gmi_drl import blocks
+    from tests.procs import group_members, signal_group, start_cli
 
     def ours():
         return {n for n in os.listdir("/dev/shm") if n.startswith("gmidrl_")}
 
     before = ours()
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--gmi.num-gmis", "2",
-         "--total-timesteps", "100000000", "--no-compile", "--log.no-tensorboard",
-         "--run-dir", str(run)],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
-    try:
-        wait_until_written(proc, run, "metrics.csv", "the run did not start")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    proc = start_cli(["train", "ppo", "--gmi.num-gmis", "2", "--total-timesteps", "100000000",
+                      "--no-compile", "--log.no-tensorboard", "--run-dir", str(run)], tmp_path)
+    signal_group(proc, lambda: wait_until_written(proc, run, "metrics.csv", "did not start"),
+                 signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
+    while group_members(proc.pid):
         assert time.monotonic() < deadline, "the killed group's processes did not end"
         time.sleep(0.1)
     left = ours() - before

@@ -1,8 +1,6 @@
 """Multi-GMI synchronous PPO (GMI-DRL §5.1 TCG_EX): every GMI ends with bit-identical weights,
 in every placement."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -93,7 +91,7 @@ def test_a_run_stopped_by_ctrl_c_leaves_the_switch_and_resumes_on_it_at_once(tmp
     import time
 
     from tests.comm.switch.harness import Switch
-    from tests.procs import wait_until_written
+    from tests.procs import signal_group, start_cli, wait_until_written
 
     switch = Switch("--member-timeout", "30")
     run = tmp_path / "run"
@@ -101,17 +99,11 @@ def test_a_run_stopped_by_ctrl_c_leaves_the_switch_and_resumes_on_it_at_once(tmp
              "--gmi.num-gmis", "2", "--gmi.reduction", "switch", "--gmi.switch-addr",
              switch.addr, "--no-compile", "--log.no-tensorboard"]
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", *flags, "--total-timesteps",
-             "100000000", "--checkpoint.every", "1", "--run-dir", str(run)],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        try:
-            wait_until_written(proc, run, "checkpoints/*.pt", "the run made no checkpoint")
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.communicate(timeout=30)
-        finally:
-            proc.kill()
+        proc = start_cli(["train", "ppo", *flags, "--total-timesteps", "100000000",
+                          "--checkpoint.every", "1", "--run-dir", str(run)], tmp_path)
+        signal_group(proc, lambda: wait_until_written(proc, run, "checkpoints/*.pt",
+                                                      "the run made no checkpoint"),
+                     signal.SIGINT)
         assert proc.returncode == 130
         assert switch.stats()["members"] == 0  # both GMIs left on their way out
         newest = max(int(p.stem.split("-")[1]) for p in run.glob("checkpoints/*.pt"))
