@@ -10,8 +10,8 @@ once they are gone. It sits below every layer (as `gmi_drl.errors` does), since 
 
 A local run killed with SIGKILL as a whole (``kill -9`` of its process group, multiprocessing's
 resource tracker included) runs no clean-up either. On Linux a block's name says who made it
-(``gmidrl_<pid namespace>_<pid>_<start time>_<random>``), so `reclaim_orphans`, which the local
-launcher runs as a run starts, unlinks those whose creator is gone.
+(``gmidrl_<pid namespace>_<pid>_<start time>_<random>``), so `reclaim_orphans`, which every
+run of `gmi_drl.train.train` calls as it starts, unlinks those whose creator is gone.
 """
 
 from __future__ import annotations
@@ -81,16 +81,29 @@ def _owner(pid: int) -> str | None:
 
 
 def reclaim_orphans() -> list[str]:
-    """Unlink the blocks of this pid namespace whose creator is gone (see the module docstring);
-    returns their names. Blocks of other names, and of live creators, are left alone."""
+    """Unlink this user's blocks of this pid namespace whose creator is gone (see the module
+    docstring); returns their names. Blocks of other names, of other users and of live creators
+    are left alone, and so is everything where /proc is not this pid namespace's (``unshare
+    --pid`` without its own /proc: a pid there names another process). Never raises: a block
+    another launch unlinked first, or one that cannot be unlinked, is passed by."""
     try:
-        entries = os.listdir(_SHM_DIR)
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return []
         namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+        entries = os.listdir(_SHM_DIR)
     except OSError:
         return []
-    orphans = []
+    gone = []
     for entry in entries:
         m = _NAME.fullmatch(entry)
-        if m is not None and m[1] == namespace and _owner(int(m[2])) != f"{m[1]}_{m[2]}_{m[3]}":
-            orphans.append(entry)
-    return unlink(orphans)
+        if m is None or m[1] != namespace or _owner(int(m[2])) == f"{m[1]}_{m[2]}_{m[3]}":
+            continue
+        path = os.path.join(_SHM_DIR, entry)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        gone.append(entry)
+    return gone

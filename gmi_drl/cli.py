@@ -113,10 +113,12 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         default = _resumed_config(resume)
         if default.algo_name != algo:
             if _checkpoint_algo(resume) == algo:
-                raise ConfigError(f"{Path(resume) / 'config.json'} configures "
-                                  f"{default.algo_name}, but the checkpoint in {resume} is a "
-                                  f"{algo} run: restore config.json, or delete it and the "
-                                  "checkpoint's copy is used")
+                from gmi_drl.checkpoint import resolve_checkpoint
+
+                stored = resolve_checkpoint(resume).parent.parent / "config.json"
+                raise ConfigError(f"{stored} configures {default.algo_name}, but the checkpoint "
+                                  f"in {resume} is a {algo} run: restore config.json, or delete "
+                                  "it and the checkpoint's copy is used")
             raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}: run "
                               f"{prog} {default.algo_name} --resume {resume}")
     elif config is not None:

@@ -8,11 +8,13 @@ GMI; GMI 0's result and the placement's description make ``summary.md``.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from gmi_drl import blocks
 from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
@@ -22,6 +24,8 @@ from gmi_drl.runner.placement import make_placement
 from gmi_drl.runner.preflight import build_on_cpu, preflight
 from gmi_drl.runner.run import Run, RunStopped
 from gmi_drl.telemetry.progress import Progress
+
+log = logging.getLogger(__name__)
 
 TARGET = "gmi_drl.runner.loop:gmi_main"
 """the GMI target every placement runs"""
@@ -55,6 +59,14 @@ class TrainResult(NamedTuple):
     (torch.compile); nan for a loop of one iteration"""
 
 
+def _reclaim_shared_memory() -> None:
+    """Unlink what runs killed with SIGKILL as a whole left in /dev/shm (`blocks`)."""
+    reclaimed = blocks.reclaim_orphans()
+    if reclaimed:
+        log.info("unlinked %d shared-memory block(s) that killed runs left in /dev/shm",
+                 len(reclaimed))
+
+
 def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
     """Train ``cfg.algo`` on ``cfg.env.task_id`` for ``cfg.num_iterations`` iterations; blocks.
 
@@ -82,6 +94,7 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     try:
         with run.claimed(), run.log_file():
             run.start()
+            _reclaim_shared_memory()
             with run.telemetry():
                 results = placement.launch(TARGET, LoopSpec(run, on_progress))
     except STOPS as e:

@@ -144,7 +144,7 @@ def test_ctrl_c_while_the_gmis_start_prints_no_traceback(tmp_path):
 
 def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
     """kill -9 of a run's whole process group (its resource tracker too) runs no clean-up;
-    the next launch unlinks the blocks whose creator is gone."""
+    the next run unlinks the blocks whose creator is gone."""
     from gmi_drl import blocks
     from tests.procs import group_members, signal_group, start_cli
 

@@ -7,6 +7,7 @@ tensors (the warp engine on a CUDA device) it copies each output to the host onc
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -108,7 +109,7 @@ def shared_env_attr(face, name: str, space_attrs: tuple[str, str]) -> Any:
               "observation_space": lambda: getattr(face, space_attrs[0]),
               "action_space": lambda: getattr(face, space_attrs[1]),
               "metadata": lambda: face.metadata,
-              "spec": lambda: gym.registry.get(face.pool.spec.task_id)}
+              "spec": lambda: copy.deepcopy(gym.registry.get(face.pool.spec.task_id))}
     if name not in shared:
         raise AttributeError(
             f"gmi-drl pools have no per-env attribute or method {name!r}: the envs of a pool are "

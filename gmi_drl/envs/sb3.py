@@ -227,9 +227,12 @@ def make_vec_env(env_id: str, n_envs: int = 1, seed: int | None = None, start_in
     monitor_kwargs = dict(monitor_kwargs or {})
     monitor_kwargs.pop("allow_early_resets", None)
     override = monitor_kwargs.pop("override_existing", True)
-    if any(monitor_kwargs.values()):
-        errors.append(f"monitor_kwargs {sorted(monitor_kwargs)}: gmi-drl pools carry no per-env "
-                      "info keys for Monitor to record (override_existing and "
+    unknown = sorted(set(monitor_kwargs) - {"info_keywords", "reset_keywords"})
+    if unknown:
+        errors.append(f"monitor_kwargs {unknown}: not Monitor's")
+    if any(monitor_kwargs.get(k) for k in ("info_keywords", "reset_keywords")):
+        errors.append("monitor_kwargs info_keywords / reset_keywords: gmi-drl pools carry no "
+                      "per-env info keys for Monitor to record (override_existing and "
                       "allow_early_resets are taken)")
     twice = sorted(set(env_kwargs or {}) & set(task_kwargs))
     if twice:

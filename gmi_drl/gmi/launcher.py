@@ -41,7 +41,6 @@ import time
 import traceback
 from typing import Any, Sequence
 
-from gmi_drl import blocks
 from gmi_drl.comm.reduction import Reduction
 from gmi_drl.errors import exception_line
 from gmi_drl.gmi.backends import BackendKind, MPSDaemon, process_env
@@ -80,7 +79,9 @@ def _start_fork_server() -> None:
     server ignores it itself only once its preload imports are done, and a Ctrl-C during those
     seconds printed their traceback on the terminal. An ignored signal stays ignored across the
     server's exec; the controller's own Ctrl-C handling is unchanged, and a GMI sets its
-    handlers first thing (`_gmi_main`)."""
+    handlers first thing (`_gmi_main`). The server is this process's for good: any other child
+    it forks later (multiprocessing's forkserver context, used outside gmi-drl) starts with
+    Ctrl-C ignored too."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread():
@@ -224,8 +225,10 @@ def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
         yield
         return
     pending: list[int] = []
-    old = {n: signal.signal(n, lambda signum, _frame: pending.append(signum)) for n in signums}
+    old: dict[int, Any] = {}
     try:
+        for n in signums:
+            old[n] = signal.signal(n, lambda signum, _frame: pending.append(signum))
         yield
     finally:
         for n, handler in old.items():
@@ -299,10 +302,6 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
         raise ValueError(f"{len(service_addrs)} {layout.reduction.value} addresses for {n} GMIs")
     if netns is not None and len(netns) != n:
         raise ValueError(f"{len(netns)} network namespaces for {n} GMIs")
-    reclaimed = blocks.reclaim_orphans()
-    if reclaimed:
-        log.info("unlinked %d shared-memory block(s) that killed runs left in /dev/shm",
-                 len(reclaimed))
     made = [ShmGroup.create(size, reducer_capacity) for size in shm_group_sizes(layout)]
     owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
@@ -365,7 +364,7 @@ def _start(procs: list, mpctx, layout, machine, target, payload, group, beats, r
         if prefix is None:
             with _signals_deferred():
                 p.start()
-            p.started_ticks = (_proc_stat(p.pid) or ("", None))[1]  # see `_running`
+                p.started_ticks = (_proc_stat(p.pid) or ("", None))[1]  # see `_running`
         else:
             with _interpreter(pctx, _prefixed_python(prefix, tmp, spec.gmi_id)):
                 p.start()

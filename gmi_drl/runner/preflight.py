@@ -99,8 +99,9 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
             conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
     if conflicts:
-        edited = ("" if Path(cfg.resume).is_file() else
-                  f"; with no such flag given, {Path(cfg.resume) / 'config.json'} differs from "
+        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+        edited = ("" if run_dir is None else
+                  f"; with no such flag given, {run_dir / 'config.json'} differs from "
                   "the checkpoint's own config: restore it, or delete it and the checkpoint's "
                   "copy is used")
         raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
@@ -113,10 +114,11 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
                           f"{int(state['iteration'])} of the {cfg.num_iterations} that "
                           f"total_timesteps={cfg.total_timesteps:,} allows; raise "
                           "--total-timesteps to train on"
-                          + ("" if (Path(cfg.resume) / "summary.md").exists() or
-                             Path(cfg.resume).is_file() else
-                             " (it was stopped after its last checkpoint, before summary.md; "
-                             "metrics.csv holds its whole learning curve)"))
+                          + (" (it was stopped after its last checkpoint, before summary.md; "
+                             "metrics.csv holds its whole learning curve)"
+                             if int(state["iteration"]) >= stored.num_iterations
+                             and ckpt.parent.name == "checkpoints"
+                             and not (ckpt.parent.parent / "summary.md").exists() else ""))
     first = int(state["iteration"])
     if cfg.profile.tool != "none" and max(cfg.profile.iterations, default=-1) < first:
         # a warning, not a refusal: a profiled run resumed as it was keeps its old iterations

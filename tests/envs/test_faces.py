@@ -155,6 +155,7 @@ def test_make_vec_takes_gymnasiums_arguments_and_get_attr_answers_as_sync_vector
     for name in ("observation_space", "action_space", "render_mode"):
         assert ours.get_attr(name) == ref.get_attr(name) == ours.call(name), name
     assert ours.get_attr("spec")[0].id == "Pendulum-v1"
+    assert ours.get_attr("spec")[0] is not gym.registry["Pendulum-v1"]  # a copy to change
     with pytest.raises(AttributeError, match="no per-env attribute or method 'g'"):
         ours.get_attr("g")
     with pytest.raises(AttributeError, match="no per-env attribute or method 'step'"):
@@ -471,11 +472,11 @@ def test_sb3_make_vec_env_writes_monitor_files_as_sb3s_and_names_what_it_refuses
         rows = [[row[:2] for row in csv.reader(lines[1:])] for lines in (mine, theirs)]
         assert rows[0] == rows[1] and len(rows[0]) > 5  # header r,l,t, then r and l alike
     with pytest.raises(ValueError, match=r"wrapper_class wraps each single env.*vec_env_cls=.*"
-                       r"DummyVecEnv and SubprocVecEnv only.*monitor_kwargs \['info_keywords'\]"
-                       r".*\['g'\] given both"):
+                       r"DummyVecEnv and SubprocVecEnv only.*monitor_kwargs \['overide_existing'"
+                       r"\]: not Monitor's; monitor_kwargs info_keywords.*\['g'\] given both"):
         make_vec_env("Pendulum-v1", 2, wrapper_class=gym.wrappers.ClipAction, vec_env_cls=int,
-                     monitor_kwargs={"info_keywords": ("is_success",)}, env_kwargs={"g": 5.0},
-                     g=2.0)
+                     monitor_kwargs={"info_keywords": ("is_success",), "overide_existing": False},
+                     env_kwargs={"g": 5.0}, g=2.0)
     with pytest.raises(ValueError, match="takes a task id, not a callable; register"):
         make_vec_env(lambda: gym.make("CartPole-v1"), 2)
     env = make_vec_env("Pendulum-v1", 1, seed=0, env_kwargs={"g": 5.0})  # env_kwargs: the task's
