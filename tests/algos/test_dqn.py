@@ -175,6 +175,7 @@ def test_dqn_learns_cartpole(tmp_path):
     assert best >= 100, returns[-40:]
 
 
+@pytest.mark.slow
 def test_the_default_preset_learns_cartpole_with_q_bounded(tmp_path):
     """`gmi-drl train dqn` on CartPole (the classic preset: CleanRL's dqn.py) over 60k steps:
     Q stays below 1 / (1 - gamma) = 100 and the last 20 episodes average above 100 (206.8 on
