@@ -59,6 +59,12 @@ def checkpoint_dir(path: str | Path) -> Path:
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory that holds checkpoint file ``checkpoint`` (``RUN/checkpoints/*.pt``),
+    or ``None`` for a file outside one (a checkpoint copied elsewhere)."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
 def checkpoint_iteration(path: Path) -> int:
     """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``).
 

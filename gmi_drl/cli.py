@@ -162,7 +162,8 @@ def _resumed_config(resume: str):
     Raises:
         CheckpointError: no checkpoint that loads. ConfigError: neither holds a config.
     """
-    from gmi_drl.checkpoint import CheckpointError, find_loadable, resolve_checkpoint
+    from gmi_drl.checkpoint import (CheckpointError, find_loadable, resolve_checkpoint,
+                                    run_dir_of)
     from gmi_drl.config import ConfigError, from_dict
 
     try:
@@ -182,7 +183,7 @@ def _resumed_config(resume: str):
         return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
         _, state = find_loadable(resume)  # (a file that is no checkpoint says so here first)
-        if ckpt.parent.name == "checkpoints":  # in a run directory, which has a config.json
+        if run_dir_of(ckpt) is not None:  # in a run directory, which has a config.json
             logging.getLogger(__name__).warning(
                 "%s/config.json: %s; using the config stored in the checkpoint",
                 ckpt.parent.parent, getattr(e, "strerror", None) or e)

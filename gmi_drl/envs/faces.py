@@ -91,7 +91,6 @@ def rebuild(make: Callable[[np.ndarray], Any], old_pool, seeds: np.ndarray):
     return pool
 
 
-
 def shared_env_attr(face, name: str, space_attrs: tuple[str, str]) -> Any:
     """What every env of ``face``'s pool shares, as a face's ``get_attr`` / ``call`` returns it
     per env: ``render_mode`` (``None``: pools do not render), one env's observation and action

@@ -10,6 +10,7 @@ import functools
 import logging
 from pathlib import Path
 
+from gmi_drl.checkpoint import run_dir_of
 from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts
 
 
@@ -98,8 +99,8 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
             algo.load_state_dict({k: v for k, v in saved.items() if k != "replay"})
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
             conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
+    run_dir = run_dir_of(ckpt)
     if conflicts:
-        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
         edited = ("" if run_dir is None else
                   f"; with no such flag given, {run_dir / 'config.json'} differs from "
                   "the checkpoint's own config: restore it, or delete it and the checkpoint's "
@@ -117,8 +118,8 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
                           + (" (it was stopped after its last checkpoint, before summary.md; "
                              "metrics.csv holds its whole learning curve)"
                              if int(state["iteration"]) >= stored.num_iterations
-                             and ckpt.parent.name == "checkpoints"
-                             and not (ckpt.parent.parent / "summary.md").exists() else ""))
+                             and run_dir is not None
+                             and not (run_dir / "summary.md").exists() else ""))
     first = int(state["iteration"])
     if cfg.profile.tool != "none" and max(cfg.profile.iterations, default=-1) < first:
         # a warning, not a refusal: a profiled run resumed as it was keeps its old iterations
