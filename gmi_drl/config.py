@@ -982,11 +982,27 @@ _NESTED = {"env": EnvConfig, "model": ModelConfig, "norm": NormConfig, "log": Lo
 
 
 def to_dict(cfg: TrainConfig) -> dict:
-    """The config as plain JSON-able data (what config.json and checkpoints hold); the
-    algorithm's fields sit under its name: ``{"algo": {"ppo": {...}}, ...}``."""
+    """The config as plain, strict-JSON data (what config.json and checkpoints hold); the
+    algorithm's fields sit under its name: ``{"algo": {"ppo": {...}}, ...}``. An infinite
+    float ("no bound", `_INF_MEANS_OFF`) is the string ``"inf"``: JSON has no infinity, and
+    Python's ``Infinity`` token is refused by jq and most other readers."""
     data = dataclasses.asdict(cfg)
     data["algo"] = {algo_name(cfg.algo): data["algo"]}
-    return data
+    return _inf_as_text(data)
+
+
+def _inf_as_text(data: dict) -> dict:
+    return {k: _inf_as_text(v) if isinstance(v, dict)
+            else ("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v)
+            else v for k, v in data.items()}
+
+
+def _inf_from_text(cls, fields: dict) -> dict:
+    """``fields`` of dataclass ``cls`` with ``"inf"`` read back as a float where the field is one
+    (`to_dict` writes it so); every other value as given, for `field_type_errors` to judge."""
+    hints = typing.get_type_hints(cls)
+    return {k: float(v) if hints.get(k) is float and v in ("inf", "-inf") else v
+            for k, v in fields.items()}
 
 
 def load_config_file(path: str) -> TrainConfig:
@@ -1049,8 +1065,11 @@ def from_dict(data: dict) -> TrainConfig:
                 errors += _unknown_fields(cls, data[key], key)
     if errors:
         raise ConfigError("config file: " + "; ".join(errors))
-    rest = {k: _NESTED[k](**v) if k in _NESTED else v for k, v in data.items() if k != "algo"}
-    cfg = TrainConfig(algo=ALGORITHMS[name][0](**fields), **rest)
+    rest = {k: _NESTED[k](**_inf_from_text(_NESTED[k], v)) if k in _NESTED else v
+            for k, v in data.items() if k != "algo"}
+    algo_cls = ALGORITHMS[name][0]
+    cfg = TrainConfig(algo=algo_cls(**_inf_from_text(algo_cls, fields)),
+                      **_inf_from_text(TrainConfig, rest))
     # checked here too, not only in validate: a config becomes the CLI parser's defaults,
     # which warns about a mistyped default before validate could say what is wrong
     errors = field_type_errors(cfg)

@@ -285,3 +285,27 @@ def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
         assert preset("auto", "Ant-gmi-v0", "ppo").preset == "gmi-ant"
         assert preset("auto", "CartPole-v1", "a2c").preset == "classic"
     assert not caplog.text
+
+
+def test_an_unbounded_gradient_norm_is_written_as_strict_json_and_read_back(tmp_path):
+    import json
+    import math
+
+    from gmi_drl.config import load_config_file
+
+    cfg = preset("classic", algo="dqn")  # CleanRL's DQN: max_grad_norm inf
+    assert math.isinf(cfg.algo.max_grad_norm)
+    text = json.dumps(to_dict(cfg), allow_nan=False)  # raises on an Infinity token
+    assert json.loads(text)["algo"]["dqn"]["max_grad_norm"] == "inf"
+    assert from_dict(json.loads(text)) == cfg
+    # a config.json written before, with Python's Infinity token, still loads
+    old = tmp_path / "config.json"
+    old.write_text(text.replace('"inf"', "Infinity"))
+    assert load_config_file(str(old)).algo.max_grad_norm == math.inf
+    # the text form is read back only where the field is a float
+    data = json.loads(text)
+    data["env"]["task_id"] = "inf"
+    assert from_dict(data).env.task_id == "inf"
+    data["algo"]["dqn"]["learning_rate"] = "-inf"
+    with pytest.raises(ConfigError, match="learning_rate=-inf must be a finite number"):
+        from_dict(data)

@@ -159,7 +159,7 @@ class Run:
         saved = to_dict(self.config)
         saved["run_dir"], saved["resume"] = str(self.run_dir), None
         tmp = self.run_dir / f".config.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(saved, indent=2) + "\n")
+        tmp.write_text(json.dumps(saved, indent=2, allow_nan=False) + "\n")
         os.replace(tmp, self.run_dir / "config.json")  # a kill leaves the old or the new file
         log.info("run directory: %s", self.run_dir)
 
