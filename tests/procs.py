@@ -135,4 +135,5 @@ def assert_group_gone(pgid: int, shm_before: set[str], timeout_s: float = 5.0) -
             break
         time.sleep(0.2)
     assert left == [], f"processes left: {left}"
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    new = set(os.listdir("/dev/shm")) - shm_before
+    assert not new, f"shared memory left: {sorted(new)}"

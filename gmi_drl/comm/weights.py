@@ -55,7 +55,7 @@ class WeightStore:
 
     @classmethod
     def create(cls, nbytes: int) -> "WeightStore":
-        """A zeroed store of ``nbytes`` payload bytes, version 0 (nothing published)."""
+        """A zeroed store of ``nbytes`` payload bytes, nothing published."""
         shm = blocks.create(_HEADER + 2 * max(nbytes, 1))
         np.frombuffer(shm.buf, np.uint8, count=_HEADER)[:] = 0
         return cls(WeightStoreHandle(shm.name, nbytes), shm, owner=True)
@@ -65,9 +65,10 @@ class WeightStore:
         return cls(handle, shared_memory.SharedMemory(name=handle.name))
 
     @property
-    def version(self) -> int:
-        """The newest published version (0: none yet)."""
-        return int(self._version[int(self._latest[0])])
+    def version(self) -> int | None:
+        """The newest published version (``None``: none yet)."""
+        i = int(self._latest[0])
+        return int(self._version[i]) if int(self._seq[i]) else None
 
     def publish(self, arrays: Sequence[np.ndarray], version: int) -> None:
         """Make ``arrays`` (in order) the newest weights, as ``version`` (the one writer).
@@ -87,12 +88,15 @@ class WeightStore:
 
     def read_into(self, arrays: Sequence[np.ndarray], newer_than: int = -1) -> int | None:
         """Copy the newest weights into ``arrays`` when their version is above
-        ``newer_than``; returns that version, or ``None`` (nothing newer: ``arrays``
-        untouched). Never returns a torn copy; never blocks on the writer."""
+        ``newer_than``; returns that version, or ``None`` (nothing newer, or nothing
+        published yet: ``arrays`` untouched). Never returns a torn copy; never blocks on the
+        writer."""
         while True:
             i = int(self._latest[0])
             s1 = int(self._seq[i])
             version = int(self._version[i])
+            if s1 == 0:  # never written: its zero bytes are no weights of version 0
+                return None
             if s1 % 2 or version <= newer_than:
                 if s1 % 2:  # the writer lapped the readers' buffer: read the other one
                     os.sched_yield()

@@ -82,7 +82,10 @@ def _slots(a: dict[str, np.ndarray], lo: int, hi: int) -> Slots:
 
 def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes: bytes,
                  mode: str, max_episode_steps: int | None, seeds: np.ndarray, go, done,
-                 err_conn, parent_pid: int) -> None:
+                 err_conn, err_read, parent_pid: int) -> None:
+    # the read end came with the fork: were it held here, a send into a full pipe would block
+    # for good once the pool's process is gone (no EPIPE while a reader exists)
+    err_read.close()
     # Ctrl-C reaches the whole process group: the pool's process stops and closes its workers,
     # which must not die first (or print tracebacks) on the same signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -96,10 +99,7 @@ def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes:
         env: BatchedEnv = cloudpickle.loads(factory_bytes)(list(range(lo, hi)))
         stepper = Stepper(env, _slots(a, lo, hi), AutoresetMode(mode), max_episode_steps, seeds)
     except BaseException:
-        err_conn.send((list(range(lo, hi)), traceback.format_exc()))
-        ctrl[w, _STATUS] = _ERROR
-        ctrl[w, _SEQ] += 1
-        done.release()
+        _report(w, ctrl, done, err_conn, list(range(lo, hi)))
         return
     ctrl[w, _SEQ] += 1
     done.release()
@@ -118,13 +118,24 @@ def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes:
             else:
                 stepper.reset(ids)
         except BaseException:
-            err_conn.send(((ids + lo).tolist(), traceback.format_exc()))
-            ctrl[w, _STATUS] = _ERROR
+            _report(w, ctrl, done, err_conn, (ids + lo).tolist())
+            continue
         ctrl[w, _SEQ] += 1
         done.release()
     env.close()
     del stepper, a, ctrl, cmd_ids, actions
     shm.close()
+
+
+def _report(w: int, ctrl: np.ndarray, done, err_conn, env_ids: list[int]) -> None:
+    """A worker's failure, from its ``except`` block: mark the command done with an error,
+    then send ``(env_ids, traceback)``. The pool reads the pipe once it sees the command done,
+    so a traceback larger than the pipe's buffer (64 KiB) cannot block the send."""
+    tb = traceback.format_exc()
+    ctrl[w, _STATUS] = _ERROR
+    ctrl[w, _SEQ] += 1
+    done.release()
+    err_conn.send((env_ids, tb))
 
 
 class ProcessEngine(Engine):
@@ -178,7 +189,7 @@ class ProcessEngine(Engine):
                 args=(w, int(self._lo[w]), int(self._hi[w]), self._shm.name, layout, factory,
                       AutoresetMode(mode).value, max_episode_steps,
                       np.asarray(seeds[self._lo[w]:self._hi[w]]), self._go[w], self._done,
-                      send_conn, os.getpid()))
+                      send_conn, recv_conn, os.getpid()))
             p.start()
             send_conn.close()
             self._procs.append(p)
@@ -272,7 +283,10 @@ class ProcessEngine(Engine):
             cmd, ids = self._running[w]
             self._running[w] = None
             if self._ctrl[w, _STATUS] == _ERROR:
-                bad, tb = self._err[w].recv()
+                try:
+                    bad, tb = self._err[w].recv()
+                except EOFError:  # it died between the two
+                    bad, tb = f"{self._lo[w]}..{self._hi[w] - 1}", "(no traceback: it exited)"
                 self._fail(f"env_id {bad} (worker {w}) raised {exception_line(tb)}:\n{tb}")
             if cmd == _STEP:
                 self._completed.append(ids)

@@ -196,3 +196,29 @@ def _close(server, clients, fabrics, stores) -> None:
         f.destroy()
     for s in stores:
         s.close()
+
+
+def test_a_serving_gmi_and_a_follower_that_join_late_get_the_current_weights():
+    """The pusher sends only versions published after a connection joined: one that joins
+    after version 5 (a trainer that started first, or resumed) is handed 5 at once, not left
+    with its initial weights until the next update."""
+    plan = _plan(num_serving=1)
+    trainer, side = Fabric.create(plan), Fabric.create(plan)
+    stores = [WeightStore.create(8) for _ in range(3)]
+    server = BridgeServer(trainer, stores[0], 8, ("127.0.0.1", 0))
+    clients, follower = [], None
+    try:
+        stores[0].publish([np.arange(8, dtype=np.uint8)], 5)
+        time.sleep(0.2)  # the pusher has sent version 5 to nobody
+        clients.append(BridgeClient(side, stores[1], 8, 0, [server.address]))
+        follower = WeightFollower(stores[2], 8, server.address, rank=1)
+        deadline = time.monotonic() + 10
+        while any(s.version != 5 for s in stores[1:]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        got = np.zeros(8, np.uint8)
+        for s in stores[1:]:
+            assert s.read_into([got]) == 5 and (got == np.arange(8)).all()
+    finally:
+        if follower is not None:
+            follower.close()
+        _close(server, clients, [trainer, side], stores)

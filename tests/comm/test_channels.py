@@ -233,3 +233,40 @@ def test_stopping_wakes_a_writer_and_a_batcher_that_wait():
         assert not writer.is_alive() and not reader.is_alive() and len(caught) == 2
     finally:
         fabric.destroy()
+
+
+def test_a_batcher_fed_only_stale_fragments_times_out_saying_so():
+    """Fragments that keep arriving but are all older than ``min_version`` (max_policy_lag)
+    do not hold the deadline off: the batcher times out and says they were stale."""
+    import threading
+
+    plan = _plan(num_serving=1, num_slots=2)
+    fabric = Fabric.create(plan)
+    try:
+        batcher, caught = Batcher(fabric, 0, 1), []
+        batcher.min_version = 10**9  # every fragment of `_fragment` is older
+
+        def serve():
+            try:
+                _serve_here(fabric, 10**6)
+            except ChannelClosed:
+                pass
+
+        def batch():
+            try:
+                batcher.next(timeout_s=1.0)
+            except TimeoutError as e:
+                caught.append(e)
+
+        threads = [threading.Thread(target=serve), threading.Thread(target=batch)]
+        for t in threads:
+            t.start()
+        threads[1].join(20)
+        fabric.stop()
+        threads[0].join(10)
+        assert not threads[1].is_alive(), "the batcher kept waiting on stale fragments"
+        assert batcher.stale_dropped > 0 and len(caught) == 1
+        assert "older than policy version 1000000000" in str(caught[0])
+    finally:
+        fabric.stop()
+        fabric.destroy()

@@ -51,6 +51,20 @@ def test_a_publication_must_fill_the_store():
     try:
         with pytest.raises(ValueError, match="8 bytes published into a store of 16"):
             store.publish([np.zeros(2, np.float32)], 1)
-        assert store.version == 0
+        assert store.version is None
+    finally:
+        store.close()
+
+
+def test_a_store_never_published_reads_nothing():
+    """Its zero bytes are no weights: a follower that read them as version 0 would normalise
+    with zero statistics and then skip the real version 0."""
+    store = WeightStore.create(8)
+    try:
+        got = np.full(2, 7, np.float32)
+        assert store.version is None and store.read_into([got]) is None
+        assert (got == 7).all()
+        store.publish([np.ones(2, np.float32)], 0)
+        assert store.version == 0 and store.read_into([got]) == 0 and (got == 1).all()
     finally:
         store.close()

@@ -15,10 +15,11 @@ class CounterEnv(gym.Env):
     every env was stepped exactly once per action sent, and with which action.
     """
 
-    def __init__(self, episode_len: int = 5, fail_at: int | None = None) -> None:
+    def __init__(self, episode_len: int = 5, fail_at: int | None = None,
+                 fail_padding: int = 0) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float64)
         self.action_space = gym.spaces.Box(-10.0, 10.0, (), np.float64)
-        self.episode_len, self.fail_at = episode_len, fail_at
+        self.episode_len, self.fail_at, self.fail_padding = episode_len, fail_at, fail_padding
         self.t, self.total, self.tag = 0, 0.0, 0.0
 
     def _obs(self) -> np.ndarray:
@@ -33,6 +34,6 @@ class CounterEnv(gym.Env):
     def step(self, action):
         self.t += 1
         if self.fail_at is not None and self.t == self.fail_at:
-            raise RuntimeError("CounterEnv was told to fail here")
+            raise RuntimeError("CounterEnv was told to fail here" + "." * self.fail_padding)
         self.total += float(action)
         return self._obs(), float(action), self.t >= self.episode_len, False, {}

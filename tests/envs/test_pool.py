@@ -17,6 +17,8 @@ from tests.envs.conftest import CounterEnv
 
 envs.register("Counter-test", CounterEnv, episode_len=5)
 envs.register("CounterFail-test", CounterEnv, episode_len=100, fail_at=3)
+envs.register("CounterFailLong-test", CounterEnv, episode_len=100, fail_at=2,
+              fail_padding=200_000)  # a traceback larger than a pipe's buffer (64 KiB)
 envs.register("CartPoleGeneric-test", "CartPole-v1")  # Gymnasium's own, in worker processes
 
 
@@ -199,6 +201,23 @@ def test_env_exception_surfaces_with_env_id_and_traceback_quickly():
         assert "Traceback" in str(err.value)
         with pytest.raises(EnvWorkerError):  # the pool stays failed, it does not hang
             pool.step(_act(np.zeros(4)))
+
+
+def test_a_traceback_larger_than_a_pipe_surfaces_and_the_pool_closes_cleanly():
+    pool = envs.make("CounterFailLong-test", num_envs=4, num_workers=2)
+    try:
+        obs, _ = pool.reset()
+        pids = set(obs[:, 3].astype(int).tolist())
+        pool.step(_act(np.zeros(4)))
+        t0 = time.monotonic()
+        with pytest.raises(EnvWorkerError, match="told to fail here") as err:
+            pool.step(_act(np.zeros(4)))
+        assert time.monotonic() - t0 < 5.0 and len(str(err.value)) > 200_000
+    finally:
+        pool.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_an_env_that_raises_in_this_process_fails_the_pool_as_a_worker_does():

@@ -101,7 +101,8 @@ def _take_weights(conn: socket.socket, kind: int, nbytes: int, version: int,
         raise BridgeError(f"expected weights of {scratch.nbytes} bytes, got kind {kind} of "
                           f"{nbytes}")
     _recv_into(conn, memoryview(scratch))
-    store.publish([scratch], version)
+    if store.version is None or version > store.version:  # a late joiner's first copy can
+        store.publish([scratch], version)  # cross an older push: never step back
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -165,11 +166,16 @@ class BridgeServer:
                 raise BridgeError(f"expected HELLO from a serving GMI, got kind {kind}, "
                                   f"serving {serving}")
             sending = threading.Lock()  # credits (here) and weights (the pusher) interleave
-            with self._lock:
-                table[serving] = (conn, sending)
-                if table is self._conns:
-                    self._greeted.add(serving)
-                    self._hello.notify_all()
+            with sending:
+                with self._lock:
+                    table[serving] = (conn, sending)
+                    if table is self._conns:
+                        self._greeted.add(serving)
+                        self._hello.notify_all()
+                # the pusher sends only versions published from now on: hand over the
+                # current one (a serving GMI that joined late would act, and stamp its
+                # fragments, with its initial weights until the next update)
+                self._send_current(conn)
             if table is self._followers:
                 while conn.recv(1):  # a follower only listens; wait until it leaves
                     pass
@@ -217,6 +223,15 @@ class BridgeServer:
                 continue
             last = queued
             self._broadcast(HEADER.pack(MAGIC, QUEUED, 0, 0, queued))
+
+    def _send_current(self, conn: socket.socket) -> None:
+        """Send ``conn`` the store's newest weights, if any were published (the caller holds
+        its ``sending`` lock)."""
+        scratch = np.empty_like(self._scratch)
+        version = self.store.read_into([scratch])
+        if version is not None:
+            conn.sendall(HEADER.pack(MAGIC, WEIGHTS, 0, scratch.nbytes, version))
+            conn.sendall(memoryview(scratch))
 
     def _push(self) -> None:
         version = -1

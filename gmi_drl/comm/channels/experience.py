@@ -155,6 +155,7 @@ class Batcher:
         """fragments of an older ``policy_version`` are dropped, not batched"""
         self.stale_dropped = 0
         """fragments dropped for their age (`min_version`)"""
+        self._stale_at_deadline = 0
 
     def next(self, block: bool = True, timeout_s: float | None = None) -> bool:
         """Fill `batch` with the next F fragments; ``False`` when ``block`` is false and they
@@ -164,16 +165,23 @@ class Batcher:
             ChannelClosed: the run stopped while waiting. TimeoutError: nothing arrived for
             ``timeout_s`` seconds.
         """
-        deadline = None  # since the last fragment taken: a ready slot that is overwritten
-        while self._filled < self.fragments_per_batch:  # while it is read counts as none
-            if self._take_one():
-                deadline = None
+        # the deadline runs from the last fragment batched: a ready slot overwritten while it
+        # is read counts as none, and so does a fragment dropped as stale (`min_version`)
+        deadline, self._stale_at_deadline = None, self.stale_dropped
+        while self._filled < self.fragments_per_batch:
+            filled = self._filled
+            took = self._take_one()
+            if self._filled > filled:
+                deadline, self._stale_at_deadline = None, self.stale_dropped
                 continue
-            if not block:
+            if not took and not block:
                 return False
             if timeout_s is not None:
                 deadline = deadline or time.monotonic() + timeout_s
-            self._wait(deadline, timeout_s)
+            if took:
+                self._check_deadline(deadline, timeout_s)
+            else:
+                self._wait(deadline, timeout_s)
         self._filled = 0
         return True
 
@@ -194,6 +202,13 @@ class Batcher:
 
     def _check_deadline(self, deadline: float | None, timeout_s: float | None) -> None:
         if deadline is not None and time.monotonic() > deadline:
+            stale = self.stale_dropped - self._stale_at_deadline
+            if stale:
+                raise TimeoutError(
+                    f"trainer {self.trainer} batched nothing for {timeout_s} s: the {stale} "
+                    f"fragments that arrived were all older than policy version "
+                    f"{self.min_version} (--async.max-policy-lag) and were dropped; the "
+                    "serving GMIs are not receiving this trainer's weights")
             dropped = (" (fragments may have kept arriving but been overwritten before they "
                        "could be read: raise --async.channel-slots)"
                        if self.plan.backpressure == "drop_oldest" else "")
