@@ -180,8 +180,17 @@ class ProcessEngine(Engine):
         self._pending: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(num_workers)]
         self._completed: collections.deque[np.ndarray] = collections.deque()
         self._resets_running = 0
-        factory = cloudpickle.dumps(make_env)
         self._procs, self._err = [], []
+        try:
+            self._start_workers(make_env, layout, mode, max_episode_steps, seeds)
+        except BaseException:  # a factory that does not pickle, a fork that fails, a worker
+            self.close()  # whose envs do not build: no block or worker is left behind
+            raise
+
+    def _start_workers(self, make_env, layout, mode, max_episode_steps, seeds) -> None:
+        num_workers = self.num_workers
+        ctx = mp.get_context("fork")
+        factory = cloudpickle.dumps(make_env)
         for w in range(num_workers):
             recv_conn, send_conn = ctx.Pipe(duplex=False)
             p = ctx.Process(
@@ -190,19 +199,17 @@ class ProcessEngine(Engine):
                       AutoresetMode(mode).value, max_episode_steps,
                       np.asarray(seeds[self._lo[w]:self._hi[w]]), self._go[w], self._done,
                       send_conn, recv_conn, os.getpid()))
-            p.start()
-            send_conn.close()
-            self._procs.append(p)
             self._err.append(recv_conn)
-        try:
-            self._busy[:] = True
-            self._running = [(_RESET, np.zeros(0, np.int64))] * num_workers  # the start-up
-            self._resets_running = num_workers
-            while self._resets_running:
-                self._collect(block=True)
-        except BaseException:
-            self.close()
-            raise
+            try:
+                p.start()
+            finally:
+                send_conn.close()
+            self._procs.append(p)
+        self._busy[:] = True
+        self._running = [(_RESET, np.zeros(0, np.int64))] * num_workers  # the start-up
+        self._resets_running = num_workers
+        while self._resets_running:
+            self._collect(block=True)
 
     # --- Engine API ----------------------------------------------------------------------------
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:

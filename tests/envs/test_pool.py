@@ -379,3 +379,18 @@ def test_num_workers_0_is_serial_and_steps_like_the_worker_path():
             a = serial.step(_act([1.0, 2.0, 3.0]))[0].copy()
             b = workers.step(_act([1.0, 2.0, 3.0]))[0]
         np.testing.assert_array_equal(a[:, :3], b[:, :3])
+
+
+def test_a_factory_that_does_not_pickle_leaves_no_shared_memory():
+    import threading
+
+    from gmi_drl.envs.stepper import AutoresetMode
+    from gmi_drl.envs.workers import ProcessEngine
+
+    lock = threading.Lock()  # cloudpickle cannot pickle a lock
+    before = set(os.listdir("/dev/shm"))
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    with pytest.raises(TypeError, match="lock"):
+        ProcessEngine(lambda ids: lock, 4, 2, space, space, AutoresetMode.NEXT_STEP, None,
+                      np.arange(4))
+    assert set(os.listdir("/dev/shm")) - before == set()
