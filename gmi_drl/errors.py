@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 
@@ -20,3 +21,36 @@ def exception_line(tb: str) -> str:
     while i < len(lines) - 1 and lines[i][0].isspace():
         i += 1
     return re.sub(r"^[\w.]+\.(\w+)(?=:|$)", r"\1", lines[i].strip())
+
+
+class TrainingDiverged(RuntimeError):
+    """The weights (or the losses) became NaN or infinite: every update after would be NaN
+    too, so the run stops instead of training and checkpointing garbage."""
+
+
+def check_finite(modules: dict, global_step: int, losses: dict | None = None) -> None:
+    """Raise `TrainingDiverged` when a weight of ``modules`` (``{name: state_dict}``) or a loss
+    of ``losses`` (``{"losses/NAME": value}``; the ``*_loss``, ``entropy`` and ``q_values``
+    entries, not ratios such as ``explained_variance`` that are NaN by definition at times)
+    is NaN or infinite.
+
+    Raises:
+        TrainingDiverged: naming the first such tensor and every such loss, at ``global_step``.
+    """
+    import torch
+
+    bad_losses = [f"{k.removeprefix('losses/')}={float(v)}" for k, v in (losses or {}).items()
+                  if k.startswith("losses/") and (k.endswith("_loss") or k in (
+                      "losses/entropy", "losses/q_values")) and not math.isfinite(float(v))]
+    bad_weight = next((f"{name}.{key}" for name in sorted(modules)
+                       for key, t in modules[name].items()
+                       if torch.is_tensor(t) and t.is_floating_point()
+                       and not bool(torch.isfinite(t).all())), None)
+    if bad_losses or bad_weight:
+        what = (([f"weight {bad_weight} is NaN or infinite"] if bad_weight else [])
+                + ([f"losses {', '.join(bad_losses)}"] if bad_losses else []))
+        raise TrainingDiverged(
+            f"training diverged by env step {global_step:,}: {'; '.join(what)}. Updates after "
+            "it would stay NaN, so the run stopped; no checkpoint holds these weights. Lower "
+            "--algo.learning-rate or --algo.max-grad-norm, or check the task's rewards and "
+            "observations for NaN or huge values, then start a new run")

@@ -18,6 +18,7 @@ from gmi_drl import blocks
 from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
+from gmi_drl.errors import TrainingDiverged
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
@@ -30,9 +31,9 @@ log = logging.getLogger(__name__)
 TARGET = "gmi_drl.runner.loop:gmi_main"
 """the GMI target every placement runs"""
 
-STOPS = (GMIError, EnvWorkerError, SwitchError, KeyboardInterrupt)
+STOPS = (GMIError, EnvWorkerError, SwitchError, TrainingDiverged, KeyboardInterrupt)
 """the failures a started run expects (a GMI or env worker that dies, hangs or raises, a switch
-that does not answer, Ctrl-C): `train` raises them as `RunStopped`"""
+that does not answer, weights gone NaN, Ctrl-C): `train` raises them as `RunStopped`"""
 
 
 class TrainResult(NamedTuple):

@@ -309,3 +309,21 @@ def test_an_unbounded_gradient_norm_is_written_as_strict_json_and_read_back(tmp_
     data["algo"]["dqn"]["learning_rate"] = "-inf"
     with pytest.raises(ConfigError, match="learning_rate=-inf must be a finite number"):
         from_dict(data)
+
+
+@pytest.mark.parametrize("algo, flags, needle", [
+    ("ppo", ["--env.num-envs", "1", "--algo.num-steps", "8", "--algo.num-minibatches", "8"],
+     "leaves minibatches of 1 sample"),
+    ("appo", ["--env.num-envs", "1", "--algo.num-steps", "1", "--algo.fragments-per-batch", "1",
+              "--algo.num-minibatches", "1"], "leaves minibatches of one sample"),
+    ("a3c", ["--env.num-envs", "1", "--algo.num-steps", "1", "--algo.fragments-per-batch", "1",
+             "--algo.normalize-advantage"], "normalize_advantage needs a batch of more than one"),
+])
+def test_advantages_normalised_over_one_sample_are_refused(algo, flags, needle):
+    """Their std is 0 (NaN with torch's unbiased std): every update would be NaN."""
+    from gmi_drl.cli import _train_config  # parses the flags as `gmi-drl train`, validates
+
+    with pytest.raises(ConfigError, match=needle):
+        _train_config(algo, flags)
+    if algo != "a3c":  # the same batch without normalisation is fine
+        _train_config(algo, [*flags, "--algo.no-norm-adv"])

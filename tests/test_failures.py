@@ -80,6 +80,52 @@ def test_a_run_stopped_after_a_checkpoint_names_the_resume_command(tmp_path):
     assert err.value.next_step == f"continue with: gmi-drl train ppo --resume {tmp_path / 'run'}"
 
 
+class NanRewardEnv(FailingEnv):
+    """`FailingEnv` that gives a NaN reward from its ``fail_at``-th step on, instead of raising."""
+
+    def step(self, action):
+        self.steps += 1
+        reward = float("nan") if self.steps >= self.fail_at else 1.0
+        return np.zeros(3, np.float32), reward, self.steps % 10 == 0, False, {}
+
+
+@pytest.mark.parametrize("log_every", [1, 4])
+def test_weights_gone_nan_stop_the_run_and_no_checkpoint_holds_them(tmp_path, log_every):
+    """Found at the metrics row (log_every 1) or, between rows, at the checkpoint (4)."""
+    import torch
+
+    from gmi_drl.errors import TrainingDiverged
+
+    cfg = _cfg(tmp_path, fail_at=40)  # each env's 40th step: iteration 3 (16 steps each)
+    envs.register("Failing-test", NanRewardEnv, fail_at=40)
+    cfg.log.log_every = log_every
+    with pytest.raises(RunStopped) as err:
+        train(cfg)
+    assert isinstance(err.value.__cause__, TrainingDiverged)
+    assert err.value.reason.startswith("TrainingDiverged: training diverged by env step 96: "
+                                       "weight actor_critic.")
+    assert "resuming with the same settings would repeat it" in err.value.next_step
+    saved = sorted((tmp_path / "run" / "checkpoints").glob("*.pt"))
+    assert [p.name for p in saved] == ["iteration-0000001.pt", "iteration-0000002.pt"]
+    for path in saved:
+        for module in load_checkpoint(path)["algo"]["modules"].values():
+            assert all(bool(torch.isfinite(t).all()) for t in module.values())
+
+
+def test_a_nan_loss_or_weight_is_named_and_a_nan_explained_variance_is_not():
+    import torch
+
+    from gmi_drl.errors import TrainingDiverged, check_finite
+
+    fine = {"actor": {"w": torch.ones(2), "steps": torch.tensor(3)}}
+    check_finite(fine, 10, {"losses/value_loss": 0.5, "losses/explained_variance": float("nan")})
+    with pytest.raises(TrainingDiverged, match=r"by env step 10: losses td_loss=inf\."):
+        check_finite(fine, 10, {"losses/td_loss": float("inf")})
+    fine["critic"] = {"b": torch.tensor([0.0, float("nan")])}
+    with pytest.raises(TrainingDiverged, match="weight critic.b is NaN or infinite"):
+        check_finite(fine, 10)
+
+
 @pytest.mark.parametrize("debug, reduction", [(False, "auto"), (True, "auto"), (False, "ring")])
 def test_a_killed_gmi_prints_two_lines_and_resume_continues(tmp_path, debug, reduction):
     """With a gloo ring the killed GMI's peer raises a connection error at once: the killed

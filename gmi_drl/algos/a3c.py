@@ -63,6 +63,9 @@ class A3CConfig:
             (self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1"),
             (self.fragments_per_batch >= 1,
              f"algo.fragments_per_batch={self.fragments_per_batch} must be >= 1"),
+            (not self.normalize_advantage or self.steps_per_iteration(num_envs) != 1,
+             "algo.normalize_advantage needs a batch of more than one sample "
+             "(fragments_per_batch * env.num_envs * algo.num_steps); raise one of them"),
             (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
             (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
             (self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0"),

@@ -75,6 +75,12 @@ class APPOConfig:
             (self.num_minibatches >= 1 and (F * num_envs) % self.num_minibatches == 0,
              f"algo.num_minibatches={self.num_minibatches} must divide the "
              f"{F * num_envs} trajectories of a batch (fragments_per_batch * env.num_envs)"),
+            (not self.norm_adv or self.num_minibatches < 1 or F < 1
+             or F * num_envs * self.num_steps >= 2 * self.num_minibatches,
+             f"algo.num_minibatches={self.num_minibatches} leaves minibatches of one sample "
+             f"(a batch of {F * num_envs * self.num_steps}: fragments_per_batch * env.num_envs "
+             "* algo.num_steps): normalising advantages needs 2 or more (their std); lower "
+             "--algo.num-minibatches, raise the batch, or pass --algo.no-norm-adv"),
             (self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs} must be >= 1"),
             (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
             (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),

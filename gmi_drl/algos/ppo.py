@@ -77,6 +77,11 @@ class PPOConfig:
             need(batch % self.num_minibatches == 0,
                  f"env.num_envs * algo.num_steps={batch} must be a multiple of "
                  f"algo.num_minibatches={self.num_minibatches}")
+            need(not self.norm_adv or batch >= 2 * self.num_minibatches,
+                 f"algo.num_minibatches={self.num_minibatches} leaves minibatches of "
+                 f"{batch // self.num_minibatches} sample (env.num_envs * algo.num_steps="
+                 f"{batch}): normalising advantages needs 2 or more (their std); lower "
+                 "--algo.num-minibatches, raise the batch, or pass --algo.no-norm-adv")
         need(num_gmis == 1 or self.target_kl is None,
              f"algo.target_kl={self.target_kl} with gmi.num_gmis={num_gmis}: GMIs would stop "
              "their epochs at different points and break the gradient collective; use "

@@ -23,6 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
+from gmi_drl.errors import check_finite
 from gmi_drl.rollout.collector import Episodes
 from gmi_drl.runner.loop import LoopResult, _digest, per_iteration, steady_sps
 from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
@@ -289,7 +290,9 @@ def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) ->
                 first_s = elapsed if k == first else first_s
                 t.record(step, global_step, elapsed)
                 if (k + 1) % cfg.log.log_every == 0 or last:
-                    _digest(chain, t.learner.state_dict()["modules"])
+                    modules = t.learner.state_dict()["modules"]
+                    _digest(chain, modules)
+                    check_finite(modules, global_step, step.metrics)
                     now = t.tree.snapshot_s()
                     perf = per_iteration(now, before, k + 1 - logged_k)
                     before, logged_k = now, k + 1

@@ -26,6 +26,7 @@ from gmi_drl.rollout.collector import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
+from gmi_drl.errors import check_finite
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.profiler import make_profiler
 from gmi_drl.telemetry.progress import Progress
@@ -244,7 +245,9 @@ def loop(t: Trainer, progress: Callable[[Progress], None] | None) -> LoopResult:
                     first_s = elapsed if k == first else first_s
                     t.record(episodes, global_step, elapsed)
                     if (k + 1) % cfg.log.log_every == 0 or last:
-                        _digest(chain, algo.state_dict()["modules"])
+                        modules = algo.state_dict()["modules"]
+                        _digest(chain, modules)
+                        check_finite(modules, global_step, metrics)
                         sps = (k + 1 - first) * batch / elapsed
                         now = _totals(t.tree)
                         metrics.update(per_iteration(now, before, k + 1 - logged_k))

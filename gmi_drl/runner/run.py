@@ -28,6 +28,7 @@ from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_load
                                 list_checkpoints, load_checkpoint, prune_checkpoints,
                                 save_checkpoint)
 from gmi_drl.config import ConfigError, TrainConfig, to_dict
+from gmi_drl.errors import TrainingDiverged, check_finite
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,11 @@ class RunStopped(RuntimeError):
             lines = str(cause).strip().splitlines()
             self.reason = (f"{type(cause).__name__}: {lines[0]}" if lines
                            else type(cause).__name__) + "; the run was stopped"
-        if isinstance(cause, GMIError) and cause.exception.startswith("CheckpointError"):
+        if isinstance(cause, TrainingDiverged) or (
+                isinstance(cause, GMIError) and cause.exception.startswith("TrainingDiverged")):
+            self.next_step = ("resuming with the same settings would repeat it: start a new run "
+                              "with the changes above")
+        elif isinstance(cause, GMIError) and cause.exception.startswith("CheckpointError"):
             self.next_step = ("the checkpoint did not load into this run: resume with the run's "
                               "own flags, or start a new run")
         elif (found := list_checkpoints(run.run_dir)) and checkpoint_iteration(
@@ -220,7 +225,11 @@ class Run:
     def save_checkpoint(self, state: dict) -> Path:
         """Write ``state`` (with the config) atomically to ``checkpoints/iteration-<k>.pt``
         (``k = state["iteration"]``), then delete all but the newest ``checkpoint.keep``;
-        returns the file written."""
+        returns the file written.
+
+        Raises:
+            TrainingDiverged: a weight is NaN or infinite (nothing is written)."""
+        check_finite(state["algo"]["modules"], int(state["global_step"]))
         path = self.checkpoint_dir / checkpoint_name(int(state["iteration"]))
         save_checkpoint(path, {"config": to_dict(self.config), **state})
         prune_checkpoints(self.checkpoint_dir, self.config.checkpoint.keep)
