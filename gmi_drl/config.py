@@ -613,8 +613,10 @@ def validate(cfg: TrainConfig) -> None:
     from gmi_drl.envs.native_tasks import mujoco_unavailable
 
     errors = field_type_errors(cfg)
-    if errors:  # (the rules below compare values: they need the right types)
+    if any(not err.endswith("must be a finite number") for err in errors):
+        # (the rules below compare values: they need the right types; NaN and inf compare)
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    non_finite = {err.split("=", 1)[0] for err in errors}
     e, m, lg, n = cfg.env, cfg.model, cfg.log, cfg.norm
 
     def need(ok: bool, msg: str) -> None:
@@ -624,7 +626,7 @@ def validate(cfg: TrainConfig) -> None:
     known = e.task_id in list_tasks() or e.task_id in gym.registry
     no_mujoco = mujoco_unavailable()
     need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id"
-         + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else ""))
+         + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else "") + _nearest_task(e.task_id))
     try:
         names = engines(e.task_id) if known else []
     except ValueError as err:  # a MuJoCo task where MuJoCo does not import
@@ -669,8 +671,8 @@ def validate(cfg: TrainConfig) -> None:
          f"log.gpu_util_interval_s={lg.gpu_util_interval_s} must be >= 0 (0: off)")
     _validate_profile(cfg, need)
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
-    need(cfg.seed >= 0, f"seed={cfg.seed} must be >= 0 (env i is seeded seed + i, and Gymnasium "
-         "takes no negative seeds)")
+    need(0 <= cfg.seed < 2**62, f"seed={cfg.seed} must be in [0, 2**62) (env i is seeded seed + i, "
+         "Gymnasium takes no negative seeds, and the engines take 64-bit ones)")
     if cfg.device == "cuda":
         import torch
 
@@ -696,8 +698,22 @@ def validate(cfg: TrainConfig) -> None:
         files = [d for d in dirs if os.path.exists(d) and not os.path.isdir(d)]
         need(not files, f"{files[0] if files else ''} is a file where the run writes a "
              "directory: move it, or choose another --run-dir")
+    # a NaN or infinite field is named once, as such, not again by a rule it also breaks
+    errors = [err for i, err in enumerate(errors)
+              if i < len(non_finite) or err.split("=", 1)[0] not in non_finite]
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _nearest_task(task_id: str) -> str:
+    """`` (did you mean 'X'?)`` for the registered task nearest ``task_id``, else how to list
+    them."""
+    from gmi_drl.envs import list_tasks
+
+    names = {name.lower(): name for name in [*gym.registry, *list_tasks()]}
+    near = difflib.get_close_matches(task_id.lower(), names, n=1, cutoff=0.85)
+    return (f" (did you mean {names[near[0]]!r}?)" if near else
+            "; python -c 'import gmi_drl.envs as e; print(e.list_tasks())' lists gmi-drl's own")
 
 
 _INF_MEANS_OFF = {"max_grad_norm"}

@@ -108,7 +108,7 @@ def test_fields_of_the_wrong_type_or_not_finite_are_named():
         assert msg in str(e.value)
     cfg = preset("classic")
     cfg.seed = -1
-    with pytest.raises(ConfigError, match="seed=-1 must be >= 0"):
+    with pytest.raises(ConfigError, match=r"seed=-1 must be in \[0, 2\*\*62\)"):
         validate(cfg)
     cfg = preset("classic")  # a list's items, as a config file gives them
     cfg.profile.iterations, cfg.profile.ranks = ["1"], [0, "a"]
@@ -327,3 +327,18 @@ def test_advantages_normalised_over_one_sample_are_refused(algo, flags, needle):
         _train_config(algo, flags)
     if algo != "a3c":  # the same batch without normalisation is fine
         _train_config(algo, [*flags, "--algo.no-norm-adv"])
+
+
+def test_every_broken_rule_is_named_at_once_a_non_finite_field_once():
+    from gmi_drl.cli import _train_config
+
+    with pytest.raises(ConfigError) as err:
+        _train_config("ppo", ["--algo.gamma", "1.5", "--algo.learning-rate", "inf",
+                              "--env.num-envs", "0", "--seed", str(2**64),
+                              "--env.task-id", "cartpole-v1"])
+    lines = str(err.value).splitlines()[1:]
+    assert [ln.split("=")[0].strip() for ln in lines] == [
+        "algo.learning_rate", "env.task_id", "env.num_envs", "algo.gamma", "seed"]
+    assert "algo.learning_rate=inf must be a finite number" in lines[0]  # not also "> 0"
+    assert "(did you mean 'CartPole-v1'?)" in lines[1]
+    assert "must be in [0, 2**62)" in lines[4]

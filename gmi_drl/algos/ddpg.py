@@ -35,7 +35,7 @@ from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
-                                   refill_steps)
+                                   refill_steps, replay_config_errors)
 
 
 @dataclass
@@ -110,7 +110,8 @@ class DeterministicPGConfig:
             (self.target_noise_clip >= 0,
              f"algo.target_noise_clip={self.target_noise_clip} must be >= 0"),
         ]
-        return [msg for ok, msg in checks if not ok]
+        return [msg for ok, msg in checks if not ok] + replay_config_errors(
+            self.buffer_size, self.batch_size, self.n_step, num_envs)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
-                                   refill_steps)
+                                   refill_steps, replay_config_errors)
 
 
 @dataclass
@@ -107,7 +107,8 @@ class DQNConfig:
             (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
             (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
         ]
-        return [msg for ok, msg in checks if not ok]
+        return [msg for ok, msg in checks if not ok] + replay_config_errors(
+            self.buffer_size, self.batch_size, self.n_step, num_envs)
 
 
 class QNetwork(nn.Module):

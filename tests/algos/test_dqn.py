@@ -153,6 +153,17 @@ def test_dqn_refuses_what_it_cannot_learn():
     assert DQNConfig(end_e=0.5, start_e=0.1, buffer_size=0, n_step=0).validate(1, 1) == [
         "algo.buffer_size=0 must be >= 1", "algo.n_step=0 must be >= 1",
         "algo.start_e=0.1, algo.end_e=0.5: need 0 <= end_e <= start_e <= 1"]
+    # the replay's own rules, checked before one is built (DDPG and TD3 share them)
+    from gmi_drl.algos.td3 import TD3Config
+
+    for cfg in (DQNConfig(buffer_size=16, batch_size=64, n_step=3),
+                TD3Config(buffer_size=16, batch_size=64, n_step=3)):
+        assert cfg.validate(32, 1) == [
+            "algo.batch_size=64 must be <= algo.buffer_size=16: a minibatch would draw the same "
+            "transitions again and again",
+            "algo.buffer_size=16 must be >= env.num_envs=32 with algo.n_step=3 (an n-step "
+            "buffer holds a step of every env)"]
+        assert cfg.validate(16, 1)[1:] == []  # 16 envs fit
 
 
 def _quick(tmp_path, name, **kw):
