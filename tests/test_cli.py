@@ -237,7 +237,7 @@ def test_stale_checkpoint_temporaries_are_removed(tmp_path):
 
 def test_eval_and_help_arguments(finished, capsys):
     assert main(["eval", str(finished), "--num-envs", "0", "--seed", "-1"]) == 2
-    assert "num_envs=0 must be >= 1; seed=-1 must be >= 0" in capsys.readouterr().err
+    assert "num_envs=0 must be >= 1; seed=-1 must be in [0, 2**62)" in capsys.readouterr().err
     assert main(["train", "--help"]) == 0
     assert "gmi-drl train ALGO" in capsys.readouterr().out
     with pytest.raises(SystemExit):
