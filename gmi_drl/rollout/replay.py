@@ -548,6 +548,28 @@ def is_frame_stack(space: gym.spaces.Space) -> bool:
     return getattr(space, "dtype", None) == np.uint8 and len(shape) >= 3 and shape[0] > 1
 
 
+def replay_nbytes(capacity: int, spec, num_envs: int) -> int:
+    """Bytes `make_replay` would allocate for ``capacity`` transitions of the task ``spec``
+    with ``num_envs`` envs, computed without allocating (so a config can be checked against
+    the machine's memory before a run starts).
+
+    Raises:
+        ValueError: an action space that is neither Discrete nor Box.
+    """
+    obs, act = spec.observation_space, spec.action_space
+    act_shape, act_dtype = _action_layout(act)
+    act_bytes = int(np.prod(act_shape, dtype=np.int64)) * torch.empty(0, dtype=act_dtype
+                                                                      ).element_size()
+    if is_frame_stack(obs):  # the layout of `FrameReplayBuffer.__init__`
+        k, frame = obs.shape[0], int(np.prod(obs.shape[1:], dtype=np.int64))
+        slots = -(-capacity // num_envs)
+        frame_slots = slots + slots // 4 + 2 * k
+        per_transition = act_bytes + 4 + 4 + 8 + 8 + 1  # rewards, terminated, the two ends, done
+        return num_envs * (frame_slots * frame + slots * per_transition + k * frame)
+    obs_bytes = int(np.prod(obs.shape, dtype=np.int64)) * (1 if obs.dtype == np.uint8 else 4)
+    return capacity * (2 * obs_bytes + act_bytes + 4 + 4 + 1)  # `ReplayBuffer.__init__`
+
+
 def make_replay(capacity: int, spec, num_envs: int, device: torch.device | str,
                 state: dict | None = None, n_step: int = 1,
                 gamma: float = 0.99) -> ReplayBuffer | FrameReplayBuffer:

@@ -53,7 +53,9 @@ def preflight(cfg: TrainConfig):
     tell is found before the run directory is written; ``None`` on Ray (`_on_controller`).
 
     Raises:
-        ConfigError: the algorithm cannot run on the task; the message is the cause's.
+        ConfigError: the algorithm cannot run on the task (the message is the cause's), its
+            networks or buffers do not fit in memory, or its replay buffers would not
+            (`check_replay_memory`).
     """
     import gymnasium as gym
 
@@ -62,16 +64,66 @@ def preflight(cfg: TrainConfig):
     if not _on_controller(cfg):
         return None
     try:
-        return build_on_cpu(cfg, norms=True)
+        algo = build_on_cpu(cfg, norms=True)
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+            raise
+        raise ConfigError(f"{cfg.algo_name} on {cfg.env.task_id}: its networks and buffers do "
+                          f"not fit in memory ({_first_line(e)}); lower the sizes: "
+                          "--model.actor-hidden, --model.critic-hidden, --model.cnn-features, "
+                          "--env.num-envs, --algo.num-steps") from None
     except (ValueError, TypeError, ImportError, gym.error.Error) as e:
         task = cfg.env.task_id
         hint = ""
         if task.startswith("ALE/") and task[4:] in list_tasks():
             hint = (f" (gmi-drl's Atari tasks drop the ALE/ prefix: --env.task-id {task[4:]} "
                     "is the game with the standard Atari preprocessing)")
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{cfg.algo_name} cannot run this config on {task}: {first}{hint}"
-                          ) from None
+        raise ConfigError(f"{cfg.algo_name} cannot run this config on {task}: "
+                          f"{_first_line(e)}{hint}") from None
+    check_replay_memory(cfg, algo.ctx.spec)
+    return algo
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def check_replay_memory(cfg: TrainConfig, spec) -> None:
+    """Refuse a replay buffer (``algo.buffer_size``, one per GMI of this machine) larger than
+    the memory of the device that holds it; warn where it exceeds the memory free now. The
+    buffers are allocated only once a run collects, after its directory is written.
+
+    Raises:
+        ConfigError: the buffers need more bytes than the device has.
+    """
+    import os
+
+    from gmi_drl.rollout.replay import replay_nbytes
+
+    size = getattr(cfg.algo, "buffer_size", None)
+    if size is None:
+        return
+    per_gmi = replay_nbytes(size, spec, cfg.env.num_envs)
+    gmis = cfg.gmi.num_gmis
+    need = per_gmi * gmis
+    if cfg.device == "cuda":
+        import torch
+
+        where, total = "GPU", torch.cuda.get_device_properties(0).total_memory
+        free = torch.cuda.mem_get_info(0)[0]
+    else:
+        where = "machine"
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    what = (f"algo.buffer_size={size:,} transitions of {cfg.env.task_id} take "
+            f"{per_gmi / 2**30:,.1f} GiB per GMI" + (f", {need / 2**30:,.1f} GiB for {gmis} GMIs"
+                                                     if gmis > 1 else ""))
+    if need > total:
+        raise ConfigError(f"{what}: more than this {where}'s {total / 2**30:,.1f} GiB; lower "
+                          "--algo.buffer-size")
+    if need > free:
+        logging.getLogger(__name__).warning("%s: more than the %.1f GiB free on this %s now",
+                                            what, free / 2**30, where)
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:

@@ -61,6 +61,11 @@ class RunStopped(RuntimeError):
                 isinstance(cause, GMIError) and cause.exception.startswith("TrainingDiverged")):
             self.next_step = ("resuming with the same settings would repeat it: start a new run "
                               "with the changes above")
+        elif isinstance(cause, MemoryError) or "can't allocate memory" in str(cause) or (
+                isinstance(cause, GMIError) and cause.exception.startswith("MemoryError")):
+            self.next_step = ("it ran out of memory: running it again needs smaller sizes (for "
+                              "example --algo.buffer-size, --algo.fragments-per-batch, "
+                              "--env.num-envs, the --model.* sizes) or fewer GMIs")
         elif isinstance(cause, GMIError) and cause.exception.startswith("CheckpointError"):
             self.next_step = ("the checkpoint did not load into this run: resume with the run's "
                               "own flags, or start a new run")

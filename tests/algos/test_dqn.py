@@ -237,3 +237,33 @@ def test_the_compiled_step_reads_the_target_network_as_it_is_now():
         losses[compile] = out
     assert losses[False][1] > 2 * losses[False][0]  # the scaled target moved the loss
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+
+
+@pytest.mark.parametrize("obs, act, capacity, num_envs", [
+    (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), 1001, 3),
+    (gym.spaces.Box(-1, 1, (17,), np.float64), gym.spaces.Box(-1, 1, (6,), np.float32), 777, 1),
+    (gym.spaces.Box(0, 255, (1, 84, 84), np.uint8), gym.spaces.Discrete(2), 50, 2),
+])
+def test_the_replay_size_is_known_before_it_is_allocated(obs, act, capacity, num_envs):
+    from types import SimpleNamespace
+
+    from gmi_drl.rollout.replay import make_replay, replay_nbytes
+
+    spec = SimpleNamespace(observation_space=obs, action_space=act)
+    assert replay_nbytes(capacity, spec, num_envs) == make_replay(
+        capacity, spec, num_envs, "cpu").nbytes
+
+
+def test_a_replay_or_network_larger_than_memory_is_refused_before_the_run_starts():
+    from gmi_drl.config import ConfigError
+    from gmi_drl.runner.preflight import preflight
+
+    cfg = preset("classic", algo="dqn")
+    cfg.algo.buffer_size = 10**11
+    with pytest.raises(ConfigError, match=r"algo.buffer_size=100,000,000,000 transitions of "
+                       r"CartPole-v1 take 4,563.5 GiB per GMI: more than this machine's"):
+        preflight(cfg)
+    cfg = preset("classic")
+    cfg.model.actor_hidden = str(10**12)
+    with pytest.raises(ConfigError, match="its networks and buffers do not fit in memory"):
+        preflight(cfg)
