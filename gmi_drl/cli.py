@@ -137,10 +137,17 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     try:
         validate(cfg)
     except ConfigError as e:
-        if config is None:
-            raise
-        raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag given "
-                          "after it overrides a field)") from None
+        if config is not None:
+            raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag "
+                              "given after it overrides a field)") from None
+        if resume is not None:
+            from gmi_drl.checkpoint import resolve_checkpoint
+
+            stored = resolve_checkpoint(resume).parent.parent / "config.json"
+            if stored.is_file():
+                raise ConfigError(f"{e}\n  (the run's fields came from {stored}: restore it, "
+                                  "or delete it and the checkpoint's copy is used)") from None
+        raise
     return cfg
 
 

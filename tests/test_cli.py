@@ -451,6 +451,13 @@ def test_an_edited_config_json_is_named_not_the_flags(finished, tmp_path, capsys
     assert main(["train", "ppo", "--resume", str(run)]) == 2
     assert (f"{run / 'config.json'} configures dqn, but the checkpoint in {run} is a ppo run: "
             "restore config.json") in capsys.readouterr().err
+    data = json.loads((finished / "config.json").read_text())
+    data["algo"]["ppo"]["gamma"] = 1.5  # a value no flag gave
+    (run / "config.json").write_text(json.dumps(data))
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 2
+    err = capsys.readouterr().err
+    assert "algo.gamma=1.5 must be in [0, 1]" in err
+    assert f"(the run's fields came from {run / 'config.json'}: restore it, or delete it" in err
     (run / "config.json").unlink()  # what the message offers: the checkpoint's copy
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
 
