@@ -439,6 +439,8 @@ BENCHMARKS = {"env": "env_throughput", "engines": "mujoco_engines", "faces": "fa
 def _bench(args: list[str], debug: bool = False) -> int:
     import runpy
 
+    from gmi_drl.config import ConfigError
+
     listing = "\n".join(f"  {name:<16} benchmarks/{script}.py"
                         for name, script in BENCHMARKS.items())
     if args[:1] in (["-h"], ["--help"]):
@@ -453,8 +455,21 @@ def _bench(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl bench: {script} not found; benchmarks run from a source checkout "
               "(pip install -e .)", file=sys.stderr)
         return 2
-    sys.argv = [str(script), *args[1:]]
-    runpy.run_path(str(script), run_name="__main__")
+    repeats = _flag_value(args, "--repeats")
+    if repeats is not None and not (repeats.isdigit() and int(repeats) >= 1):
+        print(f"gmi-drl bench {args[0]}: --repeats {repeats} must be an int >= 1 (each figure is "
+              "a median over the repeats)", file=sys.stderr)
+        return 2
+    argv, sys.argv = sys.argv, [str(script), *args[1:]]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except (ConfigError, ValueError) as e:  # a task, size or config the benchmark cannot run
+        if debug:
+            traceback.print_exc()
+        print(f"gmi-drl bench {args[0]}: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = argv
     return 0
 
 

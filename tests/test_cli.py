@@ -110,7 +110,12 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["switch", "serve", "--help"])
     assert exit_.value.code == 0 and "--bind" in capsys.readouterr().out
-
+    # what a benchmark cannot run is one line, not a traceback
+    assert main(["bench", "env", "--tasks", "Nope-v0", "--seconds", "0.1", "--repeats", "1"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "gmi-drl bench env: invalid pool: task_id='Nope-v0' is neither registered")
+    assert main(["bench", "env", "--repeats", "0"]) == 2
+    assert "--repeats 0 must be an int >= 1" in capsys.readouterr().err
 
 
 def test_switch_serve_refuses_bad_input_in_one_line(capsys):
