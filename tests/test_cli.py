@@ -128,10 +128,20 @@ def test_switch_serve_refuses_bad_input_in_one_line(capsys):
         port = taken.getsockname()[1]
         for flags, says in ((["--bind", f"127.0.0.1:{port}"], "Address already in use"),
                             (["--bind", "127.0.0.1:0", "--slots", "3"], "power of two"),
-                            (["--bind", "127.0.0.1:0", "--log-level", "loud"], "--log-level")):
+                            (["--bind", "127.0.0.1:0", "--log-level", "loud"], "--log-level"),
+                            (["--bind", "127.0.0.1:0", "--seed", "-1", "--member-timeout",
+                              "nan", "--delay-ms", "inf"],
+                             "--delay-ms inf must be >= 0 and finite; --member-timeout nan must "
+                             "be > 0 and finite; --seed -1 must be in [0, 2**64) or unset"),
+                            (["--bind", "127.0.0.1:0", "--stats-interval", "-1"],
+                             "--stats-interval -1.0 must be >= 0")):
             assert main(["switch", "serve", *flags]) == 2
             err = capsys.readouterr().err
             assert says in err and "Traceback" not in err
+        with pytest.raises(SystemExit) as exit_:  # argparse's own error, with the reason
+            main(["switch", "serve", "--bind", "127.0.0.1:99999"])
+        assert exit_.value.code == 2
+        assert "'127.0.0.1:99999' is not HOST:PORT" in capsys.readouterr().err
     finally:
         taken.close()
         logging.getLogger("gmi_drl.comm.switch").setLevel(logging.NOTSET)  # as other tests find it

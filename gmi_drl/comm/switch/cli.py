@@ -19,13 +19,20 @@ from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon, parse_addr
 from gmi_drl.comm.switch.dataplane import PLANES
 
 
+def _address(text: str) -> tuple[str, int]:
+    try:
+        return parse_addr(text)
+    except ValueError as e:  # (argparse shows an ArgumentTypeError's text, not a ValueError's)
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmi-drl switch", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run an aggregation switch daemon")
     d = SwitchConfig()
-    s.add_argument("--bind", required=True, type=parse_addr, help="ADDR:PORT to listen on")
-    s.add_argument("--parent", type=parse_addr, default=None,
+    s.add_argument("--bind", required=True, type=_address, help="ADDR:PORT to listen on")
+    s.add_argument("--parent", type=_address, default=None,
                    help="HOST:PORT of the upper-level switch (hierarchical aggregation)")
     s.add_argument("--threshold", type=int, default=d.threshold,
                    help="aggregation threshold H (0: the number of members); a Join that "
@@ -99,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(level, int):
         print(f"gmi-drl switch: --log-level {args.log_level}: use DEBUG, INFO, WARNING or ERROR",
               file=sys.stderr)
+        return 2
+    if not 0 <= args.stats_interval < float("inf"):
+        print(f"gmi-drl switch: --stats-interval {args.stats_interval} must be >= 0 and finite "
+              "(0: never)", file=sys.stderr)
         return 2
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # the switch's own loggers: `gmi-drl` may have configured the root logger (INFO) first

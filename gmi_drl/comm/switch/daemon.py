@@ -27,6 +27,7 @@ warning, H is lowered to the remaining members, and waiting slots complete witho
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import socket
@@ -101,23 +102,42 @@ class SwitchConfig:
     (native where it is built)."""
 
     def __post_init__(self) -> None:
-        if self.slots < 2 or self.slots & (self.slots - 1):
-            raise ValueError(f"{self.slots=} must be a power of two >= 2")
-        if not 0 <= self.threshold <= 255:
-            raise ValueError(f"{self.threshold=} must be in [0, 255]")
-        if not (0.0 <= self.drop_rate < 1.0 and 0.0 <= self.dup_rate <= 1.0):
-            raise ValueError(f"{self.drop_rate=} must be in [0, 1), {self.dup_rate=} in [0, 1]")
-        if self.delay_ms < 0 or self.member_timeout_s <= 0 or self.help_after_s <= 0:
-            raise ValueError("delay_ms, member_timeout_s, help_after_s must be non-negative/positive")
-        if self.window_bytes < 1:
-            raise ValueError(f"{self.window_bytes=} must be >= 1")
-        if not 1 <= self.max_members <= 255:
-            raise ValueError(f"{self.max_members=} must be in [1, 255]")
-        if not (0 <= self.switch_id <= 255 and 0 <= self.member_id <= 255):
-            raise ValueError(f"{self.switch_id=} and {self.member_id=} must be in [0, 255]")
-        P.seg_floats_for_mtu(self.mtu)
-        if self.data_plane not in PLANES:
-            raise ValueError(f"{self.data_plane=} must be one of {PLANES}")
+        """Raises: ValueError: every option out of range, named as its flag of ``gmi-drl
+        switch serve`` (``--member-timeout`` for ``member_timeout_s``)."""
+        def num(x, lo, hi, lo_open=False, hi_open=False) -> bool:  # False for NaN too
+            return ((lo < x if lo_open else lo <= x) and (x < hi if hi_open else x <= hi))
+
+        rules = [
+            ("slots", self.slots >= 2 and not self.slots & (self.slots - 1),
+             "a power of two >= 2"),
+            ("threshold", num(self.threshold, 0, 255), "in [0, 255]"),
+            ("drop_rate", num(self.drop_rate, 0.0, 1.0, hi_open=True), "in [0, 1)"),
+            ("dup_rate", num(self.dup_rate, 0.0, 1.0), "in [0, 1]"),
+            ("delay_ms", num(self.delay_ms, 0.0, math.inf, hi_open=True), ">= 0 and finite"),
+            ("member_timeout_s", num(self.member_timeout_s, 0.0, math.inf, True, True),
+             "> 0 and finite"),
+            ("help_after_s", num(self.help_after_s, 0.0, math.inf, True, True),
+             "> 0 and finite"),
+            ("window_bytes", self.window_bytes >= 1, ">= 1"),
+            ("max_members", num(self.max_members, 1, 255), "in [1, 255]"),
+            ("switch_id", num(self.switch_id, 0, 255), "in [0, 255]"),
+            ("member_id", num(self.member_id, 0, 255), "in [0, 255]"),
+            ("seed", self.seed is None or num(self.seed, 0, 2**64, hi_open=True),
+             "in [0, 2**64) or unset"),
+            ("data_plane", self.data_plane in PLANES, f"one of {list(PLANES)}"),
+        ]
+        bad = [f"--{_FLAGS.get(f, f.replace('_', '-'))} {getattr(self, f)} must be {rule}"
+               for f, ok, rule in rules if not ok]
+        try:
+            P.seg_floats_for_mtu(self.mtu)
+        except ValueError as e:
+            bad.append(f"--mtu: {e}")
+        if bad:
+            raise ValueError("; ".join(bad))
+
+
+_FLAGS = {"member_timeout_s": "member-timeout", "help_after_s": "help-after"}
+"""`SwitchConfig` fields whose ``gmi-drl switch serve`` flag is not the field's name"""
 
 
 @dataclass

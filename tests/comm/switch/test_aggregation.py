@@ -112,7 +112,7 @@ def test_window_follows_window_bytes(mtu, window_bytes, window):
         assert d.window == window
     finally:
         d.close()
-    with pytest.raises(ValueError, match="window_bytes"):
+    with pytest.raises(ValueError, match="--window-bytes 0 must be >= 1"):
         SwitchConfig(window_bytes=0)
 
 
@@ -130,7 +130,7 @@ def test_a_full_segmented_send_then_a_short_segment_alone(switches):
 def test_data_plane_choice(monkeypatch):
     from gmi_drl.comm.switch import SwitchConfig, SwitchDaemon, dataplane
 
-    with pytest.raises(ValueError, match="data_plane"):
+    with pytest.raises(ValueError, match="--data-plane fpga must be one of"):
         SwitchConfig(data_plane="fpga")
     monkeypatch.setattr(dataplane, "native_plane_error", lambda: "the native data plane is "
                         "not built (no compiler): run the switch with --data-plane python")
