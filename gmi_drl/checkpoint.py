@@ -153,7 +153,8 @@ def find_loadable(path: str | Path) -> tuple[Path, dict[str, Any]]:
             log.warning("%s; continuing from %s instead", "; ".join(errors), candidate.name)
         return candidate, state
     if len(errors) == 1:
-        raise CheckpointError(errors[0])
+        raise CheckpointError(f"{errors[0]}; it is the run's only checkpoint, so the run cannot "
+                              "be continued or evaluated (start a new one in another directory)")
     raise CheckpointError(f"none of the {len(errors)} checkpoints in {checkpoint_dir(path)} "
                           f"loads, so this run cannot be continued (start a new one in another "
                           f"directory); the newest: {errors[0]}")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gmi_drl.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from gmi_drl.checkpoint import CheckpointError, find_loadable, load_checkpoint, resolve_checkpoint
 from gmi_drl.comm.reducer import IdentityReducer
 from gmi_drl.config import ConfigError, preset
 from gmi_drl.rollout.storage import Rows
@@ -219,6 +219,12 @@ def test_a_corrupt_checkpoint_is_one_clear_line(tmp_path, content):
     assert text.startswith(str(bad)) and "\n" not in text
     assert "weights_only" not in text  # torch's advice to load it unsafely is not passed on
     assert "could run code" not in text  # said only of a file that pickles a class
+    run = tmp_path / "run"  # a run directory whose only checkpoint is that file
+    (run / "checkpoints").mkdir(parents=True)
+    bad.rename(run / "checkpoints" / "iteration-0000003.pt")
+    with pytest.raises(CheckpointError, match="it is the run's only checkpoint, so the run "
+                       r"cannot be continued or evaluated \(start a new one"):
+        find_loadable(run)
 
 
 class _Pickled:  # a class in a file: what weights_only refuses
