@@ -29,9 +29,11 @@ def _address(text: str) -> tuple[str, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmi-drl switch", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run an aggregation switch daemon")
+    s = sub.add_parser("serve", help="run an aggregation switch daemon",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = SwitchConfig()
-    s.add_argument("--bind", required=True, type=_address, help="ADDR:PORT to listen on")
+    s.add_argument("--bind", required=True, type=_address, default=argparse.SUPPRESS,
+                   help="ADDR:PORT to listen on (port 0: any free port; required)")
     s.add_argument("--parent", type=_address, default=None,
                    help="HOST:PORT of the upper-level switch (hierarchical aggregation)")
     s.add_argument("--threshold", type=int, default=d.threshold,
@@ -48,12 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slots", type=int, default=d.slots, help="aggregation slots (power of 2)")
     s.add_argument("--window-bytes", type=int, default=d.window_bytes,
                    help="bytes a member may have in flight (the window in segments follows)")
-    s.add_argument("--max-members", type=int, default=d.max_members)
+    s.add_argument("--max-members", type=int, default=d.max_members,
+                   help="most members this switch accepts (rows per slot)")
     s.add_argument("--member-timeout", type=float, default=d.member_timeout_s,
                    help="drop a member silent this long, seconds")
     s.add_argument("--help-after", type=float, default=d.help_after_s,
                    help="ask missing members of a slot waiting this long, seconds")
-    s.add_argument("--switch-id", type=int, default=d.switch_id)
+    s.add_argument("--switch-id", type=int, default=d.switch_id,
+                   help="this switch's id (the parent id its members see)")
     s.add_argument("--member-id", type=int, default=d.member_id,
                    help="this switch's member id at its parent (orders the parent's sum)")
     s.add_argument("--job-id", default=d.job_id, help="serve only this job (default: the "
@@ -66,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto: native where it is built")
     s.add_argument("--stats-interval", type=float, default=5.0,
                    help="print counters every this many seconds (0: never)")
-    s.add_argument("--log-level", default="WARNING")
+    s.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
