@@ -229,13 +229,21 @@ class PSReducer(GradReducer):
         self.addr, self.rank, self.world_size = addr, rank, world_size
         host, port = parse_addr(addr)
         deadline = time.monotonic() + join_timeout_s
+        waited = False
         while True:
             try:
                 self._sock = socket.create_connection((host, port), timeout=timeout_s)
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"no parameter server at {addr}: {e}") from None
+                    raise RuntimeError(f"no parameter server at {addr} within {join_timeout_s} "
+                                       f"s: {e.strerror or e}; start it first: python -m "
+                                       f"gmi_drl.comm.ps --bind {addr} --workers {world_size}"
+                                       ) from None
+                if not waited and rank == 0:  # a server started after the workers is fine
+                    log.warning("parameter server at %s: %s; retrying for up to %g s", addr,
+                                e.strerror or e, join_timeout_s)
+                    waited = True
                 time.sleep(0.1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.sendall(_HELLO.pack(MAGIC, rank, world_size))

@@ -117,9 +117,13 @@ import os; os._exit(1)
         ps.close()
 
 
-def test_no_server_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="no parameter server at 127.0.0.1:9"):
+def test_no_server_is_a_clear_error(caplog):
+    with pytest.raises(RuntimeError, match=r"no parameter server at 127.0.0.1:9 within 0.5 s: "
+                       r"Connection refused; start it first: python -m gmi_drl.comm.ps --bind "
+                       r"127.0.0.1:9 --workers 2"):
         PSReducer("127.0.0.1:9", 0, 2, join_timeout_s=0.5)
+    assert "parameter server at 127.0.0.1:9: Connection refused; retrying for up to 0 s" \
+        in caplog.text  # said once, while it waits
 
 
 @pytest.mark.distributed
