@@ -122,7 +122,7 @@ def test_no_server_is_a_clear_error(caplog):
                        r"Connection refused; start it first: python -m gmi_drl.comm.ps --bind "
                        r"127.0.0.1:9 --workers 2"):
         PSReducer("127.0.0.1:9", 0, 2, join_timeout_s=0.5)
-    assert "parameter server at 127.0.0.1:9: Connection refused; retrying for up to 0 s" \
+    assert "parameter server at 127.0.0.1:9: Connection refused; retrying for up to 0.5 s" \
         in caplog.text  # said once, while it waits
 
 
