@@ -18,6 +18,7 @@ traceback goes to the run's ``train.log``, or also to the terminal with ``--debu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -140,15 +141,31 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         if config is not None:
             raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag "
                               "given after it overrides a field)") from None
-        if resume is not None:
-            from gmi_drl.checkpoint import resolve_checkpoint
-
-            stored = resolve_checkpoint(resume).parent.parent / "config.json"
-            if stored.is_file():
-                raise ConfigError(f"{e}\n  (the run's fields came from {stored}: restore it, "
-                                  "or delete it and the checkpoint's copy is used)") from None
+        edited = _edited_config_json(resume, default) if resume is not None else None
+        if edited is not None:
+            raise ConfigError(f"{e}\n  (with no such flag given: {edited} differs from the "
+                              "checkpoint's own config; restore it, or delete it and the "
+                              "checkpoint's copy is used)") from None
         raise
     return cfg
+
+
+def _edited_config_json(resume: str, default) -> Path | None:
+    """``RUN/config.json`` of ``--resume RUN`` when the config read from it (``default``)
+    differs from the one its checkpoint holds, else ``None``."""
+    from gmi_drl.checkpoint import CheckpointError, find_loadable, run_dir_of
+    from gmi_drl.config import ConfigError, from_dict
+
+    try:
+        ckpt, state = find_loadable(resume)
+        run_dir = run_dir_of(ckpt)
+        where = dict(run_dir=None, resume=None, config=None)  # where it ran, not what
+        if run_dir is None or (dataclasses.replace(from_dict(state["config"]), **where)
+                               == dataclasses.replace(default, **where)):
+            return None
+    except (CheckpointError, ConfigError, KeyError, TypeError, ValueError):
+        return None
+    return run_dir / "config.json"
 
 
 def _checkpoint_algo(resume: str) -> str | None:
@@ -463,10 +480,12 @@ def _bench(args: list[str], debug: bool = False) -> int:
     argv, sys.argv = sys.argv, [str(script), *args[1:]]
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except (ConfigError, ValueError) as e:  # a task, size or config the benchmark cannot run
+    except ValueError as e:  # a task, size or config the benchmark cannot run (ConfigError too)
         if debug:
             traceback.print_exc()
-        print(f"gmi-drl bench {args[0]}: {e}", file=sys.stderr)
+        kind = "" if isinstance(e, ConfigError) else f"{type(e).__name__}: "
+        print(f"gmi-drl bench {args[0]}: {kind}{e}" + ("" if debug else "   (--debug: the "
+              "traceback)"), file=sys.stderr)
         return 2
     finally:
         sys.argv = argv

@@ -625,8 +625,10 @@ def validate(cfg: TrainConfig) -> None:
 
     known = e.task_id in list_tasks() or e.task_id in gym.registry
     no_mujoco = mujoco_unavailable()
-    need(known, f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id"
-         + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else "") + _nearest_task(e.task_id))
+    if not known:
+        errors.append(f"env.task_id={e.task_id!r} is neither a gmi-drl task nor a Gymnasium id"
+                      + (f" (or a MuJoCo task: {no_mujoco})" if no_mujoco else "")
+                      + _nearest_task(e.task_id))
     try:
         names = engines(e.task_id) if known else []
     except ValueError as err:  # a MuJoCo task where MuJoCo does not import
@@ -671,8 +673,8 @@ def validate(cfg: TrainConfig) -> None:
          f"log.gpu_util_interval_s={lg.gpu_util_interval_s} must be >= 0 (0: off)")
     _validate_profile(cfg, need)
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
-    need(0 <= cfg.seed < 2**62, f"seed={cfg.seed} must be in [0, 2**62) (env i is seeded seed + i, "
-         "Gymnasium takes no negative seeds, and the engines take 64-bit ones)")
+    need(0 <= cfg.seed < 2**31, f"seed={cfg.seed} must be in [0, 2**31) (env i is seeded seed + i; "
+         "Gymnasium takes no negative seeds, ALE and the warp engine none from 2**31 on)")
     if cfg.device == "cuda":
         import torch
 
@@ -929,7 +931,7 @@ def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> 
     if cfg.placement != "ray":
         return
     need(importlib.util.find_spec("ray") is not None,
-         "placement='ray' needs the ray package: pip install 'gmi-drl[ray]'")
+         "placement='ray' needs the ray package: pip install -e '.[ray]' in the checkout")
     if cfg.is_async:
         need(g.reduction == "auto", f"gmi.reduction={g.reduction!r} is for the local "
              "placement; on Ray the trainer GMIs of an async_training run reduce through a "

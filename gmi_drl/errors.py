@@ -54,3 +54,13 @@ def check_finite(modules: dict, global_step: int, losses: dict | None = None) ->
             "it would stay NaN, so the run stopped; no checkpoint holds these weights. Lower "
             "--algo.learning-rate or --algo.max-grad-norm, or check the task's rewards and "
             "observations for NaN or huge values, then start a new run")
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says memory ran out: a `MemoryError`, torch's CPU allocator ("can't
+    allocate memory") or CUDA's ("out of memory"), raised here or reported from a GMI (its
+    message holds the GMI's exception line)."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or any(s in text for s in ("can't allocate memory", "CUDA out of memory",
+                                       "MemoryError")))

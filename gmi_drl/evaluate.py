@@ -93,11 +93,11 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
 
     Raises:
         CheckpointError: see `load_policy`. ValueError: ``episodes < 1``, ``num_envs < 1`` or
-            ``seed`` outside [0, 2**62).
+            ``seed`` outside [0, 2**31).
     """
     bad = [msg for ok, msg in ((episodes >= 1, f"episodes={episodes} must be >= 1"),
                                (num_envs >= 1, f"num_envs={num_envs} must be >= 1"),
-                               (0 <= seed < 2**62, f"seed={seed} must be in [0, 2**62)"))
+                               (0 <= seed < 2**31, f"seed={seed} must be in [0, 2**31)"))
               if not ok]
     if bad:
         raise ValueError("; ".join(bad))

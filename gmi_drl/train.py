@@ -18,7 +18,7 @@ from gmi_drl import blocks
 from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
-from gmi_drl.errors import TrainingDiverged
+from gmi_drl.errors import TrainingDiverged, out_of_memory
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
@@ -99,6 +99,10 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
             with run.telemetry():
                 results = placement.launch(TARGET, LoopSpec(run, on_progress))
     except STOPS as e:
+        raise RunStopped(run, e) from e
+    except (MemoryError, RuntimeError) as e:  # (torch's allocators raise RuntimeErrors)
+        if not out_of_memory(e):
+            raise
         raise RunStopped(run, e) from e
     memory = tuple(getattr(r, "peak_memory_bytes", 0) for r in results if r is not None)
     results = [r for r in results if isinstance(r, LoopResult)]  # trainers (async: not serving)

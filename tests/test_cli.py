@@ -113,7 +113,7 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     # what a benchmark cannot run is one line, not a traceback
     assert main(["bench", "env", "--tasks", "Nope-v0", "--seconds", "0.1", "--repeats", "1"]) == 2
     assert capsys.readouterr().err.startswith(
-        "gmi-drl bench env: invalid pool: task_id='Nope-v0' is neither registered")
+        "gmi-drl bench env: ValueError: invalid pool: task_id='Nope-v0' is neither registered")
     assert main(["bench", "env", "--repeats", "0"]) == 2
     assert "--repeats 0 must be an int >= 1" in capsys.readouterr().err
 
@@ -252,7 +252,7 @@ def test_stale_checkpoint_temporaries_are_removed(tmp_path):
 
 def test_eval_and_help_arguments(finished, capsys):
     assert main(["eval", str(finished), "--num-envs", "0", "--seed", "-1"]) == 2
-    assert "num_envs=0 must be >= 1; seed=-1 must be in [0, 2**62)" in capsys.readouterr().err
+    assert "num_envs=0 must be >= 1; seed=-1 must be in [0, 2**31)" in capsys.readouterr().err
     assert main(["train", "--help"]) == 0
     assert "gmi-drl train ALGO" in capsys.readouterr().out
     with pytest.raises(SystemExit):
@@ -472,7 +472,12 @@ def test_an_edited_config_json_is_named_not_the_flags(finished, tmp_path, capsys
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 2
     err = capsys.readouterr().err
     assert "algo.gamma=1.5 must be in [0, 1]" in err
-    assert f"(the run's fields came from {run / 'config.json'}: restore it, or delete it" in err
+    assert (f"(with no such flag given: {run / 'config.json'} differs from the checkpoint's own "
+            "config; restore it, or delete it") in err
+    (run / "config.json").write_text((finished / "config.json").read_text())
+    assert main(["train", "ppo", "--resume", str(run), "--algo.gamma", "2"]) == 2
+    err = capsys.readouterr().err  # the flag's value: config.json is not blamed
+    assert "algo.gamma=2.0 must be in [0, 1]" in err and "config.json" not in err
     (run / "config.json").unlink()  # what the message offers: the checkpoint's copy
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
 

@@ -112,6 +112,23 @@ def test_weights_gone_nan_stop_the_run_and_no_checkpoint_holds_them(tmp_path, lo
             assert all(bool(torch.isfinite(t).all()) for t in module.values())
 
 
+def test_running_out_of_memory_says_so_not_to_run_the_same_command_again(tmp_path):
+    import torch
+
+    from gmi_drl.runner.run import Run
+
+    run = Run(tmp_path, preset("classic"))
+    try:
+        torch.empty(10**13)  # 40 TB: refused by torch's CPU allocator, a RuntimeError
+    except RuntimeError as e:
+        cpu = e
+    for cause in (cpu, MemoryError(), GMIError("GMI 1 raised OutOfMemoryError: CUDA out of "
+                                               "memory", "", "OutOfMemoryError: CUDA out of")):
+        assert RunStopped(run, cause).next_step.startswith("it ran out of memory: running it "
+                                                           "again needs smaller sizes")
+    assert RunStopped(run, RuntimeError("other")).next_step.startswith("no checkpoint")
+
+
 def test_a_nan_loss_or_weight_is_named_and_a_nan_explained_variance_is_not():
     import torch
 

@@ -101,7 +101,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
         address: ``"auto"`` or ``HOST:PORT`` of a running cluster; ``None`` starts a local Ray
             instance for this call (with at least one logical CPU per GMI bundle). A process
             already connected to Ray keeps its connection.
-        max_restarts: times the whole GMI group is started again after a GMI failed.
+        max_restarts: times the whole GMI group is started again after a GMI failed (not after
+            a failure a restart would repeat: `NOT_RESTARTED`).
         num_cpus_per_gmi: logical CPUs each GMI's bundle reserves.
         placement_timeout_s: how long Ray may take to place and start the GMIs, seconds.
         reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
@@ -142,7 +143,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             except PlacementError:
                 raise
             except GMIError as e:
-                if restarts >= max_restarts:
+                if restarts >= max_restarts or e.exception.startswith(NOT_RESTARTED):
                     if restarts:
                         raise GMIError(f"{e.summary} (after {restarts} restart(s))",
                                        e.details, e.exception) from None
@@ -155,6 +156,10 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
                 if on_restart is not None:
                     payload = on_restart(e)
 
+
+NOT_RESTARTED = ("TrainingDiverged", "CheckpointError")
+"""failures a restart from the last checkpoint would repeat: weights gone NaN, a checkpoint
+that does not fit the run"""
 
 CONNECT_TIMEOUT_S = 10.0
 """how long a HOST:PORT Ray address may take to accept a connection"""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 from gmi_drl.checkpoint import run_dir_of
@@ -89,14 +90,17 @@ def _first_line(e: BaseException) -> str:
 
 
 def check_replay_memory(cfg: TrainConfig, spec) -> None:
-    """Refuse a replay buffer (``algo.buffer_size``, one per GMI of this machine) larger than
-    the memory of the device that holds it; warn where it exceeds the memory free now. The
-    buffers are allocated only once a run collects, after its directory is written.
+    """Refuse replay buffers (``algo.buffer_size`` transitions, one per GMI) larger than the
+    memory of the device that holds them: this machine's RAM for every GMI of a CPU run; each
+    GPU's memory (NVML, no CUDA context in the controller) for the GMIs placed on it. Warn
+    where a CPU run's buffers exceed the memory available now (``MemAvailable``). The buffers
+    are allocated only once a run collects, after its directory is written. GPUs split into
+    MIG instances are not checked (a slice's size is the backend's to know).
 
     Raises:
         ConfigError: the buffers need more bytes than the device has.
     """
-    import os
+    import math
 
     from gmi_drl.rollout.replay import replay_nbytes
 
@@ -104,26 +108,41 @@ def check_replay_memory(cfg: TrainConfig, spec) -> None:
     if size is None:
         return
     per_gmi = replay_nbytes(size, spec, cfg.env.num_envs)
-    gmis = cfg.gmi.num_gmis
-    need = per_gmi * gmis
     if cfg.device == "cuda":
-        import torch
+        from gmi_drl.gmi.devices import discover
 
-        where, total = "GPU", torch.cuda.get_device_properties(0).total_memory
-        free = torch.cuda.mem_get_info(0)[0]
+        gpus = discover().gpus[:cfg.gmi.num_devices or None]
+        if not gpus or any(g.mig_enabled or not g.memory_bytes for g in gpus):
+            return
+        gmis, total = math.ceil(cfg.gmi.num_gmis / len(gpus)), min(g.memory_bytes for g in gpus)
+        where, free = "GPU", None
     else:
-        where = "machine"
+        gmis, where = cfg.gmi.num_gmis, "machine"
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        free = _mem_available()
+    need = per_gmi * gmis
     what = (f"algo.buffer_size={size:,} transitions of {cfg.env.task_id} take "
-            f"{per_gmi / 2**30:,.1f} GiB per GMI" + (f", {need / 2**30:,.1f} GiB for {gmis} GMIs"
-                                                     if gmis > 1 else ""))
+            f"{per_gmi / 2**30:,.1f} GiB per GMI" + (f", {need / 2**30:,.1f} GiB for the {gmis} "
+                                                     f"GMIs of a {where}" if gmis > 1 else ""))
     if need > total:
         raise ConfigError(f"{what}: more than this {where}'s {total / 2**30:,.1f} GiB; lower "
                           "--algo.buffer-size")
-    if need > free:
-        logging.getLogger(__name__).warning("%s: more than the %.1f GiB free on this %s now",
-                                            what, free / 2**30, where)
+    if free is not None and need > free:
+        logging.getLogger(__name__).warning("%s: more than the %.1f GiB available on this "
+                                            "machine now", what, free / 2**30)
+
+
+def _mem_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (free memory and reclaimable cache), or
+    ``None`` where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:

@@ -28,7 +28,7 @@ from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_load
                                 list_checkpoints, load_checkpoint, prune_checkpoints,
                                 save_checkpoint)
 from gmi_drl.config import ConfigError, TrainConfig, to_dict
-from gmi_drl.errors import TrainingDiverged, check_finite
+from gmi_drl.errors import TrainingDiverged, check_finite, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,7 @@ class RunStopped(RuntimeError):
                 isinstance(cause, GMIError) and cause.exception.startswith("TrainingDiverged")):
             self.next_step = ("resuming with the same settings would repeat it: start a new run "
                               "with the changes above")
-        elif isinstance(cause, MemoryError) or "can't allocate memory" in str(cause) or (
-                isinstance(cause, GMIError) and cause.exception.startswith("MemoryError")):
+        elif out_of_memory(cause):
             self.next_step = ("it ran out of memory: running it again needs smaller sizes (for "
                               "example --algo.buffer-size, --algo.fragments-per-batch, "
                               "--env.num-envs, the --model.* sizes) or fewer GMIs")

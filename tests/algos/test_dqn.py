@@ -264,6 +264,6 @@ def test_a_replay_or_network_larger_than_memory_is_refused_before_the_run_starts
                        r"CartPole-v1 take 4,563.5 GiB per GMI: more than this machine's"):
         preflight(cfg)
     cfg = preset("classic")
-    cfg.model.actor_hidden = str(10**12)
+    cfg.model.actor_hidden = str(10**14)  # 1.6e15 bytes: past the address space, overcommit or not
     with pytest.raises(ConfigError, match="its networks and buffers do not fit in memory"):
         preflight(cfg)

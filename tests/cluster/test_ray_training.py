@@ -139,6 +139,20 @@ def test_a_killed_gmi_is_restarted_from_the_checkpoint(ray_cluster, tmp_path):
     assert_nothing_left(ray_cluster)
 
 
+def test_weights_gone_nan_are_not_restarted(ray_cluster, tmp_path):
+    """A restart would resume the same weights with the same settings and diverge again."""
+    from gmi_drl.runner.run import RunStopped
+
+    cfg = _cfg(tmp_path, "nan", 8, address=ray_cluster.address)
+    cfg.algo.learning_rate, cfg.ray.max_restarts = 1e30, 2
+    with pytest.raises(RunStopped) as err:
+        train(cfg)
+    assert "raised TrainingDiverged: training diverged by env step" in err.value.reason
+    assert "restart" not in err.value.reason  # (after N restart(s))
+    assert "resuming with the same settings would repeat it" in err.value.next_step
+    assert_nothing_left(ray_cluster)
+
+
 @pytest.mark.parametrize("gmi", [0, 2])
 def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cluster, tmp_path,
                                                                          gmi):

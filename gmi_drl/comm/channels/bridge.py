@@ -92,7 +92,8 @@ def _send(conn: socket.socket, kind: int, serving: int = 0, nbytes: int = 0,
 def _take_weights(conn: socket.socket, kind: int, nbytes: int, version: int,
                   scratch: np.ndarray, store: WeightStore) -> None:
     """After a header ``(kind, nbytes, version)``: receive a WEIGHTS payload into ``scratch``
-    and publish it in ``store``.
+    and publish it in ``store`` unless ``store`` already holds a newer version (a late joiner's
+    first copy can cross an older push).
 
     Raises:
         BridgeError: the message is not weights of ``scratch.nbytes`` bytes.

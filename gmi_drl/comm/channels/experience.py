@@ -162,8 +162,9 @@ class Batcher:
         are not all there yet (what was taken stays for the next call).
 
         Raises:
-            ChannelClosed: the run stopped while waiting. TimeoutError: nothing arrived for
-            ``timeout_s`` seconds.
+            ChannelClosed: the run stopped while waiting. TimeoutError: no fragment was batched
+            for ``timeout_s`` seconds (none arrived, or all that did were older than
+            `min_version`).
         """
         # the deadline runs from the last fragment batched: a ready slot overwritten while it
         # is read counts as none, and so does a fragment dropped as stale (`min_version`)

@@ -38,7 +38,7 @@ def robotics_asset(task_id: str, *parts: str) -> str:
     spec = importlib.util.find_spec("gymnasium_robotics")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"{task_id} needs an MJCF of gymnasium-robotics; pip install "
-                           "'gmi-drl[gpu]' (or gymnasium-robotics)")
+                           "-e '.[gpu]' in the checkout (or gymnasium-robotics)")
     return os.path.join(spec.submodule_search_locations[0], "envs", "assets", *parts)
 
 

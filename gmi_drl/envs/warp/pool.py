@@ -46,7 +46,7 @@ def warp_error() -> str | None:
         import warp  # noqa: F401
     except ImportError as e:
         return (f"the warp engine needs MuJoCo Warp ({e}); install it with "
-                "pip install 'gmi-drl[gpu]' (mujoco-warp==4.0.0 and warp-lang)")
+                "pip install -e '.[gpu]' in the checkout (mujoco-warp==4.0.0 and warp-lang)")
     return None
 
 
