@@ -433,7 +433,6 @@ def serving_main(spec: AsyncSpec, index: int, directory=None) -> ServingResult:
             client = BridgeClient(fabric, store, spec.weight_bytes, index, addresses,
                                   spec.run.config.async_.timeout_s, local=slot)
         server = Server(spec, index, fabric, store, slot=slot)
-        fabric.set_alive(slot, True)
         while not fabric.stopped():
             try:
                 server.collect()
@@ -444,7 +443,6 @@ def serving_main(spec: AsyncSpec, index: int, directory=None) -> ServingResult:
                              peak_memory_bytes(spec.run.config.device),
                              tuple(client.sent) if client is not None else ())
     finally:
-        fabric.set_alive(slot, False)
         if server is not None:
             server.close()
         if client is not None:

@@ -9,7 +9,7 @@ each; `gmi_drl.comm.channels.ring.SlotRing`), so no two processes ever write one
 - ``uni`` (UCC, Fig. 5(b)): one ring whose slot is one env step's whole experience tuple of the
   serving GMI's envs, every field packed after the other: each step travels as one message.
 
-A control area holds the stop flag and, per serving GMI, its env steps and a heartbeat.
+A control area holds the stop flag and, per serving GMI, its env steps.
 `ChannelPlan` is picklable: the placement creates the block (`Fabric.create`), every GMI attaches
 to it by name (`Fabric.attach`), and the creator unlinks it (`Fabric.destroy`).
 """
@@ -17,7 +17,6 @@ to it by name (`Fabric.attach`), and the creator unlinks it (`Fabric.destroy`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Literal
@@ -151,7 +150,7 @@ class Fabric:
         control = buf[:plan.control_bytes].view(np.int64)
         self._stop = control[0:1]
         per = control[8:].reshape(plan.num_serving, 16)
-        self._env_steps, self._beats, self._alive = per[:, 0], per[:, 1], per[:, 2]
+        self._env_steps = per[:, 0]
         self._pairs: dict[tuple[int, int], list[SlotRing]] = {}
 
     @classmethod
@@ -200,17 +199,12 @@ class Fabric:
         return bool(self._stop[0])
 
     def add_env_steps(self, serving: int, steps: int) -> None:
-        """Count env steps of serving GMI ``serving`` and beat its heartbeat."""
+        """Count env steps of serving GMI ``serving``."""
         self._env_steps[serving] += steps
-        self._beats[serving] = time.monotonic_ns()
 
     def env_steps(self) -> int:
         """Env steps of every serving GMI so far."""
         return int(self._env_steps.sum())
-
-    def set_alive(self, serving: int, alive: bool) -> None:
-        self._alive[serving] = int(alive)
-        self._beats[serving] = time.monotonic_ns()
 
     def queued(self, trainer: int) -> int:
         """Transfers (MCC) or step messages (UCC) waiting for trainer ``trainer``, over every
@@ -233,7 +227,7 @@ class Fabric:
         if self._shm is None:
             return
         self._pairs.clear()
-        self._buf = self._stop = self._env_steps = self._beats = self._alive = None
+        self._buf = self._stop = self._env_steps = None
         try:
             self._shm.close()
         except BufferError:  # a caller still holds a view; the mapping goes with it
