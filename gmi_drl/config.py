@@ -239,9 +239,11 @@ class TrainConfig:
     too: for debugging), local (one process per GMI on this machine; a lone sync_training GMI
     runs in this process) or ray (one Ray actor per GMI, on the cluster of ray.address)"""
     total_timesteps: int = 500_000
-    """env steps over all envs and GMIs (global_step at the end; rounded down to iterations)"""
+    """env steps over all envs and GMIs (global_step at the end; rounded down to iterations;
+    async: samples the trainer GMIs train on)"""
     seed: int = 1
-    """seed of torch (weights, actions, minibatches) and of the envs (env i gets seed + i)"""
+    """seed of torch (weights, actions, minibatches) and of the envs (env i gets seed + i), in
+    [0, 2**31)"""
     device: Literal["cpu", "cuda"] = "cpu"
     """where each GMI's learner, rollout storage and normalisers live; the envs step on the CPU,
     except the warp engine's, which step there too (cuda: the GMI's GPU, as its backend made it

@@ -41,17 +41,21 @@ class TrainResult(NamedTuple):
 
     run_dir: Path
     global_step: int
+    """env steps over every env and GMI at the end: ``total_timesteps`` rounded down to whole
+    iterations (async: samples the trainer GMIs trained on)"""
     wall_s: float
     """seconds in the loop (setup excluded)"""
     episode_steps: np.ndarray
     """``(k,) int64`` global_step at the end of the iteration in which each episode finished"""
     episode_returns: np.ndarray
-    """``(k,) float64``"""
+    """``(k,) float64`` undiscounted return of each episode"""
     episode_wall_s: np.ndarray
-    """``(k,) float64`` loop seconds at that point (0 = start of this call's loop)"""
+    """``(k,) float64`` loop seconds at that point (0 = start of this call's loop, and for the
+    episodes restored from before a resume)"""
     weight_digests: tuple[str, ...]
-    """per GMI, a sha256 chained over its weights after every update of this call (equal on
-    all GMIs iff their weights were identical after each update)"""
+    """per GMI (async: per trainer GMI), a sha256 chained over its weights after every logged
+    update of this call (every ``log.log_every`` iterations and the last): equal on all GMIs
+    iff their weights were identical then"""
     peak_memory_bytes: tuple[int, ...] = ()
     """per GMI that returned (async: serving GMIs too), its peak memory on its device, bytes
     (GMI-DRL Algorithm 2's mem)"""
@@ -78,14 +82,15 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     iterations (the CLI prints it; GMIs in other processes print it themselves).
 
     Raises:
-        ConfigError: invalid config (every field named), a task the algorithm cannot run
-            (`preflight`), a resume the checkpoint cannot serve (`check_resumable`), or a run
-            directory another process is using; raised before the run directory is written.
-            CheckpointError: bad ``--resume`` file.
-        RunStopped: the run started and stopped on an expected failure (`STOPS`), its cause
-            chained; any other exception leaves as it is (CheckpointError: the checkpoint
-            resumed from does not fit this run). Either way its traceback is in
-            ``RUN_DIR/train.log``.
+        ConfigError: invalid config (every field named), a task the algorithm cannot run or
+            a size that does not fit in memory (`preflight`), a resume the checkpoint cannot
+            serve (`check_resumable`), or a run directory another process is using; raised
+            before the run directory is written.
+        CheckpointError: the ``--resume`` checkpoint is missing or corrupt (before the run
+            starts), or its weights do not fit this run (after it started).
+        RunStopped: the run started and stopped on an expected failure (`STOPS`, or memory
+            running out), its cause chained; any other exception leaves as it is. Either way
+            its traceback is in ``RUN_DIR/train.log``.
     """
     validate(cfg)
     algo = preflight(cfg)

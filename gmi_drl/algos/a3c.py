@@ -26,7 +26,8 @@ from gmi_drl.rollout.vtrace import vtrace
 
 @dataclass
 class A3CConfig:
-    """A3C hyper-parameters (defaults: Mnih et al. 2016's t_max 5, RMSprop; SB3's A2C values)."""
+    """A3C hyper-parameters (defaults: Mnih et al. 2016's t_max 5, RMSprop and entropy beta 0.01;
+    the rest SB3's A2C values)."""
 
     num_steps: int = 5
     """T: steps per env in one fragment (t_max, the n of the n-step return)"""
@@ -37,7 +38,7 @@ class A3CConfig:
     gamma: float = 0.99
     """discount factor"""
     ent_coef: float = 0.01
-    """entropy bonus coefficient"""
+    """entropy bonus coefficient (0.01: Mnih et al. 2016's beta)"""
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.5

@@ -25,7 +25,9 @@ from gmi_drl.rollout.vtrace import vtrace
 
 @dataclass
 class APPOConfig:
-    """APPO hyper-parameters (defaults: Sample Factory 2's APPO where it has one)."""
+    """APPO hyper-parameters (defaults: Sample Factory 2's rollout of 32, adam_eps 1e-6, one
+    epoch of one minibatch and V-trace rho-bar and c-bar of 1; learning_rate, clip_coef,
+    ent_coef and max_grad_norm are CleanRL's continuous-control PPO values)."""
 
     num_steps: int = 32
     """T: steps per env in one fragment (Sample Factory's rollout)"""

@@ -40,7 +40,8 @@ from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay
 
 @dataclass
 class DeterministicPGConfig:
-    """What DDPG and TD3 share (defaults: Stable-Baselines3's). `DDPGConfig` and
+    """What DDPG and TD3 share (defaults: Stable-Baselines3's, but for the exploration noise,
+    which SB3 leaves off and RL-Zoo sets). `DDPGConfig` and
     `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
     always names its own algorithm."""
 
@@ -64,7 +65,8 @@ class DeterministicPGConfig:
     gradient_steps: int = 1
     """gradient steps of the critic per iteration"""
     exploration_noise: float = 0.1
-    """std of the Gaussian noise added to the actor's action in [-1, 1] units"""
+    """std of the Gaussian noise added to the actor's action in [-1, 1] units (0.1: Fujimoto
+    et al. 2018 §6.1 and RL-Zoo)"""
     max_grad_norm: float = math.inf
     """global gradient norm bound of each network (inf: none, as Stable-Baselines3)"""
     adam_eps: float = 1e-8
@@ -116,7 +118,7 @@ class DeterministicPGConfig:
 
 @dataclass
 class DDPGConfig(DeterministicPGConfig):
-    """DDPG hyper-parameters (defaults: Stable-Baselines3's DDPG)."""
+    """DDPG hyper-parameters (defaults: `DeterministicPGConfig`'s)."""
 
 
 class DeterministicActor(nn.Module):

@@ -97,6 +97,8 @@ class EnvPool:
 
         Raises:
             ValueError: an id is out of range, repeated, or has a step in flight.
+            RuntimeError: the pool is closed. EnvWorkerError: an env raised or its worker died
+                (this call or before: the pool is then unusable).
         """
         self._check_open()
         ids = self._check_ids(env_id)
@@ -122,6 +124,8 @@ class EnvPool:
             ValueError: wrong action shape, dtype or range; unknown, repeated or in-flight env ids;
                 with autoreset ``disabled``, an env whose episode ended (`EpisodeEndedError`).
             gymnasium.error.ResetNeeded: an env never reset.
+            RuntimeError: the pool is closed. EnvWorkerError: an env raised or its worker died
+                (with ``num_workers=0`` the step runs in this call; the pool is then unusable).
         """
         self._check_open()
         if env_id is self._env_id_out and not self._recv_ids_sent:

@@ -168,7 +168,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
          autoreset: str | AutoresetMode = "next_step", device: str | None = None,
          engine: str = "auto", **task_kwargs: Any) -> EnvPool:
-    """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id``.
+    """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id`` (the warp engine: a
+    `gmi_drl.envs.warp.pool.WarpPool`, the same API with full batches, ``same_step``
+    autoreset only, and torch tensors on its device).
 
     Args:
         task_id: a registered task (`list_tasks`) or any Gymnasium id.
@@ -181,7 +183,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             placement uses).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``),
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
-            continue that env's generator.
+            continue that env's generator. Seeds belong in [0, 2**31): ALE and the warp engine
+            refuse others here, Gymnasium envs at their first reset.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
         device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
@@ -192,8 +195,11 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
 
     Raises:
         ValueError: unknown ``task_id``, an invalid size or mode (all named at once), an engine
-            the task does not have or that cannot run here (with the reason), or a keyword the
-            engine does not take.
+            the task does not have or that cannot run here (with the reason), a keyword a
+            gmi-drl engine does not take, an action space other than Box, Discrete or
+            MultiDiscrete, or observations that are no array.
+        TypeError: a keyword the env of a task on the ``gymnasium`` engine does not take
+            (``gymnasium.make``'s own error).
     """
     errors = []
     if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:

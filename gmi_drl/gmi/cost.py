@@ -35,7 +35,7 @@ class CostTemplate(str, enum.Enum):
 class Terms:
     """Table 3's terms, measured.
 
-    Times are seconds per iteration (one serving step of the batch for Tables 4, one training
+    Times are seconds per iteration (one serving step of the batch for Table 4, one training
     iteration for Table 5); resource sizes are fractions of one device's dominant resource
     (`dominant_resource`); sizes are bytes.
     """

@@ -36,8 +36,8 @@ at least ``min_seconds`` judged from the nearest point measured)"""
 class Point:
     """One profiled (GMIs per device, num_envs) point.
 
-    ``top``: env steps per second of all the device's GMIs together (training: samples trained
-    on per second); ``mem``: peak memory of its largest GMI, bytes. ``terms``: the probe's phase
+    ``top``: env steps per second of all the device's GMIs together (async_training: samples
+    trained on per second); ``mem``: peak memory of its largest GMI, bytes. ``terms``: the probe's phase
     figures (`gmi_drl.gmi.probe.measure`). ``sat`` and ``estimate`` are filled by `search` where
     Algorithm 2 computes them.
     """
@@ -310,7 +310,8 @@ class Tuner:
     """Algorithm 2 on real runs of ``config`` (a `TrainConfig`).
 
     Args:
-        config: the job; its ``env.num_envs`` and ``gmi.num_gmis`` are what the search sets.
+        config: the job; its ``env.num_envs`` and ``gmi.num_gmis`` (async_training:
+            ``gmi.serving_gmis``, `gmi_field`) are what the search sets.
         num_devices: devices of the system the estimate projects to.
         device_cores: CPU cores of one device (CPU) or of the whole machine (CUDA), for the
             resource shares.

@@ -56,14 +56,18 @@ def parse_addr(s: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class SwitchConfig:
-    """Options of one switch daemon (`gmi-drl switch serve`)."""
+    """Options of one switch daemon (`gmi-drl switch serve`; iSwitch, papers/001 §3.2-3.4).
+
+    Raises:
+        ValueError: every option out of range (`__post_init__`)."""
 
     bind: tuple[str, int] = ("127.0.0.1", 0)
     """Address and UDP port to listen on (port 0: any free port)."""
     parent: tuple[str, int] | None = None
     """The upper-level switch (§3.4); ``None`` makes this the root."""
     threshold: int = 0
-    """Aggregation threshold H in members per segment; 0 = the number of members."""
+    """Aggregation threshold H in members per segment (iSwitch §3.2, SetH); 0 = the number of
+    members."""
     drop_rate: float = 0.0
     """Fault injection: probability of dropping each received and each sent packet."""
     dup_rate: float = 0.0
@@ -190,9 +194,10 @@ class SwitchDaemon:
     Args:
         config: the options.
         report: called with `Counters` every ``report_every_s`` seconds from the loop.
+        report_every_s: seconds between ``report`` calls (0: never).
 
     Raises:
-        OSError: the bind address is not available.
+        OSError: the bind address is not available, or ``config.parent`` does not resolve.
         ValueError: ``config.data_plane == "native"`` where the extension is not built.
     """
 
