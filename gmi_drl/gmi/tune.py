@@ -683,7 +683,10 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
     (the devices are then not discovered twice).
 
     Raises:
-        ValueError: what `plan` refuses.
+        ValueError: what `plan` refuses; or, during the search, a projection onto several
+            devices with no bandwidth to price the allreduce (no ``--bw`` and no runnable point
+            of 2 or more GMIs yet; the points measured stay in the cache for a rerun).
+        OSError: ``--out`` cannot be created or written.
     """
     from gmi_drl.config import to_dict
 
