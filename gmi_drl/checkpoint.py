@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from gmi_drl.files import replace_atomically
+
 FORMAT = "gmi-drl-checkpoint"
 VERSION = 2
 _NAME = re.compile(r"iteration-(\d+)\.pt")
@@ -44,12 +46,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     disk, then renamed over ``path`` (a crash leaves either the old or the new file, never half)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: torch.save({"format": FORMAT, "version": VERSION,
+                                                     **state}, tmp), fsync=True)
 
 
 def checkpoint_dir(path: str | Path) -> Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 import tempfile
 from collections import defaultdict
@@ -139,9 +138,9 @@ def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[0]).read_text())
     figures = run(request["config"], request["warmup"], request["iterations"],
                   request.get("min_steps", 0))
-    tmp = Path(argv[1]).with_suffix(".tmp")
-    tmp.write_text(json.dumps(figures))
-    os.replace(tmp, argv[1])
+    from gmi_drl.files import write_text_atomically
+
+    write_text_atomically(argv[1], json.dumps(figures))
     return 0
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gmi_drl.files import replace_atomically, write_text_atomically
 from gmi_drl.gmi import cost
 
 CACHE_VERSION = 2
@@ -172,10 +173,8 @@ class PointCache:
         for transient in ("cached", "sat", "estimate"):
             data.pop(transient)
         self.points[f"{point.gmis},{point.num_envs}"] = data
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "key": self.key,
-                                   "points": self.points}, indent=1))
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, json.dumps({"version": CACHE_VERSION, "key": self.key,
+                                                     "points": self.points}, indent=1))
 
 
 def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
@@ -735,7 +734,7 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
         best["gmi"][gmi_field(cfg)] = chosen.gmis * p.devices
         best["gmi"]["num_devices"] = p.devices if p.devices > 1 else None
         best["run_dir"] = best["resume"] = best["config"] = None
-        tuned = _replace(p.out / "tuned.json", lambda f: f.write_text(json.dumps({
+        tuned = replace_atomically(p.out / "tuned.json", lambda f: f.write_text(json.dumps({
             "config": best, "tune": {
                 "num_envs": chosen.num_envs, "gmis_per_device": chosen.gmis,
                 "num_devices": p.devices, "chosen_by": chosen_by,
@@ -743,22 +742,10 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
                 "gmis_counted": gmi_role(cfg), "search_s": round(wall, 1),
                 "points": len(result.points), "date": time.strftime("%Y-%m-%d %H:%M:%S")}},
             indent=1)))
-        plot_path = _replace(p.out / "tune.png", lambda f: plot(
+        plot_path = replace_atomically(p.out / "tune.png", lambda f: plot(
             result.points, chosen, f, top_unit(cfg), gmi_role(cfg)))
     return TuneReport(result, chosen, chosen_by, wall, predictions, reference, p.out, tuned,
                       plot_path, no_model)
-
-
-def _replace(path: Path, write: Callable[[Path], object]) -> Path:
-    """``write`` into a temporary file beside ``path``, then move it over ``path`` (a reader, or
-    an interrupted search, never sees a half-written file); ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def check_options(options: TuneOptions) -> None:

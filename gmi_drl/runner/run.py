@@ -29,6 +29,7 @@ from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_load
                                 save_checkpoint)
 from gmi_drl.config import ConfigError, TrainConfig, to_dict
 from gmi_drl.errors import TrainingDiverged, check_finite, out_of_memory
+from gmi_drl.files import write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,15 @@ class RunStopped(RuntimeError):
             self.next_step = ("no checkpoint was written: once the cause above is dealt with, "
                               "run the same command again")
         super().__init__(f"{self.reason} (traceback: {self.log_path})")
+
+
+class _LogFile(logging.FileHandler):
+    """``train.log``'s handler: a record that cannot be written (a full disk, a directory
+    removed under the run) is dropped, not reported with a traceback of its own on stderr,
+    where it would bury the message that says why the run stopped."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -167,9 +177,9 @@ class Run:
                 old.unlink(missing_ok=True)
         saved = to_dict(self.config)
         saved["run_dir"], saved["resume"] = str(self.run_dir), None
-        tmp = self.run_dir / f".config.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(saved, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, self.run_dir / "config.json")  # a kill leaves the old or the new file
+        # a kill leaves the old file or the new one
+        write_text_atomically(self.run_dir / "config.json",
+                              json.dumps(saved, indent=2, allow_nan=False) + "\n")
         log.info("run directory: %s", self.run_dir)
 
     @contextlib.contextmanager
@@ -244,7 +254,7 @@ class Run:
         """Inside the block, gmi-drl's log records also go to ``train.log``, and an exception
         leaving the block is written there with its traceback (then re-raised)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.log_path, encoding="utf-8")
+        handler = _LogFile(self.log_path, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         package = logging.getLogger("gmi_drl")
         package.addHandler(handler)
@@ -256,7 +266,10 @@ class Run:
             raise
         finally:
             package.removeHandler(handler)
-            handler.close()
+            try:
+                handler.close()
+            except OSError:  # a full disk: the terminal still gets the one-line message
+                pass
 
     @contextlib.contextmanager
     def telemetry(self):

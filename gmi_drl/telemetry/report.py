@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+from gmi_drl.files import write_text_atomically
 
 AGGREGATION = ("update/allreduce", "learn/allreduce")
 WEIGHT_UPDATE = ("update/optimizer", "learn/optimizer")
@@ -271,9 +272,7 @@ def _phases_of(rows: list[IterationBreakdown]) -> list[str]:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(doc))
 
 
 def _pct(part: float, whole: float) -> str:

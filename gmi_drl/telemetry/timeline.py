@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+from gmi_drl.files import write_text_atomically
+
 ITERATION_TID = 0
 """thread id of the per-iteration track (real threads have native ids > 0)"""
 
@@ -77,7 +79,4 @@ class Timeline:
                              "pid": pid, "process_name": self.process_name,
                              "clock": {"perf_counter_us": perf_ns / 1000.0,
                                        "unix_us": unix_ns / 1000.0}}}
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        write_text_atomically(path, json.dumps(doc))
