@@ -215,23 +215,48 @@ def _resumed_config(resume: str):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM to ``gmi-drl train``: stops the run as Ctrl-C does (its GMIs, a resume hint)."""
+    """SIGTERM or SIGHUP (the terminal closed) to ``gmi-drl train``: stops the run as Ctrl-C
+    does (its GMIs, a resume hint)."""
 
 
 _sigterm = threading.Event()  # set by `_terminated`: some libraries (Ray's wait) raise a
 # KeyboardInterrupt of their own in place of the handler's `Terminated`
+_stop_signal = [signal.SIGTERM]  # which one it was (the exit status says)
 
 
 def _terminated(signum, frame) -> None:
+    _stop_signal[0] = signum
     _sigterm.set()
     raise Terminated()
 
 
 def _stop_status(e: BaseException | None) -> int:
-    """The exit status of a run stopped by ``e``: 143 after SIGTERM, 130 after Ctrl-C, else 1."""
+    """The exit status of a run stopped by ``e``: 128 + the signal after SIGTERM (143) or
+    SIGHUP (129), 130 after Ctrl-C, else 1."""
     if isinstance(e, Terminated) or (isinstance(e, KeyboardInterrupt) and _sigterm.is_set()):
-        return 128 + signal.SIGTERM
+        return 128 + _stop_signal[0]
     return 130 if isinstance(e, KeyboardInterrupt) else 1
+
+
+def _handle_stop_signals() -> dict:
+    """Make SIGTERM (timeout, systemd) and SIGHUP (a closed terminal or SSH session) stop the
+    run as Ctrl-C does, in the main thread; returns the handlers to restore. A SIGHUP already
+    ignored (``nohup``) stays ignored. multiprocessing's resource tracker, started here if it
+    is not running, ignores SIGHUP for good (an ignored signal stays so across its exec), so
+    that a hangup to the whole process group cannot kill it before the run has unlinked its
+    shared memory; the GMIs and the fork server ignore it too (`gmi_drl.gmi.launcher`)."""
+    from multiprocessing import resource_tracker
+
+    hangup = signal.getsignal(signal.SIGHUP)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    resource_tracker.ensure_running()
+    if hangup is not signal.SIG_IGN:
+        previous[signal.SIGHUP] = hangup
+        signal.signal(signal.SIGHUP, _terminated)
+    else:
+        signal.signal(signal.SIGHUP, hangup)
+    return previous
 
 
 def _train(args: list[str], debug: bool = False) -> int:
@@ -257,9 +282,8 @@ def _train(args: list[str], debug: bool = False) -> int:
         return 2
     start = time.perf_counter()
     main_thread = threading.current_thread() is threading.main_thread()
-    # (timeout, systemd: as Ctrl-C; signal handlers belong to the main thread)
     _sigterm.clear()
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    previous = _handle_stop_signals() if main_thread else {}
     try:
         result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
@@ -272,8 +296,8 @@ def _train(args: list[str], debug: bool = False) -> int:
               file=sys.stderr)
         return _stop_status(e.__cause__)
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "

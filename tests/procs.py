@@ -91,12 +91,16 @@ def group_members(pgid: int, zombies: bool = True) -> list[int]:
 
 
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    """``gmi-drl ARGS`` as a terminal's job: in a process group of its own, with Ctrl-C's
-    default handling (a background shell ignores it), stdout dropped, stderr piped as text."""
+    """``gmi-drl ARGS`` as a terminal's job: in a process group of its own, with the default
+    handling of Ctrl-C and of a hangup (a background shell ignores the one, ``nohup`` the
+    other), stdout dropped, stderr piped as text."""
+    def as_a_terminal_job() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
     return subprocess.Popen([sys.executable, "-m", "gmi_drl.cli", *args], cwd=cwd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, preexec_fn=as_a_terminal_job)
 
 
 def signal_group(proc: subprocess.Popen, ready: Callable[[], object], sig: int,

@@ -265,6 +265,25 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     assert set(os.listdir("/dev/shm")) <= shm_before
 
 
+def test_a_hangup_stops_a_run_as_ctrl_c_does_and_leaves_nothing(tmp_path):
+    """The terminal or SSH session closed: SIGHUP reaches the whole group; the GMIs, the fork
+    server and multiprocessing's resource tracker ignore it, the controller stops the run."""
+    from tests.procs import assert_group_gone, signal_group, start_cli
+
+    shm_before = set(os.listdir("/dev/shm"))
+    run = tmp_path / "run"
+    proc = start_cli(["train", "ppo", "--gmi.num-gmis", "2", "--total-timesteps", "100000000",
+                      "--checkpoint.every", "1", "--no-compile", "--log.no-tensorboard",
+                      "--run-dir", str(run)], tmp_path)
+    err = signal_group(proc, lambda: wait_until_written(
+        proc, run, "checkpoints/iteration-*.pt", "no checkpoint written"), signal.SIGHUP)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "gmi-drl train: interrupted; the run was stopped" in err
+    assert f"continue with: gmi-drl train ppo --resume {run}" in err
+    assert "Traceback" not in err, err
+    assert_group_gone(proc.pid, shm_before)
+
+
 def test_a_switch_that_does_not_answer_is_one_line_naming_it():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

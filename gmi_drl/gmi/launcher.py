@@ -75,23 +75,26 @@ def _context(start_method: str, preload: Sequence[str] = ()):
 
 
 def _start_fork_server() -> None:
-    """Start multiprocessing's fork server (if it is not running) with SIGINT ignored: the
-    server ignores it itself only once its preload imports are done, and a Ctrl-C during those
-    seconds printed their traceback on the terminal. An ignored signal stays ignored across the
-    server's exec; the controller's own Ctrl-C handling is unchanged, and a GMI sets its
-    handlers first thing (`_gmi_main`). The server is this process's for good: any other child
-    it forks later (multiprocessing's forkserver context, used outside gmi-drl) starts with
-    Ctrl-C ignored too."""
+    """Start multiprocessing's fork server (if it is not running) with SIGINT and SIGHUP
+    ignored: the server ignores SIGINT itself only once its preload imports are done, and a
+    Ctrl-C during those seconds printed their traceback on the terminal; a hangup (the terminal
+    closed) reaches the whole process group, and is the controller's to handle: it stops the
+    GMIs as after Ctrl-C. An ignored signal stays ignored across the server's exec and in the
+    GMIs it forks; the controller's own handling is unchanged, and a GMI sets its SIGINT and
+    SIGTERM handlers first thing (`_gmi_main`). The server is this process's for good: any
+    other child it forks later (multiprocessing's forkserver context, used outside gmi-drl)
+    starts with both ignored too."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread():
         forkserver.ensure_running()  # (signal dispositions are the main thread's to set)
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)}
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class GMIError(RuntimeError):
@@ -144,6 +147,7 @@ def _gmi_main(gmi_id, environ, env, affinity, threads, target, ctx, beats, resul
     threading.Thread(target=beat, daemon=True, name="gmi-heartbeat").start()
     signal.signal(signal.SIGTERM, _stop_once)
     signal.signal(signal.SIGINT, _stop_once)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup is the controller's: it stops us
     try:
         results.put(("ok", gmi_id, run_target(target, ctx)))
     except BaseException:
