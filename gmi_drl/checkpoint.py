@@ -139,7 +139,27 @@ def find_loadable(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
     if not path.is_dir():
         file = resolve_checkpoint(path)
-        return file, _load_file(file)
+        try:
+            return file, _load_file(file)
+        except FileNotFoundError:
+            raise CheckpointError(f"{file} is gone (a run pruned it: --checkpoint.keep); give "
+                                  "the run directory, which names its newest") from None
+    for _ in range(10):  # a run still training prunes files while they are listed or read
+        try:
+            return _newest_loadable(path)
+        except FileNotFoundError:
+            continue
+    raise CheckpointError(f"{checkpoint_dir(path)}: its checkpoints kept vanishing while they "
+                          "were read (a run pruning them faster); try again")
+
+
+def _newest_loadable(path: Path) -> tuple[Path, dict[str, Any]]:
+    """`find_loadable` for a run directory, once.
+
+    Raises:
+        FileNotFoundError: a listed file vanished before it was read. CheckpointError: as
+            `load_checkpoint`.
+    """
     errors = []
     for candidate in list_checkpoints(path) or [resolve_checkpoint(path)]:
         try:
@@ -163,6 +183,8 @@ def _load_file(path: Path) -> dict[str, Any]:
             "directory, or one of its checkpoints/iteration-*.pt")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:  # pruned by the run that is training while this reads it
+        raise
     except pickle.UnpicklingError as e:
         if "Unsupported global" in str(e):  # a pickled class: refused by weights_only
             raise CheckpointError(f"{path} is not a gmi-drl checkpoint: it holds more than "

@@ -301,3 +301,28 @@ def test_every_algorithm_trains_on_cuda(tmp_path, algo, preset_name):
     result = train(cfg)
     assert result.global_step >= 600
     assert (tmp_path / algo / "metrics.csv").read_text().count("losses/") > 0
+
+
+def test_a_checkpoint_pruned_while_it_is_read_is_not_called_corrupt(tmp_path, monkeypatch,
+                                                                    caplog):
+    """``gmi-drl eval`` of a run that is still training: the newest file listed can be pruned
+    (a newer one written) before it is read; the listing is taken again."""
+    import gmi_drl.checkpoint as ck
+
+    run = tmp_path / "run"
+    for k in (1, 2):
+        ck.save_checkpoint(run / "checkpoints" / f"iteration-000000{k}.pt", {"iteration": k})
+    load, calls = ck._load_file, []
+
+    def training_meanwhile(path):
+        calls.append(path.name)
+        if len(calls) == 1:  # iteration 3 written, iteration 2 pruned, as the run does
+            ck.save_checkpoint(run / "checkpoints" / "iteration-0000003.pt", {"iteration": 3})
+            path.unlink()
+        return load(path)
+
+    monkeypatch.setattr(ck, "_load_file", training_meanwhile)
+    path, state = ck.find_loadable(run)
+    assert path.name == "iteration-0000003.pt" and state["iteration"] == 3
+    assert calls == ["iteration-0000002.pt", "iteration-0000003.pt"]
+    assert "corrupt" not in caplog.text
