@@ -326,3 +326,16 @@ def test_a_checkpoint_pruned_while_it_is_read_is_not_called_corrupt(tmp_path, mo
     assert path.name == "iteration-0000003.pt" and state["iteration"] == 3
     assert calls == ["iteration-0000002.pt", "iteration-0000003.pt"]
     assert "corrupt" not in caplog.text
+
+
+def test_a_checkpoint_directory_that_cannot_be_written_is_found_at_the_start(tmp_path):
+    """(As root, permissions do not stop a write: a path under a file does.)"""
+    from gmi_drl.config import ConfigError
+    from gmi_drl.runner.run import _check_writable
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"file/checkpoints cannot be written \(Not a "
+                       r"directory\): fix its permissions, or choose another --run-dir"):
+        _check_writable(tmp_path / "file" / "checkpoints")
+    _check_writable(tmp_path)
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]  # the probe file is gone

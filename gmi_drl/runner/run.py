@@ -87,6 +87,19 @@ class RunStopped(RuntimeError):
         super().__init__(f"{self.reason} (traceback: {self.log_path})")
 
 
+def _check_writable(directory: Path) -> None:
+    """Raise `ConfigError` when no file can be made in ``directory`` (permissions, an
+    immutable or read-only mount): found at the start, not at the first checkpoint, minutes
+    of training later."""
+    probe = directory / f".writable.{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{directory} cannot be written ({e.strerror or e}): fix its "
+                          "permissions, or choose another --run-dir") from None
+
+
 class _LogFile(logging.FileHandler):
     """``train.log``'s handler: a record that cannot be written (a full disk, a directory
     removed under the run) is dropped, not reported with a traceback of its own on stderr,
@@ -168,10 +181,12 @@ class Run:
         return self.run_dir / "profile" / f"gmi-{gmi_id}"
 
     def start(self) -> None:
-        """The controller, before any GMI starts: make the directories, write config.json. A
+        """The controller, before any GMI starts: make the directories, check that checkpoints
+        can be written there (`ConfigError` if not), write config.json. A
         fresh start in a directory that holds an attempt stopped before its first checkpoint
         drops that attempt's metrics (`gmi_drl.config.validate` refuses one with checkpoints)."""
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        _check_writable(self.checkpoint_dir)
         if self.resume_from is None and (self.run_dir / "config.json").exists():
             for old in [self.run_dir / "metrics.csv", *self.run_dir.glob("events.out.tfevents.*")]:
                 old.unlink(missing_ok=True)
