@@ -339,3 +339,11 @@ def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run(to):
     assert time.monotonic() - t0 < 5
     assert gmi_targets.INTERRUPTED == {0, 1, 2}
     assert not [t.name for t in threading.enumerate() if t.name.startswith("gmi-")]
+
+
+def test_a_gmi_stopped_from_outside_is_named_so_not_as_a_raised_systemexit():
+    tb = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nSystemExit: 143\n"
+    assert GMIError.raised(1, tb).summary == ("GMI 1 was stopped by SIGTERM from outside the "
+                                              "run; the run was stopped")
+    assert GMIError.raised(1, tb.replace("143", "3")).summary == (
+        "GMI 1 raised SystemExit: 3; the run was stopped")  # a target's own exit code

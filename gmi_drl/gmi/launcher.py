@@ -115,6 +115,11 @@ class GMIError(RuntimeError):
     def raised(cls, gmi_id: int, tb: str) -> "GMIError":
         """GMI ``gmi_id`` raised; ``tb`` is its formatted traceback."""
         line = exception_line(tb)
+        code = line.removeprefix("SystemExit: ")
+        if code.isdigit() and 128 < int(code) < 128 + signal.NSIG:  # `_stop_once`'s exit
+            name = signal.Signals(int(code) - 128).name
+            return cls(f"GMI {gmi_id} was stopped by {name} from outside the run; the run was "
+                       "stopped", tb, line)
         return cls(f"GMI {gmi_id} raised {line}; the run was stopped", tb, line)
 
 
