@@ -347,3 +347,12 @@ def test_a_gmi_stopped_from_outside_is_named_so_not_as_a_raised_systemexit():
                                               "run; the run was stopped")
     assert GMIError.raised(1, tb.replace("143", "3")).summary == (
         "GMI 1 raised SystemExit: 3; the run was stopped")  # a target's own exit code
+
+
+def test_a_run_whose_directory_was_removed_says_so(tmp_path):
+    from gmi_drl.runner.run import Run
+
+    stopped = RunStopped(Run(tmp_path / "removed", preset("classic")), OSError(2, "gone"))
+    assert stopped.next_step == (f"its directory {tmp_path / 'removed'} is gone (removed while "
+                                 "the run trained), checkpoints and train.log with it: start "
+                                 "the run again")

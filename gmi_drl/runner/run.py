@@ -58,7 +58,10 @@ class RunStopped(RuntimeError):
             lines = str(cause).strip().splitlines()
             self.reason = (f"{type(cause).__name__}: {lines[0]}" if lines
                            else type(cause).__name__) + "; the run was stopped"
-        if isinstance(cause, TrainingDiverged) or (
+        if not run.run_dir.is_dir():
+            self.next_step = (f"its directory {run.run_dir} is gone (removed while the run "
+                              "trained), checkpoints and train.log with it: start the run again")
+        elif isinstance(cause, TrainingDiverged) or (
                 isinstance(cause, GMIError) and cause.exception.startswith("TrainingDiverged")):
             self.next_step = ("resuming with the same settings would repeat it: start a new run "
                               "with the changes above")
