@@ -18,7 +18,6 @@ traceback goes to the run's ``train.log``, or also to the terminal with ``--debu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import signal
@@ -141,7 +140,7 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
         if config is not None:
             raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag "
                               "given after it overrides a field)") from None
-        edited = _edited_config_json(resume, default) if resume is not None else None
+        edited = _edited_config_json(resume) if resume is not None else None
         if edited is not None:
             raise ConfigError(f"{e}\n  (with no such flag given: {edited} differs from the "
                               "checkpoint's own config; restore it, or delete it and the "
@@ -150,22 +149,17 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     return cfg
 
 
-def _edited_config_json(resume: str, default) -> Path | None:
-    """``RUN/config.json`` of ``--resume RUN`` when the config read from it (``default``)
-    differs from the one its checkpoint holds, else ``None``."""
-    from gmi_drl.checkpoint import CheckpointError, find_loadable, run_dir_of
+def _edited_config_json(resume: str) -> Path | None:
+    """`edited_config_json` of ``--resume RUN``'s checkpoint; ``None`` where none loads."""
+    from gmi_drl.checkpoint import CheckpointError, find_loadable
     from gmi_drl.config import ConfigError, from_dict
+    from gmi_drl.runner.preflight import edited_config_json
 
     try:
         ckpt, state = find_loadable(resume)
-        run_dir = run_dir_of(ckpt)
-        where = dict(run_dir=None, resume=None, config=None)  # where it ran, not what
-        if run_dir is None or (dataclasses.replace(from_dict(state["config"]), **where)
-                               == dataclasses.replace(default, **where)):
-            return None
-    except (CheckpointError, ConfigError, KeyError, TypeError, ValueError):
+        return edited_config_json(ckpt, from_dict(state["config"]))
+    except (CheckpointError, ConfigError, KeyError, TypeError):
         return None
-    return run_dir / "config.json"
 
 
 def _checkpoint_algo(resume: str) -> str | None:

@@ -675,8 +675,15 @@ def validate(cfg: TrainConfig) -> None:
          f"log.gpu_util_interval_s={lg.gpu_util_interval_s} must be >= 0 (0: off)")
     _validate_profile(cfg, need)
     need(cfg.torch_threads >= 1, f"torch_threads={cfg.torch_threads} must be >= 1")
-    need(0 <= cfg.seed < 2**31, f"seed={cfg.seed} must be in [0, 2**31) (env i is seeded seed + i; "
-         "Gymnasium takes no negative seeds, ALE and the warp engine none from 2**31 on)")
+    # env i of the run (over its GMIs) is seeded seed + i: ALE's and the warp engine's seeds are
+    # 31-bit, the other engines' 64-bit (and Gymnasium takes no negative ones)
+    bits = 31 if known and (task_family(e.task_id) == "atari" or "warp" in (
+        names[:1] if e.engine == "auto" else [e.engine])) else 62
+    g = cfg.gmi
+    envs = e.num_envs * (g.trainer_gmis + g.serving_gmis if cfg.is_async else g.num_gmis)
+    need(0 <= cfg.seed <= 2**bits - envs,
+         f"seed={cfg.seed} must be in [0, 2**{bits} - {envs}] (env i of the run's {envs} is "
+         f"seeded seed + i, and {e.task_id}'s engine takes seeds below 2**{bits})")
     if cfg.device == "cuda":
         import torch
 

@@ -60,7 +60,9 @@ def out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` says memory ran out: a `MemoryError`, torch's CPU allocator ("can't
     allocate memory") or CUDA's ("out of memory"), raised here or reported from a GMI (its
     message holds the GMI's exception line)."""
-    text = str(e)
+    text = getattr(e, "exception", None)  # a GMI's failure: its exception's line alone (its
+    if not isinstance(text, str):  # traceback may mention memory in a chained exception)
+        text = str(e)
     return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
             or any(s in text for s in ("can't allocate memory", "CUDA out of memory",
                                        "MemoryError")))

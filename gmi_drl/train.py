@@ -85,7 +85,8 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
         ConfigError: invalid config (every field named), a task the algorithm cannot run or
             a size that does not fit in memory (`preflight`), a resume the checkpoint cannot
             serve (`check_resumable`), or a run directory another process is using; raised
-            before the run directory is written.
+            before the run directory is written (a ``checkpoints/`` that cannot be written:
+            just after it is made, before any GMI starts).
         CheckpointError: the ``--resume`` checkpoint is missing or corrupt (before the run
             starts), or its weights do not fit this run (after it started).
         RunStopped: the run started and stopped on an expected failure (`STOPS`, or memory

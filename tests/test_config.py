@@ -108,7 +108,7 @@ def test_fields_of_the_wrong_type_or_not_finite_are_named():
         assert msg in str(e.value)
     cfg = preset("classic")
     cfg.seed = -1
-    with pytest.raises(ConfigError, match=r"seed=-1 must be in \[0, 2\*\*31\)"):
+    with pytest.raises(ConfigError, match=r"seed=-1 must be in \[0, 2\*\*62 - 4\]"):
         validate(cfg)
     cfg = preset("classic")  # a list's items, as a config file gives them
     cfg.profile.iterations, cfg.profile.ranks = ["1"], [0, "a"]
@@ -341,4 +341,12 @@ def test_every_broken_rule_is_named_at_once_a_non_finite_field_once():
         "algo.learning_rate", "env.task_id", "env.num_envs", "algo.gamma", "seed"]
     assert "algo.learning_rate=inf must be a finite number" in lines[0]  # not also "> 0"
     assert "(did you mean 'CartPole-v1'?)" in lines[1]
-    assert "must be in [0, 2**31)" in lines[4]
+    assert f"seed={2**64} must be in [0, 2**62 - 0]" in lines[4]  # (num_envs 0: no envs)
+    # ALE's seeds are 31-bit: the last env of the run must get one
+    _train_config("dqn", ["--env.task-id", "Pong-v5", "--preset", "atari", "--seed",
+                          str(2**31 - 8), "--env.num-envs", "8"])
+    with pytest.raises(ConfigError, match=r"seed=2147483641 must be in \[0, 2\*\*31 - 8\] \(env "
+                       r"i of the run's 8 is seeded seed \+ i, and Pong-v5's engine takes seeds "
+                       r"below 2\*\*31\)"):
+        _train_config("dqn", ["--env.task-id", "Pong-v5", "--preset", "atari", "--seed",
+                              str(2**31 - 7), "--env.num-envs", "8"])

@@ -119,7 +119,7 @@ def test_running_out_of_memory_says_so_not_to_run_the_same_command_again(tmp_pat
 
     run = Run(tmp_path, preset("classic"))
     try:
-        torch.empty(10**13)  # 40 TB: refused by torch's CPU allocator, a RuntimeError
+        torch.empty(10**15)  # 4 PB, past the address space: refused, overcommit or not
     except RuntimeError as e:
         cpu = e
     for cause in (cpu, MemoryError(), GMIError("GMI 1 raised OutOfMemoryError: CUDA out of "
@@ -265,14 +265,17 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     assert set(os.listdir("/dev/shm")) <= shm_before
 
 
-def test_a_hangup_stops_a_run_as_ctrl_c_does_and_leaves_nothing(tmp_path):
-    """The terminal or SSH session closed: SIGHUP reaches the whole group; the GMIs, the fork
-    server and multiprocessing's resource tracker ignore it, the controller stops the run."""
+@pytest.mark.parametrize("layout", [["--gmi.num-gmis", "2"],  # GMIs from the fork server
+                                    ["--env.engine", "gymnasium"]])  # env workers forked here
+def test_a_hangup_stops_a_run_as_ctrl_c_does_and_leaves_nothing(tmp_path, layout):
+    """The terminal or SSH session closed: SIGHUP reaches the whole group; the GMIs, their env
+    workers, the fork server and multiprocessing's resource tracker ignore it, the controller
+    stops the run."""
     from tests.procs import assert_group_gone, signal_group, start_cli
 
     shm_before = set(os.listdir("/dev/shm"))
     run = tmp_path / "run"
-    proc = start_cli(["train", "ppo", "--gmi.num-gmis", "2", "--total-timesteps", "100000000",
+    proc = start_cli(["train", "ppo", *layout, "--total-timesteps", "100000000",
                       "--checkpoint.every", "1", "--no-compile", "--log.no-tensorboard",
                       "--run-dir", str(run)], tmp_path)
     err = signal_group(proc, lambda: wait_until_written(

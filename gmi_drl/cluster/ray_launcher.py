@@ -208,6 +208,13 @@ def _keeping_sigterm():
             signal.signal(signal.SIGTERM, handler)
 
 
+def _ignoring_hangup():
+    """Ignore SIGHUP (main thread only); the handler it replaced, or ``None``."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def _connected(address: str | None, local_cpus: int):
     if ray.is_initialized():
@@ -215,7 +222,15 @@ def _connected(address: str | None, local_cpus: int):
         return
     with _keeping_sigterm():
         if address is None:
-            ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
+            # a local instance's processes join this process group; started with a hangup
+            # ignored (which stays so across their exec), they outlive one, and the controller
+            # stops the run and shuts them down as after Ctrl-C (which they block already)
+            hangup = _ignoring_hangup()
+            try:
+                ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
+            finally:
+                if hangup is not None:
+                    signal.signal(signal.SIGHUP, hangup)
         else:
             _join(address)
     try:

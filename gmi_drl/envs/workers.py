@@ -89,6 +89,7 @@ def _worker_main(w: int, lo: int, hi: int, shm_name: str, layout, factory_bytes:
     # Ctrl-C reaches the whole process group: the pool's process stops and closes its workers,
     # which must not die first (or print tracebacks) on the same signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (a hangup too: the controller's to handle)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler the forking process set
     # attaching registers the name with the resource tracker the pool's process shares with its
     # workers (a set, so no double entry); the pool's process unlinks the block in close()

@@ -206,26 +206,27 @@ def _cleaning_up():
     """Leaving the reduction group takes a moment that the stop, which follows Ctrl-C at once,
     must not cut short (SIGKILL follows a grace period anyway): in a GMI process `_stop_once`
     ignores Ctrl-C and SIGTERM from here on; in the main thread of the controller (a GMI run in
-    its process) SIGTERM waits for the block."""
+    its process) SIGTERM and a hangup wait for the block."""
     global _STOPPING
     if signal.getsignal(signal.SIGTERM) is _stop_once:
         _STOPPING = True
         yield
         return
     try:
-        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGHUP)}
     except ValueError:  # not the main thread (a Ray actor's, a serial GMI's): nothing to defer
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
-def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
-    """Hold Ctrl-C and SIGTERM until the block ends, then handle the first that came as the
+def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    """Hold Ctrl-C, SIGTERM and a hangup until the block ends, then handle the first that came as the
     handler in place would have. Around a GMI's start: interrupted inside it, the controller
     never learned the pid of a child the fork server forked anyway, so `_stop` could not stop
     it, and the child, unpickling the queue the controller had just unlinked, printed a

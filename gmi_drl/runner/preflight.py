@@ -145,6 +145,26 @@ def _mem_available() -> int | None:
     return None
 
 
+def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
+    """``RUN/config.json`` of the run that holds checkpoint ``ckpt`` when the config it holds
+    differs from ``stored`` (the checkpoint's own) in what the run does, not where it ran
+    (``run_dir``, ``resume``, ``config``); ``None`` where they agree or there is no such file
+    that loads."""
+    import dataclasses
+    import json
+
+    run_dir = run_dir_of(ckpt)
+    if run_dir is None:
+        return None
+    try:
+        on_disk = from_dict(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return None  # (ConfigError is a ValueError)
+    where = dict(run_dir=None, resume=None, config=None)
+    same = dataclasses.replace(on_disk, **where) == dataclasses.replace(stored, **where)
+    return None if same else run_dir / "config.json"
+
+
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:
     """Refuse a resume that the checkpoint ``ckpt`` (loaded: ``state``) cannot serve: a config
     that changes what it carries (`resume_conflicts`), a replay buffer of another size, a run
@@ -172,8 +192,9 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
             conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
     run_dir = run_dir_of(ckpt)
     if conflicts:
-        edited = ("" if run_dir is None else
-                  f"; with no such flag given, {run_dir / 'config.json'} differs from "
+        changed = edited_config_json(ckpt, stored)
+        edited = ("" if changed is None else
+                  f"; with no such flag given, {changed} differs from "
                   "the checkpoint's own config: restore it, or delete it and the checkpoint's "
                   "copy is used")
         raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "

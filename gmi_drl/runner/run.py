@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 class RunStopped(RuntimeError):
     """The run stopped on an expected failure: a GMI or env worker died, hung or raised, the
-    switch did not answer, or an interrupt. The cause is chained (``__cause__``) and its
+    switch did not answer, weights went NaN (`TrainingDiverged`), memory ran out, or an
+    interrupt (Ctrl-C, SIGTERM, a hangup). The cause is chained (``__cause__``) and its
     traceback is in the run's ``train.log``.
 
     Attributes:

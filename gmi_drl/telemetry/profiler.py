@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ContextManager, Iterator, Literal, Protocol
 
+from gmi_drl.files import write_text_atomically
 from gmi_drl.telemetry.timer import TimingTree, timer
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,8 @@ class CaptureProfiler:
         self._stop()
         if self.captures:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "captures.json").write_text(json.dumps(self.captures, indent=1) + "\n")
+            write_text_atomically(self.out_dir / "captures.json",
+                                  json.dumps(self.captures, indent=1) + "\n")
         elif self._seen:
             log.warning("profiling: GMI %d captured nothing: profile.iterations %s are not "
                         "among the iterations %d..%d this process ran", self.rank,

@@ -380,6 +380,5 @@ def write_report(run_dir: str | Path) -> ReportFiles:
     lines += ([f"- `{p.relative_to(run_dir)}`" for p in tools] or
               ["None: no Nsight Systems or torch profiler output in `profile/` (run with "
                "`--profile.tool nsys|torch`)."])
-    md = out / "report.md"
-    md.write_text("\n".join(lines) + "\n")
+    md = write_text_atomically(out / "report.md", "\n".join(lines) + "\n")
     return ReportFiles(trace_path, md, csv_path, plot_path if rows else None, gpu_plot)

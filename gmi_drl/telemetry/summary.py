@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gmi_drl.files import write_text_atomically
 from gmi_drl.telemetry.timer import SectionStats
 
 
@@ -116,6 +117,4 @@ def write_summary(s: RunSummary, run_dir: str | Path,
     lines += ["", "![learning curve](learning_curve.png)", ""]
     for title, text in (sections or {}).items():
         lines += [f"## {title}", "", text.rstrip("\n"), ""]
-    out = run_dir / "summary.md"
-    out.write_text("\n".join(lines))
-    return out
+    return write_text_atomically(run_dir / "summary.md", "\n".join(lines))

@@ -60,10 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this switch's id (the parent id its members see)")
     s.add_argument("--member-id", type=int, default=d.member_id,
                    help="this switch's member id at its parent (orders the parent's sum)")
-    s.add_argument("--job-id", default=d.job_id, help="serve only this job (default: the "
-                   "first); gmi-drl train names its job with --gmi.switch-job")
-    s.add_argument("--token", default=d.token, help="shared secret every Join must carry; "
-                   "gmi-drl train gives it with --gmi.switch-token")
+    s.add_argument("--job-id", default=d.job_id, help="serve only this job (default %(default)r: "
+                   "the first Join's); gmi-drl train names its job with --gmi.switch-job")
+    s.add_argument("--token", default=d.token, help="shared secret every Join must carry "
+                   "(default %(default)r: none); gmi-drl train gives it with "
+                   "--gmi.switch-token")
     s.add_argument("--seed", type=int, default=None, help="seed of the fault injection")
     s.add_argument("--data-plane", choices=PLANES, default=d.data_plane,
                    help="native: C++ with recvmmsg/sendmmsg batches; python: the reference; "
