@@ -241,15 +241,13 @@ def _handle_stop_signals() -> dict:
     shared memory; the GMIs and the fork server ignore it too (`gmi_drl.gmi.launcher`)."""
     from multiprocessing import resource_tracker
 
-    hangup = signal.getsignal(signal.SIGHUP)
+    from gmi_drl.gmi.launcher import signals_ignored
+
+    with signals_ignored(signal.SIGHUP):
+        resource_tracker.ensure_running()
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    resource_tracker.ensure_running()
-    if hangup is not signal.SIG_IGN:
-        previous[signal.SIGHUP] = hangup
-        signal.signal(signal.SIGHUP, _terminated)
-    else:
-        signal.signal(signal.SIGHUP, hangup)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _terminated)
     return previous
 
 

@@ -58,7 +58,7 @@ from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.backends import BackendKind
 from gmi_drl.gmi.context import GMIContext, ReductionGroup
 from gmi_drl.errors import exception_line
-from gmi_drl.gmi.launcher import GMIError
+from gmi_drl.gmi.launcher import GMIError, signals_ignored
 from gmi_drl.gmi.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -208,13 +208,6 @@ def _keeping_sigterm():
             signal.signal(signal.SIGTERM, handler)
 
 
-def _ignoring_hangup():
-    """Ignore SIGHUP (main thread only); the handler it replaced, or ``None``."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 @contextlib.contextmanager
 def _connected(address: str | None, local_cpus: int):
     if ray.is_initialized():
@@ -225,12 +218,8 @@ def _connected(address: str | None, local_cpus: int):
             # a local instance's processes join this process group; started with a hangup
             # ignored (which stays so across their exec), they outlive one, and the controller
             # stops the run and shuts them down as after Ctrl-C (which they block already)
-            hangup = _ignoring_hangup()
-            try:
+            with signals_ignored(signal.SIGHUP):
                 ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
-            finally:
-                if hangup is not None:
-                    signal.signal(signal.SIGHUP, hangup)
         else:
             _join(address)
     try:

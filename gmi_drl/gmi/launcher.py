@@ -86,12 +86,23 @@ def _start_fork_server() -> None:
     starts with both ignored too."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()  # (signal dispositions are the main thread's to set)
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)}
-    try:
+    with signals_ignored(signal.SIGINT, signal.SIGHUP):
         forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def signals_ignored(*signums: int):
+    """Ignore ``signums`` inside the block, then restore their handlers: a helper process
+    started inside (the fork server, multiprocessing's resource tracker, a local Ray instance)
+    keeps them ignored for good, across its exec, so a signal to the whole process group (Ctrl-C,
+    a hangup) is left to this process to handle. Only the main thread sets dispositions; in
+    another thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in signums}
+    try:
+        yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -225,9 +236,10 @@ def _cleaning_up():
 
 
 @contextlib.contextmanager
-def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
-    """Hold Ctrl-C, SIGTERM and a hangup until the block ends, then handle the first that came as the
-    handler in place would have. Around a GMI's start: interrupted inside it, the controller
+def _signals_deferred(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM,
+                                                 signal.SIGHUP)):
+    """Hold Ctrl-C, SIGTERM and a hangup until the block ends, then handle the first that came
+    as the handler in place would have. Around a GMI's start: interrupted inside it, the controller
     never learned the pid of a child the fork server forked anyway, so `_stop` could not stop
     it, and the child, unpickling the queue the controller had just unlinked, printed a
     traceback. The wait is the fork server's (its imports, at the first start: seconds)."""
