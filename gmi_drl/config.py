@@ -193,7 +193,8 @@ class AsyncConfig:
     """drop (and count) fragments whose policy_version is more than this many versions behind
     the trainer's; None: keep every fragment"""
     timeout_s: float = 120.0
-    """a trainer that receives no experience for this long stops the run"""
+    """a trainer that receives no experience for this long stops the run (trainers wait for
+    each other inside a gradient reduction this long plus a minute)"""
     tolerate_serving_failures: bool = False
     """a serving GMI that dies, raises or hangs is logged and the run goes on with the others
     (local placement); False: any GMI failure stops the run"""

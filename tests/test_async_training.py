@@ -266,3 +266,31 @@ def test_split_serving_fragments_replay_on_the_envs(splits):
             np.testing.assert_array_equal(frag["last_obs"], obs.astype(np.float32))
             assert (frag["policy_version"] == 0).all()
     assert ends > 0  # the episodes ended and were reset inside the fragments
+
+
+def test_trainers_wait_for_each_other_longer_than_for_their_batches():
+    """A trainer whose batch is late is stopped by its own batcher after ``async.timeout_s``,
+    with the reason; the other trainers, waiting for it inside the gradient reduction, must
+    not break the group first (the MPR barrier used to give up after a fixed 60 s)."""
+    from types import SimpleNamespace
+
+    from gmi_drl.comm.shm import ShmGroup
+    from gmi_drl.gmi.context import ReductionGroup
+    from gmi_drl.gmi.devices import discover
+    from gmi_drl.gmi.layout import plan
+    from gmi_drl.runner.async_loop import _trainer_reducer, trainer_reduce_timeout_s
+
+    cfg = preset("classic", "CartPole-v1", "appo")
+    cfg.gmi.trainer_gmis, cfg.async_.timeout_s = 2, 300.0
+    layout = plan(2, discover(), reduction="mpr")
+    group, owner = ShmGroup.create(2, 16)
+    try:
+        spec = SimpleNamespace(run=SimpleNamespace(config=cfg), trainer_layout=layout,
+                               trainer_group=ReductionGroup((group,), ""))
+        reducer = _trainer_reducer(spec, 0)
+        try:
+            assert reducer.timeout_s == trainer_reduce_timeout_s(300.0) > 300.0
+        finally:
+            reducer.close()
+    finally:
+        ShmGroup.destroy(owner)

@@ -65,44 +65,52 @@ def dist_backend(layout: Layout, flat_ring: bool = False) -> str:
     return "cpu:gloo,cuda:nccl"
 
 
-def _mpr(g: int, layout: Layout, group: ReductionGroup):
+def _waits(timeout_s: float | None) -> dict:
+    """The reducer's own default wait unless ``timeout_s`` is given."""
+    return {} if timeout_s is None else {"timeout_s": timeout_s}
+
+
+def _mpr(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.shm import SharedMemoryReducer
-    return SharedMemoryReducer(group.shm_groups[0], g)
+    return SharedMemoryReducer(group.shm_groups[0], g, **_waits(timeout_s))
 
 
-def _mrr(g: int, layout: Layout, group: ReductionGroup):
+def _mrr(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.ring import RingReducer
     return RingReducer(g, layout.num_gmis, group.init_method, dist_backend(layout),
-                       mpl=layout.mpl)
+                       mpl=layout.mpl, **_waits(timeout_s))
 
 
-def _har(g: int, layout: Layout, group: ReductionGroup):
+def _har(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.hierarchical import HierarchicalReducer
     return HierarchicalReducer(g, layout.mpl, group.shm_groups[layout.device_of(g)],
-                               group.init_method, dist_backend(layout))
+                               group.init_method, dist_backend(layout), **_waits(timeout_s))
 
 
-def _ring(g: int, layout: Layout, group: ReductionGroup):
+def _ring(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.ring import RingReducer
     return RingReducer(g, layout.num_gmis, group.init_method,
-                       dist_backend(layout, flat_ring=True))
+                       dist_backend(layout, flat_ring=True), **_waits(timeout_s))
 
 
-def _switch(g: int, layout: Layout, group: ReductionGroup):
+def _switch(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.switch.client import SwitchReducer
     return SwitchReducer(group.service_addrs[g], worker_id=g, num_workers=layout.num_gmis,
-                         job_id=group.job_id, token=group.token)
+                         job_id=group.job_id, token=group.token, **_waits(timeout_s))
 
 
-def _ps(g: int, layout: Layout, group: ReductionGroup):
+def _ps(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
     from gmi_drl.comm.ps import PSReducer
-    return PSReducer(group.service_addrs[g], g, layout.num_gmis)
+    return PSReducer(group.service_addrs[g], g, layout.num_gmis, **_waits(timeout_s))
 
 
-REDUCERS: dict[Reduction, Callable[[int, Layout, ReductionGroup], Any]] = {
+REDUCERS: dict[Reduction, Callable[..., Any]] = {
     Reduction.MPR: _mpr, Reduction.MRR: _mrr, Reduction.HAR: _har, Reduction.RING: _ring,
     Reduction.SWITCH: _switch, Reduction.PS: _ps}
-"""``{reduction: builder(gmi_id, layout, group) -> GradReducer}``"""
+"""``{reduction: builder(gmi_id, layout, group, timeout_s=None) -> GradReducer}``;
+``timeout_s`` (seconds) bounds how long a member waits for the slowest one inside a reduction
+before the group counts as broken (``None``: the reducer's default, 60 s; the parameter
+server's 600 s)"""
 
 
 @dataclass

@@ -220,15 +220,25 @@ def _trainer_reducer(spec: AsyncSpec, rank: int, group_store=None):
     from gmi_drl.comm.reducer import IdentityReducer
     from gmi_drl.gmi.context import REDUCERS
 
-    trainers = spec.run.config.gmi.trainer_gmis
+    config = spec.run.config
+    trainers = config.gmi.trainer_gmis
+    timeout_s = trainer_reduce_timeout_s(config.async_.timeout_s)
     if group_store is not None and trainers > 1:
         from gmi_drl.comm.ring import RingReducer
 
-        return RingReducer(rank, trainers, "", "gloo", store=group_store)
+        return RingReducer(rank, trainers, "", "gloo", timeout_s=timeout_s, store=group_store)
     layout = spec.trainer_layout
     if layout is None or layout.num_gmis == 1:
         return IdentityReducer()
-    return REDUCERS[layout.reduction](rank, layout, spec.trainer_group)
+    return REDUCERS[layout.reduction](rank, layout, spec.trainer_group, timeout_s=timeout_s)
+
+
+def trainer_reduce_timeout_s(batch_timeout_s: float) -> float:
+    """How long a trainer GMI waits inside a gradient reduction for the others, seconds:
+    ``async.timeout_s`` plus a minute. Each trainer waits for its own batch, and one whose
+    batch is late is stopped by its batcher after ``async.timeout_s`` with the reason; the
+    others must wait at least that long, or they would break the group first and hide it."""
+    return batch_timeout_s + 60.0
 
 
 def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None] | None,
