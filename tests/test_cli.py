@@ -452,6 +452,28 @@ def test_a_run_stopped_after_its_last_checkpoint_is_not_sent_to_resume(finished,
     assert RunStopped(Run(run, cfg), KeyboardInterrupt()).next_step.startswith("continue with")
 
 
+def test_a_checkpoint_copied_from_another_run_is_named(finished, tmp_path, capsys):
+    """A run's config.json says PPO and the command says PPO, but the newest checkpoint is a
+    DQN run's: the checkpoint is the stray, so moving it out is the advice, not editing
+    config.json; once moved, the run resumes from its own newest checkpoint."""
+    import shutil
+
+    dqn = tmp_path / "dqn"
+    assert main(["train", "dqn", "--preset", "cartpole", "--total-timesteps", "64",
+                 "--algo.learning-starts", "32", "--run-dir", str(dqn), "--log.no-tensorboard",
+                 "--no-compile"]) == 0
+    run = _copy(finished, tmp_path / "r")
+    stray = run / "checkpoints" / "iteration-0000900.pt"
+    shutil.copy(sorted((dqn / "checkpoints").glob("*.pt"))[-1], stray)
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{stray} holds a dqn run, but {run / 'config.json'} is a ppo run: the checkpoint "
+            f"came from another run. Move it out of {run / 'checkpoints'}") in err
+    stray.unlink()
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+
+
 def test_an_edited_config_json_is_named_not_the_flags(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path / "r")
     data = json.loads((run / "config.json").read_text())

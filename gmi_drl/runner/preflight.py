@@ -165,6 +165,16 @@ def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
     return None if same else run_dir / "config.json"
 
 
+def _algo_of(config_json: Path) -> str | None:
+    """The algorithm of a run's ``config.json`` (``None`` where it does not load)."""
+    import json
+
+    try:
+        return from_dict(json.loads(config_json.read_text())).algo_name
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:
     """Refuse a resume that the checkpoint ``ckpt`` (loaded: ``state``) cannot serve: a config
     that changes what it carries (`resume_conflicts`), a replay buffer of another size, a run
@@ -193,6 +203,12 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
     run_dir = run_dir_of(ckpt)
     if conflicts:
         changed = edited_config_json(ckpt, stored)
+        other = None if changed is None else _algo_of(changed)
+        if other is not None and other != stored.algo_name:
+            raise ConfigError(f"--resume {cfg.resume}: {ckpt} holds a {stored.algo_name} run, "
+                              f"but {changed} is a {other} run: the checkpoint came from "
+                              f"another run. Move it out of {ckpt.parent} (the newest "
+                              "checkpoint of this run is used then)")
         edited = ("" if changed is None else
                   f"; with no such flag given, {changed} differs from "
                   "the checkpoint's own config: restore it, or delete it and the checkpoint's "
