@@ -151,28 +151,25 @@ def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
     (``run_dir``, ``resume``, ``config``); ``None`` where they agree or there is no such file
     that loads."""
     import dataclasses
-    import json
 
     run_dir = run_dir_of(ckpt)
-    if run_dir is None:
+    on_disk = None if run_dir is None else _config_json(run_dir / "config.json")
+    if on_disk is None:
         return None
-    try:
-        on_disk = from_dict(json.loads((run_dir / "config.json").read_text()))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return None  # (ConfigError is a ValueError)
     where = dict(run_dir=None, resume=None, config=None)
     same = dataclasses.replace(on_disk, **where) == dataclasses.replace(stored, **where)
     return None if same else run_dir / "config.json"
 
 
-def _algo_of(config_json: Path) -> str | None:
-    """The algorithm of a run's ``config.json`` (``None`` where it does not load)."""
+def _config_json(path: Path) -> TrainConfig | None:
+    """The config of a run's ``config.json`` (``None`` where there is no such file that
+    loads)."""
     import json
 
     try:
-        return from_dict(json.loads(config_json.read_text())).algo_name
+        return from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return None
+        return None  # (ConfigError is a ValueError)
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:
@@ -203,7 +200,8 @@ def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> Non
     run_dir = run_dir_of(ckpt)
     if conflicts:
         changed = edited_config_json(ckpt, stored)
-        other = None if changed is None else _algo_of(changed)
+        on_disk = None if changed is None else _config_json(changed)
+        other = None if on_disk is None else on_disk.algo_name
         if other is not None and other != stored.algo_name:
             raise ConfigError(f"--resume {cfg.resume}: {ckpt} holds a {stored.algo_name} run, "
                               f"but {changed} is a {other} run: the checkpoint came from "
