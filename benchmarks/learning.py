@@ -163,6 +163,16 @@ def _sb3(cfg: TrainConfig, out: Path) -> Result:
     return Result(np.asarray(s), np.asarray(r), np.asarray(w), cfg.total_timesteps, wall)
 
 
+def _tf_rmsprop(a) -> dict:
+    """SB3's ``RMSpropTFLike`` for gmi-drl's ``rmsprop_tf`` (RL-Zoo's Atari A2C), else nothing."""
+    if a.optimizer != "rmsprop_tf":
+        return {}
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+    return dict(optimizer_class=RMSpropTFLike,
+                optimizer_kwargs=dict(alpha=0.99, eps=a.optimizer_eps, weight_decay=0))
+
+
 def _hidden(spec: str) -> list[int]:
     return [int(h) for h in spec.split(":") if h]
 
@@ -219,7 +229,8 @@ def _sb3_model(cfg: TrainConfig):
                            max_grad_norm=a.max_grad_norm,
                            normalize_advantage=a.normalize_advantage,
                            use_rms_prop=a.optimizer == "rmsprop",
-                           rms_prop_eps=a.optimizer_eps, policy_kwargs=kw, **common)
+                           rms_prop_eps=a.optimizer_eps, policy_kwargs=kw | _tf_rmsprop(a),
+                           **common)
         return sb3.PPO(policy, env, n_steps=a.num_steps,
                        batch_size=a.num_steps * cfg.env.num_envs // a.num_minibatches,
                        n_epochs=a.update_epochs, gae_lambda=a.gae_lambda, clip_range=a.clip_coef,

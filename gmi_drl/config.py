@@ -62,10 +62,11 @@ class NormConfig:
     """Running normalisation of what the envs return (the runner's, for every algorithm)."""
 
     obs: bool = False
-    """normalise observations with running statistics (CleanRL's NormalizeObservation)"""
+    """normalise observations with running statistics (Gymnasium's NormalizeObservation, as
+    CleanRL uses it; SB3's VecNormalize)"""
     reward: bool = False
-    """scale rewards by the running std of the discounted return (CleanRL's NormalizeReward;
-    discounted with the algorithm's gamma)"""
+    """scale rewards by the running std of the discounted return, zeroed at episode ends (SB3's
+    VecNormalize; discounted with the algorithm's gamma)"""
     obs_clip: float = 10.0
     """clip normalised observations to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
@@ -465,10 +466,12 @@ def _a2c_classic() -> TrainConfig:
 
 
 def _a2c_atari() -> TrainConfig:
-    """RL-Zoo's ``a2c.yml`` Atari entry (16 envs, 4 stacked frames, RMSprop eps 1e-5)."""
+    """RL-Zoo's ``a2c.yml`` Atari entry (16 envs, 4 stacked frames, ``RMSpropTFLike`` with eps
+    1e-5)."""
     return TrainConfig(
         env=EnvConfig(task_id="Breakout-v5", num_envs=16),
-        algo=A2CConfig(ent_coef=0.01, vf_coef=0.25), model=ModelConfig(encoder="nature_cnn"),
+        algo=A2CConfig(ent_coef=0.01, vf_coef=0.25, optimizer="rmsprop_tf"),
+        model=ModelConfig(encoder="nature_cnn"),
         total_timesteps=10_000_000, torch_threads=os.cpu_count() or 1,
         **_few_steps_per_iteration())
 
@@ -544,10 +547,11 @@ def _a3c_classic() -> TrainConfig:
 
 
 def _a3c_atari() -> TrainConfig:
-    """Atari with the Nature CNN and RL-Zoo's A2C Atari values (16 envs x 5 steps)."""
+    """Atari with the Nature CNN and RL-Zoo's A2C Atari values (16 envs x 5 steps,
+    ``RMSpropTFLike`` with eps 1e-5)."""
     return TrainConfig(env=EnvConfig(task_id="Breakout-v5", num_envs=16),
                        algo=A3CConfig(num_steps=5, fragments_per_batch=1, ent_coef=0.01,
-                                      vf_coef=0.25),
+                                      vf_coef=0.25, optimizer="rmsprop_tf"),
                        model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
                        torch_threads=os.cpu_count() or 1, **_few_steps_per_iteration())
 

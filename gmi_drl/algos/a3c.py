@@ -45,8 +45,9 @@ class A3CConfig:
     """global gradient norm bound"""
     normalize_advantage: bool = False
     """normalise the advantages of each batch"""
-    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """RMSprop (alpha 0.99) or Adam"""
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = "rmsprop"
+    """RMSprop (alpha 0.99; torch's form), rmsprop_tf (TensorFlow's form, SB3's RMSpropTFLike)
+    or Adam"""
     optimizer_eps: float = 1e-5
     """the optimizer's epsilon"""
 

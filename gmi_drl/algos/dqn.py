@@ -3,8 +3,10 @@
 Source: Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature
 DQN): Algorithm 1 (replay, epsilon-greedy, the target network updated every C steps) and the
 Huber loss on the TD error; van Hasselt et al. 2016 (Double DQN, eq. 4) with ``double_q``. The
-defaults and the schedule (train every ``train_frequency`` env steps after ``learning_starts``,
-target sync every ``target_network_frequency`` env steps) follow CleanRL's ``dqn.py``;
+defaults and the schedule (train every ``train_frequency`` env steps once ``learning_starts``
+are taken, target sync every ``target_network_frequency`` env steps, before the iteration's
+gradient steps) follow CleanRL's ``dqn.py`` (which trains only past ``learning_starts`` and
+syncs after its gradient step: one gradient step apart);
 ``gradient_steps`` per iteration and ``tau`` follow Stable-Baselines3's DQN.
 """
 
@@ -35,7 +37,9 @@ from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay
 
 @dataclass
 class DQNConfig:
-    """DQN hyper-parameters (defaults: CleanRL ``dqn.py``)."""
+    """DQN hyper-parameters (defaults: CleanRL ``dqn.py``, but for the Huber loss and the
+    gradient-norm bound of 10, which are Nature DQN's and Stable-Baselines3's; the ``classic``
+    preset sets CleanRL's squared error and no bound)."""
 
     learning_rate: float = 2.5e-4
     """Adam step size"""

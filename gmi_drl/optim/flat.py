@@ -186,18 +186,23 @@ class FlatAdam:
 
 class FlatRMSprop:
     """RMSprop (Tieleman & Hinton 2012) on a `FlatParams`: ``torch.optim.RMSprop``'s update without
-    momentum or centring (``v = alpha v + (1 - alpha) g^2``; ``theta -= lr g / (sqrt(v) + eps)``),
-    the optimizer of A2C in Mnih et al. 2016 and Stable-Baselines3.
+    momentum or centring (``v = alpha v + (1 - alpha) g^2``; ``theta -= lr g / (sqrt(v) + eps)``,
+    ``v`` starting at 0), the optimizer of A2C in Mnih et al. 2016 and Stable-Baselines3; with
+    ``tf_like``, TensorFlow's form (``v`` starting at 1, ``theta -= lr g / sqrt(v + eps)``), which
+    Stable-Baselines3's ``RMSpropTFLike`` reproduces and RL-Zoo's Atari A2C uses: its first steps
+    are about ``lr`` times the gradient, not ``lr`` per weight.
 
     Args:
-        flat: the parameters. lr: step size. alpha: smoothing constant. eps: added to the root.
-        traced: keep the learning rate in a tensor (see `FlatAdam`).
+        flat: the parameters. lr: step size. alpha: smoothing constant. eps: added to the root
+            (``tf_like``: under it). traced: keep the learning rate in a tensor (see `FlatAdam`).
+        tf_like: TensorFlow's form.
     """
 
     def __init__(self, flat: FlatParams, lr: float, alpha: float = 0.99, eps: float = 1e-8,
-                 traced: bool = False) -> None:
+                 traced: bool = False, tf_like: bool = False) -> None:
         self.flat, self.alpha, self.eps, self.traced = flat, alpha, eps, traced
-        self.square_avg = torch.zeros_like(flat.data)
+        self.tf_like = tf_like
+        self.square_avg = (torch.ones_like if tf_like else torch.zeros_like)(flat.data)
         self._lr: torch.Tensor | float = lr
         self._steps: torch.Tensor | int = 0
         if traced:
@@ -211,7 +216,10 @@ class FlatRMSprop:
         """One RMSprop step from ``grad`` (default: ``flat.grad``) into ``flat.data`` (in place)."""
         grad = self.flat.grad if grad is None else grad
         self.square_avg.mul_(self.alpha).addcmul_(grad, grad, value=1 - self.alpha)
-        denom = self.square_avg.sqrt().add_(self.eps)
+        if self.tf_like:
+            denom = self.square_avg.add(self.eps).sqrt_()
+        else:
+            denom = self.square_avg.sqrt().add_(self.eps)
         if self.traced:
             self._steps.add_(1.0)
             self.flat.data.sub_(grad / denom * self._lr)
@@ -238,20 +246,20 @@ class FlatRMSprop:
         self.square_avg.copy_(state["square_avg"])
 
 
-OPTIMIZERS = ("adam", "rmsprop")
+OPTIMIZERS = ("adam", "rmsprop", "rmsprop_tf")
 """names `make_flat_optimizer` knows"""
 
 
 def make_flat_optimizer(name: str, flat: FlatParams, lr: float, eps: float,
                         traced: bool = False) -> FlatAdam | FlatRMSprop:
-    """``"adam"`` (`FlatAdam`, betas 0.9/0.999) or ``"rmsprop"`` (`FlatRMSprop`, alpha 0.99)
-    on ``flat``.
+    """``"adam"`` (`FlatAdam`, betas 0.9/0.999), ``"rmsprop"`` (`FlatRMSprop`, alpha 0.99) or
+    ``"rmsprop_tf"`` (the same in TensorFlow's form, ``tf_like``) on ``flat``.
 
     Raises:
         ValueError: another name.
     """
     if name == "adam":
         return FlatAdam(flat, lr, eps=eps, traced=traced)
-    if name == "rmsprop":
-        return FlatRMSprop(flat, lr, eps=eps, traced=traced)
+    if name in ("rmsprop", "rmsprop_tf"):
+        return FlatRMSprop(flat, lr, eps=eps, traced=traced, tf_like=name == "rmsprop_tf")
     raise ValueError(f"optimizer {name!r} must be one of {OPTIMIZERS}")

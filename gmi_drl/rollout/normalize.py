@@ -1,8 +1,12 @@
 """Running observation and reward normalisation, batched over all envs of a pool.
 
-Equivalent to Gymnasium's ``NormalizeObservation`` / ``NormalizeReward`` wrappers as CleanRL's
-``ppo_continuous_action.py`` uses them (plus its clip to ``[-10, 10]``), but with one set of
-statistics for the whole pool, updated with a batch per step. The state is float64 and lives
+Equivalent to Stable-Baselines3's ``VecNormalize`` (one set of statistics for the whole pool,
+updated with a batch per step, clipped to ``[-10, 10]``). The observations are normalised as
+Gymnasium's ``NormalizeObservation`` (which CleanRL's ``ppo_continuous_action.py`` uses) does;
+the rewards differ from Gymnasium's ``NormalizeReward`` at episode ends: there, as in
+``VecNormalize``, the discounted return is zeroed after the step that ended the episode (ended
+by termination or truncation) is folded in, where Gymnasium drops it before that step's reward
+is added and keeps it across truncations. The state is float64 and lives
 where the rollout does (`gmi_drl.rollout.arrays`: NumPy on the CPU, torch on a device); one
 implementation serves both.
 """
@@ -92,7 +96,9 @@ class RewardNormalizer:
     """Scale rewards by the running std of each env's discounted return; clip to ``[-clip, clip]``.
 
     Per step: ``G = gamma * G + r``; fold ``G (num_envs,)`` into the statistics; ``G = 0`` where
-    the episode ended; return ``clip(r / sqrt(var(G) + eps))``. Rewards are not mean-centred.
+    the episode ended (terminated or truncated); return ``clip(r / sqrt(var(G) + eps))``.
+    Rewards are not mean-centred. This is SB3's ``VecNormalize`` (see the module docstring for
+    Gymnasium's ``NormalizeReward``).
 
     Args:
         num_envs: envs of the pool. gamma: discount of ``G``. clip, eps: as above.

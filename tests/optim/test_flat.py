@@ -73,12 +73,21 @@ def test_optimizer_state_round_trip(traced):
         FlatAdam(FlatParams(nn.Linear(2, 2)), lr=1e-3).load_state_dict(fopt.state_dict())
 
 
+@pytest.mark.parametrize("name", ["rmsprop", "rmsprop_tf"])
 @pytest.mark.parametrize("traced", [False, True])
-def test_flat_rmsprop_equals_torch_rmsprop(traced):
+def test_flat_rmsprop_equals_torch_rmsprop_and_sb3s_tf_form(traced, name):
+    """``rmsprop``: torch's RMSprop; ``rmsprop_tf``: SB3's RMSpropTFLike (RL-Zoo's Atari A2C),
+    whose steps differ from torch's by orders of magnitude at first."""
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
     ref, net = _net(4), _net(4)
-    opt = torch.optim.RMSprop(ref.parameters(), lr=7e-4, alpha=0.99, eps=1e-5, foreach=False)
+    if name == "rmsprop_tf":
+        opt = RMSpropTFLike(ref.parameters(), lr=7e-4, alpha=0.99, eps=1e-5)
+    else:
+        opt = torch.optim.RMSprop(ref.parameters(), lr=7e-4, alpha=0.99, eps=1e-5,
+                                  foreach=False)
     flat = FlatParams(net)
-    fopt = make_flat_optimizer("rmsprop", flat, 7e-4, 1e-5, traced)
+    fopt = make_flat_optimizer(name, flat, 7e-4, 1e-5, traced)
     assert isinstance(fopt, FlatRMSprop)
     initial = flat.data.clone()
     for step in range(20):

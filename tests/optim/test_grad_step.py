@@ -51,7 +51,8 @@ class _TimesTwo(GradReducer):
 
 @pytest.mark.parametrize("space,optimizer", [(gym.spaces.Box(-1, 1, (3,)), "adam"),
                                              (gym.spaces.Discrete(4), "adam"),
-                                             (gym.spaces.Discrete(4), "rmsprop")])
+                                             (gym.spaces.Discrete(4), "rmsprop"),
+                                             (gym.spaces.Discrete(4), "rmsprop_tf")])
 @pytest.mark.parametrize("reducer", [None, "group"])
 def test_compiled_steps_equal_eager_steps(space, optimizer, reducer):
     eager_red = _TimesTwo() if reducer else None
