@@ -48,8 +48,8 @@ class A2CConfig:
     normalize_advantage: bool = False
     """normalise the advantages of each batch (mean 0, std 1)"""
     optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = "rmsprop"
-    """RMSprop (alpha 0.99, Mnih et al. 2016; torch's form, as SB3's A2C), rmsprop_tf (the same
-    in TensorFlow's form: SB3's RMSpropTFLike, as RL-Zoo's Atari A2C) or Adam"""
+    """RMSprop (alpha 0.99, Mnih et al. 2016) in torch's form as SB3's A2C, rmsprop_tf: in
+    TensorFlow's form (SB3's RMSpropTFLike, which RL-Zoo's Atari A2C sets), or Adam"""
     optimizer_eps: float = 1e-5
     """the optimizer's epsilon"""
 
