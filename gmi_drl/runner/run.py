@@ -118,14 +118,20 @@ class Run:
     """One training run (see the module docstring).
 
     Attributes:
-        run_dir: the run directory.
+        run_dir: the run directory, absolute (GMIs on Ray run in the workers' own working
+            directory, not the driver's).
         config: the run's config: a private copy taken by `create`; nothing writes to it.
-        resume_from: the checkpoint the GMIs start from, or ``None`` (a fresh start).
+        resume_from: the checkpoint the GMIs start from (absolute), or ``None`` (a fresh start).
     """
 
     run_dir: Path
     config: TrainConfig
     resume_from: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_dir", Path(self.run_dir).absolute())
+        if self.resume_from is not None:
+            object.__setattr__(self, "resume_from", Path(self.resume_from).absolute())
 
     @classmethod
     def create(cls, cfg: TrainConfig, algo=None) -> "Run":

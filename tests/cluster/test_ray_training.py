@@ -54,14 +54,16 @@ def test_cli_starts_a_local_ray_instance_when_no_address_is_given(tmp_path):
 
 def test_sigterm_stops_a_ray_run_as_ctrl_c_does(ray_cluster, tmp_path):
     """ray.init installs a SIGTERM handler of its own in the driver; the launcher keeps the
-    CLI's, so timeout(1) or systemd stop a Ray run as they stop a local one."""
+    CLI's, so timeout(1) or systemd stop a Ray run as they stop a local one. The run directory
+    is given relative to the driver's working directory, which the cluster's workers do not
+    share: the GMIs write into the driver's, and the resume hint names it."""
     run = tmp_path / "term"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
          "--env.num-envs", "4", "--algo.num-steps", "32", "--gmi.num-gmis", "2",
          "--total-timesteps", "100000000", "--checkpoint.every", "1", "--log.no-tensorboard",
          "--no-compile", "--placement", "ray", "--ray.address", ray_cluster.address,
-         "--ray.num-cpus-per-gmi", str(NODE_CPUS), "--run-dir", str(run)],
+         "--ray.num-cpus-per-gmi", str(NODE_CPUS), "--run-dir", "term"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_until_written(proc, run, "checkpoints/iteration-*.pt", "no checkpoint written")
