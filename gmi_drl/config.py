@@ -927,7 +927,7 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
 
 def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     g, r = cfg.gmi, cfg.ray
-    if cfg.placement != "ray":
+    if cfg.placement != "ray" and _from_flags(cfg):  # (a resumed Ray run keeps its ray.*)
         changed = [f"ray.{f.name}" for f in dataclasses.fields(RayConfig)
                    if getattr(r, f.name) != f.default]
         need(not changed, f"{', '.join(changed)} set but placement={cfg.placement!r}; add "

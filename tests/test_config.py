@@ -198,6 +198,8 @@ def test_ray_settings_without_the_ray_launcher_are_refused():
     with pytest.raises(ConfigError, match=r"ray.address, ray.max_restarts set but "
                                           r"placement='local'; add --placement ray"):
         validate(cfg)
+    cfg.resume = "runs/a-ray-run"  # its stored ray.* came with it, not from flags
+    validate(cfg)
 
 
 def test_serial_placement_refuses_what_needs_a_process_per_gmi():
