@@ -192,13 +192,13 @@ def test_ray_async_trainers_reduce_through_a_ring_whatever_their_number():
     validate(cfg)  # several trainer GMIs on Ray
 
 
-def test_ray_settings_without_the_ray_launcher_are_refused():
+def test_ray_settings_without_the_ray_launcher_are_refused(tmp_path):
     cfg = preset("classic")
     cfg.ray.address, cfg.ray.max_restarts = "auto", 1
     with pytest.raises(ConfigError, match=r"ray.address, ray.max_restarts set but "
                                           r"placement='local'; add --placement ray"):
         validate(cfg)
-    cfg.resume = "runs/a-ray-run"  # its stored ray.* came with it, not from flags
+    cfg.resume = str(tmp_path)  # a Ray run's: its stored ray.* came with it, not from flags
     validate(cfg)
 
 
