@@ -174,8 +174,9 @@ def _join(address: str) -> None:
     """
     import socket
 
-    how = ("start one with `ray start --head` on this node, or leave --ray.address unset for "
-           "a Ray instance of this run's own")
+    how = ("start one with `ray start --head` on this node, give the address of one that runs "
+           "(--ray.address HOST:PORT; a resumed run keeps the address it was given last), or "
+           "--ray.address None for a Ray instance of this run's own")
     if address != "auto":
         host, port = _host_port(address)
         try:
