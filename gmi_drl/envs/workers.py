@@ -160,6 +160,7 @@ class ProcessEngine(Engine):
                  max_episode_steps: int | None, seeds: np.ndarray) -> None:
         self._closed = False
         self._error: EnvWorkerError | None = None
+        self._owner = os.getpid()  # the workers are this process's children
         bounds = np.linspace(0, num_envs, num_workers + 1).round().astype(int)
         self._lo, self._hi = bounds[:-1], bounds[1:]
         self._worker_of = np.repeat(np.arange(num_workers), np.diff(bounds))
@@ -246,6 +247,8 @@ class ProcessEngine(Engine):
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._owner:  # a forked child's copy: the workers are not its own
+            return
         for w, p in enumerate(getattr(self, "_procs", [])):
             if p.is_alive():
                 self._ctrl[w, _CMD] = _CLOSE
@@ -327,3 +330,7 @@ class ProcessEngine(Engine):
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
+        if os.getpid() != self._owner:
+            raise RuntimeError(f"this pool's env workers belong to process {self._owner}, and "
+                               "a forked child of it cannot step them (it would step the "
+                               "parent's envs): make a new pool in the child")

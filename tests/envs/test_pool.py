@@ -272,6 +272,41 @@ def test_close_leaves_no_process_and_no_shared_memory():
         pool.step(_act(np.ones(4)))
 
 
+def test_a_forked_child_cannot_step_the_parents_workers_and_its_close_spares_them():
+    """A child forked from a process that holds a pool (a DataLoader worker, say) shares the
+    workers' shared memory: a step there would step the parent's envs behind its back."""
+    def first_step():
+        pool = envs.make("CartPole-v1", 2, seed=0, engine="gymnasium", num_workers=2)
+        pool.reset()
+        return pool
+
+    ref = first_step()
+    expected = ref.step(np.zeros(2, np.int64))[0].copy()
+    ref.close()
+    pool = first_step()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what happened through the pipe, never return to pytest
+        code = 1
+        try:
+            try:
+                pool.step(np.ones(2, np.int64))
+            except RuntimeError as e:
+                os.write(write, str(e).encode())
+                pool.close()
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read, 4096).decode()
+    os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child stepped the pool, or close raised"
+    assert "a forked child of it cannot step them" in message
+    np.testing.assert_array_equal(pool.step(np.zeros(2, np.int64))[0], expected)
+    pool.close()
+
+
 def test_make_reports_every_invalid_argument_at_once():
     with pytest.raises(ValueError) as err:
         envs.make("NoSuchTask-v0", num_envs=0, env_batch_size=5, autoreset="sometimes")
