@@ -183,8 +183,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             placement uses).
         seed: env ``i`` is first reset with seed ``seed + i`` (as ``gymnasium.Env.reset(seed=)``),
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
-            continue that env's generator. Seeds belong in [0, 2**31): ALE and the warp engine
-            refuse others here, Gymnasium envs at their first reset.
+            continue that env's generator. Env seeds outside [0, 2**63) are refused here, and
+            ALE and the warp engine refuse those outside [0, 2**31).
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
         device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.

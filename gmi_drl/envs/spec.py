@@ -57,17 +57,23 @@ def env_seeds(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
     env ``i`` (Gymnasium's vector convention); a sequence gives its ``i``-th item.
 
     Raises:
-        ValueError: a sequence of another length than ``num_envs``, or a seed that is no int.
+        ValueError: a sequence of another length than ``num_envs``, a seed that is no int, or an
+            env seed outside ``[0, 2**63)`` (engines with a narrower range, ALE's and warp's
+            ``[0, 2**31)``, refuse more where they are built).
     """
     try:
         if isinstance(seed, (int, np.integer)):
-            return operator.index(seed) + np.arange(num_envs, dtype=np.int64)
-        seeds = np.array([operator.index(s) for s in seed], np.int64)
+            given = [operator.index(seed) + i for i in range(num_envs)]
+        else:
+            given = [operator.index(s) for s in seed]
     except TypeError:
         raise ValueError(f"seed={seed!r} must be an int or a sequence of ints") from None
-    if seeds.shape != (num_envs,):
-        raise ValueError(f"seed has {len(seeds)} items, expected one per env ({num_envs})")
-    return seeds
+    if len(given) != num_envs:
+        raise ValueError(f"seed has {len(given)} items, expected one per env ({num_envs})")
+    if given and (min(given) < 0 or max(given) >= 2**63):
+        raise ValueError(f"env seeds {min(given)}..{max(given)} (seed + env_id) must lie in "
+                         "[0, 2**63); [0, 2**31 - num_envs] suits every engine")
+    return np.array(given, np.int64)
 
 
 def random_seed(num_envs: int = 1) -> int:

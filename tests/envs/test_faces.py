@@ -329,6 +329,20 @@ def test_a_seed_the_engine_refuses_leaves_the_face_usable():
     env.close()
 
 
+@pytest.mark.parametrize("engine", ["native", "numpy", "gymnasium"])
+def test_a_seed_no_engine_takes_is_refused_before_the_pool_is_replaced(engine):
+    """Negative seeds used to be taken, and failed only at the new pool's first reset: the
+    face had closed its good pool by then, and every later reset failed too."""
+    env = envs.make_vec("CartPole-v1", 2, engine=engine)
+    env.reset(seed=3)
+    for bad in (-1, 2**63 - 1):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 2\*\*63\)"):
+            env.reset(seed=bad)
+    assert env.step(np.array([0, 1]))[0].shape == (2, 4)  # the old pool, still open
+    assert env.reset()[0].shape == (2, 4)
+    env.close()
+
+
 def test_a_pool_of_tensors_comes_back_as_numpy_with_float64_rewards():
     """The warp engine returns torch tensors with ``tensors=True`` (as on CUDA); the face gives
     NumPy, rewards float64 as Gymnasium's, equal to the NumPy outputs of the same pool."""
