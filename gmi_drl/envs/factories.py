@@ -163,6 +163,9 @@ _ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                  gym.spaces.MultiBinary)
 """observation spaces a batch holds in one array (Dict, Tuple and the rest do not)"""
 
+_ACTION_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)
+"""action spaces a pool takes (`gmi_drl.envs.pool.EnvPool` checks actions against them)"""
+
 
 def gymnasium(env_fn: str | Callable[..., gym.Env]) -> EngineEntry:
     """The entry of the generic path: ``env_fn`` is a Gymnasium id (``gymnasium.make(id,
@@ -189,6 +192,11 @@ def gymnasium(env_fn: str | Callable[..., gym.Env]) -> EngineEntry:
                 f"({', '.join(c.__name__ for c in _ARRAY_SPACES)}): a pool holds each batch "
                 "of observations in one array; register a factory that wraps the env in "
                 "gymnasium.wrappers.FlattenObservation")
+        if not isinstance(act_space, _ACTION_SPACES):
+            raise ValueError(
+                f"{request.task_id}: unsupported action space {act_space}: a pool takes "
+                f"{', '.join(c.__name__ for c in _ACTION_SPACES)} actions; register a factory "
+                "that wraps the env to take one of them")
 
         def make_shard(env_ids: list[int]) -> BatchedEnv:
             return GymnasiumBatch([make_one] * len(env_ids))

@@ -329,6 +329,18 @@ def test_an_observation_space_that_is_no_array_is_named():
         assert pool.reset()[0].shape == (2,)
 
 
+class _TupleActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Tuple([gym.spaces.Discrete(2)])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_action_space_a_pool_cannot_take_is_named_with_or_without_workers(num_workers):
+    envs.register("TupleAction-test", _TupleActionEnv)
+    with pytest.raises(ValueError, match=r"unsupported action space Tuple\(Discrete\(2\)\)"):
+        envs.make("TupleAction-test", num_envs=2, num_workers=num_workers)
+
+
 class _IntBoxEnv(gym.Env):
     """Actions in an integer Box; the observation is the last action."""
 
