@@ -75,14 +75,68 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
             `ENGINE_ORDER`, or new ones, which ``"auto"`` tries last).
         **kwargs: default keyword arguments for the engines' factories.
 
+    A run's GMI processes (the local placement's, Ray actors) get the registration with the
+    run (`registration`, `adopt`), so a task registered in the script that calls
+    ``gmi_drl.train.train`` trains on every placement.
+
     Raises:
-        ValueError: neither or both of ``env_fn`` and ``engines``, or no engine.
+        ValueError: neither or both of ``env_fn`` and ``engines``, no engine, an ``env_fn``
+            that is neither a Gymnasium id nor callable, or an engine that is no
+            `factories.EngineEntry`.
     """
+    _add(task_id, env_fn, engines=engines, **kwargs)
+    _USER_TASKS.add(task_id)
+
+
+def _add(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
+         engines: Mapping[str, EngineEntry] | None = None, **kwargs: Any) -> None:
+    """`register` without counting ``task_id`` as the user's (the built-in tasks)."""
     if (env_fn is None) == (engines is None) or engines == {}:
         raise ValueError(f"register({task_id!r}): give exactly one of env_fn and a non-empty "
                          "engines mapping")
+    if env_fn is not None and not (isinstance(env_fn, str) or callable(env_fn)):
+        raise ValueError(f"register({task_id!r}): env_fn={env_fn!r} must be a Gymnasium id or "
+                         "a callable that returns a gymnasium.Env")
+    bad = [name for name, e in (engines or {}).items() if not isinstance(e, EngineEntry)]
+    if bad:
+        raise ValueError(f"register({task_id!r}): engines {bad} must be "
+                         "gmi_drl.envs.factories.EngineEntry values (factories.py has builders)")
     table = dict(engines) if engines is not None else {"gymnasium": factories.gymnasium(env_fn)}
     _REGISTRY[task_id] = TaskEntry(task_id, table, kwargs)
+
+
+_USER_TASKS: set[str] = set()
+"""task ids registered through `register` (not built in)"""
+
+
+def registration(task_id: str) -> bytes | None:
+    """``task_id``'s registration in this process, pickled with cloudpickle (closures and
+    functions of ``__main__`` by value) for `adopt` in another; ``None`` for a built-in task or
+    a Gymnasium id, which every process knows.
+
+    Raises:
+        ValueError: the registration does not pickle (its factory holds a lock, a socket, ...).
+    """
+    import cloudpickle
+
+    if task_id not in _USER_TASKS:
+        return None
+    try:
+        return cloudpickle.dumps(_REGISTRY[task_id])
+    except Exception as e:  # noqa: BLE001 - whatever pickling raises
+        raise ValueError(f"the registration of {task_id!r} cannot be sent to the GMI processes "
+                         f"({type(e).__name__}: {e}): register it at the import of a module "
+                         "they import too, or with a factory that pickles") from None
+
+
+def adopt(blob: bytes | None) -> None:
+    """Register what `registration` gave in another process (``None``: nothing)."""
+    import cloudpickle
+
+    if blob is not None:
+        entry = cloudpickle.loads(blob)
+        _REGISTRY[entry.task_id] = entry
+        _USER_TASKS.add(entry.task_id)
 
 
 def _entry(task_id: str) -> TaskEntry | None:
@@ -246,4 +300,4 @@ def _register_builtin() -> None:
     _BUILTIN_DONE = True
     from gmi_drl.envs import native_tasks
 
-    native_tasks.register_all(register)
+    native_tasks.register_all(_add)

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_loadable,
@@ -122,16 +122,34 @@ class Run:
             directory, not the driver's).
         config: the run's config: a private copy taken by `create`; nothing writes to it.
         resume_from: the checkpoint the GMIs start from (absolute), or ``None`` (a fresh start).
+        task_registration: the run's task as `gmi_drl.envs.register` registered it in this
+            process (`gmi_drl.envs.registry.registration`; ``None``: a built-in task or a
+            Gymnasium id). A GMI process that unpickles the run registers it too.
+
+    Raises (at construction):
+        ValueError: the task's registration cannot be sent to other processes.
     """
 
     run_dir: Path
     config: TrainConfig
     resume_from: Path | None = None
+    task_registration: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        from gmi_drl.envs.registry import registration
+
         object.__setattr__(self, "run_dir", Path(self.run_dir).absolute())
         if self.resume_from is not None:
             object.__setattr__(self, "resume_from", Path(self.resume_from).absolute())
+        if self.task_registration is None:
+            object.__setattr__(self, "task_registration",
+                               registration(self.config.env.task_id))
+
+    def __setstate__(self, state: dict) -> None:
+        from gmi_drl.envs.registry import adopt
+
+        self.__dict__.update(state)
+        adopt(self.task_registration)
 
     @classmethod
     def create(cls, cfg: TrainConfig, algo=None) -> "Run":

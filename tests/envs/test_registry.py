@@ -116,3 +116,31 @@ def test_a_launchers_cpu_budget_sizes_the_default_env_workers(monkeypatch):
         assert pool._engine.num_workers == 1
     monkeypatch.setenv("GMI_NUM_CPUS", "zero")  # not a count: ignored
     assert cpu_budget() == len(os.sched_getaffinity(0))
+
+
+def test_register_refuses_what_make_could_not_build():
+    with pytest.raises(ValueError, match=r"env_fn=42 must be a Gymnasium id or a callable"):
+        envs.register("Bad-fn-test", 42)
+    with pytest.raises(ValueError, match=r"engines \['numpy'\] must be "
+                                         r"gmi_drl.envs.factories.EngineEntry values"):
+        envs.register("Bad-engine-test", engines={"numpy": lambda request: None})
+    assert "Bad-fn-test" not in envs.list_tasks() and "Bad-engine-test" not in envs.list_tasks()
+
+
+def test_a_task_registered_in_the_driver_trains_in_gmi_processes(tmp_path):
+    """The GMIs of a local run are forked from a fork server that never ran the caller's
+    register(): the run carries the registration (a closure here, pickled by value)."""
+    import gymnasium as gym
+
+    from gmi_drl.train import train
+    from tests.algos.test_placements import small_cfg
+
+    limit = 5  # shorter than any CartPole episode of random play
+    envs.register("Closure-CartPole-test", lambda **kw: gym.make("CartPole-v1",
+                                                                 max_episode_steps=limit))
+    cfg = small_cfg(tmp_path, "ppo", 2, "registered")
+    cfg.env.task_id = "Closure-CartPole-test"
+    result = train(cfg)
+    assert result.global_step == 6 * cfg.batch_size and len(set(result.weight_digests)) == 1
+    returns = np.asarray(result.episode_returns)  # 1 per step: the closure's own time limit
+    assert len(returns) and returns.max() == limit
