@@ -8,6 +8,7 @@ overlaps inference with simulation. ``env_batch_size == num_envs`` is the synchr
 from __future__ import annotations
 
 import collections
+import copy
 import traceback
 from typing import Any
 
@@ -60,7 +61,10 @@ class EnvPool:
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = 0
         self._closed = False
-        self._failure: BaseException | None = None  # an engine failure poisons the pool
+        # an engine failure poisons the pool; kept and raised as copies without a traceback:
+        # one would hold this pool's frames, a cycle that keeps workers and shared memory alive
+        # after the last reference to a pool that was never closed
+        self._failure: BaseException | None = None
         self._unreset = np.ones(num_envs, bool)  # envs never reset: no state to step yet
         self._num_unreset = num_envs
         self._init_action_checks()
@@ -157,14 +161,15 @@ class EnvPool:
         try:
             call(ids, *args)
         except EnvWorkerError as e:  # a worker's own report
-            self._failure = e
+            self._failure = copy.copy(e)
             raise
         except Exception as e:
-            self._failure = EnvWorkerError(
+            failure = EnvWorkerError(
                 f"env_id {ids.tolist()}: an env raised in {what} (in this process): "
                 f"{type(e).__name__}: {e}\n{traceback.format_exc()}The pool cannot continue; "
                 "close() it.")
-            raise self._failure from e
+            self._failure = copy.copy(failure)
+            raise failure from e
 
     def recv(self) -> StepReturn:
         """Return the first ``env_batch_size`` envs to finish: ``(obs, rewards, terminated,
@@ -184,7 +189,7 @@ class EnvPool:
             try:
                 done = self._engine.wait(b - self._num_ready)
             except RuntimeError as e:
-                self._failure = e
+                self._failure = copy.copy(e)
                 raise
             self._ready.append(done)
             self._num_ready += len(done)
@@ -234,7 +239,7 @@ class EnvPool:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         if self._failure is not None:
-            raise self._failure
+            raise copy.copy(self._failure)
 
     def _take_ready(self, n: int) -> np.ndarray:
         ready = self._ready

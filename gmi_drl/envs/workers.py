@@ -159,7 +159,7 @@ class ProcessEngine(Engine):
                  action_space: gym.spaces.Space, mode: AutoresetMode,
                  max_episode_steps: int | None, seeds: np.ndarray) -> None:
         self._closed = False
-        self._error: EnvWorkerError | None = None
+        self._error: str | None = None
         self._owner = os.getpid()  # the workers are this process's children
         bounds = np.linspace(0, num_envs, num_workers + 1).round().astype(int)
         self._lo, self._hi = bounds[:-1], bounds[1:]
@@ -324,12 +324,14 @@ class ProcessEngine(Engine):
                 self._fail(f"env worker {w} (env_id {self._lo[w]}..{self._hi[w] - 1}) {how}")
 
     def _fail(self, message: str) -> None:
-        self._error = EnvWorkerError(message + "\nThe pool cannot continue; close() it.")
-        raise self._error
+        # kept as text: a raised exception would hold this engine's frames (a reference cycle
+        # that outlives the last reference to a pool never closed, with its workers and memory)
+        self._error = message + "\nThe pool cannot continue; close() it."
+        raise EnvWorkerError(self._error)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise self._error
+            raise EnvWorkerError(self._error)
         if os.getpid() != self._owner:
             raise RuntimeError(f"this pool's env workers belong to process {self._owner}, and "
                                "a forked child of it cannot step them (it would step the "

@@ -204,6 +204,33 @@ def test_env_exception_surfaces_with_env_id_and_traceback_quickly():
             pool.step(_act(np.zeros(4)))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failed_pool_dropped_unclosed_frees_its_workers_and_memory_at_once(num_workers):
+    """Without the cyclic collector (as between its runs): a failure kept with its traceback
+    held the pool's frames, so a pool dropped without close() kept its worker processes and
+    its shared memory until a collection, which then could not free the block."""
+    import gc
+
+    before = set(os.listdir("/dev/shm"))
+    gc.disable()
+    try:
+        pool = envs.make("CounterFail-test", num_envs=4, num_workers=num_workers)
+        obs, _ = pool.reset()
+        pids = set(obs[:, 3].astype(int).tolist()) - {os.getpid()}
+        for _ in range(2):
+            pool.step(_act(np.zeros(4)))
+        for _ in range(2):  # the failure, then the failed pool's answer
+            with pytest.raises(EnvWorkerError):
+                pool.step(_act(np.zeros(4)))
+        del pool
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert set(os.listdir("/dev/shm")) <= before
+    finally:
+        gc.enable()
+
+
 def test_a_traceback_larger_than_a_pipe_surfaces_and_the_pool_closes_cleanly():
     pool = envs.make("CounterFailLong-test", num_envs=4, num_workers=2)
     try:
