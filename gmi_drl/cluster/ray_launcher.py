@@ -308,19 +308,41 @@ def _wait_placed(pg, wanted, timeout_s: float) -> None:
     total = ray.cluster_resources()
     short = {k: (sum(b.get(k, 0) for b in wanted), total.get(k, 0)) for b in wanted for k in b}
     short = {k: v for k, v in short.items() if v[0] > v[1]}
+    too_big = _larger_than_every_node(wanted)
     if short:  # (an autoscaler may still add nodes: wait, but say so at once)
         log.warning("the GMIs need %s, more than the cluster has (%s); waiting up to %.0f s "
                     "for nodes to join (--ray.placement-timeout-s)",
                     ", ".join(f"{need:g} {k}" for k, (need, _) in short.items()),
                     ", ".join(f"{have:g} {k}" for k, (_, have) in short.items()), timeout_s)
+    elif too_big:
+        log.warning("%s; waiting up to %.0f s for a larger node to join "
+                    "(--ray.placement-timeout-s)", too_big, timeout_s)
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise PlacementError(
             f"Ray could not place {len(wanted)} GMI bundles {wanted} within {timeout_s:.0f} s "
             f"(cluster resources {ray.cluster_resources()}, available "
-            f"{ray.available_resources()}); lower ray.num_cpus_per_gmi or gmi.num_gmis, or add "
-            "nodes") from None
+            f"{ray.available_resources()}" + (f"; {too_big}" if too_big else "") + "); lower "
+            "ray.num_cpus_per_gmi or gmi.num_gmis, or add nodes") from None
+
+
+def _larger_than_every_node(wanted) -> str:
+    """Why a GMI's bundle fits no node of the cluster as it is (each bundle must fit one
+    node, whatever the cluster's total), or ``""``."""
+    largest: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for k, v in node.get("Resources", {}).items():
+                largest[k] = max(largest.get(k, 0.0), v)
+    over = {k: (need, largest.get(k, 0.0)) for b in wanted for k, need in b.items()
+            if need > largest.get(k, 0.0)}
+    if not over:
+        return ""
+    return ("a GMI's bundle needs " + ", ".join(f"{n:g} {k}" for k, (n, _) in over.items())
+            + ", and no node has more than "
+            + ", ".join(f"{h:g} {k}" for k, (_, h) in over.items())
+            + " (a GMI's bundle must fit one node)")
 
 
 def _start_gmis(layout, pg, wanted, name, num_cpus_per_gmi, mps_dir, runtime_envs,

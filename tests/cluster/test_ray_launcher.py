@@ -100,3 +100,15 @@ def test_a_cluster_too_small_is_refused_in_time(ray_cluster, caplog):
     assert (f"the GMIs need 6 CPU, more than the cluster has ({2 * NODE_CPUS} CPU)"
             in caplog.text)  # said at once, before the wait
     assert_nothing_left(ray_cluster)
+
+
+def test_a_gmi_larger_than_every_node_is_named_at_once(ray_cluster, caplog):
+    """Two nodes of NODE_CPUS: a GMI of NODE_CPUS + 1 CPUs fits the cluster's total but no
+    node, which Ray would wait for in silence."""
+    with pytest.raises(PlacementError, match=rf"no node has more than {NODE_CPUS:g} CPU"):
+        launch("tests.cluster.targets:reduce_and_report", plan(1, CPU_ONLY),
+               address=ray_cluster.address, num_cpus_per_gmi=NODE_CPUS + 1,
+               placement_timeout_s=2)
+    assert (f"a GMI's bundle needs {NODE_CPUS + 1:g} CPU, and no node has more than "
+            f"{NODE_CPUS:g} CPU" in caplog.text)  # said at once, before the wait
+    assert_nothing_left(ray_cluster)
