@@ -589,6 +589,8 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
     """
     if algo not in PRESETS:
         raise ConfigError(f"algo={algo!r} must be one of {list(PRESETS)}")
+    if task_id is not None and not isinstance(task_id, str):
+        raise ConfigError(f"task_id={task_id!r} must be a string, e.g. 'Hopper-v5'")
     if name == "auto":  # an algorithm without a preset of the task's family: its general one
         own = f"gmi-{task_id.split('-gmi-')[0].lower()}" if task_id and "-gmi-" in task_id else ""
         family = task_family(task_id) if task_id else "classic"
@@ -619,6 +621,9 @@ def validate(cfg: TrainConfig) -> None:
     from gmi_drl.envs import engines, list_tasks
     from gmi_drl.envs.native_tasks import mujoco_unavailable
 
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"invalid config: {cfg!r} is no TrainConfig (gmi_drl.config.preset "
+                          "makes one)")
     errors = field_type_errors(cfg)
     if any(not err.endswith("must be a finite number") for err in errors):
         # (the rules below compare values: they need the right types; NaN and inf compare)
@@ -771,6 +776,8 @@ def _fits(value, hint) -> bool | None:
         return isinstance(value, str)
     if hint is type(None):
         return value is None
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a section: env, algo, ...
+        return isinstance(value, hint)
     if origin is Literal:
         return value in args
     if origin in (Union, types.UnionType):

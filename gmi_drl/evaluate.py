@@ -95,10 +95,14 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
         CheckpointError: see `load_policy`. ValueError: ``episodes < 1``, ``num_envs < 1`` or
             ``seed`` outside [0, 2**31).
     """
-    bad = [msg for ok, msg in ((episodes >= 1, f"episodes={episodes} must be >= 1"),
-                               (num_envs >= 1, f"num_envs={num_envs} must be >= 1"),
-                               (0 <= seed < 2**31, f"seed={seed} must be in [0, 2**31)"))
-              if not ok]
+    def whole(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    bad = [msg for ok, msg in (
+        (whole(episodes) and episodes >= 1, f"episodes={episodes!r} must be an int >= 1"),
+        (whole(num_envs) and num_envs >= 1, f"num_envs={num_envs!r} must be an int >= 1"),
+        (whole(seed) and 0 <= seed < 2**31, f"seed={seed!r} must be an int in [0, 2**31)"))
+        if not ok]
     if bad:
         raise ValueError("; ".join(bad))
     from gmi_drl import envs

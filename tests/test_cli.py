@@ -252,7 +252,13 @@ def test_stale_checkpoint_temporaries_are_removed(tmp_path):
 
 def test_eval_and_help_arguments(finished, capsys):
     assert main(["eval", str(finished), "--num-envs", "0", "--seed", "-1"]) == 2
-    assert "num_envs=0 must be >= 1; seed=-1 must be in [0, 2**31)" in capsys.readouterr().err
+    assert ("num_envs=0 must be an int >= 1; seed=-1 must be an int in [0, 2**31)"
+            in capsys.readouterr().err)
+    from gmi_drl.evaluate import evaluate
+
+    with pytest.raises(ValueError, match=r"episodes=2.5 must be an int >= 1; num_envs='3' must "
+                                         r"be an int >= 1"):
+        evaluate(finished, episodes=2.5, num_envs="3")  # the Python API takes anything
     assert main(["train", "--help"]) == 0
     assert "gmi-drl train ALGO" in capsys.readouterr().out
     with pytest.raises(SystemExit):

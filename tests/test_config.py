@@ -110,6 +110,17 @@ def test_fields_of_the_wrong_type_or_not_finite_are_named():
     cfg.seed = -1
     with pytest.raises(ConfigError, match=r"seed=-1 must be in \[0, 2\*\*62 - 4\]"):
         validate(cfg)
+    cfg = preset("classic")
+    cfg.algo, cfg.log = "ppo", None  # whole sections: an AttributeError from inside, before
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert "algo='ppo' must be PPOConfig or A2CConfig or" in str(e.value)
+    assert "log=None must be LogConfig" in str(e.value)
+    for not_a_config in (None, "classic", {"env": {}}):
+        with pytest.raises(ConfigError, match="is no TrainConfig"):
+            validate(not_a_config)
+    with pytest.raises(ConfigError, match="task_id=123 must be a string"):
+        preset("auto", 123)
     cfg = preset("classic")  # a list's items, as a config file gives them
     cfg.profile.iterations, cfg.profile.ranks = ["1"], [0, "a"]
     with pytest.raises(ConfigError) as e:

@@ -256,7 +256,7 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             (``gymnasium.make``'s own error).
     """
     errors = []
-    if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+    if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
         errors.append(f"num_envs={num_envs!r} must be an int >= 1")
         num_envs = 1
     batch = num_envs if env_batch_size is None else env_batch_size

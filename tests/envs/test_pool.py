@@ -340,6 +340,8 @@ def test_make_reports_every_invalid_argument_at_once():
     msg = str(err.value)
     for part in ("num_envs=0", "env_batch_size=5", "autoreset='sometimes'", "NoSuchTask-v0"):
         assert part in msg
+    with pytest.raises(ValueError, match="num_envs=True must be an int >= 1"):
+        envs.make("CartPole-v1", num_envs=True)
 
 
 def test_registered_callable_and_list_tasks():
