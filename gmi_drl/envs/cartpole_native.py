@@ -89,6 +89,8 @@ class CartPoleNativePool(EnvPool):
         return out
 
     def _refuse_unreset(self, env_id: Any) -> None:
+        if self._closed:
+            raise RuntimeError(f"the {self.spec.task_id} pool is closed")
         ids = np.arange(self.num_envs) if env_id is None else np.asarray(env_id).reshape(-1)
         if ids.dtype.kind in "iu" and len(ids) and 0 <= ids.min() and ids.max() < self.num_envs:
             never = ids[self._unreset[ids]]

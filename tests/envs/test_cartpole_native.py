@@ -125,6 +125,10 @@ def test_disabled_autoreset_raises_until_reset_and_closed_pool_raises():
     with pytest.raises(RuntimeError, match="closed"):
         pool.step(np.ones(2, np.int64))
     pool.close()  # idempotent
+    never_reset = envs.make("CartPole-v1", num_envs=2)
+    never_reset.close()
+    with pytest.raises(RuntimeError, match="pool is closed"):  # not "never reset"
+        never_reset.step(np.ones(2, np.int64))
 
 
 def test_engine_and_keyword_errors():
