@@ -11,6 +11,7 @@ flight. The GMI actors of its node hand it the name of every block they make (`a
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 from gmi_drl import blocks
@@ -32,9 +33,18 @@ class NodeAgent:
         node) and create a block for ``world_size`` GMIs of at most ``capacity`` float32 per
         allreduce (``None``: no block). Returns the block's picklable handle.
 
+        First it unlinks the blocks that killed runs left on this node (`blocks.reclaim_orphans`:
+        a driver killed with SIGKILL takes its agents with it, and a driver reclaims only on its
+        own machine).
+
         Raises:
             RuntimeError: the MPS daemon did not start.
         """
+        gone = blocks.reclaim_orphans()
+        if gone:
+            logging.getLogger(__name__).warning(
+                "unlinked %d shared-memory block(s) that killed runs left on this node",
+                len(gone))
         if mps_dir is not None:
             from gmi_drl.gmi.devices import discover
 

@@ -1,4 +1,5 @@
-"""Bundles, actor resources and runtime_env of the Ray launcher (pure functions, no Ray)."""
+"""Bundles, actor resources and runtime_env of the Ray launcher (pure functions), and the node
+agent's start (no Ray)."""
 
 import pytest
 
@@ -65,3 +66,36 @@ def test_runtime_env_merges_extra_settings_but_keeps_the_backends_variables():
     assert runtime_env({}, "/src")["env_vars"] == {"PYTHONPATH": "/src:${PYTHONPATH}"}
     with pytest.raises(ValueError, match=r"\['OMP_NUM_THREADS'\]"):
         runtime_env({"OMP_NUM_THREADS": "1"}, "/src", {"env_vars": {"OMP_NUM_THREADS": "8"}})
+
+
+def test_a_node_agent_unlinks_what_killed_runs_left_on_its_node_when_it_starts():
+    """The agent of a killed driver dies with it; the next run's agent on that node (which may
+    not be the driver's machine, where the driver reclaims) unlinks the block."""
+    import multiprocessing as mp
+    import os
+
+    from gmi_drl import blocks
+    from gmi_drl.cluster.node_agent import NodeAgent
+
+    from multiprocessing import resource_tracker
+
+    def leave_a_block(conn):
+        shm = blocks.create(64)
+        resource_tracker.unregister(shm._name, "shared_memory")  # the tracker died with it
+        conn.send(shm.name)
+        shm.close()  # not unlinked: what SIGKILL leaves
+        os._exit(0)
+
+    ours, theirs = mp.get_context("fork").Pipe()
+    child = mp.get_context("fork").Process(target=leave_a_block, args=(theirs,))
+    child.start()
+    assert ours.poll(30), "the child made no block"
+    left = ours.recv()
+    child.join(30)
+    assert os.path.exists(f"/dev/shm/{left}")
+    agent = NodeAgent()
+    try:
+        assert agent.setup(None, 1, None) is None
+        assert not os.path.exists(f"/dev/shm/{left}")
+    finally:
+        agent.close()
