@@ -516,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if debug:
         logging.getLogger("gmi_drl").setLevel(logging.DEBUG)
+    else:  # tracebacks logged for train.log stay off the terminal
+        from gmi_drl.errors import terminal_filter
+
+        for handler in logging.getLogger().handlers:
+            if terminal_filter not in handler.filters:
+                handler.addFilter(terminal_filter)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -6,6 +6,16 @@ import math
 import re
 
 
+LOG_FILE_ONLY = {"gmi_drl_log_file_only": True}
+"""``extra=`` of a log record for ``train.log`` alone (a traceback), kept off the terminal by
+the CLI unless ``--debug`` (`terminal_filter`)"""
+
+
+def terminal_filter(record) -> bool:
+    """A terminal handler's filter: False for `LOG_FILE_ONLY` records."""
+    return not getattr(record, "gmi_drl_log_file_only", False)
+
+
 def exception_line(tb: str) -> str:
     """The exception of a formatted traceback, in one line (``"EnvWorkerError: ..."``): the
     first line after the frames of the last ``Traceback`` header (the exception raised last),

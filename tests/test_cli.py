@@ -547,3 +547,21 @@ def test_a_skipped_mujoco_video_says_how_to_render_headless(monkeypatch):
     assert _render_hint("CartPole-v1") == ""
     monkeypatch.setenv("MUJOCO_GL", "egl")  # chosen already: the error says the rest
     assert _render_hint("Hopper-v5") == ""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_records_for_train_log_alone_reach_the_terminal_only_with_debug(debug):
+    """A Ray restart logs the failed GMIs' tracebacks for train.log; the terminal shows the
+    one-line reason unless --debug."""
+    code = ("import logging\n"
+            "from gmi_drl.cli import main\n"
+            "from gmi_drl.errors import LOG_FILE_ONLY\n"
+            f"main({['--help', '--debug'] if debug else ['--help']!r})\n"
+            "log = logging.getLogger('gmi_drl.test')\n"
+            "log.warning('the one-line reason')\n"
+            "log.warning('a traceback', extra=LOG_FILE_ONLY)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "the one-line reason" in out.stderr
+    assert ("a traceback" in out.stderr) is debug

@@ -57,7 +57,7 @@ from gmi_drl.cluster.placement import STRATEGY, actor_env, actor_resources, bund
 from gmi_drl.comm.reduction import Reduction
 from gmi_drl.gmi.backends import BackendKind
 from gmi_drl.gmi.context import GMIContext, ReductionGroup
-from gmi_drl.errors import exception_line
+from gmi_drl.errors import LOG_FILE_ONLY, exception_line
 from gmi_drl.gmi.launcher import GMIError, signals_ignored
 from gmi_drl.gmi.layout import Layout
 
@@ -152,7 +152,7 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
                 log.warning("%s; restarting all %d GMIs (restart %d of %d)",
                             e.summary.removesuffix(STOPPED), layout.num_gmis, restarts,
                             max_restarts)
-                log.info("what failed:\n%s", e.details)
+                log.info("what failed:\n%s", e.details, extra=LOG_FILE_ONLY)
                 if on_restart is not None:
                     payload = on_restart(e)
 
