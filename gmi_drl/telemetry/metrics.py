@@ -45,12 +45,14 @@ class MetricsWriter:
         self._t0 = time.perf_counter()
 
     def log(self, global_step: int, metrics: dict[str, float]) -> None:
-        """Write every ``name: value`` at ``global_step``."""
+        """Write every ``name: value`` at ``global_step``; the CSV rows reach the file at once
+        (a live run can be followed or plotted from it; TensorBoard flushes on its own)."""
         wall = round(time.perf_counter() - self._t0, 3)
         for name, value in metrics.items():
             self._csv.writerow([global_step, wall, name, f"{value:.6g}"])
             if self._tb is not None:
                 self._tb.add_scalar(name, value, global_step)
+        self._file.flush()
 
     def flush(self) -> None:
         self._file.flush()

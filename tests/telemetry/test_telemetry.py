@@ -146,3 +146,19 @@ def test_a_resumed_writer_repairs_what_a_killed_writer_left(tmp_path):
     rows = list(csv.DictReader(open(path)))
     assert [(r["global_step"], r["value"]) for r in rows] == [("100", "1"), ("200", "2"),
                                                                 ("300", "3")]
+
+
+def test_metric_rows_reach_the_file_as_they_are_logged(tmp_path):
+    """A live run's metrics.csv can be followed (tail, a plot) between checkpoints."""
+    import csv
+
+    from gmi_drl.telemetry.metrics import MetricsWriter
+
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    try:
+        for step in (100, 200):
+            w.log(step, {"loss": step / 100})
+            rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+            assert rows[-1]["global_step"] == str(step)
+    finally:
+        w.close()
