@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gmi_drl.checkpoint import (checkpoint_iteration, checkpoint_name, find_loadable,
@@ -122,34 +122,33 @@ class Run:
             directory, not the driver's).
         config: the run's config: a private copy taken by `create`; nothing writes to it.
         resume_from: the checkpoint the GMIs start from (absolute), or ``None`` (a fresh start).
-        task_registration: the run's task as `gmi_drl.envs.register` registered it in this
-            process (`gmi_drl.envs.registry.registration`; ``None``: a built-in task or a
-            Gymnasium id). A GMI process that unpickles the run registers it too.
 
-    Raises (at construction):
-        ValueError: the task's registration cannot be sent to other processes.
+    A pickled run carries its task as `gmi_drl.envs.register` registered it in this process
+    (`gmi_drl.envs.registry.registration`), and a GMI process that unpickles it registers the
+    task too; pickling raises ``ValueError`` where that registration does not pickle.
     """
 
     run_dir: Path
     config: TrainConfig
     resume_from: Path | None = None
-    task_registration: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from gmi_drl.envs.registry import registration
-
         object.__setattr__(self, "run_dir", Path(self.run_dir).absolute())
         if self.resume_from is not None:
             object.__setattr__(self, "resume_from", Path(self.resume_from).absolute())
-        if self.task_registration is None:
-            object.__setattr__(self, "task_registration",
-                               registration(self.config.env.task_id))
+
+    def __getstate__(self) -> dict:
+        from gmi_drl.envs.registry import registration
+
+        return {**self.__dict__, "task_registration": registration(self.config.env.task_id)}
 
     def __setstate__(self, state: dict) -> None:
         from gmi_drl.envs.registry import adopt
 
+        state = dict(state)
+        blob = state.pop("task_registration", None)
         self.__dict__.update(state)
-        adopt(self.task_registration)
+        adopt(blob)
 
     @classmethod
     def create(cls, cfg: TrainConfig, algo=None) -> "Run":
