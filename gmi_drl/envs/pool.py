@@ -161,14 +161,14 @@ class EnvPool:
         try:
             call(ids, *args)
         except EnvWorkerError as e:  # a worker's own report
-            self._failure = copy.copy(e)
+            self._failure = _detached(e)
             raise
         except Exception as e:
             failure = EnvWorkerError(
                 f"env_id {ids.tolist()}: an env raised in {what} (in this process): "
                 f"{type(e).__name__}: {e}\n{traceback.format_exc()}The pool cannot continue; "
                 "close() it.")
-            self._failure = copy.copy(failure)
+            self._failure = _detached(failure)
             raise failure from e
 
     def recv(self) -> StepReturn:
@@ -189,7 +189,7 @@ class EnvPool:
             try:
                 done = self._engine.wait(b - self._num_ready)
             except RuntimeError as e:
-                self._failure = copy.copy(e)
+                self._failure = _detached(e)
                 raise
             self._ready.append(done)
             self._num_ready += len(done)
@@ -239,7 +239,7 @@ class EnvPool:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         if self._failure is not None:
-            raise copy.copy(self._failure)
+            raise _detached(self._failure)
 
     def _take_ready(self, n: int) -> np.ndarray:
         ready = self._ready
@@ -343,3 +343,12 @@ class EnvPool:
                              f"(min {a.min()}, max {a.max()}; NaN counts as outside); "
                              "clip them to the space first")
         return a
+
+
+def _detached(e: BaseException) -> BaseException:
+    """A copy of ``e`` without its traceback, cause or context (which hold the frames, and so
+    the pool, that raised it); a ``RuntimeError`` of its text where ``e`` does not copy."""
+    try:
+        return copy.copy(e)
+    except Exception:  # noqa: BLE001 - an exception class whose arguments do not rebuild it
+        return RuntimeError(f"{type(e).__name__}: {e}")
