@@ -92,8 +92,8 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     a log message, when the task does not render or imageio is absent.
 
     Raises:
-        CheckpointError: see `load_policy`. ValueError: ``episodes < 1``, ``num_envs < 1`` or
-            ``seed`` outside [0, 2**31).
+        CheckpointError: see `load_policy`. ValueError: ``episodes`` or ``num_envs`` not an int
+            >= 1, or ``seed`` not an int in [0, 2**31).
     """
     def whole(x) -> bool:
         return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
