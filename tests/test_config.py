@@ -203,7 +203,7 @@ def test_ray_async_trainers_reduce_through_a_ring_whatever_their_number():
     validate(cfg)  # several trainer GMIs on Ray
 
 
-def test_ray_settings_without_the_ray_launcher_are_refused(tmp_path):
+def test_ray_settings_without_the_ray_launcher_are_refused_unless_a_run_resumes(tmp_path):
     cfg = preset("classic")
     cfg.ray.address, cfg.ray.max_restarts = "auto", 1
     with pytest.raises(ConfigError, match=r"ray.address, ray.max_restarts set but "
