@@ -95,6 +95,10 @@ class Args:
     """gmi-drl's device (``cfg.device``): cpu or cuda"""
     sb3_device: str | None = None
     """SB3's ``device`` (None: the same as ``--device``)"""
+    cuda_graphs: bool = True
+    """gmi-drl's ``cfg.cuda_graphs`` (its gradient steps as CUDA graphs, with --device cuda)"""
+    sb3: bool = True
+    """run SB3's side too (--no-sb3: gmi-drl's figures alone, e.g. to compare its own options)"""
 
 
 GMI = """
@@ -103,7 +107,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 {setup}
 cfg.total_timesteps, cfg.seed, cfg.run_dir = {steps}, {seed}, {run_dir!r}
-cfg.device = {device!r}
+cfg.device, cfg.cuda_graphs = {device!r}, {cuda_graphs!r}
 cfg.log.tensorboard, cfg.log.log_every = False, max(1, {log_every})
 t0 = time.perf_counter(); r = train(cfg); wall = time.perf_counter() - t0
 print(json.dumps({{"steps": r.global_step, "wall": wall}}))
@@ -165,13 +169,17 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
         run_dir = tmp / f"{name}-{seed}"
         # about 20 logged rows per run: the steady figure needs a few after learning_starts
         r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
-                            log_every=f"{steps // 20} // cfg.batch_size", device=args.device))
+                            log_every=f"{steps // 20} // cfg.batch_size", device=args.device,
+                            cuda_graphs=args.cuda_graphs))
         gmi.append(r["steps"] / r["wall"])
         steady.append(_steady_sps(run_dir, case.learning_starts))
-        model = case.sb3.replace("SEED", str(seed)).replace(
-            "DEVICE", repr(args.sb3_device or args.device))
-        s = _run(SB3.format(model=model, steps=steps,
-                            learning_starts=case.learning_starts))
+        if args.sb3:
+            model = case.sb3.replace("SEED", str(seed)).replace(
+                "DEVICE", repr(args.sb3_device or args.device))
+            s = _run(SB3.format(model=model, steps=steps,
+                                learning_starts=case.learning_starts))
+        else:
+            s = {"steps": float("nan"), "wall": 1.0, "steady": float("nan")}
         sb3.append(s["steps"] / s["wall"])
         sb3_steady.append(s["steady"])
         print(f"{name} seed {seed}: gmi-drl {gmi[-1]:,.0f} (steady {steady[-1]:,.0f}) | "
@@ -190,7 +198,8 @@ def main(args: Args) -> None:
             rows.append((name, case, *_case(name, case, args, Path(tmp))))
     print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
           f"median of {args.repeats}; devices: gmi-drl {args.device}, SB3 "
-          f"{args.sb3_device or args.device}")
+          f"{args.sb3_device or args.device}; gmi-drl's CUDA graphs "
+          f"{'on' if args.cuda_graphs else 'off'}")
     print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
           "steady ratio (target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, case, g, gs, s, ss in rows:

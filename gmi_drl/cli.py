@@ -41,8 +41,8 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
-  gmi-drl bench {env,engines,faces,train,algos,update,reduce,switch,switch-training,gmi,async,
-                 gpu-sim,learning,profile,tune,probe-noise,launch} [flags]
+  gmi-drl bench {env,engines,faces,train,algos,update,grad-step,reduce,switch,switch-training,
+                 gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch} [flags]
       (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
@@ -463,10 +463,11 @@ def _switch(args: list[str], debug: bool = False) -> int:
 
 BENCHMARKS = {"env": "env_throughput", "engines": "mujoco_engines", "faces": "faces",
               "train": "train_throughput", "algos": "algo_throughput", "update": "ppo_update",
-              "reduce": "reduce", "switch": "switch", "switch-training": "switch_training",
-              "gmi": "gmi_scaling", "async": "async_training", "gpu-sim": "gpu_sim",
-              "learning": "learning", "profile": "profile_overhead", "tune": "tune",
-              "probe-noise": "probe_noise", "launch": "launch"}
+              "grad-step": "grad_step", "reduce": "reduce", "switch": "switch",
+              "switch-training": "switch_training", "gmi": "gmi_scaling",
+              "async": "async_training", "gpu-sim": "gpu_sim", "learning": "learning",
+              "profile": "profile_overhead", "tune": "tune", "probe-noise": "probe_noise",
+              "launch": "launch"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:

@@ -253,6 +253,9 @@ class TrainConfig:
     compile: bool = True
     """compile gradient steps (and acting without a NumPy path) with torch.compile; a few
     seconds at start, then faster steps"""
+    cuda_graphs: bool = True
+    """with compile and device cuda: replay each gradient step as one CUDA graph (one launch
+    instead of dozens for a small network); ignored elsewhere"""
     torch_threads: int = 1
     """learner compute threads: torch intra-op and NumPy's BLAS (1 is fastest for small MLPs on a
     few cores, where more threads only compete with the env engine's)"""

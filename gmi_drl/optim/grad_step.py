@@ -16,6 +16,8 @@ With ``compile=True`` the gradient is one `torch.compile` graph: ``torch.func.gr
 at the flat parameter vector (forward and backward fused, no autograd engine per step). With one
 trainer and no reducer the clip and the Adam step join the same graph, so a whole step is one
 call. The eager path (``loss.backward()``) is the reference the compiled one is tested against.
+With ``cuda_graphs=True`` on a CUDA device the compiled body is replayed as one CUDA graph per
+minibatch shape (`gmi_drl.optim.cuda_graph.GraphedStep`): one launch instead of dozens.
 
 Timer sections per step: ``forward`` and ``backward`` (eager) or ``compiled_grad`` (compiled)
 or ``compiled_step`` (compiled, with clip and optimizer); ``allreduce``; ``optimizer``.
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
+from gmi_drl.optim.cuda_graph import GraphedStep
 from gmi_drl.optim.flat import FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer
 from gmi_drl.telemetry.timer import timer
 
@@ -67,6 +70,8 @@ class GradStep:
         reducer: the trainers' group (`IdentityReducer` when ``None``: one trainer).
         compile: compile the gradient (and, with one trainer, the whole step).
         optimizer: ``"adam"`` or ``"rmsprop"`` (`gmi_drl.optim.flat.make_flat_optimizer`).
+        cuda_graphs: replay the compiled body as a CUDA graph (only with ``compile`` and
+            parameters on a CUDA device; ignored elsewhere).
 
     Raises:
         ValueError: the module has no parameters; an unknown optimizer.
@@ -74,7 +79,8 @@ class GradStep:
 
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
-                 compile: bool = False, optimizer: str = "adam") -> None:
+                 compile: bool = False, optimizer: str = "adam",
+                 cuda_graphs: bool = False) -> None:
         self.module, self.loss, self.max_grad_norm = module, loss, max_grad_norm
         self.reducer = reducer or IdentityReducer()
         self.params = FlatParams(module)
@@ -82,6 +88,8 @@ class GradStep:
         self.optimizer_name = optimizer
         self.optimizer = make_flat_optimizer(optimizer, self._stepped(), lr, eps, self.fused)
         self._compiled, self._compiled_ok = None, False
+        self._graphed: GraphedStep | None = None
+        self._want_graphs = cuda_graphs and self.params.data.device.type == "cuda"
         if compile:
             self._bound = _Bound(module, loss)
             # the flat vector's cut as plain Python values: the graph reads no parameter tensor
@@ -159,7 +167,7 @@ class GradStep:
         """The compiled body's ``aux``; ``None`` when compiling failed on this platform (no C++
         compiler, an unsupported op): the step then runs eagerly from now on, with a warning."""
         if self._compiled_ok:
-            return self._compiled(*batch)
+            return self._run_compiled(batch)
         try:
             # every GradStep of a process shares one code object; each new minibatch shape is one
             # more graph of it, which dynamo's default limit (8) would turn eager
@@ -176,7 +184,32 @@ class GradStep:
             self.optimizer.load_state_dict(state)
             return None
         self._compiled_ok = True
+        if self._want_graphs:
+            self._graphed = (GraphedStep(self._compiled, self._save, self._restore) if self.fused
+                             else GraphedStep(self._compiled, lambda: None, lambda _: None))
         return aux
+
+    def _run_compiled(self, batch) -> tuple[torch.Tensor, ...]:
+        """The compiled body, replayed as a CUDA graph where one was asked for and captures."""
+        if self._graphed is not None:
+            try:
+                return self._graphed(*batch)
+            except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured, say why
+                first = str(e).splitlines()[0] if str(e) else ""
+                log.warning("CUDA graph capture of the gradient step failed (%s: %s); steps run "
+                            "without it (--no-cuda-graphs skips the attempt)",
+                            type(e).__name__, first)
+                self._graphed = None
+        return self._compiled(*batch)
+
+    def _save(self) -> tuple[torch.Tensor, dict]:
+        """A copy of what a fused step mutates: the weights and the optimizer's state."""
+        return self.params.data.clone(), self.optimizer.state_dict()
+
+    def _restore(self, state: tuple[torch.Tensor, dict]) -> None:
+        data, optimizer = state
+        self.params.data.copy_(data)
+        self.optimizer.load_state_dict(optimizer)
 
     def _loss_at(self, theta: torch.Tensor, *batch):
         names, sizes, shapes = self._layout
@@ -229,13 +262,14 @@ class StaleSyncGradStep(GradStep):
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
-                 staleness_bound: int = 0) -> None:
+                 staleness_bound: int = 0, cuda_graphs: bool = False) -> None:
         import copy
 
         from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
 
         self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
-        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer)
+        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
+                         cuda_graphs)
         self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
         self._counts_before: Counter[int] = Counter()
 
@@ -286,9 +320,11 @@ class StaleSyncGradStep(GradStep):
 
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                    eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
-                   staleness_bound: int | None = None, optimizer: str = "adam") -> GradStep:
+                   staleness_bound: int | None = None, optimizer: str = "adam",
+                   cuda_graphs: bool = False) -> GradStep:
     """A `GradStep`, or a `StaleSyncGradStep` when ``staleness_bound`` is an int (see there)."""
     if staleness_bound is None:
-        return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer)
+        return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
+                        cuda_graphs)
     return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                             staleness_bound)
+                             staleness_bound, cuda_graphs)

@@ -2,7 +2,8 @@
 "experience replay"), in two layouts behind one interface (`make_replay` picks):
 
 - `ReplayBuffer`: each transition stores its observation and the one that followed it
-  (preallocated tensors on the learner's device, written through NumPy views on the CPU).
+  (preallocated tensors on the learner's device, written through NumPy views on the CPU; on a
+  GPU, staged on the host and written in blocks).
 - `FrameReplayBuffer`: for frame stacks (Atari's ``uint8 (stack, H, W)``), each frame is
   stored once per env stream, not once per stack and transition; stacks are rebuilt at sampling.
 
@@ -23,6 +24,10 @@ import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
+
+STAGE_ROWS = 4096
+"""transitions a `ReplayBuffer` on a GPU gathers on the host before it writes them to the
+device, one copy per tensor (at the latest when it is sampled)"""
 
 
 class ReplayBatch(NamedTuple):
@@ -127,12 +132,33 @@ class ReplayBuffer:
         self._tensors = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated,
                          self.done)
         self._host = [t.numpy() for t in self._tensors] if d.type == "cpu" else None
+        # on a device: host rows that `flush` writes with one copy per tensor, from storage row
+        # _stage_pos on (one add of a few transitions would be seven small copies otherwise)
+        self._stage = None if self._host is not None else [
+            np.zeros((min(capacity, STAGE_ROWS), *t.shape[1:]),
+                     torch.empty(0, dtype=t.dtype).numpy().dtype) for t in self._tensors]
+        self._staged, self._stage_pos = 0, 0
         self.pos, self.size, self.added = 0, 0, 0
 
     @property
     def nbytes(self) -> int:
         """Bytes the buffer holds (all of it is allocated up front)."""
         return sum(t.numel() * t.element_size() for t in self._tensors)
+
+    def flush(self) -> None:
+        """Write the transitions staged on the host into the device tensors (one copy per
+        tensor, two where the rows wrap). `sample`, `get` and `state_dict` call it; the
+        tensors (``obs``, ``actions``, ...) are current after it. A no-op on the CPU."""
+        k = self._staged
+        if not k:
+            return
+        start = self._stage_pos
+        first = min(k, self.capacity - start)
+        for dst, src in zip(self._tensors, self._stage):
+            dst[start:start + first].copy_(torch.from_numpy(src[:first]))
+            if first < k:
+                dst[:k - first].copy_(torch.from_numpy(src[first:k]))
+        self._staged = 0
 
     def add(self, obs, actions, rewards, next_obs, terminated, done=None) -> None:
         """Append ``n`` transitions (NumPy arrays or tensors with a leading ``n`` dim): the
@@ -154,7 +180,18 @@ class ReplayBuffer:
         if self._host is not None:
             for dst, src in zip(self._host, data):
                 dst[idx] = src.numpy() if isinstance(src, torch.Tensor) else src
-        else:
+        elif n <= len(self._stage[0]) and not any(
+                isinstance(src, torch.Tensor) and src.device.type != "cpu" for src in data):
+            if self._staged + n > len(self._stage[0]):
+                self.flush()
+            if self._staged == 0:
+                self._stage_pos = self.pos
+            rows = slice(self._staged, self._staged + n)
+            for dst, src in zip(self._stage, data):
+                dst[rows] = src.numpy() if isinstance(src, torch.Tensor) else src
+            self._staged += n
+        else:  # device tensors (a GPU engine's) or more than the stage holds: straight in
+            self.flush()
             index = torch.from_numpy(idx).to(self.device)
             for dst, src in zip(self._tensors, data):
                 src = torch.as_tensor(src).to(self.device, dst.dtype)
@@ -192,6 +229,7 @@ class ReplayBuffer:
 
     def _gather(self, idx: torch.Tensor) -> ReplayBatch:
         """The transitions at storage rows ``idx`` ``(B,)``, as n-step transitions."""
+        self.flush()
         obs, actions, rewards, next_obs, terminated = (t.index_select(0, idx)
                                                        for t in self._tensors[:5])
         if self.n_step == 1:
@@ -209,6 +247,7 @@ class ReplayBuffer:
     def state_dict(self) -> dict:
         """The held transitions (``size`` rows of each tensor, on the CPU), the write
         position, the capacity and ``num_envs`` (rows are laid out by both)."""
+        self.flush()
         return {"pos": self.pos, "size": self.size, "added": self.added,
                 "capacity": self.capacity, "num_envs": self.num_envs,
                 "tensors": [t[:self.size].cpu() for t in self._tensors]}
@@ -235,6 +274,7 @@ class ReplayBuffer:
                 s.shape[1:] != t.shape[1:] for s, t in zip(stored, self._tensors)):
             raise ValueError(f"stored replay of {size} transitions does not fit a buffer of "
                              f"capacity {self.capacity} with these spaces")
+        self._staged = 0  # (the loaded rows replace whatever was staged)
         for dst, src in zip(self._tensors, stored):
             dst[:size].copy_(src)
         self.pos, self.size = int(state["pos"]), size

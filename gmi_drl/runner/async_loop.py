@@ -136,7 +136,8 @@ class Trainer:
         self.obs_norm = (ObsNormalizer(task.observation_space.shape, cfg.norm.obs_clip,
                                        arrays=arrays_for(device)) if cfg.norm.obs else None)
         self.reducer = _trainer_reducer(spec, rank, group_store)
-        steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile)
+        steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile,
+                                  cuda_graphs=cfg.cuda_graphs)
         self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
                                         process_name=f"gmi-{rank} trainer"))
         set_tree(self.tree)

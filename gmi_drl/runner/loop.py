@@ -136,6 +136,7 @@ class Trainer:
                                                              + start_step)
         g = cfg.gmi
         steps = functools.partial(make_grad_step, reducer=reducer, compile=cfg.compile,
+                                  cuda_graphs=cfg.cuda_graphs,
                                   staleness_bound=g.staleness if g.reduction == "switch"
                                   and g.staleness else None)
         self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,

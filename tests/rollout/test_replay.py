@@ -275,3 +275,38 @@ def test_a_replay_saved_before_episode_ends_were_stored_rebuilds_them(layout):
         restored._rebuild_done(chunk=7)
         restored._end_streams()
         assert torch.equal(restored.done, whole)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU build of "
+                    "torch or no driver here)")
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_replay_on_a_gpu_stages_adds_and_equals_the_cpu_replay(n_step, monkeypatch):
+    """Adds staged on the host (a stage smaller than the buffer, so it fills, and rows that
+    wrap), read back between adds by samples, `get` and `state_dict`: what the CPU buffer,
+    written directly, holds."""
+    import gmi_drl.rollout.replay as replay_module
+
+    monkeypatch.setattr(replay_module, "STAGE_ROWS", 8)
+    obs_space, act_space = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+    num_envs = 2
+    bufs = [ReplayBuffer(23, obs_space, act_space, device, n_step=n_step, gamma=0.9,
+                         num_envs=num_envs) for device in ("cpu", "cuda")]
+    g = np.random.default_rng(0)
+    for step in range(40):
+        data = (g.standard_normal((num_envs, 3)), g.uniform(-1, 1, (num_envs, 2)),
+                g.standard_normal(num_envs), g.standard_normal((num_envs, 3)),
+                g.random(num_envs) < 0.2, g.random(num_envs) < 0.3)
+        for buf in bufs:
+            buf.add(*data)
+        if step % 5 == 3:
+            index = bufs[0].indices()
+            cpu, gpu = (buf.get(index) for buf in bufs)
+            for a, b in zip(cpu, gpu):
+                torch.testing.assert_close(a, b.cpu())
+            assert bufs[1]._staged == 0  # the read flushed the stage
+    assert bufs[1]._staged > 0  # the last adds are still staged: state_dict must flush
+    cpu_state, gpu_state = (buf.state_dict() for buf in bufs)
+    for a, b in zip(cpu_state["tensors"], gpu_state["tensors"]):
+        torch.testing.assert_close(a, b)
+    assert bufs[1].pos == bufs[0].pos and bufs[1].size == bufs[0].size == 23
