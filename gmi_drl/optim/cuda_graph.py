@@ -26,6 +26,10 @@ import torch
 WARMUP_RUNS = 3
 """runs of the step on a side stream before its capture (PyTorch's notes use 3 for DDP)"""
 
+MAX_GRAPHS = 16
+"""graphs one step keeps (each holds its own memory pool); minibatches of further shapes run
+uncaptured"""
+
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
 
 
@@ -61,6 +65,8 @@ class GraphedStep:
         key = tuple((tuple(b.shape), b.dtype, b.device) for b in batch)
         entry = self._graphs.get(key)
         if entry is None:
+            if len(self._graphs) >= MAX_GRAPHS:
+                return tuple(self.fn(*batch))
             entry = self._capture(batch)
             self._graphs[key] = entry
         graph, inputs, outputs = entry

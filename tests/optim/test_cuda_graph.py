@@ -63,6 +63,22 @@ def test_graphed_steps_equal_compiled_steps(space, optimizer, reducer):
 
 @pytest.mark.gpu
 @cuda
+def test_shapes_past_the_graph_limit_run_uncaptured(monkeypatch):
+    import gmi_drl.optim.cuda_graph as cg
+
+    monkeypatch.setattr(cg, "MAX_GRAPHS", 1)
+    space = gym.spaces.Discrete(4)
+    plain = _steps(space, "adam", None, graphs=False)
+    graphed = _steps(space, "adam", None, graphs=True)
+    for m in (32, 16, 32, 16):
+        mb = tuple(t.cuda() for t in _minibatches(space, 1, m=m)[0])
+        torch.testing.assert_close(plain(*mb), graphed(*mb), rtol=1e-5, atol=1e-6)
+    assert graphed._graphed.num_graphs == 1
+    torch.testing.assert_close(plain.params.data, graphed.params.data, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
 def test_a_failed_capture_undoes_its_warm_up_steps(monkeypatch, caplog):
     import gmi_drl.optim.cuda_graph as cg
 
