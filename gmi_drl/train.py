@@ -15,10 +15,12 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from gmi_drl import blocks
+from gmi_drl.checkpoint import list_checkpoints
 from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.errors import TrainingDiverged, out_of_memory
+from gmi_drl.files import write_text_atomically
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
@@ -100,10 +102,15 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     del algo
     try:
         with run.claimed(), run.log_file():
+            before = _resumed_state(run)
             run.start()
-            _reclaim_shared_memory()
-            with run.telemetry():
-                results = placement.launch(TARGET, LoopSpec(run, on_progress))
+            try:
+                _reclaim_shared_memory()
+                with run.telemetry():
+                    results = placement.launch(TARGET, LoopSpec(run, on_progress))
+            except BaseException:
+                _undo_config_json(run, before)
+                raise
     except STOPS as e:
         raise RunStopped(run, e) from e
     except (MemoryError, RuntimeError) as e:  # (torch's allocators raise RuntimeErrors)
@@ -125,6 +132,23 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     r = results[0]
     return TrainResult(run.run_dir, r.global_step, r.wall_s, r.episode_steps, r.episode_returns,
                        r.episode_wall_s, digests, memory, r.steady_sps)
+
+
+def _resumed_state(run: Run) -> tuple[str, list[Path]] | None:
+    """A resumed run's ``config.json`` text and checkpoints before this attempt (``None`` for a
+    fresh start or a run directory without config.json)."""
+    path = run.run_dir / "config.json"
+    if run.resume_from is None or not path.is_file():
+        return None
+    return path.read_text(), list_checkpoints(run.run_dir)
+
+
+def _undo_config_json(run: Run, before: tuple[str, list[Path]] | None) -> None:
+    """A resumed attempt that stopped before it saved a checkpoint puts ``config.json`` back:
+    the flags it was given (a Ray address where no cluster listens, say) would otherwise be
+    what the next plain ``--resume`` reads as the run's edited config."""
+    if before is not None and list_checkpoints(run.run_dir) == before[1]:
+        write_text_atomically(run.run_dir / "config.json", before[0])
 
 
 def _reduced_floats(cfg: TrainConfig, algo=None) -> int:

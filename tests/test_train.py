@@ -176,6 +176,34 @@ def test_resume_continues_the_run(tmp_path):
     assert lr[2] == pytest.approx(1e-3 * (1 - 2 / 4))
 
 
+def test_a_resume_that_fails_before_its_first_checkpoint_leaves_config_json_as_it_was(
+        tmp_path):
+    """A resume given a Ray address where no cluster listens stops before any GMI starts;
+    config.json keeps the run's config, so the next plain ``--resume`` is not sent there."""
+    import socket
+
+    from gmi_drl.runner.run import RunStopped
+
+    cfg = _quick_cfg(tmp_path)
+    cfg.total_timesteps = cfg.batch_size
+    train(cfg)
+    run = tmp_path / "run"
+    before = (run / "config.json").read_text()
+    with socket.socket() as free:  # a loopback port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    bad = _quick_cfg(tmp_path)
+    bad.run_dir, bad.resume, bad.total_timesteps = None, str(run), 2 * cfg.batch_size
+    bad.placement, bad.ray.address = "ray", f"127.0.0.1:{port}"
+    with pytest.raises(RunStopped, match=f"no Ray cluster at 127.0.0.1:{port}"):
+        train(bad)
+    assert (run / "config.json").read_text() == before
+    good = _quick_cfg(tmp_path)  # a resume that saves a checkpoint keeps its own config
+    good.run_dir, good.resume, good.total_timesteps = None, str(run), 2 * cfg.batch_size
+    train(good)
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 512
+
+
 def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, caplog):
     cfg = _quick_cfg(tmp_path)
     cfg.total_timesteps, cfg.checkpoint.every, cfg.checkpoint.keep = 4 * 256, 1, 2
