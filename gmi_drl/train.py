@@ -80,8 +80,11 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     Writes the run directory (config.json, metrics.csv, TensorBoard events, checkpoints/,
     timeline.json, summary.md, learning_curve.png; gpu_util.csv where NVML sees a GPU; with
     ``profile.tool`` set, profile/ with the tool's reports and the merged report of
-    `gmi_drl.telemetry.report`). ``on_progress`` gets a `Progress` every ``log.log_every``
-    iterations (the CLI prints it; GMIs in other processes print it themselves).
+    `gmi_drl.telemetry.report`). ``on_progress`` gets GMI 0's `Progress` every
+    ``log.log_every`` iterations, in this process: in the caller's thread where GMI 0 runs
+    here (an exception from it stops the run), from a thread of its own where GMI 0 runs in a
+    process of this machine (an exception is logged and it is not called again). On Ray it is
+    not called (GMI 0 may run on another host): GMI 0 prints the progress line instead.
 
     Raises:
         ConfigError: invalid config (every field named), a task the algorithm cannot run or

@@ -47,13 +47,16 @@ def test_the_first_update_is_the_same_in_one_process_and_in_gmi_processes(tmp_pa
     both modes, so the weights after the first update are bit-identical. (After it they part
     ways: a serving GMI process keeps collecting with the old weights while the trainer
     updates; in one process the next fragment waits for the update.)"""
-    digests = []
+    digests, seen = [], {"serial": [], "local": []}
     for placement in ("serial", "local"):
         cfg = _appo(tmp_path, placement, algo, placement=placement, compile=False)
         cfg.total_timesteps = cfg.batch_size
         cfg.async_.env_splits = splits
-        digests.append(train(cfg).weight_digests[0])
+        digests.append(train(cfg, on_progress=seen[placement].append).weight_digests[0])
     assert digests[0] == digests[1]
+    # the trainer's progress reaches on_progress from its own process too
+    assert [p.global_step for p in seen["local"]] == [p.global_step for p in seen["serial"]]
+    assert seen["local"][-1].global_step == cfg.batch_size
 
 
 def test_two_trainers_hold_identical_weights_and_two_channels_modes_learn(tmp_path):

@@ -20,10 +20,22 @@ def _cfg(tmp_path, num_gmis, num_devices=None, name="run"):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("num_gmis, num_devices, strategy", [(2, None, "mpr"), (3, 2, "har")])
-def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, num_gmis, num_devices,
-                                                         strategy):
+def test_gmis_hold_identical_weights_and_count_every_step(tmp_path, caplog, num_gmis,
+                                                         num_devices, strategy):
+    """... and GMI 0's progress, from its own process, reaches the caller's ``on_progress``
+    (one that raises is not called again, and the run goes on)."""
     cfg = _cfg(tmp_path, num_gmis, num_devices)
-    result = train(cfg)
+    seen = []
+
+    def on_progress(p):
+        seen.append(p.global_step)
+        if num_gmis == 3:
+            raise ValueError("a bug in the caller's callback")
+
+    result = train(cfg, on_progress=on_progress)
+    per_update = 4 * 32 * num_gmis
+    assert seen == ([per_update * k for k in range(1, 5)] if num_gmis == 2 else [per_update])
+    assert ("on_progress raised; it is not called again" in caplog.text) is (num_gmis == 3)
     assert len(result.weight_digests) == num_gmis
     assert len(set(result.weight_digests)) == 1
     assert result.global_step == 4 * 4 * 32 * num_gmis

@@ -83,9 +83,9 @@ class AsyncPlacement:
             group = ReductionGroup(tuple(groups), f"file://{tmp}/rendezvous")
             progress = payload.progress
             if cfg.placement != "serial":
-                from gmi_drl.runner.placement import _printing
+                from gmi_drl.runner.placement import relayed
 
-                progress = _printing(payload).progress
+                progress = made.enter_context(relayed(payload)).progress
             spec = AsyncSpec(payload.run, fabric.plan, store.handle, store.handle.nbytes,
                              "shm", self.trainer_layout, group, progress)
             if cfg.placement == "serial":

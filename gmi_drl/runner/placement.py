@@ -14,6 +14,7 @@ put the GMIs (markdown lines for ``summary.md``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -228,13 +229,15 @@ class LocalPlacement:
         if self.layout.num_gmis == 1 and not self.prefixes:
             return [run_target(target, GMIContext(0, self.layout, payload))]
         g = self.cfg.gmi
-        return launch(target, self.layout, self.machine, payload=_printing(payload),
-                      reducer_capacity=self.capacity,
-                      service_addrs=g.service_addrs,
-                      netns=g.netns_list, prefixes=self.prefixes,
-                      job_id=g.switch_job, token=g.switch_token, start_method=g.start_method,
-                      preload=COMPILER if self.cfg.compile else (),
-                      exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
+        with relayed(payload) as payload:
+            return launch(target, self.layout, self.machine, payload=payload,
+                          reducer_capacity=self.capacity,
+                          service_addrs=g.service_addrs,
+                          netns=g.netns_list, prefixes=self.prefixes,
+                          job_id=g.switch_job, token=g.switch_token,
+                          start_method=g.start_method,
+                          preload=COMPILER if self.cfg.compile else (),
+                          exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
 
     def describe(self) -> str:
         n = self.layout.num_gmis
@@ -285,14 +288,36 @@ class RayPlacement:
                 + _notes(self.cfg, self.layout.num_gmis))
 
 
+@contextlib.contextmanager
+def relayed(payload):
+    """The payload for GMIs in other processes of this machine: a caller's ``on_progress``
+    called here with what GMI 0 sends (`gmi_drl.telemetry.progress.ProgressRelay`), the CLI's
+    printer printing there."""
+    import dataclasses
+
+    from gmi_drl.telemetry.progress import ProgressPrinter, ProgressRelay
+
+    if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
+        yield payload
+        return
+    relay = ProgressRelay(payload.progress)
+    try:
+        yield dataclasses.replace(payload, progress=relay.sender())
+    finally:
+        relay.close()
+
+
 def _printing(payload):
-    """The payload for GMIs in other processes: progress printed there, not called back."""
+    """The payload for GMIs on Ray (possibly other hosts): progress printed there, not called
+    back."""
     import dataclasses
 
     from gmi_drl.telemetry.progress import ProgressPrinter
 
     if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
         return payload
+    log.warning("on_progress is not called on Ray (GMI 0 may run on another host); GMI 0 "
+                "prints the progress line instead")
     return dataclasses.replace(payload, progress=ProgressPrinter())
 
 

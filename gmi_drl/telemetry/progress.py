@@ -1,9 +1,20 @@
-"""The console progress line (printed by the CLI; library code only hands it `Progress`)."""
+"""The console progress line (printed by the CLI; library code only hands it `Progress`), and
+the relay that brings GMI 0's `Progress` from its own process to a caller's ``on_progress``."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from typing import NamedTuple
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from multiprocessing.connection import Client, Listener
+from typing import Callable, NamedTuple
+
+log = logging.getLogger(__name__)
 
 
 class Progress(NamedTuple):
@@ -50,3 +61,87 @@ class ProgressPrinter:
         if p.elapsed_s - self._last >= self.interval_s or p.global_step >= p.total_steps:
             self._last = p.elapsed_s
             print(format_progress(p), flush=True)
+
+
+class ProgressSender:
+    """GMI 0's ``on_progress`` in a process of its own: sends each `Progress` to the
+    controller's `ProgressRelay` (picklable; it connects at its first call). Training never
+    stops for it: where the relay cannot be reached, it warns once and sends no more."""
+
+    def __init__(self, address: str, authkey: bytes) -> None:
+        self.address, self.authkey = address, authkey
+        self._conn, self._broken = None, False
+
+    def __getstate__(self) -> dict:
+        return {"address": self.address, "authkey": self.authkey}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["address"], state["authkey"])
+
+    def __call__(self, p: Progress) -> None:
+        if self._broken:
+            return
+        try:
+            if self._conn is None:
+                self._conn = Client(self.address, "AF_UNIX", authkey=self.authkey)
+            self._conn.send(p)
+        except (OSError, EOFError) as e:
+            self._broken = True
+            log.warning("progress no longer reaches the caller's on_progress (%s); training "
+                        "goes on", e)
+
+
+class ProgressRelay:
+    """Calls ``on_progress`` in this process with the `Progress` that GMI 0 sends from another
+    process of this machine (through `sender`): a Unix socket in a private temporary directory,
+    authenticated, and a thread that calls ``on_progress`` in the order sent. A callback that
+    raises is logged with its traceback and not called again; the run goes on (in its own
+    process the exception would stop it, but a GMI elsewhere cannot be stopped from here).
+    `close` returns once every `Progress` sent has been handed over."""
+
+    def __init__(self, on_progress: Callable[[Progress], None]) -> None:
+        self.on_progress = on_progress
+        self._dir = tempfile.mkdtemp(prefix="gmi-drl-progress-")
+        self._address = os.path.join(self._dir, "progress.sock")
+        self._authkey = os.urandom(16)
+        self._listener = Listener(self._address, "AF_UNIX", authkey=self._authkey)
+        self._accepted = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="gmi-drl-progress",
+                                        daemon=True)
+        self._thread.start()
+
+    def sender(self) -> ProgressSender:
+        """What GMI 0's payload carries as its ``progress``."""
+        return ProgressSender(self._address, self._authkey)
+
+    def _serve(self) -> None:
+        try:
+            conn = self._listener.accept()
+        except Exception:  # noqa: BLE001 - `close`'s wake-up connection fails the handshake
+            return
+        finally:
+            self._accepted.set()
+        failed = False
+        with conn:
+            while True:
+                try:
+                    p = conn.recv()
+                except (OSError, EOFError):
+                    return
+                if failed:
+                    continue
+                try:
+                    self.on_progress(p)
+                except Exception:  # noqa: BLE001 - the caller's code: say so, train on
+                    failed = True
+                    log.exception("on_progress raised; it is not called again in this run")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """After the GMIs exited: hand over what is left, stop the thread, remove the socket.
+        Idempotent."""
+        if not self._accepted.is_set():  # no GMI connected: wake the accept with a connection
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as wake:
+                wake.connect(self._address)
+        self._thread.join(timeout_s)
+        self._listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
