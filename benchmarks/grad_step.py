@@ -81,6 +81,7 @@ def _block(learner, updates: int, device: torch.device) -> float:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for _ in range(updates):
+        learner.env_steps += learner.steps_per_iteration  # as collect would: DQN's target moves
         learner.update()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -9,6 +9,7 @@ GMI; GMI 0's result and the placement's description make ``summary.md``.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -17,10 +18,10 @@ import numpy as np
 from gmi_drl import blocks
 from gmi_drl.checkpoint import list_checkpoints
 from gmi_drl.comm.switch.client import SwitchError
-from gmi_drl.config import TrainConfig, validate
+from gmi_drl.config import ConfigError, TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.errors import TrainingDiverged, out_of_memory
-from gmi_drl.files import write_text_atomically
+from gmi_drl.files import replace_atomically
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
@@ -81,10 +82,11 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
     timeline.json, summary.md, learning_curve.png; gpu_util.csv where NVML sees a GPU; with
     ``profile.tool`` set, profile/ with the tool's reports and the merged report of
     `gmi_drl.telemetry.report`). ``on_progress`` gets GMI 0's `Progress` every
-    ``log.log_every`` iterations, in this process: in the caller's thread where GMI 0 runs
-    here (an exception from it stops the run), from a thread of its own where GMI 0 runs in a
-    process of this machine (an exception is logged and it is not called again). On Ray it is
-    not called (GMI 0 may run on another host): GMI 0 prints the progress line instead.
+    ``log.log_every`` iterations, in this process: from GMI 0's thread where GMI 0 runs here
+    (the caller's thread for a lone GMI; an exception from it stops the run), from a thread of
+    its own where GMI 0 runs in a process of this machine (an exception is logged and it is not
+    called again). On Ray it is not called (GMI 0 may run on another host): GMI 0 prints the
+    progress line instead.
 
     Raises:
         ConfigError: invalid config (every field named), a task the algorithm cannot run or
@@ -111,8 +113,8 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                 _reclaim_shared_memory()
                 with run.telemetry():
                     results = placement.launch(TARGET, LoopSpec(run, on_progress))
-            except BaseException:
-                _undo_config_json(run, before)
+            except BaseException as e:
+                _undo_config_json(run, before, e)
                 raise
     except STOPS as e:
         raise RunStopped(run, e) from e
@@ -137,21 +139,55 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                        r.episode_wall_s, digests, memory, r.steady_sps)
 
 
-def _resumed_state(run: Run) -> tuple[str, list[Path]] | None:
-    """A resumed run's ``config.json`` text and checkpoints before this attempt (``None`` for a
-    fresh start or a run directory without config.json)."""
-    path = run.run_dir / "config.json"
-    if run.resume_from is None or not path.is_file():
+class _Before(NamedTuple):
+    """A resumed run's directory before an attempt: config.json's bytes (``None``: there was
+    none) and each checkpoint's ``(mtime_ns, size)`` by name."""
+
+    config: bytes | None
+    checkpoints: dict[str, tuple[int, int]]
+
+
+def _checkpoint_marks(run: Run) -> dict[str, tuple[int, int]]:
+    marks = {}
+    for path in list_checkpoints(run.run_dir):
+        try:
+            st = path.stat()
+        except OSError:  # pruned meanwhile
+            continue
+        marks[path.name] = (st.st_mtime_ns, st.st_size)
+    return marks
+
+
+def _resumed_state(run: Run) -> _Before | None:
+    """What `_undo_config_json` puts back; ``None`` for a fresh start."""
+    if run.resume_from is None:
         return None
-    return path.read_text(), list_checkpoints(run.run_dir)
+    path = run.run_dir / "config.json"
+    try:
+        config = path.read_bytes()
+    except OSError:
+        config = None
+    return _Before(config, _checkpoint_marks(run))
 
 
-def _undo_config_json(run: Run, before: tuple[str, list[Path]] | None) -> None:
-    """A resumed attempt that stopped before it saved a checkpoint puts ``config.json`` back:
-    the flags it was given (a Ray address where no cluster listens, say) would otherwise be
-    what the next plain ``--resume`` reads as the run's edited config."""
-    if before is not None and list_checkpoints(run.run_dir) == before[1]:
-        write_text_atomically(run.run_dir / "config.json", before[0])
+def _undo_config_json(run: Run, before: _Before | None, error: BaseException) -> None:
+    """A resumed attempt whose config could not start (a `ConfigError` or a `PlacementError`
+    at launch: a Ray address where no cluster listens, say) and that wrote no checkpoint puts
+    ``config.json`` back as it was, or removes it where there was none: the next plain
+    ``--resume`` would otherwise read the failed flags as the run's edited config. Any other
+    stop (Ctrl-C, a crash, out of memory) keeps the attempt's config.json."""
+    ray_launcher = sys.modules.get("gmi_drl.cluster.ray_launcher")  # (imported where used)
+    unstartable = (ConfigError,) + ((ray_launcher.PlacementError,) if ray_launcher else ())
+    if (before is None or not isinstance(error, unstartable)
+            or _checkpoint_marks(run) != before.checkpoints):
+        return
+    path = run.run_dir / "config.json"
+    if before.config is None:
+        path.unlink(missing_ok=True)
+    else:
+        replace_atomically(path, lambda tmp: tmp.write_bytes(before.config))
+    log.warning("%s is back as it was before this attempt, which could not start (the flags "
+                "given to it are not kept)", path)
 
 
 def _reduced_floats(cfg: TrainConfig, algo=None) -> int:

@@ -198,10 +198,44 @@ def test_a_resume_that_fails_before_its_first_checkpoint_leaves_config_json_as_i
     with pytest.raises(RunStopped, match=f"no Ray cluster at 127.0.0.1:{port}"):
         train(bad)
     assert (run / "config.json").read_text() == before
+
+    def stop(p):  # an attempt stopped for another reason keeps the config it was given
+        raise ValueError("stopped by the caller")
+
+    other = _quick_cfg(tmp_path)
+    other.run_dir, other.resume, other.total_timesteps = None, str(run), 3 * cfg.batch_size
+    with pytest.raises(ValueError, match="stopped by the caller"):
+        train(other, on_progress=stop)
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 768
+    (run / "config.json").write_bytes(b"\xff\xfe not UTF-8")  # damaged: the checkpoint's is used
     good = _quick_cfg(tmp_path)  # a resume that saves a checkpoint keeps its own config
     good.run_dir, good.resume, good.total_timesteps = None, str(run), 2 * cfg.batch_size
     train(good)
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 512
+
+
+def test_a_checkpoint_rewritten_under_its_old_name_counts_as_written(tmp_path):
+    """Resuming from an older checkpoint rewrites the newer names: the attempt's config.json
+    stays even if a later placement error stops it."""
+    import os
+
+    from gmi_drl.train import _resumed_state, _undo_config_json
+
+    cfg = _quick_cfg(tmp_path)
+    cfg.total_timesteps = cfg.batch_size
+    train(cfg)
+    run = tmp_path / "run"
+    ckpt = resolve_checkpoint(run)
+    resumed = Run(run, cfg, ckpt)
+    before = _resumed_state(resumed)
+    (run / "config.json").write_text("{}\n")  # what the attempt wrote
+    st = ckpt.stat()
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten, same name
+    _undo_config_json(resumed, before, ConfigError("could not start"))
+    assert (run / "config.json").read_text() == "{}\n"
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))  # untouched: put back
+    _undo_config_json(resumed, before, ConfigError("could not start"))
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == cfg.batch_size
 
 
 def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, caplog):

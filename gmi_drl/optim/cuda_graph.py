@@ -9,9 +9,10 @@ What the step mutates (the flat weights, the optimizer's moments, step count and
 rate) lives at fixed addresses, so the graph reads and writes the live tensors: an ``lr`` set
 between steps (in place, `gmi_drl.optim.flat`) and a ``load_state_dict`` are seen by the next
 replay. Capture needs warm-up runs of the step (cuBLAS workspaces, the compiled kernels'
-first launch); they would be real steps, so the weights and the optimizer state are saved
-before them and restored before the capture, which executes nothing. The replay after it is the
-caller's step.
+first launch); they would be real steps, so the weights, the optimizer state and the CUDA
+generator's state are saved before them and restored before the capture, which executes
+nothing. The replay after it is the caller's step. Captures in one process take turns, each on
+a stream of its own.
 
 Source: PyTorch's CUDA graphs (``torch.cuda.graph``; the whole-network capture of the CUDA
 semantics notes); the rationale as in CleanRL's and LeanRL's CUDA-graph variants of DQN/TD3.
@@ -19,6 +20,8 @@ semantics notes); the rationale as in CleanRL's and LeanRL's CUDA-graph variants
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Callable
 
 import torch
@@ -26,9 +29,20 @@ import torch
 WARMUP_RUNS = 3
 """runs of the step on a side stream before its capture (PyTorch's notes use 3 for DDP)"""
 
+_CAPTURE_LOCK = threading.Lock()
+"""one capture at a time per process: torch's capture context synchronises the device, which
+would break a capture under way in another thread (GMIs that are threads of one process)"""
+
 MAX_GRAPHS = 16
 """graphs one step keeps (each holds its own memory pool); minibatches of further shapes run
 uncaptured"""
+
+
+class CaptureError(RuntimeError):
+    """A step could not be captured (an op that syncs with the host or allocates on the CPU,
+    another thread's device-wide sync): its warm-up runs are undone and the thread is back on
+    its own stream, so the caller can run the step uncaptured."""
+
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
 
@@ -43,9 +57,8 @@ class GraphedStep:
             written back in place (the graph holds the addresses).
 
     Raises:
-        RuntimeError: from `__call__` when capture fails (an op that syncs with the host or
-            allocates on the CPU); the state is restored first, so the caller can run ``fn``
-            uncaptured instead.
+        CaptureError: from `__call__` when a capture fails (see there). Anything raised after
+            a replay (out of memory in a copy, say) is raised as it is: that step was taken.
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], save: Callable[[], object],
@@ -76,21 +89,35 @@ class GraphedStep:
         return tuple(o.clone() for o in outputs)
 
     def _capture(self, batch):
+        device = batch[0].device
         inputs = tuple(torch.empty_like(b).copy_(b) for b in batch)
-        state = self.save()
-        try:
-            side = torch.cuda.Stream(device=inputs[0].device)
-            side.wait_stream(torch.cuda.current_stream(inputs[0].device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self.fn(*inputs)
-            torch.cuda.current_stream(inputs[0].device).wait_stream(side)
-            self.restore(state)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                outputs = tuple(self.fn(*inputs))
-        except Exception:
-            torch.cuda.synchronize(inputs[0].device)
-            self.restore(state)
-            raise
+        state, rng = self.save(), torch.cuda.get_rng_state(device)
+        home = torch.cuda.current_stream(device)
+        with _CAPTURE_LOCK:
+            try:
+                side = torch.cuda.Stream(device=device)  # this capture's own (torch's is shared)
+                side.wait_stream(home)
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_RUNS):
+                        self.fn(*inputs)
+                home.wait_stream(side)
+                self._undo(state, rng, device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                    outputs = tuple(self.fn(*inputs))
+            except Exception as e:  # noqa: BLE001 - any failure: undo, then name it
+                # torch's capture context leaves its stream current when capture_end raises
+                torch.cuda.set_stream(home)
+                with contextlib.suppress(RuntimeError):
+                    torch.cuda.synchronize(device)
+                self._undo(state, rng, device)
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise CaptureError(f"{type(e).__name__}: {first}") from e
+            finally:
+                torch.cuda.set_stream(home)
         return graph, inputs, outputs
+
+    def _undo(self, state, rng: torch.Tensor, device: torch.device) -> None:
+        """Weights, optimizer state and the CUDA generator as before the warm-up runs."""
+        self.restore(state)
+        torch.cuda.set_rng_state(rng, device)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
-from gmi_drl.optim.cuda_graph import GraphedStep
+from gmi_drl.optim.cuda_graph import CaptureError, GraphedStep
 from gmi_drl.optim.flat import FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer
 from gmi_drl.telemetry.timer import timer
 
@@ -194,11 +194,9 @@ class GradStep:
         if self._graphed is not None:
             try:
                 return self._graphed(*batch)
-            except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured, say why
-                first = str(e).splitlines()[0] if str(e) else ""
-                log.warning("CUDA graph capture of the gradient step failed (%s: %s); steps run "
-                            "without it (--no-cuda-graphs skips the attempt)",
-                            type(e).__name__, first)
+            except CaptureError as e:  # its warm-up undone: run uncaptured, say why
+                log.warning("CUDA graph capture of the gradient step failed (%s); steps run "
+                            "without it (--no-cuda-graphs skips the attempt)", e)
                 self._graphed = None
         return self._compiled(*batch)
 

@@ -99,6 +99,10 @@ class ReplayBuffer:
         num_envs: transitions per `add` (one per env, in env order); with ``n_step > 1`` every
             `add` must bring this many, since an env's next step is ``num_envs`` rows later.
 
+    On a device other than the CPU, `add` gathers transitions on the host (up to
+    `STAGE_ROWS`) and `flush` writes them; `sample`, `get` and `state_dict` flush first, but the
+    tensors themselves (``obs``, ``actions``, ...) lag behind until a `flush`.
+
     Raises:
         ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1``, ``gamma`` outside
             [0, 1], or ``n_step > 1`` with ``capacity < num_envs``; an action space that is

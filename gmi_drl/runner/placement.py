@@ -300,24 +300,31 @@ def relayed(payload):
     if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
         yield payload
         return
-    relay = ProgressRelay(payload.progress)
+    try:
+        relay = ProgressRelay(payload.progress)
+    except OSError as e:
+        log.warning("on_progress cannot be relayed from the GMI processes (%s); GMI 0 prints "
+                    "the progress line instead", e)
+        yield dataclasses.replace(payload, progress=ProgressPrinter())
+        return
     try:
         yield dataclasses.replace(payload, progress=relay.sender())
     finally:
         relay.close()
 
 
-def _printing(payload):
+def _printing(payload, warn: bool = True):
     """The payload for GMIs on Ray (possibly other hosts): progress printed there, not called
-    back."""
+    back (``warn``: say so, where a caller gave ``on_progress``)."""
     import dataclasses
 
     from gmi_drl.telemetry.progress import ProgressPrinter
 
     if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
         return payload
-    log.warning("on_progress is not called on Ray (GMI 0 may run on another host); GMI 0 "
-                "prints the progress line instead")
+    if warn:
+        log.warning("on_progress is not called on Ray (GMI 0 may run on another host); GMI 0 "
+                    "prints the progress line instead")
     return dataclasses.replace(payload, progress=ProgressPrinter())
 
 
@@ -325,7 +332,7 @@ def _restarted(payload):
     """The payload a failed Ray run restarts with: resumed from its latest checkpoint."""
     import dataclasses
 
-    return dataclasses.replace(_printing(payload), run=payload.run.restarted())
+    return dataclasses.replace(_printing(payload, warn=False), run=payload.run.restarted())
 
 
 def _nsys_prefixes(cfg: TrainConfig, run_dir, machine) -> dict[int, list[str]]:

@@ -97,14 +97,23 @@ class ProgressRelay:
     authenticated, and a thread that calls ``on_progress`` in the order sent. A callback that
     raises is logged with its traceback and not called again; the run goes on (in its own
     process the exception would stop it, but a GMI elsewhere cannot be stopped from here).
-    `close` returns once every `Progress` sent has been handed over."""
+    `close` returns once every `Progress` sent has been handed over (or after ``timeout_s``,
+    with a warning, where the callback is that slow).
+
+    Raises:
+        OSError: the socket cannot be made (a TMPDIR path too long for one, or unwritable).
+    """
 
     def __init__(self, on_progress: Callable[[Progress], None]) -> None:
         self.on_progress = on_progress
         self._dir = tempfile.mkdtemp(prefix="gmi-drl-progress-")
         self._address = os.path.join(self._dir, "progress.sock")
         self._authkey = os.urandom(16)
-        self._listener = Listener(self._address, "AF_UNIX", authkey=self._authkey)
+        try:
+            self._listener = Listener(self._address, "AF_UNIX", authkey=self._authkey)
+        except OSError:  # a TMPDIR too long for a socket path, say
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self._accepted = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="gmi-drl-progress",
                                         daemon=True)
@@ -139,9 +148,14 @@ class ProgressRelay:
     def close(self, timeout_s: float = 10.0) -> None:
         """After the GMIs exited: hand over what is left, stop the thread, remove the socket.
         Idempotent."""
-        if not self._accepted.is_set():  # no GMI connected: wake the accept with a connection
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as wake:
-                wake.connect(self._address)
-        self._thread.join(timeout_s)
-        self._listener.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        try:
+            if not self._accepted.is_set():  # no GMI connected: wake the accept
+                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as wake:
+                    wake.connect(self._address)
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("on_progress still runs %.0f s after the GMIs ended; it may be "
+                            "called after train() returned", timeout_s)
+        finally:
+            self._listener.close()
+            shutil.rmtree(self._dir, ignore_errors=True)

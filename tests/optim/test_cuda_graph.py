@@ -8,6 +8,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from gmi_drl.optim.cuda_graph import CaptureError
 from gmi_drl.optim.grad_step import GradStep
 from tests.optim.test_grad_step import LOSS, _minibatches, _model, _TimesTwo
 
@@ -27,6 +28,35 @@ def test_cuda_graphs_are_ignored_on_a_cpu():
     for mb in _minibatches(space, 2):
         step(*mb)
     assert step._graphed is None and step.fused
+
+
+@pytest.mark.parametrize("error", [CaptureError("RuntimeError: not permitted when capturing"),
+                                   RuntimeError("CUDA out of memory")])
+def test_only_a_failed_capture_falls_back_and_no_step_is_taken_twice(error, caplog):
+    """A capture failure (warm-up undone) runs the step uncaptured; an error after a replay
+    (which took the step) is raised as it is, not retried."""
+    space = gym.spaces.Discrete(4)
+    step = _steps(space, "adam", None, False, device="cpu")
+    mb = _minibatches(space, 1)[0]
+    step(*mb)  # compiles
+
+    class Failing:
+        def __call__(self, *batch):
+            if not isinstance(error, CaptureError):
+                step._compiled(*batch)  # the replay's step, then a failure
+            raise error
+
+    step._graphed = Failing()
+    with caplog.at_level(logging.WARNING):
+        if isinstance(error, CaptureError):
+            step(*mb)
+            assert "capture of the gradient step failed (RuntimeError: not permitted" in \
+                caplog.text
+            assert step._graphed is None
+        else:
+            with pytest.raises(RuntimeError, match="out of memory"):
+                step(*mb)
+    assert step.optimizer.steps == 2
 
 
 @pytest.mark.gpu
@@ -103,5 +133,6 @@ def test_a_failed_capture_undoes_its_warm_up_steps(monkeypatch, caplog):
             graphed(*mb)
     assert "CUDA graph capture of the gradient step failed (RuntimeError" in caplog.text
     assert graphed._graphed is None
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # back on its stream
     assert graphed.optimizer.steps == plain.optimizer.steps == 3  # no warm-up step kept
     torch.testing.assert_close(plain.params.data, graphed.params.data, rtol=1e-5, atol=1e-6)
