@@ -218,3 +218,16 @@ def test_forced_reductions_are_checked_against_the_layout(tmp_path):
     cfg.gmi.reduction = "mrr"
     with pytest.raises(ConfigError, match="mrr needs the same number of GMIs on every device"):
         train(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="needs a CUDA device (CPU build of torch or no driver here)")
+def test_gmi_threads_of_one_process_capture_their_steps_in_turn_on_cuda(tmp_path, caplog):
+    """Serial placement: two GMI threads reach their first captured step together; captures
+    take turns, none fails, and both GMIs end with the same weights."""
+    cfg = _cfg(tmp_path, 2)
+    cfg.placement, cfg.device, cfg.compile = "serial", "cuda", True
+    result = train(cfg)
+    assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1
+    assert "CUDA graph capture of the gradient step failed" not in caplog.text
