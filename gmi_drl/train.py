@@ -182,10 +182,14 @@ def _undo_config_json(run: Run, before: _Before | None, error: BaseException) ->
             or _checkpoint_marks(run) != before.checkpoints):
         return
     path = run.run_dir / "config.json"
-    if before.config is None:
-        path.unlink(missing_ok=True)
-    else:
-        replace_atomically(path, lambda tmp: tmp.write_bytes(before.config))
+    try:
+        if before.config is None:
+            path.unlink(missing_ok=True)
+        else:
+            replace_atomically(path, lambda tmp: tmp.write_bytes(before.config))
+    except OSError as e:  # (the attempt's own error is the one to raise)
+        log.warning("could not put %s back as it was before this attempt: %s", path, e)
+        return
     log.warning("%s is back as it was before this attempt, which could not start (the flags "
                 "given to it are not kept)", path)
 
