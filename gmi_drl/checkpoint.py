@@ -28,6 +28,8 @@ from gmi_drl.files import replace_atomically
 FORMAT = "gmi-drl-checkpoint"
 VERSION = 2
 _NAME = re.compile(r"iteration-(\d+)\.pt")
+LEGACY_NAME = "latest.pt"
+"""the one checkpoint file of runs written before checkpoints were named by iteration"""
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,14 @@ def run_dir_of(checkpoint: Path) -> Path | None:
 
 
 def checkpoint_iteration(path: Path) -> int:
-    """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``).
+    """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``; 0
+    for a `LEGACY_NAME` file, whose count is only inside it).
 
     Raises:
         ValueError: a name `list_checkpoints` would not list.
     """
+    if path.name == LEGACY_NAME:
+        return 0
     m = _NAME.fullmatch(path.name)
     if m is None:
         raise ValueError(f"{path.name} is not named as a checkpoint (iteration-NNNNNNN.pt)")
@@ -76,12 +81,14 @@ def checkpoint_iteration(path: Path) -> int:
 
 
 def list_checkpoints(path: str | Path) -> list[Path]:
-    """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first."""
+    """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first; an
+    older gmi-drl's single `LEGACY_NAME` counts as the oldest."""
     directory = checkpoint_dir(path)
     if not directory.is_dir():
         return []
     found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    legacy = [directory / LEGACY_NAME] if (directory / LEGACY_NAME).is_file() else []
+    return [p for _, p in sorted(found, reverse=True)] + legacy
 
 
 def prune_checkpoints(path: str | Path, keep: int) -> list[Path]:
@@ -115,6 +122,25 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"no checkpoint in {checkpoint_dir(path)} (no iteration-*.pt): "
                               f"{path} is no run directory that wrote one")
     raise CheckpointError(f"no checkpoint at {path} (give a run directory or a .pt file)")
+
+
+def stored_config(path: Path) -> dict:
+    """The config inside checkpoint file ``path`` (a `to_dict` dict), read without loading its
+    tensors (memory-mapped), so a checkpoint with a large replay buffer costs no copy.
+
+    Raises:
+        CheckpointError: as `load_checkpoint`, or it holds no config.
+    """
+    try:
+        state = _checked(path, torch.load(path, map_location="cpu", weights_only=True,
+                                          mmap=True))
+    except (FileNotFoundError, CheckpointError):
+        raise
+    except Exception:  # noqa: BLE001 - the full load names what is wrong
+        state = _load_file(path)
+    if not isinstance(state.get("config"), dict):
+        raise CheckpointError(f"{path} holds no config")
+    return state["config"]
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -196,9 +222,22 @@ def _load_file(path: Path) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - arbitrary bytes fail the unpickler in arbitrary ways
         raise CheckpointError(f"{path} is corrupt, cut short or not a torch checkpoint"
                               f"{hint}") from None
+    return _checked(path, state)
+
+
+def _checked(path: Path, state: Any) -> dict[str, Any]:
+    """``state`` when it is a gmi-drl checkpoint of this `VERSION`.
+
+    Raises:
+        CheckpointError: it is not, saying what it is.
+    """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a gmi-drl checkpoint (no format={FORMAT!r} entry)")
-    if state.get("version") != VERSION:
-        raise CheckpointError(f"{path} has checkpoint version {state.get('version')}; this "
-                              f"gmi-drl reads version {VERSION}")
+    version = state.get("version")
+    if version != VERSION:
+        who = ("an older gmi-drl (from before 2026-11-25)" if isinstance(version, int)
+               and version < VERSION else "a newer gmi-drl")
+        raise CheckpointError(f"{path} has checkpoint version {version}, written by {who}; this "
+                              f"gmi-drl reads version {VERSION}: evaluate or continue it with "
+                              "the gmi-drl that wrote it, or start a new run")
     return state

@@ -174,15 +174,19 @@ def _checkpoint_algo(resume: str) -> str | None:
 
 
 def _resumed_config(resume: str):
-    """The config a resumed run starts from: its ``config.json``, or, where that is missing or
-    unreadable (a checkpoint copied out of its run, a damaged file), the copy in the checkpoint.
+    """The config a resumed run starts from: the checkpoint's own, with its ``config.json``
+    laid over it (a field the file leaves out keeps the run's value; a field it sets is the
+    user's edit). Where the file is missing or no JSON object (a checkpoint copied out of its
+    run, a damaged file), the checkpoint's config alone.
 
     Raises:
-        CheckpointError: no checkpoint that loads. ConfigError: neither holds a config.
+        CheckpointError: no checkpoint that loads. ConfigError: config.json sets a field this
+            gmi-drl does not know or of the wrong type (nothing is overwritten: fix it, or
+            delete it), or the checkpoint holds no config.
     """
     from gmi_drl.checkpoint import (CheckpointError, find_loadable, resolve_checkpoint,
-                                    run_dir_of)
-    from gmi_drl.config import ConfigError, from_dict
+                                    run_dir_of, stored_config)
+    from gmi_drl.config import ALGORITHMS, ConfigError, from_dict
 
     try:
         ckpt = resolve_checkpoint(resume)
@@ -191,21 +195,46 @@ def _resumed_config(resume: str):
         if not stored.is_file():
             raise
         try:
-            algo = next(iter(json.loads(stored.read_text())["algo"]))
-        except (OSError, ValueError, KeyError, TypeError, StopIteration):
-            algo = "ALGO"
+            algo = json.loads(stored.read_text())["algo"]
+            algo = next(iter(algo)) if isinstance(algo, dict) and len(algo) == 1 else None
+        except (OSError, ValueError, KeyError, TypeError):
+            algo = None
+        algo = algo if algo in ALGORITHMS else "ALGO"
         raise CheckpointError(f"{e}: the run stopped before its first checkpoint, so nothing "
                               "can be continued; start it over with its own config: gmi-drl "
                               f"train {algo} --config {stored} --run-dir {resume}") from None
     try:
-        return from_dict(json.loads((ckpt.parent.parent / "config.json").read_text()))
-    except (OSError, ValueError, TypeError, AttributeError, ConfigError) as e:
-        _, state = find_loadable(resume)  # (a file that is no checkpoint says so here first)
+        base = stored_config(ckpt)
+    except CheckpointError:  # the newest is damaged: the one the run resumes from
+        base = find_loadable(resume)[1]["config"]
+    path = ckpt.parent.parent / "config.json"
+    try:
+        edited = json.loads(path.read_text())
+        if not isinstance(edited, dict):
+            raise ValueError(f"holds {type(edited).__name__}, not a JSON object")
+    except (OSError, ValueError) as e:
         if run_dir_of(ckpt) is not None:  # in a run directory, which has a config.json
             logging.getLogger(__name__).warning(
-                "%s/config.json: %s; using the config stored in the checkpoint",
-                ckpt.parent.parent, getattr(e, "strerror", None) or e)
-        return from_dict(state["config"])
+                "%s: %s; using the config stored in the checkpoint", path,
+                getattr(e, "strerror", None) or e)
+        return from_dict(base)
+    try:
+        return from_dict(_overlay(base, edited))
+    except (ConfigError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: {e}\n  (fix it, or delete it to resume with the config "
+                          "stored in the checkpoint)") from None
+
+
+def _overlay(base: dict, top: dict) -> dict:
+    """``top``'s fields over ``base``'s, section by section (an ``algo`` section that names
+    another algorithm replaces the whole section)."""
+    out = dict(base)
+    for key, value in top.items():
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        if nested and key == "algo" and value.keys() != base[key].keys():
+            nested = False
+        out[key] = _overlay(base[key], value) if nested else value
+    return out
 
 
 class Terminated(KeyboardInterrupt):

@@ -1076,13 +1076,38 @@ def load_config_file(path: str) -> TrainConfig:
     return cfg
 
 
+MOVED_FIELDS = {("log", "checkpoint_every"): ("checkpoint", "every")}
+"""fields that older gmi-drl versions stored elsewhere: ``(section, field) -> (section, field)``,
+moved by `from_dict` (configs in config.json files and checkpoints written before the move)"""
+
+
+def _moved(data: dict) -> dict:
+    """``data`` with `MOVED_FIELDS` at their current places (a warning names each)."""
+    if not any(isinstance(data.get(a), dict) and f in data[a] for (a, f) in MOVED_FIELDS):
+        return data
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for (old_sec, old_field), (new_sec, new_field) in MOVED_FIELDS.items():
+        if isinstance(data.get(old_sec), dict) and old_field in data[old_sec]:
+            value = data[old_sec].pop(old_field)
+            data.setdefault(new_sec, {})
+            if isinstance(data[new_sec], dict):
+                data[new_sec].setdefault(new_field, value)
+            logging.getLogger(__name__).warning(
+                "config: %s.%s (an older gmi-drl's field) is read as %s.%s",
+                old_sec, old_field, new_sec, new_field)
+    return data
+
+
 def from_dict(data: dict) -> TrainConfig:
-    """Inverse of `to_dict`, with the field types checked (`field_type_errors`).
+    """Inverse of `to_dict`, with the field types checked (`field_type_errors`); fields an older
+    gmi-drl stored elsewhere (`MOVED_FIELDS`) are read at their current places.
 
     Raises:
         ConfigError: unknown fields (with the nearest known name), a field of the wrong type,
             no or an unknown algorithm, or a section that is no object.
     """
+    if isinstance(data, dict):
+        data = _moved(data)
     algo = data.get("algo") if isinstance(data, dict) else None
     if isinstance(algo, dict) and len(algo) > 1:
         raise ConfigError(f"the config's \"algo\" section names {len(algo)} algorithms "

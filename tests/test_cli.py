@@ -565,3 +565,60 @@ def test_records_for_train_log_alone_reach_the_terminal_only_with_debug(debug):
     assert out.returncode == 0, out.stderr
     assert "the one-line reason" in out.stderr
     assert ("a traceback" in out.stderr) is debug
+
+
+def test_config_json_is_laid_over_the_checkpoints_config(finished, tmp_path, capsys):
+    """A field config.json leaves out keeps the run's value (not the default); a field it sets
+    is kept; one this gmi-drl does not know refuses the resume and leaves the file as it is."""
+    run = _copy(finished, tmp_path / "r")
+    data = json.loads((run / "config.json").read_text())
+    assert data["env"]["num_envs"] == 2  # (the default is another value)
+    del data["env"]["num_envs"]
+    data["algo"]["ppo"]["ent_coef"] = 0.05
+    (run / "config.json").write_text(json.dumps(data))
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+    resumed = json.loads((run / "config.json").read_text())
+    assert resumed["env"]["num_envs"] == 2 and resumed["algo"]["ppo"]["ent_coef"] == 0.05
+    resumed["algo"]["ppo"]["prioritized"] = True
+    text = json.dumps(resumed)
+    (run / "config.json").write_text(text)
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "512"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'config.json'}: config file: unknown field algo.ppo.prioritized" in err
+    assert "fix it, or delete it to resume with the config stored in the checkpoint" in err
+    assert (run / "config.json").read_text() == text
+
+
+def test_a_run_of_an_older_layout_is_found_and_its_moved_field_read(finished, tmp_path, capsys,
+                                                                    caplog):
+    """Runs from before iteration-numbered checkpoints kept one checkpoints/latest.pt, and
+    their configs held log.checkpoint_every (now checkpoint.every)."""
+    import torch
+
+    from gmi_drl.checkpoint import list_checkpoints
+
+    run = _copy(finished, tmp_path / "old")
+    newest, *older = list_checkpoints(run)
+    for path in older:
+        path.unlink()
+    state = torch.load(newest, weights_only=True)
+    for config in (state["config"], data := json.loads((run / "config.json").read_text())):
+        config["log"]["checkpoint_every"] = config.pop("checkpoint")["every"]
+    torch.save(state, run / "checkpoints" / "latest.pt")
+    newest.unlink()
+    (run / "config.json").write_text(json.dumps(data))
+    assert list_checkpoints(run) == [run / "checkpoints" / "latest.pt"]
+    # a new run is not written over it
+    assert main(["train", "ppo", *BASE, "--run-dir", str(run)]) == 2
+    assert "already holds a run with checkpoints" in capsys.readouterr().err
+    assert main(["eval", str(run), "--episodes", "1"]) == 0
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+    assert "log.checkpoint_every (an older gmi-drl's field) is read as checkpoint.every" in \
+        caplog.text
+    state["version"] = 1
+    torch.save(state, run / "checkpoints" / "latest.pt")
+    for path in list_checkpoints(run)[:-1]:
+        path.unlink()
+    assert main(["eval", str(run), "--episodes", "1"]) == 2
+    assert "written by an older gmi-drl" in capsys.readouterr().err
