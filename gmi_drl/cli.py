@@ -186,7 +186,7 @@ def _resumed_config(resume: str):
     """
     from gmi_drl.checkpoint import (CheckpointError, find_loadable, resolve_checkpoint,
                                     run_dir_of, stored_config)
-    from gmi_drl.config import ALGORITHMS, ConfigError, from_dict
+    from gmi_drl.config import ALGORITHMS, ConfigError, from_dict, overlay
 
     try:
         ckpt = resolve_checkpoint(resume)
@@ -219,22 +219,10 @@ def _resumed_config(resume: str):
                 getattr(e, "strerror", None) or e)
         return from_dict(base)
     try:
-        return from_dict(_overlay(base, edited))
+        return from_dict(overlay(base, edited))
     except (ConfigError, TypeError, AttributeError) as e:
         raise ConfigError(f"{path}: {e}\n  (fix it, or delete it to resume with the config "
                           "stored in the checkpoint)") from None
-
-
-def _overlay(base: dict, top: dict) -> dict:
-    """``top``'s fields over ``base``'s, section by section (an ``algo`` section that names
-    another algorithm replaces the whole section)."""
-    out = dict(base)
-    for key, value in top.items():
-        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
-        if nested and key == "algo" and value.keys() != base[key].keys():
-            nested = False
-        out[key] = _overlay(base[key], value) if nested else value
-    return out
 
 
 class Terminated(KeyboardInterrupt):

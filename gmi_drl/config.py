@@ -1098,6 +1098,20 @@ def _moved(data: dict) -> dict:
     return data
 
 
+def overlay(base: dict, top: dict) -> dict:
+    """``top``'s fields over ``base``'s, section by section (`to_dict` dicts; an ``algo``
+    section that names another algorithm replaces the whole section): a resumed run's
+    config.json over its checkpoint's config, so a field the file leaves out keeps the run's
+    value."""
+    out = dict(base)
+    for key, value in top.items():
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        if nested and key == "algo" and value.keys() != base[key].keys():
+            nested = False
+        out[key] = overlay(base[key], value) if nested else value
+    return out
+
+
 def from_dict(data: dict) -> TrainConfig:
     """Inverse of `to_dict`, with the field types checked (`field_type_errors`); fields an older
     gmi-drl stored elsewhere (`MOVED_FIELDS`) are read at their current places.

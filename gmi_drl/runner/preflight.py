@@ -153,7 +153,7 @@ def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
     import dataclasses
 
     run_dir = run_dir_of(ckpt)
-    on_disk = None if run_dir is None else _config_json(run_dir / "config.json")
+    on_disk = None if run_dir is None else _config_json(run_dir / "config.json", stored)
     if on_disk is None:
         return None
     where = dict(run_dir=None, resume=None, config=None)
@@ -161,13 +161,17 @@ def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
     return None if same else run_dir / "config.json"
 
 
-def _config_json(path: Path) -> TrainConfig | None:
-    """The config of a run's ``config.json`` (``None`` where there is no such file that
-    loads)."""
+def _config_json(path: Path, stored: TrainConfig | None = None) -> TrainConfig | None:
+    """The config of a run's ``config.json``, laid over ``stored`` (the checkpoint's config,
+    as a resume reads it: `gmi_drl.config.overlay`) where given; ``None`` where there is no
+    such file that loads."""
     import json
 
+    from gmi_drl.config import overlay, to_dict
+
     try:
-        return from_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        return from_dict(data if stored is None else overlay(to_dict(stored), data))
     except (OSError, ValueError, TypeError, AttributeError, KeyError):
         return None  # (ConfigError is a ValueError)
 
