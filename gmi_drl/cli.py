@@ -206,18 +206,24 @@ def _resumed_config(resume: str):
     try:
         base = stored_config(ckpt)
     except CheckpointError:  # the newest is damaged: the one the run resumes from
-        base = find_loadable(resume)[1]["config"]
-    path = ckpt.parent.parent / "config.json"
+        ckpt, state = find_loadable(resume)
+        base = state["config"]
+    try:
+        stored = from_dict(base)
+    except (ConfigError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
+    run_dir = run_dir_of(ckpt)
+    if run_dir is None:  # a checkpoint copied out of its run: its own config
+        return stored
+    path = run_dir / "config.json"
     try:
         edited = json.loads(path.read_text())
         if not isinstance(edited, dict):
             raise ValueError(f"holds {type(edited).__name__}, not a JSON object")
     except (OSError, ValueError) as e:
-        if run_dir_of(ckpt) is not None:  # in a run directory, which has a config.json
-            logging.getLogger(__name__).warning(
-                "%s: %s; using the config stored in the checkpoint", path,
-                getattr(e, "strerror", None) or e)
-        return from_dict(base)
+        logging.getLogger(__name__).warning("%s: %s; using the config stored in the checkpoint",
+                                            path, getattr(e, "strerror", None) or e)
+        return stored
     try:
         return from_dict(overlay(base, edited))
     except (ConfigError, TypeError, AttributeError) as e:
