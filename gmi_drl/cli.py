@@ -18,6 +18,8 @@ traceback goes to the run's ``train.log``, or also to the terminal with ``--debu
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -129,11 +131,10 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     else:
         default = preset(_flag_value(rest, "--preset") or "auto",
                          _flag_value(rest, "--env.task-id"), algo)
-    # with several algorithms, TrainConfig.algo is a tyro subcommand union
-    tyro_args = [algo, *rest] if len(ALGORITHMS) > 1 else rest
-    cfg = tyro.cli(TrainConfig, args=tyro_args, default=default,
-                   prog=prog if len(ALGORITHMS) > 1 else f"{prog} {algo}",
-                   description=TrainConfig.__doc__, config=(tyro.conf.CascadeSubcommandArgs,))
+    parsed = tyro.cli(_one_algorithm(ALGORITHMS[algo][0]), args=rest,
+                      default=_one_algorithm(ALGORITHMS[algo][0])(**_fields(default)),
+                      prog=f"{prog} {algo}", description=TrainConfig.__doc__)
+    cfg = TrainConfig(**_fields(parsed))
     try:
         validate(cfg)
     except ConfigError as e:
@@ -147,6 +148,25 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
                               "checkpoint's copy is used)") from None
         raise
     return cfg
+
+
+@functools.cache
+def _one_algorithm(algo_cls: type) -> type:
+    """`TrainConfig` with ``algo`` typed as ``algo_cls`` alone, for tyro: parsed against one
+    algorithm, a mistyped flag is matched with that algorithm's flags only, and the help names
+    ``gmi-drl train ALGO`` (not the subcommand union's every algorithm, without ``train``)."""
+    from gmi_drl.config import TrainConfig
+
+    one = dataclasses.make_dataclass(
+        "TrainConfig", [("algo", algo_cls, dataclasses.field(default_factory=algo_cls))],
+        bases=(TrainConfig,))
+    one.__doc__ = TrainConfig.__doc__
+    return one
+
+
+def _fields(cfg) -> dict:
+    """A `TrainConfig`'s fields by name (not copied): to move it to or from `_one_algorithm`."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
 
 def _edited_config_json(resume: str) -> Path | None:

@@ -266,6 +266,21 @@ def test_eval_and_help_arguments(finished, capsys):
     assert "usage: gmi-drl train ppo [" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("algo, typo, meant, elsewhere", [
+    ("ppo", "--algo.learnin-rate", "--algo.learning-rate", "--algo.learning-starts"),
+    ("td3", "--algo.polcy-delay", "--algo.policy-delay", "in gmi-drl"),
+])
+def test_a_mistyped_flag_is_matched_with_its_algorithms_flags_alone(algo, typo, meant,
+                                                                    elsewhere, capsys):
+    """The suggestions name the algorithm's own flags and its full command, not every
+    algorithm's (tyro's subcommand union listed 7 algorithms' flags, as `gmi-drl ppo`)."""
+    with pytest.raises(SystemExit):
+        main(["train", algo, typo, "3"])
+    err = capsys.readouterr().err
+    assert meant in err and elsewhere not in err, err
+    assert f"gmi-drl train {algo} --help" in err, err
+
+
 @pytest.mark.parametrize("damage", ["no config", "no obs_norm", "a field of the wrong type"])
 def test_eval_of_a_checkpoint_with_damaged_contents_says_so(finished, tmp_path, capsys, damage):
     """Right format and version, wrong insides: a clear refusal, not a traceback."""
