@@ -241,6 +241,11 @@ class GymVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         self.pool.close()
 
+    def __reduce__(self):
+        raise TypeError(f"{self!r} cannot be copied or pickled: its pool's envs step in "
+                        "worker threads or processes over shared memory; make another with "
+                        "gmi_drl.envs.make_vec(...)")
+
     def __repr__(self) -> str:
         return f"GymVectorEnv({self.pool.spec.task_id}, num_envs={self.num_envs})"
 

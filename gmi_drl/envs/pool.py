@@ -218,6 +218,11 @@ class EnvPool:
             self._closed = True
             self._engine.close()
 
+    def __reduce__(self):
+        raise TypeError(f"{self!r} cannot be copied or pickled: its envs step in worker threads "
+                        "or processes over shared memory; make another with "
+                        "gmi_drl.envs.make(...)")
+
     def __enter__(self) -> "EnvPool":
         return self
 

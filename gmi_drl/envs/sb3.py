@@ -161,6 +161,12 @@ class GmiVecEnv(VecEnv):
         for monitor in self._monitors or ():
             monitor.close()
 
+    def __reduce__(self):
+        raise TypeError(f"{type(self).__name__}({self.pool.spec.task_id}, num_envs="
+                        f"{self.num_envs}) cannot be copied or pickled: its pool's envs step in "
+                        "worker threads or processes over shared memory; make another with "
+                        "gmi_drl.envs.sb3.make_vec_env(...)")
+
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """What every env of a pool shares (`gmi_drl.envs.faces.shared_env_attr`).
 

@@ -1,6 +1,8 @@
 """The Gymnasium and Stable-Baselines3 faces of a pool: step for step the same as the libraries'
 own vector envs on the same seeds, their wrappers chain, and bad input is named."""
 
+import contextlib
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -212,6 +214,30 @@ def test_bad_input_is_named():
     v.close()
     with pytest.raises(RuntimeError, match="closed"):
         v.step(np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("face", ["pool", "gymnasium", "sb3"])
+def test_a_copy_or_pickle_is_refused_by_name_and_the_env_steps_on(face):
+    """A copy would share (shallow) or duplicate (deep) the worker processes' shared memory;
+    before, ``deepcopy`` failed inside the C++ pool or on a lambda, naming neither."""
+    import copy
+    import pickle
+
+    pytest.importorskip("stable_baselines3")
+    from gmi_drl.envs.sb3 import make_vec_env
+
+    make = {"pool": lambda: envs.make("CartPole-v1", 2, seed=0),
+            "gymnasium": lambda: envs.make_vec("CartPole-v1", 2, seed=0),
+            "sb3": lambda: make_vec_env("CartPole-v1", 2, seed=0)}[face]
+    constructor = {"pool": "make", "gymnasium": "make_vec", "sb3": "sb3.make_vec_env"}[face]
+    with contextlib.closing(make()) as env:
+        env.reset()
+        for how in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match=rf"cannot be copied or pickled: .* "
+                                                rf"gmi_drl\.envs\.{constructor}\("):
+                how(env)
+        action = np.zeros(2, np.int64)
+        env.step(action)
 
 
 def test_a_dropped_face_frees_its_worker_processes_at_once():

@@ -333,6 +333,10 @@ class WarpPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __reduce__(self):
+        raise TypeError(f"{self!r} cannot be copied or pickled: its worlds live in one Warp "
+                        "model on its device; make another with gmi_drl.envs.make(...)")
+
     def __repr__(self) -> str:
         return (f"WarpPool({self.task.task_id!r}, num_envs={self.num_envs}, "
                 f"device={str(self.device)!r})")
