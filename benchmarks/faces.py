@@ -28,6 +28,7 @@ import torch
 import tyro
 
 TASK, ENVS = "Hopper-v5", 8
+ROLLOUT = 256 * ENVS  # SB3 PPO's n_steps x envs: it learns in whole rollouts
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Args:
     seconds: float = 3.0
     """seconds per overhead measurement"""
     sb3_steps: int = 16_384
-    """env steps of each SB3 PPO run (8 rollouts of 2,048)"""
+    """env steps of each SB3 PPO run (8 rollouts of 2,048; SB3 rounds up to whole rollouts)"""
 
 
 def _rate(step, actions: np.ndarray, seconds: float) -> float:
@@ -126,7 +127,8 @@ def _sb3_run(kind: str, steps: int, seed: int) -> tuple[float, float]:
     model.learn(total_timesteps=steps)
     wall = time.perf_counter() - t0
     env.close()
-    return steps / wall, env.env_s / (steps / (256 * ENVS))
+    done = model.num_timesteps  # whole rollouts: `steps` rounded up to 2,048
+    return done / wall, env.env_s / (done / ROLLOUT)
 
 
 def sb3(args: Args) -> None:
@@ -136,7 +138,8 @@ def sb3(args: Args) -> None:
     for r in range(repeats):
         for kind in runs:
             runs[kind].append(_sb3_run(kind, args.sb3_steps, seed=r + 1))
-    print(f"\nSB3 PPO on {TASK}, {ENVS} envs, {args.sb3_steps:,} steps per run, median of "
+    steps = -(-args.sb3_steps // ROLLOUT) * ROLLOUT
+    print(f"\nSB3 PPO on {TASK}, {ENVS} envs, {steps:,} steps per run, median of "
           f"{repeats} (alternating)\n")
     print("| VecEnv | train steps/s | env s per rollout (2,048 steps) | runs (steps/s) |")
     print("|---|---:|---:|---|")
@@ -148,6 +151,12 @@ def sb3(args: Args) -> None:
 
 
 def main(args: Args) -> None:
+    if args.seconds <= 0:
+        raise ValueError(f"--seconds {args.seconds} must be > 0")
+    if args.sb3_steps < 1:
+        raise ValueError(f"--sb3-steps {args.sb3_steps} must be >= 1")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats} must be >= 1")
     if "overhead" in args.parts:
         overhead(args)
     if "sb3" in args.parts:
