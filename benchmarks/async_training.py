@@ -92,7 +92,8 @@ class Args:
     serving_gmis: int = 2
     """serving GMIs of the APPO runs"""
     envs_per_serving: int = 8
-    """env.num_envs of each serving GMI in the APPO runs"""
+    """env.num_envs of each serving GMI in the APPO runs (and of each PPO GMI and Sample
+    Factory worker they are compared with); the channel-only part keeps 8"""
     trainer_share: float | None = None
     """gmi.trainer_share of the APPO runs (None: every GMI shares the cores)"""
     sf_python: str = "/tmp/sfvenv/bin/python"
@@ -149,9 +150,9 @@ def _appo(task: str, channel: str, steps: int, seed: int, serving: int, out: Pat
     return cfg
 
 
-def _ppo_sync(steps: int, seed: int, out: Path) -> TrainConfig:
+def _ppo_sync(steps: int, seed: int, out: Path, num_gmis: int, num_envs: int) -> TrainConfig:
     cfg = preset("mujoco", "Hopper-v5", "ppo")
-    cfg.gmi.num_gmis, cfg.env.num_envs = 2, 8
+    cfg.gmi.num_gmis, cfg.env.num_envs = num_gmis, num_envs
     cfg.algo.num_steps, cfg.algo.num_minibatches, cfg.algo.update_epochs = 128, 4, 4
     cfg.total_timesteps, cfg.seed, cfg.run_dir = steps, seed, str(out)
     cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
@@ -170,7 +171,7 @@ def _median(rates: list[Rates], attr: str) -> float:
 
 def part_channels(args: Args, out: Path) -> None:
     print("\n## channels: MCC vs UCC (APPO, "
-          f"{args.serving_gmis} serving GMIs x 8 envs, 1 trainer GMI)\n")
+          f"{args.serving_gmis} serving GMIs x {args.envs_per_serving} envs, 1 trainer GMI)\n")
     print("| task | channel | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
           "|---|---|---:|---:|---:|")
     for task in args.tasks:
@@ -179,7 +180,8 @@ def part_channels(args: Args, out: Path) -> None:
         for seed in range(1, args.repeats + 1):
             for channel in ("multi", "uni"):
                 cfg = _appo(task, channel, steps, seed, args.serving_gmis,
-                            out / f"channels-{task}-{channel}-{seed}")
+                            out / f"channels-{task}-{channel}-{seed}",
+                            num_envs=args.envs_per_serving)
                 rates[channel].append(_run(cfg, args.device))
         for channel, rs in rates.items():
             print(f"| {task} | {channel} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} "
@@ -284,16 +286,19 @@ def _step_bytes(task: str) -> str:
 
 
 def part_sync(args: Args, out: Path) -> None:
-    print("\n## templates: APPO async_training vs PPO sync_training, Hopper-v5, 16 envs "
-          f"(gmi.trainer_share {args.trainer_share})\n")
+    print("\n## templates: APPO async_training vs PPO sync_training, Hopper-v5, "
+          f"{args.serving_gmis} x {args.envs_per_serving} envs (gmi.trainer_share "
+          f"{args.trainer_share})\n")
     print("| template | env steps/s | trained samples/s | runs |\n|---|---:|---:|---:|")
     rates: dict[str, list[Rates]] = {"async (APPO)": [], "sync (PPO)": []}
     for seed in range(1, args.repeats + 1):
         rates["async (APPO)"].append(_run(_appo("Hopper-v5", "multi", args.hopper_steps, seed,
                                                 args.serving_gmis, out / f"sync-appo-{seed}",
-                                                args.trainer_share), args.device))
+                                                args.trainer_share,
+                                                num_envs=args.envs_per_serving), args.device))
         rates["sync (PPO)"].append(_run(_ppo_sync(args.hopper_steps, seed,
-                                                  out / f"sync-ppo-{seed}"), args.device))
+                                                  out / f"sync-ppo-{seed}", args.serving_gmis,
+                                                  args.envs_per_serving), args.device))
     for name, rs in rates.items():
         print(f"| {name} | {_median(rs, 'pps'):,.0f} | {_median(rs, 'ttop'):,.0f} | {len(rs)} |")
     ratio = _median(rates["async (APPO)"], "pps") / _median(rates["sync (PPO)"], "pps")
@@ -382,7 +387,8 @@ def part_splits(args: Args, out: Path) -> None:
 
 
 def part_bridge(args: Args, out: Path) -> None:
-    print(f"\n## bridge: APPO Hopper-v5, {args.serving_gmis} serving GMIs x 8 envs, shared "
+    print(f"\n## bridge: APPO Hopper-v5, {args.serving_gmis} serving GMIs x "
+          f"{args.envs_per_serving} envs, shared "
           "memory vs TCP bridges (Ray actors on this host)\n")
     print("| placement | trainer GMIs | PPS (env steps/s) | TTOP (trained samples/s) | runs |\n"
           "|---|---:|---:|---:|---:|")
@@ -391,7 +397,8 @@ def part_bridge(args: Args, out: Path) -> None:
     for seed in range(1, args.repeats + 1):
         for placement, trainers in setups:
             cfg = _appo("Hopper-v5", "multi", args.hopper_steps, seed, args.serving_gmis,
-                        out / f"bridge-{placement}-{trainers}-{seed}")
+                        out / f"bridge-{placement}-{trainers}-{seed}",
+                        num_envs=args.envs_per_serving)
             cfg.placement, cfg.gmi.trainer_gmis = placement, trainers
             rates[(placement, trainers)].append(_run(cfg, args.device))
     for (placement, trainers), rs in rates.items():
@@ -412,11 +419,11 @@ def _sample_factory(args: Args, seed: int, out: Path) -> tuple[float, float]:
     last throughput reports, its own whole-run FPS)``."""
     cmd = [args.sf_python, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_hopper",
            f"--experiment=hopper-{seed}", f"--train_dir={out}", f"--seed={seed}",
-           "--device=cpu", f"--num_workers={args.serving_gmis}", "--num_envs_per_worker=8",
+           "--device=cpu", f"--num_workers={args.serving_gmis}", f"--num_envs_per_worker={args.envs_per_serving}",
            f"--worker_num_splits={args.sf_worker_num_splits}", "--rollout=64",
            "--batch_size=2048",
            "--num_batches_per_epoch=4", "--num_epochs=4", "--serial_mode=False",
-           "--async_rl=True", f"--train_for_env_steps={args.hopper_steps}",
+           "--async_rl=True", f"--train_for_env_steps={args.sf_steps}",
            "--with_wandb=False", "--save_every_sec=100000", "--keep_checkpoints=1",
            "--restart_behavior=overwrite"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -437,7 +444,8 @@ def _sample_factory(args: Args, seed: int, out: Path) -> tuple[float, float]:
 
 def part_sample_factory(args: Args, out: Path) -> None:
     print("\n## APPO vs Sample Factory 2.1.1 APPO, Hopper, "
-          f"{args.serving_gmis} x 8 envs, 1 learner, CPU, {args.sf_steps:,} env steps\n")
+          f"{args.serving_gmis} x {args.envs_per_serving} envs, 1 learner, CPU, "
+          f"{args.sf_steps:,} env steps\n")
     if not Path(args.sf_python).exists():
         print(f"Sample Factory's interpreter {args.sf_python} does not exist; see this script's "
               "docstring for its venv. Part skipped.")
@@ -446,7 +454,7 @@ def part_sample_factory(args: Args, out: Path) -> None:
     gmi, gmi_whole, sf, sf_whole = [], [], [], []
     for seed in range(1, args.repeats + 1):
         cfg = _appo("Hopper-v5", "multi", args.sf_steps, seed, args.serving_gmis,
-                    out / f"sf-gmi-{seed}")
+                    out / f"sf-gmi-{seed}", num_envs=args.envs_per_serving)
         t0 = time.perf_counter()
         result = train(cfg)
         rates = _steady(Path(cfg.run_dir))
