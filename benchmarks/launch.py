@@ -68,8 +68,13 @@ def steady_run(method: str, num_envs: int, compile_: bool) -> float:
         validate(cfg)
         train(cfg)
         with open(f"{tmp}/metrics.csv", newline="") as f:
-            sps = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "perf/sps"]
-    return statistics.median(sps[2:])
+            rows = [(int(r["global_step"]), float(r["value"])) for r in csv.DictReader(f)
+                    if r["name"] == "perf/sps"]
+    # each perf/sps is the mean since the loop started (elapsed = step / sps): an iteration's
+    # own rate is the difference of two rows
+    elapsed = [(step, step / sps) for step, sps in rows]
+    rates = [(s1 - s0) / (t1 - t0) for (s0, t0), (s1, t1) in zip(elapsed, elapsed[1:])]
+    return statistics.median(rates[1:])  # iterations 3-8
 
 
 def steady(num_envs: int, repeats: int, compile_: bool) -> None:
@@ -92,9 +97,12 @@ def steady(num_envs: int, repeats: int, compile_: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gmis", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--gmis", type=int, nargs="+", default=[2, 4],
+                        help="GMI counts of the start-up comparison (each >= 2)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="fresh processes per method (--steady: pairs of runs); medians")
     parser.add_argument("--compile", action="store_true",
                         help="compile the gradient step (the default of a training run)")
     parser.add_argument("--steady", type=int, metavar="NUM_ENVS",
@@ -102,6 +110,13 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--one-steady", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats} must be >= 1")
+    if min(args.gmis) < 2:
+        parser.error(f"--gmis {' '.join(map(str, args.gmis))}: each must be >= 2 (one GMI "
+                     "runs in the caller's process, with no start method)")
+    if args.steady is not None and args.steady < 1:
+        parser.error(f"--steady {args.steady} must be >= 1 (envs per GMI)")
     if args.one:
         print(json.dumps(one_process(args.one[0], int(args.one[1]), args.compile)))
         return
