@@ -38,25 +38,24 @@ def throughput(args, tmp):
     print(f"\n{args.task}: {args.envs_per_gmi} envs per GMI, {args.updates} updates, "
           f"median of {args.repeats}; steps/s after each run's first update (start-up and the "
           "first update's torch.compile excluded)\n")
-    print("| GMIs | reduction | global steps/s | speed-up vs 1 GMI |")
-    print("|---|---|---|---|")
-    base = None
+    rows = []  # printed after the runs, whose own lines would split the table
     for g in args.gmis:
         cfg = preset("auto", args.task)
         total = args.updates * args.envs_per_gmi * cfg.algo.num_steps * g
         rates = [run(args.task, g, args.envs_per_gmi, total, 1, f"{tmp}/t{g}-{r}")
                  for r in range(args.repeats)]
-        sps = statistics.median(r.steady_sps for r in rates)
-        base = base or sps
+        rows.append((g, statistics.median(r.steady_sps for r in rates)))
+    (g0, base) = rows[0]
+    print(f"\n| GMIs | reduction | global steps/s | speed-up vs {g0} GMI{'s' if g0 > 1 else ''} |")
+    print("|---|---|---|---|")
+    for g, sps in rows:
         reduction = "none" if g == 1 else plan(g, discover()).reduction.value
         print(f"| {g} | {reduction} | {sps:,.0f} | {sps / base:.2f}x |", flush=True)
 
 
 def parity(args, tmp):
     n = args.envs_per_gmi
-    print(f"\n{args.task}: 2 GMIs x {n} envs vs serial {2 * n} envs, {args.total:,} steps\n")
-    print("| seed | serial final return | 2 GMIs final return | serial 50%-step | 2 GMIs 50%-step |")
-    print("|---|---|---|---|---|")
+    rows = []  # printed after the runs, whose own lines would split the table
     finals = {"serial": [], "gmi": []}
     for seed in args.seeds:
         a = run(args.task, 1, 2 * n, args.total, seed, f"{tmp}/s{seed}")
@@ -64,7 +63,11 @@ def parity(args, tmp):
         fa, fb = _final(a), _final(b)
         finals["serial"].append(fa)
         finals["gmi"].append(fb)
-        print(f"| {seed} | {fa:.1f} | {fb:.1f} | {_half(a):,} | {_half(b):,} |", flush=True)
+        rows.append(f"| {seed} | {fa:.1f} | {fb:.1f} | {_half(a):,} | {_half(b):,} |")
+    print(f"\n{args.task}: 2 GMIs x {n} envs vs serial {2 * n} envs, {args.total:,} steps\n")
+    print("| seed | serial final return | 2 GMIs final return | serial 50%-step | 2 GMIs 50%-step |")
+    print("|---|---|---|---|---|")
+    print("\n".join(rows))
     print(f"\nmean final return: serial {statistics.mean(finals['serial']):.1f} "
           f"(sd {statistics.pstdev(finals['serial']):.1f}), 2 GMIs "
           f"{statistics.mean(finals['gmi']):.1f} (sd {statistics.pstdev(finals['gmi']):.1f})")
@@ -85,16 +88,28 @@ def _half(r) -> int:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", nargs="+", default=["throughput", "parity"])
-    ap.add_argument("--task", default="CartPole-v1")
-    ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--envs-per-gmi", type=int, default=4)
-    ap.add_argument("--updates", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--total", type=int, default=100_000)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--parts", nargs="+", default=["throughput", "parity"],
+                    choices=["throughput", "parity"], help="which measurements to run")
+    ap.add_argument("--task", default="CartPole-v1", help="env_id of both parts")
+    ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4],
+                    help="GMI counts of the throughput part; speed-ups are against the first")
+    ap.add_argument("--envs-per-gmi", type=int, default=4,
+                    help="env.num_envs of each GMI (parity: the serial run has twice as many)")
+    ap.add_argument("--updates", type=int, default=10,
+                    help="PPO updates per throughput run (the first is not measured)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="throughput runs per GMI count (median reported)")
+    ap.add_argument("--total", type=int, default=100_000,
+                    help="global env steps of each parity run")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
+                    help="seeds of the parity part (one serial and one 2-GMI run each)")
     args = ap.parse_args()
+    for flag, values in (("--gmis", args.gmis), ("--envs-per-gmi", [args.envs_per_gmi]),
+                         ("--repeats", [args.repeats]), ("--total", [args.total])):
+        if min(values) < 1:
+            ap.error(f"{flag} {' '.join(map(str, values))}: each must be >= 1")
     if args.updates < 2:
         ap.error(f"--updates {args.updates}: at least 2 (the first update, which compiles, is "
                  "not measured)")
