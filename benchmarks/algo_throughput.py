@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -140,10 +141,24 @@ print(json.dumps({{"steps": {steps}, "wall": wall, "steady": (s1 - s0) / (t_1 - 
 """
 
 
-def _run(code: str) -> dict:
+def _run(code: str, who: str) -> dict:
+    """Runs ``code`` in a fresh interpreter; its last stdout line is JSON.
+
+    Raises:
+        ValueError: the run refused its config (a ConfigError or ValueError: these flags,
+            ``--scale`` or ``--device``, make a config it cannot run), in one line.
+        RuntimeError: the run failed otherwise, with its stderr's tail.
+    """
     out = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"benchmark run failed:\n{out.stderr[-3000:]}")
+        lines = out.stderr.splitlines()
+        heads = [i for i, line in enumerate(lines) if re.match(r"[\w.]+: ", line)]
+        kind, _, msg = (lines[heads[-1]] if heads else "").partition(": ")
+        if kind.endswith(("ConfigError", "ValueError")):
+            msg = " ".join([msg, *(line.strip() for line in lines[heads[-1] + 1:])])
+            raise ValueError(f"the {who} run refused its config (set by --scale, --device and "
+                             f"this script's case, not by train flags): {msg}")
+        raise RuntimeError(f"the {who} run failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -170,14 +185,14 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
         # about 20 logged rows per run: the steady figure needs a few after learning_starts
         r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
                             log_every=f"{steps // 20} // cfg.batch_size", device=args.device,
-                            cuda_graphs=args.cuda_graphs))
+                            cuda_graphs=args.cuda_graphs), f"gmi-drl {name}")
         gmi.append(r["steps"] / r["wall"])
         steady.append(_steady_sps(run_dir, case.learning_starts))
         if args.sb3:
             model = case.sb3.replace("SEED", str(seed)).replace(
                 "DEVICE", repr(args.sb3_device or args.device))
             s = _run(SB3.format(model=model, steps=steps,
-                                learning_starts=case.learning_starts))
+                                learning_starts=case.learning_starts), f"SB3 {name}")
         else:
             s = {"steps": float("nan"), "wall": 1.0, "steady": float("nan")}
         sb3.append(s["steps"] / s["wall"])
@@ -190,7 +205,14 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
 def main(args: Args) -> None:
     unknown = [a for a in args.algos if a not in CASES]
     if unknown:
-        raise SystemExit(f"unknown --algos {unknown}: choose from {list(CASES)}")
+        raise ValueError(f"unknown --algos {unknown}: choose from {list(CASES)}")
+    if args.repeats < 1 or args.scale <= 0:
+        raise ValueError(f"--repeats {args.repeats} must be >= 1 and --scale {args.scale} > 0")
+    import torch
+
+    for device in {args.device, args.sb3_device or args.device} - {"cpu"}:
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device/--sb3-device {device}: no CUDA device here")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.algos:
@@ -198,8 +220,9 @@ def main(args: Args) -> None:
             rows.append((name, case, *_case(name, case, args, Path(tmp))))
     print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
           f"median of {args.repeats}; devices: gmi-drl {args.device}, SB3 "
-          f"{args.sb3_device or args.device}; gmi-drl's CUDA graphs "
-          f"{'on' if args.cuda_graphs else 'off'}")
+          f"{args.sb3_device or args.device}"
+          + (f"; gmi-drl's CUDA graphs {'on' if args.cuda_graphs else 'off'}"
+             if args.device == "cuda" else ""))
     print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
           "steady ratio (target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, case, g, gs, s, ss in rows:
