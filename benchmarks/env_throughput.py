@@ -116,13 +116,26 @@ def _timed(one_step, batch: int, seconds: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--tasks", nargs="+",
-                    default=["Hopper-v5", "Pong-v5", "CartPole-v1", CUSTOM])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=3.0)
+                    default=["Hopper-v5", "Pong-v5", "CartPole-v1", CUSTOM],
+                    help="task ids, each in both modes (partial batch: 16 envs, batches of 8; "
+                         f"full batch: 8 envs); {CUSTOM} is this script's pure-Python env (no "
+                         "EnvPool run), Pong-v5 has no AsyncVectorEnv run")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="worker threads of gmi-drl's pool and EnvPool's (>= 1; AsyncVectorEnv "
+                         "runs one process per env)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per engine, interleaved; the median is reported (>= 1)")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="length of each timed run, seconds (> 0)")
     args = ap.parse_args()
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{flag} {value}: must be >= 1")
+    if args.seconds <= 0:
+        ap.error(f"--seconds {args.seconds:g}: must be > 0")
     modes = [("partial batch", 16, 8), ("full batch", 8, 8)]
     rows = []
     for task in args.tasks:
@@ -137,7 +150,7 @@ def main() -> None:
             rows.append((task, mode, n, b, med))
             print(f"{task} {mode}: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()),
                   flush=True)
-    print(f"\nsteps/s, median of {args.repeats} x {args.seconds:.0f} s, {args.threads} threads/"
+    print(f"\nsteps/s, median of {args.repeats} x {args.seconds:g} s, {args.threads} threads/"
           "workers, random actions\n")
     print("| task | mode | num_envs | env_batch_size | gmi-drl | EnvPool | gym AsyncVectorEnv |"
           " vs EnvPool | vs gym |")

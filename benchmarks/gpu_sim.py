@@ -178,28 +178,43 @@ def _check(ap: argparse.ArgumentParser, args) -> None:
         if bad:
             ap.error(f"--total-envs must split evenly over every --gmis (not {bad[0][0]} "
                      f"worlds over {bad[0][1]} GMIs)")
-    if args.seconds <= 0 or args.repeats < 1 or args.train_steps < 1:
-        ap.error("--seconds, --repeats and --train-steps must be positive")
+    for flag, value in (("--repeats", args.repeats), ("--train-steps", args.train_steps)):
+        if value < 1:
+            ap.error(f"{flag} {value}: must be >= 1")
+    if args.seconds <= 0:
+        ap.error(f"--seconds {args.seconds:g}: must be > 0")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda:0")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--device", default="cuda:0",
+                    help="cuda[:K] (the whole run is skipped without CUDA) or cpu (Warp's CPU "
+                         "device)")
     ap.add_argument("--tasks", nargs="+", default=["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0",
                                                   "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
-                                                  "ShadowHand-gmi-v0"])
+                                                  "ShadowHand-gmi-v0"],
+                    help="warp tasks (the *-gmi-v0 ids), each through every part")
     ap.add_argument("--num-envs", type=int, nargs="+",
-                    default=[512, 1024, 2048, 4096, 8192, 16384])
+                    default=[512, 1024, 2048, 4096, 8192, 16384],
+                    help="worlds of each pool of the physics part, one row each (>= 1)")
     ap.add_argument("--total-envs", type=int, nargs="+", default=[8192],
                     help="worlds in all of the serving part, split over the GMIs (each total is "
                          "one comparison: fewer worlds leave one process latency-bound)")
-    ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gmis", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="GMI counts of the serving part, the first 1 (the one-process "
+                         "baseline); each must divide every --total-envs")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="length of each timed window of the physics and serving parts, "
+                         "seconds (> 0)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed windows per measurement; the median is reported (>= 1)")
     ap.add_argument("--parts", nargs="+", choices=["physics", "serving", "training"],
-                    default=["physics", "serving", "training"])
+                    default=["physics", "serving", "training"],
+                    help="which parts to run: physics (b), serving (a), training (c) of the "
+                         "module doc")
     ap.add_argument("--train-steps", type=int, default=20_000_000,
-                    help="env steps of each training run of the training part")
+                    help="env steps of each training run of the training part (>= 1)")
     ap.add_argument("--train-layouts", nargs="+", type=_layout,
                     default=[(1, 4096), (1, 8192), (1, 16384), (2, 4096), (4, 4096), (2, 8192)],
                     help="GxN: G GMIs of N worlds each, for the training part (the best 1xN "
@@ -273,7 +288,7 @@ def _name_width(tasks) -> int:
 def _physics(args) -> None:
     w = _name_width(args.tasks)
     print("\n(b) physics: env steps/s and device memory vs num_envs (medians of "
-          f"{args.repeats} x {args.seconds:.0f} s)")
+          f"{args.repeats} x {args.seconds:g} s)")
     print(f"{'task':<{w}}{'num_envs':>10}{'steps/s':>14}{'memory MiB':>12}")
     for task in args.tasks:
         for n in args.num_envs:

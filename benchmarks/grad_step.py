@@ -42,13 +42,13 @@ PATHS = {"eager": dict(compile=False, cuda_graphs=False),
 @dataclass
 class Args:
     algos: tuple[str, ...] = ("dqn", "ddpg")
-    """dqn, ddpg"""
+    """which updates to time: dqn, ddpg"""
     device: str = "cpu"
     """cpu or cuda (the CUDA-graph path runs on cuda only)"""
     repeats: int = 5
-    """timed blocks per path (median reported)"""
+    """timed blocks per path (median reported; >= 1)"""
     steps: int = 256
-    """gradient steps per timed block"""
+    """gradient steps per timed block (>= 1; rounded down to whole updates, at least one)"""
 
 
 def _learner(algo: str, device: torch.device, **step_kw):
@@ -88,7 +88,28 @@ def _block(learner, updates: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def _check(args: Args) -> None:
+    """Refuse, before any measurement, what the benchmark cannot run."""
+    unknown = [a for a in args.algos if a not in SPECS]
+    if unknown:
+        raise ValueError(f"--algos {' '.join(unknown)}: unknown; choose from {', '.join(SPECS)}")
+    try:
+        kind = torch.device(args.device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"--device {args.device}: cpu or cuda (cuda:K for one GPU)")
+    for flag, value in (("--repeats", args.repeats), ("--steps", args.steps)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+
+
 def main(args: Args) -> None:
+    _check(args)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print("skipped: no CUDA device here (run with --device cpu for the eager and compiled "
+              "paths)")
+        return
     torch.set_num_threads(1)
     device = torch.device(args.device)
     for algo in args.algos:
@@ -96,6 +117,7 @@ def main(args: Args) -> None:
                  if device.type == "cuda" or not kw["cuda_graphs"]}
         learners = {name: _learner(algo, device, **kw) for name, kw in paths.items()}
         updates = {name: max(1, args.steps // n) for name, (_, n) in learners.items()}
+        block = updates["eager"] * learners["eager"][1]  # whole updates: may differ from --steps
         first = {name: _block(learner, updates[name], device)
                  for name, (learner, _) in learners.items()}
         times = {name: [] for name in paths}
@@ -104,7 +126,7 @@ def main(args: Args) -> None:
                 times[name].append(_block(learner, updates[name], device)
                                    / (updates[name] * n) * 1e6)
         print(f"\n{algo} update ({SPECS[algo][0]} preset), device {device}, us per gradient "
-              f"step, median of {args.repeats} blocks of {args.steps}")
+              f"step, median of {args.repeats} blocks of {block}")
         print(f"{'path':<24} | {'us/step':>8} | {'vs eager':>8} | {'first block s':>13} | runs")
         eager = statistics.median(times["eager"])
         for name in paths:

@@ -71,14 +71,45 @@ def run_envpool(task: str, num_envs: int, threads: int, seconds: float) -> float
     return rate
 
 
+def _check(ap: argparse.ArgumentParser, args) -> None:
+    """Refuse, as usage errors and before any measurement, what the benchmark cannot run."""
+    for flag, value in (("--num-envs", min(args.num_envs)), ("--threads", args.threads),
+                        ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{flag} {value}: must be >= 1")
+    if args.seconds <= 0:
+        ap.error(f"--seconds {args.seconds:g}: must be > 0")
+    for task in args.tasks:
+        try:
+            has = gmi_envs.engines(task)
+        except ValueError as e:
+            ap.error(f"--tasks {task}: {e}")
+        if not {"native", "numpy"} <= set(has):
+            ap.error(f"--tasks {task}: has the engines {has}; this benchmark compares the MuJoCo "
+                     "engines (native, numpy) of a MuJoCo task, e.g. Hopper-v5")
+        space = gmi_envs.task_spec(task, "native").action_space
+        if not isinstance(space, gym.spaces.Box):
+            ap.error(f"--tasks {task}: its actions are {space}; this benchmark steps MuJoCo tasks "
+                     "with continuous (Box) actions, e.g. Hopper-v5")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", nargs="+", default=["Ant-v5", "Humanoid-v5", "Hopper-v5"])
-    ap.add_argument("--num-envs", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--tasks", nargs="+", default=["Ant-v5", "Humanoid-v5", "Hopper-v5"],
+                    help="MuJoCo task ids with gmi-drl's native and numpy engines (continuous "
+                         "actions)")
+    ap.add_argument("--num-envs", type=int, nargs="+", default=[1, 8],
+                    help="envs per engine, one row each (>= 1)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="worker threads of gmi-drl's pools (at most num_envs) and EnvPool's "
+                         "(>= 1)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed windows per engine, interleaved; the median is reported (>= 1)")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="length of each timed window, seconds (> 0)")
     args = ap.parse_args()
+    _check(ap, args)
     names = ("native", "numpy", "gymnasium", "envpool-v4")
     rows = []
     for task in args.tasks:
@@ -93,7 +124,7 @@ def main() -> None:
             rows.append((task, n, med))
             print(f"{task} x{n}: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()),
                   flush=True)
-    print(f"\nenv steps/s, median of {args.repeats} x {args.seconds:.0f} s, {args.threads} "
+    print(f"\nenv steps/s, median of {args.repeats} x {args.seconds:g} s, {args.threads} "
           "threads, random actions, full batches\n")
     print("| task | num_envs | native (C++) | numpy | Gymnasium | EnvPool -v4 | native / numpy |"
           " native / Gymnasium | native / EnvPool |")

@@ -108,16 +108,30 @@ update per line read from stdin, its seconds printed"""
 
 
 def _baseline_update(checkout: Path, fast: bool, data_path: Path):
-    """Like `_this_update`, for the baseline checkout's PPO in a subprocess kept open."""
+    """Like `_this_update`, for the baseline checkout's PPO in a subprocess kept open.
+
+    Raises:
+        ValueError: the subprocess failed (the last line of its stderr).
+    """
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    proc = subprocess.Popen([sys.executable, "-c", BASELINE_SNIPPET, "1" if fast else "0",
-                             str(data_path)], env=env, cwd=checkout, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    err_path = data_path.with_name(f"baseline-{'hand' if fast else 'autograd'}.stderr")
+    with open(err_path, "w") as err:  # a file, not a pipe: nobody reads it while it runs
+        proc = subprocess.Popen([sys.executable, "-c", BASELINE_SNIPPET, "1" if fast else "0",
+                                 str(data_path)], env=env, cwd=checkout, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
 
     def one() -> float:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        return float(proc.stdout.readline())
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        except BrokenPipeError:  # it died: reported below
+            pass
+        line = proc.stdout.readline()
+        if not line:
+            last = (err_path.read_text().strip().splitlines() or ["no output on stderr"])[-1]
+            raise ValueError(f"--baseline {checkout}: its {'hand-derived' if fast else 'autograd'}"
+                             f" update failed (exit code {proc.wait()}): {last.strip()}")
+        return float(line)
 
     return one(), one
 
@@ -146,23 +160,36 @@ def _acting(repeats: int) -> dict[str, list[float]]:
     return out
 
 
+def _check(args: Args) -> None:
+    """Refuse, before any compile, what the benchmark cannot run."""
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: must be >= 1")
+    if args.baseline and not (Path(args.baseline) / "gmi_drl" / "algos" / "ppo_fast.py").is_file():
+        raise ValueError(f"--baseline {args.baseline}: expected a gmi-drl checkout from before the "
+                         "runner refactor (<= 21df3e1, e.g. git worktree add ../old 21df3e1, its "
+                         "C++ cores built), which has gmi_drl/algos/ppo_fast.py (the hand-derived "
+                         "NumPy gradient)")
+
+
 def main(args: Args) -> None:
     import tempfile
 
+    _check(args)
     torch.set_num_threads(1)
     data = _rollout()
     paths = {"compiled (torch.compile, this checkout)": _this_update(True, data),
              "eager autograd (this checkout)": _this_update(False, data)}
-    if args.baseline:
-        path = Path(tempfile.mkdtemp()) / "rollout.npz"
-        np.savez(path, **data)
-        base = Path(args.baseline).resolve()
-        paths["hand-derived NumPy gradient (baseline)"] = _baseline_update(base, True, path)
-        paths["eager autograd (baseline)"] = _baseline_update(base, False, path)
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for _ in range(args.repeats):  # the paths alternate
-        for name, (_, update) in paths.items():
-            times[name].append(update())
+    with tempfile.TemporaryDirectory(prefix="ppo-update-") as tmp:  # baseline rollout, stderr
+        if args.baseline:
+            path = Path(tmp) / "rollout.npz"
+            np.savez(path, **data)
+            base = Path(args.baseline).resolve()
+            paths["hand-derived NumPy gradient (baseline)"] = _baseline_update(base, True, path)
+            paths["eager autograd (baseline)"] = _baseline_update(base, False, path)
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(args.repeats):  # the paths alternate
+            for name, (_, update) in paths.items():
+                times[name].append(update())
     print(f"PPO update, Hopper-v5 shapes, {N:,} samples x {EPOCHS} epochs, minibatch "
           f"{MINIBATCH} ({N // MINIBATCH * EPOCHS:,} gradient steps), one thread")
     print(f"{'path':<42} | {'s/update':>9} | {'first s':>8} | runs")

@@ -23,17 +23,26 @@ import tempfile
 from pathlib import Path
 
 
-def one_run(task: str, gmis: int, num_envs: int, iterations: int) -> list[tuple[float, float]]:
-    """(env steps, seconds) of each iteration after the first (the warm-up: start-up,
-    compilation), from GMI 0's metrics."""
+def _config(task: str):
+    """benchmarks/tune.py's PPO config of ``task``.
+
+    Raises:
+        ValueError: a task it cannot train (ConfigError).
+    """
     sys.path.insert(0, str(Path(__file__).parent))
     from tune import config
 
+    return config(task)
+
+
+def one_run(task: str, gmis: int, num_envs: int, iterations: int) -> list[tuple[float, float]]:
+    """(env steps, seconds) of each iteration after the first (the warm-up: start-up,
+    compilation), from GMI 0's metrics."""
     from gmi_drl.config import validate
     from gmi_drl.gmi.probe import _metric_rows
     from gmi_drl.train import train
 
-    cfg = config(task)
+    cfg = _config(task)
     cfg.env = dataclasses.replace(cfg.env, num_envs=num_envs)
     cfg.gmi = dataclasses.replace(cfg.gmi, num_devices=1, num_gmis=gmis)
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,18 +78,37 @@ def spread(values: list[float]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="CartPole-v1")
-    parser.add_argument("--gmis", type=int, default=1)
-    parser.add_argument("--num-envs", type=int, default=4)
-    parser.add_argument("--iterations", type=int, default=120)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--short-s", type=float, default=1.0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--task", default="CartPole-v1",
+                        help="task id, trained with PPO as benchmarks/tune.py configures it")
+    parser.add_argument("--gmis", type=int, default=1, help="GMIs of the probed point (>= 1)")
+    parser.add_argument("--num-envs", type=int, default=4,
+                        help="envs of each GMI's pool at the probed point (>= 1)")
+    parser.add_argument("--iterations", type=int, default=120,
+                        help="PPO iterations per run, the first a warm-up left out (>= 2)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="runs, each in a fresh process (>= 1)")
+    parser.add_argument("--short-s", type=float, default=1.0,
+                        help="the short probe's window after the warm-up iteration, seconds (> 0)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for flag, value in (("--gmis", args.gmis), ("--num-envs", args.num_envs),
+                        ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be >= 1")
+    if args.iterations < 2:
+        parser.error(f"--iterations {args.iterations}: at least 2 (the first, a warm-up, is left "
+                     "out)")
+    if args.short_s <= 0:
+        parser.error(f"--short-s {args.short_s:g}: must be > 0")
     if args.one:
         print(json.dumps(one_run(args.task, args.gmis, args.num_envs, args.iterations)))
         return
+    try:
+        _config(args.task)
+    except ValueError as e:
+        parser.error(f"--task {args.task}: {' '.join(str(e).split())}")
     print(f"{args.task}, {args.gmis} GMI(s) x {args.num_envs} envs, {args.iterations} "
           f"iterations per run, {args.repeats} runs (env steps/s)\n")
     print(f"| run | mean, first {args.short_s:g} s | mean, whole run | median, whole run | "
@@ -89,7 +117,10 @@ def main() -> None:
     for run in range(args.repeats):
         out = subprocess.run([sys.executable, __file__, "--one", "--task", args.task, "--gmis",
                               str(args.gmis), "--num-envs", str(args.num_envs), "--iterations",
-                              str(args.iterations)], capture_output=True, text=True, check=True)
+                              str(args.iterations)], capture_output=True, text=True)
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output on stderr"])[-1].strip()
+            raise ValueError(f"run {run + 1} failed (exit code {out.returncode}): {last}")
         iters = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(estimators(iters, args.short_s))
         print(f"| {run + 1} | " + " | ".join(f"{v:,.0f}" for v in rows[-1])

@@ -111,14 +111,22 @@ def measure(kind, world, n, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gmis", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--iters", type=int, default=40)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--gmis", type=int, nargs="+", default=[2, 4],
+                    help="GMI counts to measure, one member process per GMI (each >= 2; HAR "
+                         "splits them over 2 emulated devices)")
+    ap.add_argument("--iters", type=int, default=40,
+                    help="allreduce calls per measurement, the first max(2, iters // 10) an "
+                         "untimed warm-up (>= 3: at least one timed call)")
     ap.add_argument("--sizes", nargs="+", default=list(SIZES_BYTES), choices=list(SIZES_BYTES),
                     help="the paper's model sizes, quoted: --sizes '40 KB' '6.4 MB'")
     args = ap.parse_args()
-    if min(args.gmis) < 2 or args.iters < 1:
-        ap.error("--gmis: at least 2 GMIs each (a reduction needs two); --iters: at least 1")
+    if min(args.gmis) < 2:
+        ap.error(f"--gmis {min(args.gmis)}: at least 2 GMIs each (a reduction needs two)")
+    if args.iters < 3:
+        ap.error(f"--iters {args.iters}: at least 3 (the first 2 calls are an untimed warm-up; "
+                 "at least one must be timed)")
     kinds = ["MPR", "HAR", "gloo ring", "param server"]
     rows = []
     for world in args.gmis:

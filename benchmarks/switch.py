@@ -362,25 +362,60 @@ def driver(a) -> None:
                                     "mtu": a.mtu, "memory_gbs": bw, "results": res}) + "\n")
 
 
+def _check(p: argparse.ArgumentParser, a) -> None:
+    """Refuse, as usage errors and before any rack or process starts, what the driver cannot
+    run."""
+    unknown = [label for label in a.sizes.split(",") if label not in SIZES]
+    if unknown:
+        p.error(f"--sizes {a.sizes}: {unknown} unknown; comma-separated, of {','.join(SIZES)}")
+    for flag, value in (("--workers", min(a.workers)), ("--per-tor", a.per_tor),
+                        ("--updates", a.updates)):
+        if value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
+    for flag, value in (("--iters-scale", a.iters_scale), ("--timeout", a.timeout)):
+        if value <= 0:
+            p.error(f"{flag} {value:g}: must be > 0")
+    for flag, value in (("--rate-mbit", a.rate_mbit), ("--delays-ms", min(a.delays_ms))):
+        if value < 0:
+            p.error(f"{flag} {value:g}: must be >= 0")
+    if min(a.staleness) < -1:
+        p.error(f"--staleness {min(a.staleness)}: a bound >= 0, or -1 (synchronous)")
+    if a.mode == "stale-sync" and len(a.workers) > 1:
+        p.error(f"--workers {' '.join(map(str, a.workers))}: --mode stale-sync runs one worker "
+                "count")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("role", nargs="?", default="driver",
-                   choices=["driver", "_worker", "_stale_sync_worker"])
-    p.add_argument("--mode", choices=["reduce", "stale-sync"], default="reduce")
-    p.add_argument("--workers", type=int, nargs="+", default=[4])
-    p.add_argument("--per-tor", type=int, default=3)
+                   choices=["driver", "_worker", "_stale_sync_worker"], help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["reduce", "stale-sync"], default="reduce",
+                   help="reduce: aggregation time per iteration in the emulated rack (root); "
+                        "stale-sync: PPO updates through one switch daemon on loopback")
+    p.add_argument("--workers", type=int, nargs="+", default=[4],
+                   help="worker counts, one rack and table each (>= 1); --mode stale-sync: one "
+                        "count")
+    p.add_argument("--per-tor", type=int, default=3,
+                   help="workers per ToR switch of a rack of more than 4 workers (a tree under "
+                        "one core)")
     p.add_argument("--methods", nargs="+", default=["switch", "ring", "ps"],
                    choices=[*SWITCH_METHODS, "ring", "ps"],
                    help="switch: the native data plane; switch-py: the Python one")
-    p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--iters-scale", type=float, default=1.0)
+    p.add_argument("--sizes", default=",".join(SIZES),
+                   help=f"vectors to aggregate, comma-separated, of {','.join(SIZES)}")
+    p.add_argument("--iters-scale", type=float, default=1.0,
+                   help="multiply each size's timed iterations (" + ", ".join(
+                       f"{k} {v}" for k, v in ITERS.items()) + "; at least 3) by this (> 0)")
     p.add_argument("--rate-mbit", type=float, default=100.0,
                    help="tbf rate of every link, Mbit/s; 0: unshaped veth links (CPU-bound)")
-    p.add_argument("--mtu", type=int, default=9000)
+    p.add_argument("--mtu", type=int, default=9000,
+                   help="MTU of the rack's links and the switch daemons' packets, bytes")
     p.add_argument("--switch-opts", default="",
                    help="more options of every switch daemon, e.g. \"--slots 1024 --window-bytes "
                         "8388608\"")
-    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds to wait for each worker process (> 0)")
     p.add_argument("--verbose", action="store_true", help="print the switches' counters")
     p.add_argument("--json", default=None, help="append results as JSON lines to this file")
     p.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 2.0, 5.0],
@@ -388,14 +423,15 @@ def main(argv=None) -> None:
     p.add_argument("--staleness", type=int, nargs="+", default=[-1, 1, 2, 4],
                    help="--mode stale-sync: staleness bounds to compare (-1: synchronous); a worker "
                         "takes one")
-    p.add_argument("--updates", type=int, default=5, help="--mode stale-sync: timed updates")
-    p.add_argument("--method")
-    p.add_argument("--rank", type=int)
-    p.add_argument("--world", type=int)
-    p.add_argument("--addr")
-    p.add_argument("--ifname")
+    p.add_argument("--updates", type=int, default=5,
+                   help="--mode stale-sync: timed updates, after one warm-up (>= 1)")
+    for internal in ("--method", "--addr", "--ifname"):  # of the worker roles, set by the driver
+        p.add_argument(internal, help=argparse.SUPPRESS)
+    for internal in ("--rank", "--world"):
+        p.add_argument(internal, type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.role == "driver":
+        _check(p, a)
         (stale_sync_driver if a.mode == "stale-sync" else driver)(a)
     else:
         {"_worker": worker_main, "_stale_sync_worker": stale_sync_worker_main}[a.role](a)

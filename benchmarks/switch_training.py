@@ -124,19 +124,34 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/switch-training")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="runs/switch-training",
+                   help="directory of the run directories (a timestamped subdirectory per "
+                        "invocation)")
     p.add_argument("--workloads", nargs="+", default=["dqn-pong", "a2c-qbert", "ppo-hopper",
                                                        "ddpg-halfcheetah"],
-                   choices=["dqn-pong", "a2c-qbert", "ppo-hopper", "ddpg-halfcheetah"])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--workers", type=int, default=4)
+                   choices=["dqn-pong", "a2c-qbert", "ppo-hopper", "ddpg-halfcheetah"],
+                   help="workloads to train (the table of the module doc)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="switch: synchronous through the switch; S=1, S=2: stale-sync with that "
+                        "bound; ps: parameter server; ring: gloo ring")
+    p.add_argument("--workers", type=int, default=4,
+                   help="GMIs, one worker namespace and link each (>= 2)")
     p.add_argument("--scale", type=float, default=1.0,
-                   help="multiply every workload's training iterations by this")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--rate-mbit", type=float, default=100.0)
-    p.add_argument("--mtu", type=int, default=9000)
+                   help="multiply every workload's training iterations by this (> 0; each "
+                        "workload trains at least 2 iterations)")
+    p.add_argument("--seed", type=int, default=1, help="seed of every run")
+    p.add_argument("--rate-mbit", type=float, default=100.0,
+                   help="tbf rate of every link, both directions, Mbit/s (> 0)")
+    p.add_argument("--mtu", type=int, default=9000,
+                   help="MTU of the links and the switch daemon's packets, bytes")
     a = p.parse_args(argv)
+    if a.workers < 2:
+        p.error(f"--workers {a.workers}: at least 2 (gradients are aggregated between GMIs)")
+    for flag, value in (("--scale", a.scale), ("--rate-mbit", a.rate_mbit)):
+        if value <= 0:
+            p.error(f"{flag} {value:g}: must be > 0")
     base = {"dqn-pong": 40, "a2c-qbert": 20, "ppo-hopper": 3, "ddpg-halfcheetah": 200}
     a.iterations = {k: max(2, round(v * a.scale)) for k, v in base.items()}
 

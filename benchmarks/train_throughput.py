@@ -28,6 +28,7 @@ Every figure is the median over ``--repeats`` runs (seeds 1..repeats), runs alte
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -54,11 +55,11 @@ class Args:
     parts: list[Literal["hopper", "cartpole"]] = field(default_factory=lambda: ["hopper", "cartpole"])
     """which comparisons to run"""
     repeats: int = 3
-    """runs per framework (median reported)"""
+    """runs per framework (median reported; >= 1)"""
     hopper_updates: int = 4
-    """PPO iterations per Hopper run (each 16,384 env steps; the first is left out of steady)"""
+    """PPO iterations per Hopper run, >= 2 (each 16,384 env steps; the first not in steady)"""
     cartpole_budget: int = 100_000
-    """CartPole step budget (RL-Zoo's n_timesteps); a run that never reaches 475 counts as inf"""
+    """CartPole step budget (RL-Zoo's n_timesteps); a run that never reaches 475: not reached"""
     sb3_default_threads: bool = False
     """also run SB3 with torch's default thread count (its out-of-the-box setting)"""
     baseline: str | None = None
@@ -170,10 +171,16 @@ def _sb3_cartpole(seed: int, budget: int) -> float:
     return cb.reached_s
 
 
+def _fig(x: float) -> str:
+    """A time to 475 of inf is a run that never reached it."""
+    return f"{x:.1f}" if math.isfinite(x) else "not reached"
+
+
 def _row(name: str, gmi: list[float], sb3: list[float], unit: str, ratio_name: str) -> None:
     g, s = statistics.median(gmi), statistics.median(sb3)
-    print(f"{name:<34} | {g:>10.1f} | {s:>10.1f} | {unit:<8} | {ratio_name} = {g / s:.2f}")
-    print(f"{'':<34} | runs gmi-drl {['%.1f' % x for x in gmi]}, peer {['%.1f' % x for x in sb3]}")
+    ratio = f"{g / s:.2f}" if math.isfinite(g) and math.isfinite(s) else "n/a (not reached)"
+    print(f"{name:<34} | {_fig(g):>10} | {_fig(s):>10} | {unit:<8} | {ratio_name} = {ratio}")
+    print(f"{'':<34} | runs gmi-drl {[_fig(x) for x in gmi]}, peer {[_fig(x) for x in sb3]}")
 
 
 def _threads(n: int, fn, *a):
@@ -185,7 +192,22 @@ def _threads(n: int, fn, *a):
         torch.set_num_threads(previous)
 
 
+def _check(args: Args) -> None:
+    """Refuse, before any run, what the benchmark cannot measure."""
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: must be >= 1")
+    if "hopper" in args.parts and args.hopper_updates < 2:
+        raise ValueError(f"--hopper-updates {args.hopper_updates}: at least 2 (the first "
+                         "update, which compiles, is left out of the steady figure)")
+    if "cartpole" in args.parts and args.cartpole_budget < 1:
+        raise ValueError(f"--cartpole-budget {args.cartpole_budget}: must be >= 1")
+    if args.baseline and not (Path(args.baseline) / "benchmarks" / "train_throughput.py").is_file():
+        raise ValueError(f"--baseline {args.baseline}: not a gmi-drl checkout (no "
+                         "benchmarks/train_throughput.py in it)")
+
+
 def main(args: Args) -> None:
+    _check(args)
     logging.basicConfig(level=logging.WARNING)
     default_threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -25,7 +25,8 @@ import time
 
 from gmi_drl.config import preset, validate
 from gmi_drl.gmi.devices import discover
-from gmi_drl.gmi.tune import Point, Tuner, TuneOptions, compare, envs_grid, search, tune
+from gmi_drl.gmi.tune import (Point, Tuner, TuneOptions, check_options, compare, envs_grid, search,
+                              tune)
 
 TASK_FLAGS = {"Hopper-v5": {"num_steps": 64}, "CartPole-v1": {}}
 """per task: PPO fields changed from the preset (Hopper: a 64-step horizon, as GPU-simulator
@@ -119,19 +120,56 @@ def replay(points: list[Point], max_gmis: int, grid: list[int], tuner: Tuner, al
     print(line)
 
 
+def _check(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse, as usage errors and before any probe, what `tune` would refuse and unknown
+    tasks."""
+    try:
+        check_options(TuneOptions(max_gmis=args.max_gmis, envs_min=args.envs_min,
+                                  envs_max=args.envs_max, alpha=args.alpha, warmup=args.warmup,
+                                  iterations=args.iterations, min_steps=args.min_steps,
+                                  min_seconds=args.min_seconds))
+    except ValueError as e:
+        parser.error(str(e))
+    if args.envs_max < args.envs_min:
+        parser.error(f"--envs-min {args.envs_min} is above --envs-max {args.envs_max}")
+    if args.timeout_s <= 0:
+        parser.error(f"--timeout-s {args.timeout_s:g}: must be > 0")
+    for task in args.tasks:
+        try:
+            config(task)
+        except ValueError as e:
+            parser.error(f"--tasks {task}: {' '.join(str(e).split())}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=["Hopper-v5", "CartPole-v1"])
-    parser.add_argument("--max-gmis", type=int, default=None)
-    parser.add_argument("--envs-min", type=int, default=2)
-    parser.add_argument("--envs-max", type=int, default=256)
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--iterations", type=int, default=1)
-    parser.add_argument("--min-steps", type=int, default=5_000)
-    parser.add_argument("--min-seconds", type=float, default=1.0)
-    parser.add_argument("--timeout-s", type=float, default=180.0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", default=["Hopper-v5", "CartPole-v1"],
+                        help="tasks to search, PPO with the task's preset (TASK_FLAGS: Hopper-v5 "
+                             "with a 64-step horizon)")
+    parser.add_argument("--max-gmis", type=int, default=None,
+                        help="most GMIs per device, searched down to 1 (>= 1; default "
+                             "%(default)s: every CPU core)")
+    parser.add_argument("--envs-min", type=int, default=2,
+                        help="smallest num_envs per GMI of the doubling grid (>= 1)")
+    parser.add_argument("--envs-max", type=int, default=256,
+                        help="largest num_envs per GMI of the grid (>= --envs-min)")
+    parser.add_argument("--alpha", type=float, default=0.1,
+                        help="Algorithm 2's saturation threshold: Sat = R_top / R_mem below it "
+                             "ends a GMI count's num_envs loop (>= 0)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="iterations each probe runs before it measures (>= 0)")
+    parser.add_argument("--iterations", type=int, default=1,
+                        help="iterations each probe measures, at least (>= 1)")
+    parser.add_argument("--min-steps", type=int, default=5_000,
+                        help="env steps each probe measures, at least (>= 0)")
+    parser.add_argument("--min-seconds", type=float, default=1.0,
+                        help="seconds each probe measures, at least (>= 0)")
+    parser.add_argument("--timeout-s", type=float, default=180.0,
+                        help="seconds after which a probe counts as hung: killed, its point not "
+                             "runnable (> 0)")
     args = parser.parse_args()
+    _check(parser, args)
     for task in args.tasks:
         run_task(task, args)
 
