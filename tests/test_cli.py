@@ -118,6 +118,28 @@ def test_bench_and_switch_subcommands_dispatch(capsys):
     assert "--repeats 0 must be an int >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, named", [
+    (["reduce", "--iters", "2"], "--iters 2"),  # its warm-up took every sample, then a crash
+    (["gmi", "--parts", "foo"], "invalid choice: 'foo'"),  # ran nothing and exited 0
+    (["grad-step", "--algos", "td3"], "--algos td3"),  # a KeyError
+    (["engines", "--tasks", "CartPole-v1"], "Discrete"),  # an AttributeError
+    (["faces", "--sb3-steps", "0"], "--sb3-steps 0"),  # a ZeroDivisionError after the runs
+    (["train", "--hopper-updates", "1"], "--hopper-updates 1"),  # the same, after the runs
+    (["launch", "--gmis", "1"], "--gmis 1"),
+    (["switch", "--mode", "stale-sync", "--workers", "2", "3"], "--workers 2 3"),  # 3 dropped
+])
+def test_a_benchmark_refuses_a_bad_flag_before_it_measures(args, named, capsys):
+    """Exit status 2 and one message naming the flag: argparse's usage error, or the bench
+    wrapper's line for a ValueError; no table, no traceback."""
+    try:
+        status = main(["bench", *args])
+    except SystemExit as e:  # argparse's parser.error
+        status = e.code
+    out, err = capsys.readouterr()
+    assert status == 2 and named in err and "Traceback" not in err, err
+    assert "|" not in out, out  # refused before any table
+
+
 def test_switch_serve_refuses_bad_input_in_one_line(capsys):
     import logging
     import socket
