@@ -84,7 +84,10 @@ def _checkout_hopper(checkout: Path, seed: int, updates: int, out: Path) -> tupl
             f"print(ns['_gmi_hopper']({seed}, {updates}, Path({str(out)!r})))")
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=checkout,
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the Hopper run of {checkout} failed (exit code {done.returncode}):"
+                           f"\n{done.stderr[-3000:]}")
     whole = float(done.stdout.strip().splitlines()[-1])
     return whole, _steady_sps(out / f"gmi-hopper-{seed}" / "metrics.csv")
 
