@@ -9,7 +9,11 @@ if its probes returned exactly what the grid measured (its behaviour without a s
 probe noise).
 Then the cost model (`gmi_drl.gmi.cost`): from each num_envs' one-GMI point alone, the predicted
 throughput of every larger GMI count at that num_envs beside the grid's measurement, per template
-and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error.
+and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error. With
+``--model-repeats K``, every grid point is probed K - 1 more times (in rounds over the grid) and
+the same table is printed again from the medians of the K probes: the model's error with less of
+the probes' own noise (11-34% between probes of one point on a 2-core host) in both its inputs
+and what it is compared with.
 
     python benchmarks/tune.py                      # Hopper-v5 and CartPole-v1, PPO
     python benchmarks/tune.py --tasks CartPole-v1 --envs-max 64
@@ -85,17 +89,42 @@ def run_task(task: str, args) -> None:
           f"grid time: {report.wall_s / grid_s:.0%} (target <= 40%)")
     replay(points, max_gmis, grid, tuner, args.alpha, best)
 
+    model_errors(measured, grid, cores, tuner.measured_bw, "the grid's one probe per point")
+    if args.model_repeats > 1:
+        probes = {key: [p] for key, p in measured.items()}
+        for _ in range(args.model_repeats - 1):  # rounds over the grid, as the grid ran
+            for key in probes:
+                probes[key].append(tuner.profile(*key))
+        model_errors({key: median_point(ps) for key, ps in probes.items()}, grid, cores,
+                     tuner.measured_bw, f"the median of {args.model_repeats} probes per point, "
+                     "for the model's terms and for what it predicts")
+
+
+def median_point(probes: list[Point]) -> Point:
+    """One point from several probes of it: the median of its throughput and of every term of
+    the cost model, each taken on its own (the runnable probes; the first where none ran)."""
+    runnable = [p for p in probes if p.runnable] or probes[:1]
+    keys = set.intersection(*(set(p.terms) for p in runnable))
+    return dataclasses.replace(runnable[0], top=statistics.median(p.top for p in runnable),
+                               terms={k: statistics.median(p.terms[k] for p in runnable)
+                                      for k in keys})
+
+
+def model_errors(measured: dict[tuple[int, int], Point], grid: list[int], cores: int,
+                 bw: float | None, source: str) -> None:
+    """The cost model's table: from each num_envs' 1-GMI point, its predictions of the larger
+    GMI counts at that num_envs against ``measured``; median and worst absolute error."""
     errors: dict[tuple[str, str], list[float]] = {}
     for n in grid:
         ref = measured.get((1, n))
-        if ref is None:
+        if ref is None or not ref.runnable:
             continue
         same_n = [p for (g, m), p in measured.items() if m == n and g > 1]
-        for pred in compare(ref, same_n, cores, tuner.measured_bw):
+        for pred in compare(ref, same_n, cores, bw):
             if pred.error is not None:
                 errors.setdefault((pred.template, pred.variant), []).append(abs(pred.error))
-    print("\ncost model from the 1-GMI point of each num_envs, predicting 2+ GMIs at that "
-          "num_envs (target: within 25%):\n")
+    print(f"\ncost model from the 1-GMI point of each num_envs, predicting 2+ GMIs at that "
+          f"num_envs, {source} (target: within 25%):\n")
     print("| template | model | points | median abs error | worst |\n|---|---|---|---|---|")
     for (template, variant), errs in sorted(errors.items()):
         print(f"| {template} | {variant} | {len(errs)} | {statistics.median(errs):.1%} | "
@@ -168,8 +197,13 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=180.0,
                         help="seconds after which a probe counts as hung: killed, its point not "
                              "runnable (> 0)")
+    parser.add_argument("--model-repeats", type=int, default=1,
+                        help="probes per grid point for a second cost-model table, of medians "
+                             "(>= 1; 1: the grid's probes only)")
     args = parser.parse_args()
     _check(parser, args)
+    if args.model_repeats < 1:
+        parser.error(f"--model-repeats {args.model_repeats}: must be >= 1")
     for task in args.tasks:
         run_task(task, args)
 
