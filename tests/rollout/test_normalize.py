@@ -16,12 +16,26 @@ def test_running_mean_std_matches_numpy_over_batches():
     assert rms.count == len(data) + 1e-12
 
 
-def test_obs_normalizer_clips_and_round_trips():
+def _pooled(eps: float, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of ``data`` pooled with the prior (mean 0, var 1, weight ``eps``),
+    computed directly: what the running statistics must hold after seeing ``data``."""
+    total = eps + len(data)
+    mean = data.sum(0) / total
+    return mean, (eps * 1.0 + (data ** 2).sum(0)) / total - mean ** 2
+
+
+def test_obs_normalizer_scales_clips_and_round_trips():
     norm = ObsNormalizer((2,), clip=1.5)
-    for _ in range(20):
-        norm(np.random.default_rng(1).normal(size=(8, 2)))
-    out = norm(np.array([[100.0, -100.0]]), update=False)
-    np.testing.assert_array_equal(out, [[1.5, -1.5]])
+    seen = np.random.default_rng(1).normal(2.0, 3.0, size=(20, 8, 2))
+    for batch in seen:
+        norm(batch)
+    mean, var = _pooled(1e-4, seen.reshape(-1, 2))
+    obs = np.array([[2.5, -0.5], [100.0, -100.0]])
+    expected = np.clip((obs - mean) / np.sqrt(var + 1e-8), -1.5, 1.5)
+    out = norm(obs, update=False)
+    np.testing.assert_allclose(out, expected, rtol=1e-9)
+    assert abs(out[0, 0]) < 1.5 and abs(out[0, 1]) < 1.5  # the first row is scaled, not clipped
+    np.testing.assert_array_equal(out[1], [1.5, -1.5])
     other = ObsNormalizer((2,))
     other.load_state_dict(norm.state_dict())
     np.testing.assert_array_equal(other.rms.mean, norm.rms.mean)
@@ -29,12 +43,19 @@ def test_obs_normalizer_clips_and_round_trips():
 
 
 def test_reward_normalizer_tracks_discounted_return_and_resets_on_done():
-    norm = RewardNormalizer(num_envs=2, gamma=0.5)
+    """The statistics are those of the discounted returns (1, 2), then (1.5, 1): env 1's
+    return is folded in before its episode's end zeroes it; rewards are divided by their std,
+    not centred, and clipped."""
+    norm = RewardNormalizer(num_envs=2, gamma=0.5, clip=1.2)
     norm(np.array([1.0, 2.0]), np.array([False, True]))
     np.testing.assert_array_equal(norm.returns, [1.0, 0.0])  # env 1's episode ended
-    out = norm(np.array([1.0, 1.0]), np.array([False, False]))
-    np.testing.assert_array_equal(norm.returns, [1.5, 1.0])
-    np.testing.assert_allclose(out, np.array([1.0, 1.0]) / np.sqrt(norm.rms.var + 1e-8))
+    out = norm(np.array([1.0, -3.0]), np.array([False, False]))
+    np.testing.assert_array_equal(norm.returns, [1.5, -3.0])
+    _, var = _pooled(1e-4, np.array([1.0, 2.0, 1.5, -3.0]))
+    np.testing.assert_allclose(norm.rms.var, var, rtol=1e-9)
+    scaled = 1.0 / np.sqrt(var + 1e-8)
+    assert scaled < 1.2  # unclipped; -3 / std is below -1.2: clipped
+    np.testing.assert_allclose(out, [scaled, -1.2], rtol=1e-9)
 
 
 def test_reward_normalizer_rows_update_only_their_envs():
