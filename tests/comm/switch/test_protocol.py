@@ -59,10 +59,33 @@ def test_serial_order_wraps():
 @settings(max_examples=1500, deadline=None)
 @given(st.binary(max_size=80))
 def test_decode_control_rejects_garbage_cleanly(raw):
+    """Garbage is a ProtocolError, never another exception; what decodes is a well-formed
+    message: encoding it again gives the same bytes (STATS_REPLY, JSON: the same object)."""
     try:
-        P.decode_control(raw)
+        action, value = P.decode_control(raw)
     except P.ProtocolError:
-        pass
+        return
+    again = P.encode_control(action, value)
+    if action == Action.STATS_REPLY:
+        assert P.decode_control(again) == (action, value)
+    else:
+        assert again == raw, (action, value)
+
+
+def _join(**changes) -> bytes:
+    value = P.JoinValue(3, P.MemberType.WORKER, 4, 0, 0, "job", "token")._replace(**changes)
+    return P.encode_control(Action.JOIN, value)
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (_join() + b"\x00", "trailing bytes after Join"),
+    (_join(num_workers=0), "num_workers 0"),
+    (_join()[:-1], "string runs past the end"),
+])
+def test_a_malformed_join_is_refused_by_name(raw, reason):
+    assert P.decode_control(_join())[1].num_workers == 4  # the well-formed one decodes
+    with pytest.raises(P.ProtocolError, match=reason):
+        P.decode_control(raw)
 
 
 @settings(max_examples=1000, deadline=None)
