@@ -68,7 +68,12 @@ def test_exploring_draws_the_actions_of_act_computing_q_only_where_it_exploits(
     a = EpsilonGreedy(q, 6, torch.Generator().manual_seed(5), HostArrays())
     b = EpsilonGreedy(q, 6, torch.Generator().manual_seed(5), HostArrays())
     a.epsilon = b.epsilon = epsilon
+    rows, q_of = [], a._q
+    a._q = lambda x: rows.append(len(x)) or q_of(x)
     np.testing.assert_array_equal(a.explore(obs), b.act(obs).action)
+    # the same first draw decides who exploits: Q only for those rows, none at epsilon 1
+    exploit = int((torch.rand(16, generator=torch.Generator().manual_seed(5)) >= epsilon).sum())
+    assert sum(rows) == exploit and len(rows) == (exploit > 0), (rows, exploit)
     if epsilon == 0.0:
         np.testing.assert_array_equal(a.explore(obs), b.act(obs, deterministic=True).action)
 
