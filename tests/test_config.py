@@ -268,10 +268,22 @@ def test_serial_gmis_on_emulated_devices_name_the_reduction_they_cannot_run(tmp_
         make_placement(cfg, 1000)
 
 
-def test_learning_starts_at_the_last_step_still_trains_once():
+def test_learning_starts_at_the_last_step_is_accepted_and_trains_once(tmp_path):
+    """Validation lets it through because the last iteration's update trains (env_steps >=
+    learning_starts): one critic loss is logged, at the last step."""
+    import csv
+
+    from gmi_drl.train import train
+
     cfg = preset("classic", "Pendulum-v1", algo="td3")  # one env step per iteration
-    cfg.total_timesteps = cfg.algo.learning_starts = 10_000
-    validate(cfg)  # the last iteration's update trains (env_steps >= learning_starts)
+    cfg.total_timesteps = cfg.algo.learning_starts = 300
+    cfg.compile, cfg.log.tensorboard, cfg.log.log_every = False, False, 1
+    cfg.placement, cfg.run_dir = "serial", str(tmp_path / "run")
+    validate(cfg)
+    train(cfg)
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv"))
+            if r["name"] == "losses/critic_loss"]
+    assert [int(r["global_step"]) for r in rows] == [300], rows
 
 
 def test_the_auto_preset_of_a_warp_task_is_its_own():
