@@ -10,7 +10,7 @@ import torch
 
 from gmi_drl.optim.cuda_graph import CaptureError
 from gmi_drl.optim.grad_step import GradStep
-from tests.optim.test_grad_step import LOSS, _minibatches, _model, _TimesTwo
+from tests.optim.test_grad_step import LOSS, _minibatches, _model, _OtherMember
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                           reason="needs a CUDA device (CPU build of torch or no driver here)")
@@ -18,7 +18,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _steps(space, optimizer, reducer, graphs, device="cuda"):
     model = _model(space).to(device)
-    return GradStep(model, LOSS, 1e-2, 0.5, 1e-5, _TimesTwo() if reducer else None,
+    return GradStep(model, LOSS, 1e-2, 0.5, 1e-5, _OtherMember() if reducer else None,
                     compile=True, optimizer=optimizer, cuda_graphs=graphs)
 
 

@@ -34,9 +34,10 @@ def _minibatches(space, k, m=32):
             for i in range(k)]
 
 
-class _TimesTwo(GradReducer):
-    """A two-member group whose other member holds the same gradient: the mean is the gradient;
-    doubling then halving keeps the test sensitive to the reducer being called."""
+class _OtherMember(GradReducer):
+    """A two-member group whose other member's gradient is 0.01 in every element: the mean,
+    ``(g + 0.01) / 2``, steers the step elsewhere than ``g``, so a step that dropped the reduced
+    gradient shows."""
 
     rank, world_size = 0, 2
 
@@ -46,7 +47,7 @@ class _TimesTwo(GradReducer):
     def allreduce_(self, tensors):
         self.calls += 1
         for t in tensors:
-            t.mul_(2.0).div_(2.0)
+            t.add_(0.01).mul_(0.5)
 
 
 @pytest.mark.parametrize("space,optimizer", [(gym.spaces.Box(-1, 1, (3,)), "adam"),
@@ -55,8 +56,8 @@ class _TimesTwo(GradReducer):
                                              (gym.spaces.Discrete(4), "rmsprop_tf")])
 @pytest.mark.parametrize("reducer", [None, "group"])
 def test_compiled_steps_equal_eager_steps(space, optimizer, reducer):
-    eager_red = _TimesTwo() if reducer else None
-    comp_red = _TimesTwo() if reducer else None
+    eager_red = _OtherMember() if reducer else None
+    comp_red = _OtherMember() if reducer else None
     eager = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, eager_red, compile=False,
                      optimizer=optimizer)
     compiled = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, comp_red, compile=True,
@@ -75,6 +76,12 @@ def test_compiled_steps_equal_eager_steps(space, optimizer, reducer):
     assert compiled.optimizer.steps == eager.optimizer.steps == 6
     if reducer:
         assert eager_red.calls == comp_red.calls == 6
+        alone = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, None, compile=False,
+                         optimizer=optimizer)
+        for i, mb in enumerate(_minibatches(space, 6)):
+            alone.lr = 5e-3 if i >= 3 else 1e-2
+            alone(*mb)
+        assert (alone.params.data - eager.params.data).abs().max() > 1e-4  # the mean was used
     state = compiled.state_dict()
     eager.load_state_dict(state)
     assert eager.optimizer.steps == 6 and eager.lr == pytest.approx(5e-3)
