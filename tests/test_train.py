@@ -2,6 +2,7 @@ import copy
 import csv
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -46,6 +47,40 @@ def test_ppo_learns_cartpole_within_budget(tmp_path):
     assert saved["env"]["task_id"] == "CartPole-v1" and saved["algo"]["ppo"]["num_steps"] == 32
     summary = (run / "summary.md").read_text()
     assert "## Placement" in summary and "placement: local: one GMI in this process" in summary
+    from gmi_drl.evaluate import evaluate
+
+    # the trained weights, not the initial ones (a random policy scores ~22)
+    assert evaluate(run, episodes=4).returns.mean() >= 250
+
+
+def test_eval_acts_with_the_checkpoints_weights_on_observations_it_normalises(tmp_path):
+    """``gmi-drl eval``'s action for an observation is the stored actor's mean (computed here
+    from the checkpoint's tensors) of the observation normalised by the stored, frozen
+    statistics; raw observations would give other actions."""
+    from gmi_drl.evaluate import _act, load_policy
+
+    cfg = preset("classic", "Pendulum-v1", "ppo")  # 64:64 tanh actor, actions in [-2, 2]
+    cfg.norm.obs, cfg.total_timesteps = True, 2 * cfg.batch_size
+    cfg.compile, cfg.log.tensorboard, cfg.run_dir = False, False, str(tmp_path / "run")
+    train(cfg)
+    state = load_checkpoint(tmp_path / "run")
+    w = {k: v.double().numpy() for k, v in state["algo"]["modules"]["actor_critic"].items()}
+
+    def mean_action(x):
+        h = np.tanh(x @ w["actor.0.weight"].T + w["actor.0.bias"])
+        h = np.tanh(h @ w["actor.2.weight"].T + w["actor.2.bias"])
+        return np.clip(h @ w["actor.4.weight"].T + w["actor.4.bias"], -2.0, 2.0)
+
+    stats = {k: state["obs_norm"][k].numpy() for k in ("mean", "var")}
+    obs = np.array([[0.9, 0.44, 1.5], [-0.2, 0.98, -3.0], [-0.99, -0.1, 7.0]], np.float32)
+    normalised = np.clip((obs - stats["mean"]) / np.sqrt(stats["var"] + 1e-8),
+                         -cfg.norm.obs_clip, cfg.norm.obs_clip)
+    _, acting, obs_norm = load_policy(tmp_path / "run")
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    got = _act(acting, obs_norm, obs, space, deterministic=True)
+    np.testing.assert_allclose(got, mean_action(normalised), rtol=1e-4, atol=1e-5)
+    assert np.abs(mean_action(normalised) - mean_action(obs.astype(np.float64))).max() > 1e-3
+    assert space.contains(got[0])
 
 
 def _rows(buf):
