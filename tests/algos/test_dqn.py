@@ -110,8 +110,29 @@ def _dqn(seed=0, **cfg):
     ctx = AlgoContext(spec, 2, ModelConfig(critic_hidden="16", activation="relu"), 100, seed,
                       functools.partial(make_grad_step, compile=False),
                       torch.Generator().manual_seed(seed))
-    return DQN(DQNConfig(buffer_size=256, batch_size=16, learning_starts=32,
-                         train_frequency=8, target_network_frequency=16, **cfg), ctx)
+    return DQN(DQNConfig(**{**dict(buffer_size=256, batch_size=16, learning_starts=32,
+                                   train_frequency=8, target_network_frequency=16), **cfg}), ctx)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_the_target_network_moves_every_target_network_frequency_env_steps(tau):
+    """From learning_starts (32) on, once per target_network_frequency (32) env steps, before
+    the iteration's gradient steps: target <- tau * online + (1 - tau) * target; unmoved
+    between (iterations of 16 env steps: every other one)."""
+    dqn = _dqn(target_network_frequency=32, tau=tau)
+    moved_at = []
+    with envs.make("CartPole-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
+        for _ in range(8):
+            dqn.collect(pool)
+            online = {k: v.clone() for k, v in dqn.q_network.state_dict().items()}
+            target = {k: v.clone() for k, v in dqn.target_network.state_dict().items()}
+            dqn.update()
+            after = dqn.target_network.state_dict()
+            if any(not torch.equal(after[k], target[k]) for k in target):
+                moved_at.append(dqn.env_steps)
+                for k in target:
+                    torch.testing.assert_close(after[k], tau * online[k] + (1 - tau) * target[k])
+    assert moved_at == [64, 96, 128]  # (at 32 the online network has taken no step yet)
 
 
 @pytest.mark.parametrize("n_step", [1, 3])
