@@ -28,7 +28,8 @@ Box actions outside the action space are clipped to it before the step (the pool
 refuses them): the dynamics are Gymnasium's, whose envs clamp the control too, but a reward
 with a control cost (MuJoCo locomotion, MountainCarContinuous) is charged on the clipped action
 where Gymnasium's env charges the unclipped one; for actions inside the space they are equal.
-``render`` is not available (``gmi-drl eval --video`` renders a policy).
+``render`` is not available (``gmi-drl eval --video`` renders a policy). The env cannot be
+copied or pickled (``copy.deepcopy`` raises TypeError): make another with `make_vec`.
 
 Copies: with ``copy=True`` (the default, as Gymnasium users expect owned arrays) every returned
 array is a new one (one copy of the batch per call); with ``copy=False`` observations are this

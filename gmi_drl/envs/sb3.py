@@ -35,6 +35,9 @@ What a port from ``make_vec_env`` meets:
   so neither is ``VecVideoRecorder``.
 - Observation spaces are arrays (Box, Discrete, MultiDiscrete, MultiBinary); Dict and Tuple
   spaces (``MultiInputPolicy``) are refused.
+- The VecEnv cannot be copied or pickled (``copy.deepcopy`` raises TypeError; SB3's
+  ``model.save`` and ``VecNormalize.save`` leave the VecEnv out and work): make another with
+  `make_vec_env`.
 """
 
 from __future__ import annotations
