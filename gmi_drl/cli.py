@@ -131,9 +131,9 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     else:
         default = preset(_flag_value(rest, "--preset") or "auto",
                          _flag_value(rest, "--env.task-id"), algo)
-    parsed = tyro.cli(_one_algorithm(ALGORITHMS[algo][0]), args=rest,
-                      default=_one_algorithm(ALGORITHMS[algo][0])(**_fields(default)),
-                      prog=f"{prog} {algo}", description=TrainConfig.__doc__)
+    one = _one_algorithm(ALGORITHMS[algo][0])
+    parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
+                      description=TrainConfig.__doc__)
     cfg = TrainConfig(**_fields(parsed))
     try:
         validate(cfg)
