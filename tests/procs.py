@@ -90,17 +90,30 @@ def group_members(pgid: int, zombies: bool = True) -> list[int]:
     return pids
 
 
+def confined_tmp(cwd: Path) -> dict[str, str]:
+    """An environment whose temporary directory is ``cwd/tmp`` (made), for a child whose
+    leftovers a test checks (`assert_group_gone`) or which is killed where nothing can clean
+    up; torch.compile's cache stays where it was."""
+    import tempfile
+
+    (cwd / "tmp").mkdir(exist_ok=True)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "torchinductor_root"))
+    return {**os.environ, "TMPDIR": str(cwd / "tmp"), "TORCHINDUCTOR_CACHE_DIR": cache}
+
+
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
     """``gmi-drl ARGS`` as a terminal's job: in a process group of its own, with the default
     handling of Ctrl-C and of a hangup (a background shell ignores the one, ``nohup`` the
-    other), stdout dropped, stderr piped as text."""
+    other), stdout dropped, stderr piped as text, temporary files in ``cwd/tmp``."""
     def as_a_terminal_job() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     return subprocess.Popen([sys.executable, "-m", "gmi_drl.cli", *args], cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=as_a_terminal_job)
+                            env=confined_tmp(cwd), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_a_terminal_job)
 
 
 def signal_group(proc: subprocess.Popen, ready: Callable[[], object], sig: int,
@@ -129,9 +142,12 @@ def wait_until_written(proc: subprocess.Popen, run: Path, pattern: str, what: st
         time.sleep(poll_s)
 
 
-def assert_group_gone(pgid: int, shm_before: set[str], timeout_s: float = 5.0) -> None:
+def assert_group_gone(pgid: int, shm_before: set[str], cwd: Path | None = None,
+                      timeout_s: float = 5.0) -> None:
     """No process of group ``pgid`` and no new ``/dev/shm`` entry is left within ``timeout_s``
-    (multiprocessing's resource tracker exits, and unlinks, right after its parent)."""
+    (multiprocessing's resource tracker exits, and unlinks, right after its parent), nor,
+    with ``cwd`` (the group started by `start_cli` there), a temporary directory of
+    gmi-drl's or multiprocessing's in ``cwd/tmp``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         left = group_members(pgid)
@@ -141,3 +157,6 @@ def assert_group_gone(pgid: int, shm_before: set[str], timeout_s: float = 5.0) -
     assert left == [], f"processes left: {left}"
     new = set(os.listdir("/dev/shm")) - shm_before
     assert not new, f"shared memory left: {sorted(new)}"
+    if cwd is not None:
+        temp = [n for n in os.listdir(cwd / "tmp") if n.startswith(("gmi-drl-", "pymp-"))]
+        assert not temp, f"temporary directories left: {temp}"

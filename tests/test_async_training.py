@@ -157,7 +157,7 @@ def test_ctrl_c_stops_an_async_run_and_leaves_nothing(tmp_path):
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert "no checkpoint was written: run the same command to start over" in err
-    assert_group_gone(proc.pid, shm_before)
+    assert_group_gone(proc.pid, shm_before, tmp_path)
 
 
 def test_an_async_run_resumes_and_its_checkpoint_evaluates(tmp_path):

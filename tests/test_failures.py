@@ -202,7 +202,7 @@ def test_ctrl_c_while_the_gmis_start_prints_no_traceback(tmp_path):
     assert proc.returncode == 130, err
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert "Traceback" not in err and "Error" not in err, err
-    assert_group_gone(proc.pid, shm_before)
+    assert_group_gone(proc.pid, shm_before, tmp_path)
 
 
 def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
@@ -284,7 +284,7 @@ def test_a_hangup_stops_a_run_as_ctrl_c_does_and_leaves_nothing(tmp_path, layout
     assert "gmi-drl train: interrupted; the run was stopped" in err
     assert f"continue with: gmi-drl train ppo --resume {run}" in err
     assert "Traceback" not in err, err
-    assert_group_gone(proc.pid, shm_before)
+    assert_group_gone(proc.pid, shm_before, tmp_path)
 
 
 def test_a_switch_that_does_not_answer_is_one_line_naming_it():

@@ -7,13 +7,16 @@
 larger of ``K`` and the iterations that hold ``N`` env steps; throughput and the phase terms come
 from the last ``K'`` (the first ``W`` hold start-up: worker threads, torch.compile).
 ``RESULT.json`` gets `measure`'s figures. `gmi_drl.gmi.tune` starts this module in a session of
-its own and kills the whole process group when it passes its time limit.
+its own and stops the whole process group when it passes its time limit: SIGTERM, which unwinds
+the run here as Ctrl-C would (its GMIs stopped, its scratch run directory, the launcher's
+rendezvous directory and shared memory removed; exit status 143), then SIGKILL.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import signal
 import sys
 import tempfile
 from collections import defaultdict
@@ -134,10 +137,28 @@ def _sizes(cfg) -> dict:
             "reward_bytes": 4.0}
 
 
+_stopped: list[int] = []
+
+
+def _terminated(signum, frame) -> None:
+    _stopped.append(signum)
+    raise KeyboardInterrupt  # the run unwinds: every clean-up of Ctrl-C runs
+
+
 def main(argv: list[str]) -> int:
+    from gmi_drl.runner.run import RunStopped
+
+    signal.signal(signal.SIGTERM, _terminated)
     request = json.loads(Path(argv[0]).read_text())
-    figures = run(request["config"], request["warmup"], request["iterations"],
-                  request.get("min_steps", 0))
+    try:
+        figures = run(request["config"], request["warmup"], request["iterations"],
+                      request.get("min_steps", 0))
+    except (KeyboardInterrupt, RunStopped):
+        if not _stopped:  # a failure of the run itself: its traceback is the probe's reason
+            raise
+        # the GMIs got the same SIGTERM, so the run may have stopped on one of them first
+        print("probe: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     from gmi_drl.files import write_text_atomically
 
     write_text_atomically(argv[1], json.dumps(figures))

@@ -16,7 +16,8 @@ import torch
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
-from tests.procs import assert_group_gone, descendants, fork_server, gmi_processes, running
+from tests.procs import (assert_group_gone, confined_tmp, descendants, fork_server, gmi_processes,
+                         running)
 
 pytestmark = pytest.mark.distributed
 
@@ -176,7 +177,8 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                            env=confined_tmp(tmp_path))
     assert proc.stdout.readline().strip() == "launching"
     deadline = time.time() + 30
     while time.time() < deadline:  # wait until both GMIs run
@@ -194,7 +196,7 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
         _, err = proc.communicate()
         pytest.fail(f"the controller did not exit 20 s after Ctrl-C; its threads:\n{err[-6000:]}")
     assert "KeyboardInterrupt" in err
-    assert_group_gone(proc.pid, shm_before)
+    assert_group_gone(proc.pid, shm_before, tmp_path)
 
 
 @pytest.mark.parametrize("method, cls", [("forkserver", "ForkServerProcess"),
@@ -288,12 +290,14 @@ def test_reduction_options_are_checked_before_any_process_starts():
         launch("tests.gmi.gmi_targets:allreduce_rank", lay, m, netns=["a", "b", "c"])
 
 
-def test_gmis_end_when_the_controller_is_killed():
+def test_gmis_end_when_the_controller_is_killed(tmp_path):
     """A controller killed with SIGKILL cannot stop its GMIs: each ends itself within a
-    heartbeat of noticing."""
+    heartbeat of noticing. (Its temporary directory stays, in ``tmp_path``: nothing runs a
+    clean-up after SIGKILL.)"""
     shm_before = set(os.listdir("/dev/shm"))
     controller = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
-                                  cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                                  cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                                  env=confined_tmp(tmp_path))
     try:
         deadline = time.time() + 60
         while len(gmis := _children(controller.pid)) < 2:

@@ -137,8 +137,17 @@ def test_a_point_that_failed_is_measured_again_not_cached(tmp_path):
 
 def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
     """... nor its GMIs' shared memory and semaphores in /dev/shm (SIGKILL to the whole group
-    took the resource tracker that unlinks them)."""
+    took the resource tracker that unlinks them), nor its temporary directories (the scratch
+    run directory, the launcher's, multiprocessing's)."""
+    import tempfile
+
     shm_before = set(os.listdir("/dev/shm"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    # the probe's temporary directories go here; torch.compile's caches stay where they were
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get(
+        "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_root")))
+    monkeypatch.setenv("TMPDIR", str(scratch))
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
     started = []
@@ -173,6 +182,9 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     time.sleep(0.5)
     assert group_members(started[0], zombies=False) == []
     assert set(os.listdir("/dev/shm")) - shm_before == set()
+    # torch.compile's C++ builder keeps header locks in the temporary directory (a cache)
+    left = [name for name in os.listdir(scratch) if not name.startswith("torchinductor_")]
+    assert left == [], [str(p) for p in scratch.rglob("*")][:20]
 
 
 def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(tmp_path,
