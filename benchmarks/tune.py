@@ -112,9 +112,11 @@ def median_point(probes: list[Point]) -> Point:
 
 def model_errors(measured: dict[tuple[int, int], Point], grid: list[int], cores: int,
                  bw: float | None, source: str) -> None:
-    """The cost model's table: from each num_envs' 1-GMI point, its predictions of the larger
-    GMI counts at that num_envs against ``measured``; median and worst absolute error."""
+    """The cost model's tables: from each num_envs' 1-GMI point, its predictions of the larger
+    GMI counts at that num_envs against ``measured``; median and worst absolute error per
+    template and variant, then every point of the ``share`` variant (where the worst is)."""
     errors: dict[tuple[str, str], list[float]] = {}
+    rows = []
     for n in grid:
         ref = measured.get((1, n))
         if ref is None or not ref.runnable:
@@ -123,12 +125,19 @@ def model_errors(measured: dict[tuple[int, int], Point], grid: list[int], cores:
         for pred in compare(ref, same_n, cores, bw):
             if pred.error is not None:
                 errors.setdefault((pred.template, pred.variant), []).append(abs(pred.error))
+                if pred.variant == "share":
+                    rows.append((n, pred))
     print(f"\ncost model from the 1-GMI point of each num_envs, predicting 2+ GMIs at that "
           f"num_envs, {source} (target: within 25%):\n")
     print("| template | model | points | median abs error | worst |\n|---|---|---|---|---|")
     for (template, variant), errs in sorted(errors.items()):
         print(f"| {template} | {variant} | {len(errs)} | {statistics.median(errs):.1%} | "
               f"{max(errs):.1%} |")
+    print("\n| num_envs | GMIs | template | predicted (share) | measured | error |\n"
+          "|---|---|---|---|---|---|")
+    for n, pred in sorted(rows, key=lambda r: (r[1].template, r[0], r[1].gmis)):
+        print(f"| {n} | {pred.gmis} | {pred.template} | {pred.predicted:,.0f} | "
+              f"{pred.measured:,.0f} | {pred.error:+.1%} |")
 
 
 def replay(points: list[Point], max_gmis: int, grid: list[int], tuner: Tuner, alpha: float,
