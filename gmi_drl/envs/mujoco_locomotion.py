@@ -26,6 +26,7 @@ Not supported: rendering, ``info`` dicts, Gymnasium's ``default_camera_config``/
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Sequence
 
 import gymnasium
@@ -39,6 +40,33 @@ from gmi_drl.envs.factories import EngineEntry, stepped
 from gmi_drl.envs.spec import EnvGenerators
 
 _ASSET_DIR = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets")
+
+
+class MujocoModelWarning(UserWarning):
+    """A warning of MuJoCo's compiler while it loaded a task's model (MuJoCo 4.0 deprecates
+    ``settotalmass``, which Gymnasium's own ``half_cheetah.xml`` uses)."""
+
+
+def load_model(path: str) -> mujoco.MjModel:
+    """``mujoco.MjModel.from_xml_path(path)``, its compiler's warnings given as
+    `MujocoModelWarning` (shown once per process by Python's default filter; filterable)
+    instead of MuJoCo's default: printed on every load and appended to ``MUJOCO_LOG.TXT`` in the
+    current directory. The warning handler is MuJoCo's global one, replaced for the load only.
+
+    Raises:
+        ValueError: MuJoCo could not compile the model (its message).
+    """
+    said: list[str] = []
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(said.append)
+    try:
+        model = mujoco.MjModel.from_xml_path(path)
+    finally:
+        mujoco.set_mju_user_warning(previous)
+    for message in said:
+        warnings.warn(f"MuJoCo, loading {os.path.basename(path)}: {message}", MujocoModelWarning,
+                      stacklevel=3)
+    return model
 
 
 def model_path(xml_file: str) -> str:
@@ -104,7 +132,7 @@ class MujocoBatch(BatchedEnv):
                             ("frame_skip", frame_skip)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
-        self.model = mujoco.MjModel.from_xml_path(model_path(xml_file))
+        self.model = load_model(model_path(xml_file))
         data = mujoco.MjData(self.model)  # Gymnasium's init_qpos/init_qvel: a fresh MjData's
         self.init_qpos, self.init_qvel = data.qpos.copy(), data.qvel.copy()
         self.num_envs, self.frame_skip = int(num_envs), int(frame_skip)

@@ -175,6 +175,25 @@ def test_bad_arguments_raise():
         env.reset(np.arange(2), [0])
 
 
+def test_model_warnings_are_python_warnings_not_a_log_file(tmp_path, monkeypatch):
+    """MuJoCo 4.0 warns that Gymnasium's half_cheetah.xml uses the deprecated settotalmass; the
+    warning comes as a Python warning, once per process by default, with no MUJOCO_LOG.TXT left
+    in the current directory and MuJoCo's own handler back in place after the load."""
+    import mujoco
+
+    monkeypatch.chdir(tmp_path)
+    before = mujoco.get_mju_user_warning()
+    with pytest.warns(ml.MujocoModelWarning, match="half_cheetah.xml: .*settotalmass"):
+        ml.HalfCheetahBatch(2, 1)
+    assert mujoco.get_mju_user_warning() is before
+    bad = tmp_path / "bad.xml"
+    bad.write_text('<mujoco><worldbody><body><geom type="sphere"/></body></worldbody></mujoco>')
+    with pytest.raises(ValueError, match="size 0 must be positive"):
+        ml.HopperBatch(2, 1, xml_file=str(bad))
+    assert mujoco.get_mju_user_warning() is before
+    assert list(tmp_path.iterdir()) == [bad]
+
+
 def _per_env_trajectories(pool, rounds: int) -> dict[int, list]:
     """Drive ``pool`` with EnvPool's send/recv loop; env ``i``'s action at its ``k``-th step is
     a fixed function of ``(i, k)``. Returns each env's (obs, reward, terminated, truncated)."""
