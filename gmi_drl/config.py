@@ -8,7 +8,7 @@ CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` = ``ppo_continu
 Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 presets are
 RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo, except
 ``cartpole`` and ``pong``, gmi-drl's settings that reach each issue target's return. Every
-algorithm of the iSwitch paper (papers/001, §5.1) has an ``iswitch`` preset: its workload and a
+algorithm of the iSwitch paper (§5.1) has an ``iswitch`` preset: its workload and a
 network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah). ``gmi-ant`` and
 ``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance``, ``gmi-frankacabinet``, ``gmi-shadowhand``
 are rl_games' IsaacGymEnvs settings for GMI-DRL's six Table 6 tasks (warp engine).
@@ -599,10 +599,11 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
         family = task_family(task_id) if task_id else "classic"
         name = own if own in PRESETS[algo] else family
         if name not in PRESETS[algo] or (own and name != own):  # (a warp task is "classic")
+            made_for = PRESETS[algo]["classic"]().env.task_id
             logging.getLogger(__name__).warning(
                 "%s has no preset for %s: %s starts from its 'classic' preset (settings made "
-                "for CartPole); give flags or another --preset for what it needs", algo,
-                task_id if own else f"{family} tasks", task_id)
+                "for %s); give flags or another --preset for what it needs", algo,
+                task_id if own else f"{family} tasks", task_id, made_for)
             name = "classic"
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "

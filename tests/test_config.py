@@ -299,11 +299,16 @@ def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
         cfg = preset("auto", "Hopper-v5", "a2c")
     assert cfg.preset == "classic"
-    assert "a2c has no preset for mujoco tasks: Hopper-v5 starts from its 'classic'" in caplog.text
+    assert ("a2c has no preset for mujoco tasks: Hopper-v5 starts from its 'classic' preset "
+            "(settings made for CartPole-v1)") in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
         assert preset("auto", "Ant-gmi-v0", "a2c").preset == "classic"  # its family: classic
     assert "a2c has no preset for Ant-gmi-v0: Ant-gmi-v0 starts from" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gmi_drl.config"):
+        assert preset("auto", "Ant-gmi-v0", "td3").preset == "classic"
+    assert "(settings made for Pendulum-v1)" in caplog.text  # DDPG/TD3's classic preset
     caplog.clear()
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
         assert preset("auto", "Hopper-v5", "ppo").preset == "mujoco"
