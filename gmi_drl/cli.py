@@ -482,6 +482,11 @@ def _eval(args: list[str], debug: bool = False) -> int:
 def _profile(args: list[str], debug: bool = False) -> int:
     from gmi_drl.telemetry.report import write_report
 
+    if args[:1] in (["-h"], ["--help"]):
+        print("usage: gmi-drl profile report RUN_DIR   (merges the run's per-GMI timelines into "
+              "one Perfetto trace and writes the phase breakdown into RUN_DIR/profile/)\n"
+              "'gmi-drl profile report --help' lists its flags")
+        return 0
     if not args or args[0] != "report":
         print("gmi-drl profile: first argument must be 'report' (gmi-drl profile report RUN_DIR)",
               file=sys.stderr)

@@ -286,6 +286,10 @@ def test_eval_and_help_arguments(finished, capsys):
     with pytest.raises(SystemExit):
         main(["train", "ppo", "--help"])
     assert "usage: gmi-drl train ppo [" in capsys.readouterr().out
+    assert main(["profile", "--help"]) == 0
+    assert "usage: gmi-drl profile report RUN_DIR" in capsys.readouterr().out
+    assert main(["profile"]) == 2
+    assert "first argument must be 'report'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("algo, typo, meant, elsewhere", [
