@@ -5,7 +5,7 @@ pick today, in one invocation.
     .venv/bin/python benchmarks/async_training.py --parts channels --repeats 5
     .venv/bin/python benchmarks/async_training.py --parts sample-factory --sf-python PYTHON
 
-Part ``channels`` (papers/002 Table 8): APPO with multi-channel (MCC: one channel per field,
+Part ``channels`` (the GMI-DRL paper Table 8): APPO with multi-channel (MCC: one channel per field,
 the compressor joining fragments into transfers) against uni-channel experience sharing (UCC:
 each env step's whole tuple as one message), on Hopper-v5 and on Pong-v5; runs alternate.
 PPS = env steps (agent predictions) per second of every serving GMI; TTOP = samples per second
@@ -19,7 +19,7 @@ On a CPU the Pong trainer (the Nature CNN) learns from ~50 samples/s, so the end
 runs of ``channels`` are bound by it whatever the channel; this part shows what each channel
 design can carry.
 
-Part ``sync`` (papers/002 Fig. 11): APPO in the async_training template (2 serving GMIs x 8
+Part ``sync`` (the GMI-DRL paper Fig. 11): APPO in the async_training template (2 serving GMIs x 8
 envs, 1 trainer GMI) against PPO in the sync_training template (2 holistic GMIs x 8 envs) on
 Hopper-v5, both 2,048 samples per update, 4 epochs of 4 minibatches: the same cores (every core
 of this machine), the same env count. Target: APPO env steps/s >= 1.3x sync PPO's.

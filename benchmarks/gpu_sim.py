@@ -1,6 +1,6 @@
 """The warp engine on a GPU: GMI-DRL's Fig. 7 (GMIs per GPU) and Fig. 10 / Table 10 (num_envs).
 
-Source: papers/002_5a461f8f92ce1cbb.txt §6, Fig. 7, Fig. 10, Table 10.
+Source: the GMI-DRL paper §6, Fig. 7, Fig. 10, Table 10.
 
 (a) serving throughput (physics + Table 6 policy inference, env steps/s summed over GMIs) of
     one process holding all ``--total-envs`` worlds (each total given) against 2 / 4 / 8 GMI

@@ -1,5 +1,5 @@
 """iSwitch Fig. 12 / Table 3 in an emulated rack: the four workloads (DQN Pong, A2C Qbert, PPO
-Hopper, DDPG HalfCheetah; papers/001_cde5f59cc39915cf.txt §5.1) trained by 4 GMIs whose
+Hopper, DDPG HalfCheetah; the iSwitch paper §5.1) trained by 4 GMIs whose
 gradients go through the aggregation switch (synchronous and stale-sync), a parameter server and
 a gloo ring, at equal steps and seeds.
 

@@ -14,7 +14,7 @@
 // Why not ale-py's own vector env: its `send` routes action k to the k-th env of its last
 // `recv`, so it can neither step an arbitrary subset of envs nor return every env's first
 // observation at reset, which EnvPool's API (`send(actions, env_id)`) needs. Here `send` takes
-// env ids, as EnvPool's ActionBufferQueue does (papers/003_e9bf2f468e812145.txt, §3).
+// env ids, as EnvPool's ActionBufferQueue does (the EnvPool paper, §3).
 //
 // Per env and step a worker thread runs exactly what ale-py's vector env runs for one env in
 // NextStep mode (reset if the episode is over, else step; then `write_to`), writing straight

@@ -3,7 +3,7 @@
 //
 // A CartPole step is ~20 ns of arithmetic; in Python the pool's bookkeeping around it (ids,
 // validation, statistics, gathering a batch) costs microseconds per call, so here the whole pool
-// is native, as in EnvPool (papers/003_e9bf2f468e812145.txt, §3: the C++ core does everything but
+// is native, as in EnvPool (the EnvPool paper, §3: the C++ core does everything but
 // the thin binding). The Python side (gmi_drl/envs/cartpole_native.py) keeps only each env's
 // `np.random.Generator`: it pre-draws reset states in blocks, which the pool consumes in order,
 // so trajectories equal Gymnasium's (gymnasium/envs/classic_control/cartpole.py, the same

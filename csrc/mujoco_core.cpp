@@ -1,7 +1,7 @@
 // gmi_drl.envs._mujoco_core: Gymnasium v5 locomotion (Hopper, Walker2d, HalfCheetah, Swimmer,
 // Ant, Humanoid) stepped asynchronously on a C++ thread pool, one MjData per env.
 //
-// EnvPool's design (papers/003_e9bf2f468e812145.txt, §3): `send` queues env ids with their
+// EnvPool's design (the EnvPool paper, §3): `send` queues env ids with their
 // actions and returns; worker threads each pop an env, apply the action, run `frame_skip`
 // mj_step calls and write observation, reward, termination, time limit, episode statistics and
 // autoreset straight into the pool's per-env state buffers (NumPy arrays owned by Python);

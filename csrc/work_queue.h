@@ -1,4 +1,4 @@
-// EnvPool's asynchronous engine (papers/003_e9bf2f468e812145.txt, §3), shared by the native
+// EnvPool's asynchronous engine (the EnvPool paper, §3), shared by the native
 // cores that step envs on threads (_mujoco_core, _atari_core): `push` queues env ids and
 // returns; worker threads pop one id each and run the core's job for it (which writes that env's
 // results into the pool's buffers); `wait` blocks until enough envs finished and returns their ids

@@ -2,9 +2,9 @@
 
 Sources: Mnih et al. 2016, Algorithm S3 (n-step returns bootstrapped from ``V(s_{t+n})``, the
 policy gradient ``log pi(a|s) A`` with an entropy bonus, RMSprop); Babaeizadeh et al. 2017,
-"GA3C" (papers/002 ref. [2]): agents queue experience to a central trainer on the GPU instead of
-each holding a copy of the network, and the policy lag this leaves is not corrected. Here the
-agents are serving GMIs and the queues are the experience channels; returns are the n-step
+"GA3C" (the GMI-DRL paper ref. [2]): agents queue experience to a central trainer on the GPU
+instead of each holding a copy of the network, and the policy lag this leaves is not corrected.
+Here the agents are serving GMIs and the queues are the experience channels; returns are the n-step
 returns of each fragment (V-trace with every ratio 1, `gmi_drl.rollout.vtrace`), the loss is
 A2C's (`gmi_drl.algos.a2c.a2c_loss`).
 """

@@ -1,6 +1,6 @@
 """The algorithm protocol: what the runner calls, and what an algorithm is built from.
 
-Every algorithm is the same verbs (DESIGN.md §2): ``collect(pool)`` runs the algorithm's own
+Every algorithm is the same verbs (docs/algorithms.md): ``collect(pool)`` runs the algorithm's own
 schedule of env steps and the work that follows from them (PPO: a rollout, then GAE; an
 off-policy method: env steps, replay, gradient steps), ``update()`` learns from what was
 collected, and ``state_dict`` / ``load_state_dict`` checkpoint it. The runner sees nothing else:

@@ -1,5 +1,5 @@
 """A parameter server for gradient averaging over TCP: the baseline iSwitch measures against
-(papers/001_cde5f59cc39915cf.txt §2.2 and §5.1: "PS", workers push gradients to one server that
+(the iSwitch paper §2.2 and §5.1: "PS", workers push gradients to one server that
 aggregates them and sends the result back; Table 3 and Fig. 12 compare the switch with it).
 
 Every worker sends its flat float32 gradient to the server; once all ``world_size`` have arrived

@@ -3,7 +3,7 @@
 Source: ale-py 0.12 (``ale::vector::PreprocessedEnv``, the per-env class of its C++ vector env:
 emulation, frame skip, max-pooling, grayscale, INTER_AREA resize, frame stack, no-op starts and
 FIRE reset, all in C++, outside the GIL); task ids, option names and defaults follow EnvPool
-(papers/003_e9bf2f468e812145.txt, ``envpool/atari/atari_env.h``).
+(the EnvPool paper; ``envpool/atari/atari_env.h``).
 
 Engines (``make(..., engine=...)``, default ``"auto"``):
 

@@ -4,7 +4,7 @@ A CartPole step costs nanoseconds, so a pool of it is bound by the bookkeeping a
 (env ids, action checks, episode statistics, batch assembly), which the Python `EnvPool` does in
 Python on every ``send`` + ``recv``. Here ``reset``/``send``/``recv``/``step`` are the methods of the
 native ``gmi_drl.envs._cartpole_pool.CartPolePool`` (``csrc/cartpole_pool.cpp``), with the same
-contract, errors and messages as `EnvPool` (EnvPool, papers/003_e9bf2f468e812145.txt, §3: a C++
+contract, errors and messages as `EnvPool` (the EnvPool paper, §3: a C++
 core behind a thin binding). It steps in the caller's thread: a hand-off to another thread costs
 more than the step.
 

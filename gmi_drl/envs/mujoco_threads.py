@@ -1,6 +1,6 @@
 """MuJoCo locomotion on a C++ thread pool: EnvPool's thread-pool engine for Gymnasium's v5 tasks.
 
-Source: EnvPool (papers/003_e9bf2f468e812145.txt, §3): actions are queued with their env ids and
+Source: the EnvPool paper (§3): actions are queued with their env ids and
 ``send`` returns at once; worker threads step one env each, write its results into the pool's
 state buffers, and ``recv`` returns the first ``env_batch_size`` envs to finish. With
 ``num_envs > env_batch_size`` the physics of the next batch runs while the caller works on this

@@ -1,6 +1,6 @@
 """`EnvPool`: the batched environment API (EnvPool's `send`/`recv`, full or partial batches).
 
-Source: papers/003_e9bf2f468e812145.txt (EnvPool): actions go out with the ids of the envs they
+Source: the EnvPool paper: actions go out with the ids of the envs they
 are for (`send`), and `recv` returns the first ``env_batch_size`` envs to finish, so the caller
 overlaps inference with simulation. ``env_batch_size == num_envs`` is the synchronous case.
 """

@@ -1,6 +1,6 @@
 """Task specification and autoreset modes of the env engine.
 
-Source: EnvPool (papers/003_e9bf2f468e812145.txt): a pool is made from a task spec; the batched
+Source: the EnvPool paper: a pool is made from a task spec; the batched
 API returns single-env Gymnasium spaces.
 """
 

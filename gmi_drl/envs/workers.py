@@ -1,6 +1,6 @@
 """The generic path: sub-environments in worker processes, results in shared memory.
 
-EnvPool's ActionBufferQueue / StateBufferQueue (papers/003_e9bf2f468e812145.txt) in process form.
+EnvPool's ActionBufferQueue / StateBufferQueue (the EnvPool paper) in process form.
 Each of ``num_workers`` processes owns a contiguous shard of env ids and a `Stepper` over its own
 `BatchedEnv`; actions and every per-env result live in one shared-memory block, so nothing is
 pickled per step. The pool wakes a worker through a per-worker semaphore and is woken through one

@@ -1,4 +1,4 @@
-"""The template cost model of GMI-DRL §5.1 (papers/002, Tables 3-5, equations 1-3).
+"""The template cost model of the GMI-DRL paper (§5.1, Tables 3-5, equations 1-3).
 
 A template maps the roles of DRL (simulator, agent, trainer) onto GMIs. For each template the
 model gives the resource size ``R`` one unit of work occupies and the bytes ``COM`` it moves

@@ -1,7 +1,7 @@
 """Multi-layer perceptrons built from a layer string (GMI-DRL paper, Table 6 notation).
 
 ``"11:64:64:3"`` is an MLP with 11 inputs, two hidden layers of 64 units and 3 outputs; the
-activation follows every layer but the last. Source: papers/002_5a461f8f92ce1cbb.txt, Table 6.
+activation follows every layer but the last. Source: the GMI-DRL paper, Table 6.
 """
 
 from __future__ import annotations

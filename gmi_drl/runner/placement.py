@@ -360,8 +360,9 @@ def _nsys_prefixes(cfg: TrainConfig, run_dir, machine) -> dict[int, list[str]]:
 
 
 def _nsight_runtime_envs(cfg: TrainConfig, run_dir, num_gmis: int) -> list[dict | None] | None:
-    """Per GMI, the Ray ``runtime_env`` part that runs its actor under Nsight Systems (papers/004:
-    ``{"nsight": ...}`` per actor instance), or ``None`` when no GMI is profiled with nsys."""
+    """Per GMI, the Ray ``runtime_env`` part that runs its actor under Nsight Systems (the
+    Nsight-on-Ray article: ``{"nsight": ...}`` per actor instance), or ``None`` when no GMI is
+    profiled with nsys."""
     from gmi_drl.telemetry.profiler import nsight_runtime_env
 
     if cfg.profile.tool != "nsys":

@@ -316,8 +316,9 @@ class Run:
     @contextlib.contextmanager
     def telemetry(self):
         """The controller's telemetry around the GMIs: samples GPU utilisation and, when
-        profiling, says where the controller runs (papers/004: reports are found by host and
-        pid) and, at the end, writes the merged report and lists where every report landed."""
+        profiling, says where the controller runs (the Nsight-on-Ray article: reports are
+        found by host and pid) and, at the end, writes the merged report and lists where every
+        report landed."""
         from gmi_drl.telemetry.gpu_util import start_gpu_sampler
         from gmi_drl.telemetry.profiler import list_reports
 

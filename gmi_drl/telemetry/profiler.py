@@ -1,10 +1,10 @@
 """Profiling: which iterations, GMIs and roles are captured, and the tools that capture them.
 
-Source: ``papers/004_7b98cf246efb1cd7.txt`` (Nsight Systems on Ray, as built into verl): a
+Source: the Nsight-on-Ray article (Nsight Systems on Ray, as built into verl): a
 profiler abstraction with a no-op implementation; capture ranges (``cudaProfilerStart/Stop``)
 chosen by training step (here: iteration), by rank and by task, optionally one per task
 ("discrete"); NVTX ranges fused with the timing function; one ``runtime_env={"nsight": ...}``
-per Ray actor instance; the controller says where it runs. DESIGN.md §7.
+per Ray actor instance; the controller says where it runs. docs/profiling.md.
 
 Terms. An *iteration* is one collect + update of the training loop; its index is 0-based and
 counted over the whole run (a resumed run continues the count). A *rank* is a GMI id. A *phase*
@@ -62,7 +62,8 @@ each capture range becomes its own numbered report"""
 
 @dataclass
 class ProfilerConfig:
-    """Profiling (DESIGN.md §7): which tool captures which iterations, GMIs (ranks) and roles."""
+    """Profiling (docs/profiling.md): which tool captures which iterations, GMIs (ranks) and
+    roles."""
 
     tool: Literal["none", "nsys", "torch"] = "none"
     """none; nsys: Nsight Systems capture ranges and NVTX ranges (GMIs run under nsys where it is
@@ -344,10 +345,10 @@ def nsight_runtime_env(cfg: ProfilerConfig, gmi_id: int, run_dir: str | Path) ->
 
     ``{"nsight": {"trace": ..., "capture-range": "cudaProfilerApi", "capture-range-end":
     "repeat", "o": "<run name>-gmi-<k>-%p"}}``, for ``Actor.options(runtime_env=...)`` per actor
-    instance (papers/004). Ray turns each key into ``--key=value`` and writes the reports under
-    ``/tmp/ray/session_*/logs/nsight/`` on the actor's node (``o`` is the name there). ``None``
-    when the tool is not nsys or the GMI is not selected, and ``None`` with a logged warning
-    when ``nsys`` is not on this host's PATH.
+    instance (the Nsight-on-Ray article). Ray turns each key into ``--key=value`` and writes the
+    reports under ``/tmp/ray/session_*/logs/nsight/`` on the actor's node (``o`` is the name
+    there). ``None`` when the tool is not nsys or the GMI is not selected, and ``None`` with a
+    logged warning when ``nsys`` is not on this host's PATH.
     """
     if cfg.tool != "nsys" or not rank_selected(cfg, gmi_id):
         return None

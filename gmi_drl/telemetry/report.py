@@ -7,7 +7,7 @@ Reads ``RUN_DIR/timeline.json`` (GMI 0), ``RUN_DIR/gmi-<k>/timeline.json`` (GMI 
   one named process track per GMI, times aligned through each file's Unix clock anchor and
   counted from the run's first event; NVML GPU utilisation as counter tracks.
 - ``phase_breakdown.csv`` / ``.png``: per GMI and iteration, the split of iSwitch's Fig. 4
-  (``papers/001_cde5f59cc39915cf.txt`` §2.2): *computation* (local gradient computation: agent
+  (the iSwitch paper §2.2): *computation* (local gradient computation: agent
   inference, env steps, GAE, minibatch sampling, forward and backward passes) = ``rollout`` +
   ``advantages`` + ``update`` less the two below; *aggregation* = ``update/allreduce``; *weight
   update* = ``update/optimizer`` (with one trainer and a compiled step, the optimizer runs inside

@@ -1,4 +1,4 @@
-"""`timer(name)`: the one way code marks a phase (DESIGN.md §7).
+"""`timer(name)`: the one way code marks a phase (docs/profiling.md).
 
 Each section feeds a wall-clock timing tree (totals per nested path such as
 ``"rollout/env_step"``), an optional `Timeline` (Chrome-trace events), and, while a profiler asks

@@ -56,7 +56,7 @@ def parse_addr(s: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class SwitchConfig:
-    """Options of one switch daemon (`gmi-drl switch serve`; iSwitch, papers/001 §3.2-3.4).
+    """Options of one switch daemon (`gmi-drl switch serve`; the iSwitch paper §3.2-3.4).
 
     Raises:
         ValueError: every option out of range (`__post_init__`)."""

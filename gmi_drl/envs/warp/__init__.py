@@ -1,6 +1,6 @@
 """The warp engine: GPU simulators on MuJoCo Warp, every world of a pool in one batched model.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) §1-§3 and Table 6, whose tasks follow Isaac
+Source: the GMI-DRL paper §1-§3 and Table 6, whose tasks follow Isaac
 Gym's task definitions (IsaacGymEnvs). Modules:
 
 - `pool`: `WarpPool`, the engine (the pool API over MuJoCo Warp; CUDA graphs; tensors out).

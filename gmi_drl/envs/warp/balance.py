@@ -1,6 +1,6 @@
 """BallBalance for the warp engine: a tray on three legs keeps a falling ball near its centre.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6 (BallBalance: 24 observations, 3
+Source: the GMI-DRL paper Table 6 (BallBalance: 24 observations, 3
 actions); the model, observation, reward, action integration, reset and termination follow
 IsaacGymEnvs' ``BallBalance`` task (``ball_balance.py``, ``cfg/task/BallBalance.yaml``).
 

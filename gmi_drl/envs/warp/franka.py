@@ -1,6 +1,6 @@
 """FrankaCabinet for the warp engine: a Franka arm opens the top drawer of a cabinet.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6 (FrankaCabinet: 23 observations, 9
+Source: the GMI-DRL paper Table 6 (FrankaCabinet: 23 observations, 9
 actions); the observation, relative PD targets, reward (distance, gripper alignment, fingers
 around the handle, opening, bonuses and the "bad style" penalty), reset noise and termination
 follow IsaacGymEnvs' ``FrankaCabinet`` task (``franka_cabinet.py``,

@@ -1,6 +1,6 @@
 """ShadowHand for the warp engine: in-hand reorientation of a block to a random goal orientation.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6 (ShadowHand: 211 observations, 20
+Source: the GMI-DRL paper Table 6 (ShadowHand: 211 observations, 20
 actions); the observation (``full_state``), reward, reset noise, goal resampling and termination
 follow IsaacGymEnvs' ``ShadowHand`` task with the block (``shadow_hand.py``,
 ``cfg/task/ShadowHand.yaml``). Physics is MuJoCo's.

@@ -1,6 +1,6 @@
 """Ant and Humanoid for the warp engine: models, constants and NumPy references.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6, which trains Isaac Gym's tasks. The
+Source: the GMI-DRL paper Table 6, which trains Isaac Gym's tasks. The
 observation, reward, reset noise and termination of each task follow the Isaac Gym task
 definitions the paper used (IsaacGymEnvs ``Ant`` and ``Humanoid``: ``compute_*_observations``,
 ``compute_*_reward``, ``reset_idx`` and their ``cfg/task/*.yaml`` constants); physics is MuJoCo's

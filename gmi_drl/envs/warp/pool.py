@@ -1,6 +1,6 @@
 """`WarpPool`: a GPU simulator behind the pool API, every world in one MuJoCo Warp model/data.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) §1-§3: each GMI holds a GPU simulator with
+Source: the GMI-DRL paper §1-§3: each GMI holds a GPU simulator with
 thousands of environments beside its agent and trainer. MuJoCo Warp steps all of a pool's
 worlds with one batched `mujoco_warp.Data`; the task's kernels (`gmi_drl.envs.warp`) take
 observations, rewards and terminations and reset ended worlds in the same step, on the device.

@@ -1,6 +1,6 @@
 """Anymal for the warp engine: an ANYmal-like quadruped tracking a commanded base velocity.
 
-Source: papers/002_5a461f8f92ce1cbb.txt (GMI-DRL) Table 6 (Anymal: 48 observations, 12
+Source: the GMI-DRL paper Table 6 (Anymal: 48 observations, 12
 actions); the observation, reward, PD control, reset noise and termination follow IsaacGymEnvs'
 ``Anymal`` task (``compute_anymal_observations``, ``compute_anymal_reward``, ``reset_idx`` and
 ``cfg/task/Anymal.yaml``). Physics is MuJoCo's (through MuJoCo Warp), not PhysX.
