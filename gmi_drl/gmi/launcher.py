@@ -58,7 +58,7 @@ COMPILER = ("torch._dynamo",)
 START_METHODS = ("forkserver", "spawn")
 
 
-def _context(start_method: str, preload: Sequence[str] = ()):
+def mp_context(start_method: str, preload: Sequence[str] = ()):
     """The multiprocessing context of ``start_method``; the fork server's imports `PRELOAD` and
     ``preload`` when this process starts it (a server already running keeps what it has).
 
@@ -317,7 +317,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     """
     from gmi_drl.comm.shm import ShmGroup
 
-    mpctx = _context(start_method, preload)
+    mpctx = mp_context(start_method, preload)
     n = layout.num_gmis
     if layout.reduction in (Reduction.SWITCH, Reduction.PS) and n > 1 and \
             len(service_addrs) != n:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from typing import Callable, Sequence
 
 from gmi_drl.files import replace_atomically, write_text_atomically
 from gmi_drl.gmi import cost
+from gmi_drl.gmi.launcher import COMPILER, mp_context
 
 CACHE_VERSION = 2
 """bumped when a point's meaning changes, so older cache files are not reused (2: windows of
@@ -177,9 +179,18 @@ class PointCache:
                                                      "points": self.points}, indent=1))
 
 
+PROBE_PRELOAD = ("gmi_drl.gmi.probe", "gmi_drl.train", *COMPILER)
+"""what the fork server that starts the probes imports once: a probe forked from it starts
+without importing them (about 4 s of a 1-GMI probe's 7-10 s on machine A, where the GMI trains in
+the probe's own process)"""
+
+
 def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
-              min_steps: int = 0) -> dict:
-    """Run `gmi_drl.gmi.probe` on ``config`` in a new session; returns its figures.
+              min_steps: int = 0, target: str = "gmi_drl.gmi.probe:main") -> dict:
+    """Run `gmi_drl.gmi.probe` on ``config`` in a process of its own, forked from
+    multiprocessing's fork server (`PROBE_PRELOAD` imported there once), in a new session;
+    returns its figures. ``target`` (``"module:function"``, called with ``[REQUEST.json,
+    RESULT.json]``, returning the exit status) is the probe's entry point.
 
     Raises:
         ProbeFailed: it ended without writing its figures (a crash, the kernel's OOM killer),
@@ -188,20 +199,22 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
     """
     with tempfile.TemporaryDirectory(prefix="gmi-drl-tune-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        log_path = Path(tmp) / "probe.log"
         request.write_text(json.dumps({"config": config, "warmup": warmup,
                                        "iterations": iterations, "min_steps": min_steps}))
-        with open(Path(tmp) / "probe.log", "w+") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.gmi.probe", str(request),
-                                     str(result)], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                hung = not _wait_for(proc, result, timeout_s)
-            finally:
-                # on a timeout the probe; always GMIs or workers it left; once RESULT.json is
-                # there, the interpreter's own teardown (0.7-1.6 s a probe), which measures nothing
-                _kill_group(proc)
-            log.seek(0)
-            text = log.read()
+        log_path.touch()
+        ctx = mp_context("forkserver", PROBE_PRELOAD)
+        process = ctx.Process(target=_probe_main, name="gmi-drl-probe",
+                              args=(target, str(request), str(result), str(log_path),
+                                    dict(os.environ)))
+        process.start()
+        proc = _Forked(process)
+        try:
+            hung = not _wait_for(proc, result, timeout_s)
+        finally:
+            # on a timeout the probe; always GMIs or workers it left
+            _kill_group(proc)
+        text = log_path.read_text(errors="replace")
         if hung:
             raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed) "
                               f"{_how_far(text)}")
@@ -213,7 +226,45 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
         return json.loads(result.read_text())
 
 
-def _wait_for(proc: subprocess.Popen, result: Path, timeout_s: float) -> bool:
+def _probe_main(target: str, request: str, result: str, log_path: str, environ: dict) -> None:
+    """A probe, in the process the fork server forked: a session of its own (so that the whole
+    group can be stopped at the limit), the caller's environment (the server has the one it was
+    started with), stdout and stderr into ``log_path``."""
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(environ)
+    tempfile.tempdir = None  # TMPDIR as the caller has it, not as the server had it
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # (the server's children start with it ignored)
+    module, name = target.split(":")
+    sys.exit(getattr(importlib.import_module(module), name)([request, result]))
+
+
+class _Forked:
+    """A `multiprocessing.Process` as much of a `subprocess.Popen` as `_wait_for` and
+    `_kill_group` use: ``pid``, ``poll``, ``wait`` and ``returncode``."""
+
+    def __init__(self, process) -> None:
+        self._process, self.pid = process, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("gmi-drl probe", timeout)
+        return self._process.exitcode
+
+
+def _wait_for(proc: _Forked, result: Path, timeout_s: float) -> bool:
     """Wait until ``proc`` exits or has written ``result`` (the probe writes it whole, with
     `os.replace`, once its run has ended); False when neither happened within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -254,7 +305,7 @@ class ProbeFailed(RuntimeError):
     """A profiled point did not run to its end (Algorithm 2: not runnable)."""
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def _kill_group(proc: _Forked | subprocess.Popen, grace_s: float = 5.0) -> None:
     """End the process group that ``proc`` leads. SIGTERM first: the GMIs leave through their
     handlers, and multiprocessing's resource tracker, which ignores SIGTERM, outlives them and
     unlinks the shared memory and semaphores they still held (a SIGKILL to the whole group

@@ -36,6 +36,20 @@ def sleep_long(ctx):
     time.sleep(30)
 
 
+def probe_that_lingers(argv):
+    """A probe (`gmi_drl.gmi.tune.run_probe`'s target) that writes its figures at once, then
+    lingers with a child of its own, as a probe's teardown and leftover workers would."""
+    import json
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    with open(argv[1] + ".tmp", "w") as f:
+        json.dump({"top": 7.0}, f)
+    os.replace(argv[1] + ".tmp", argv[1])
+    child.wait()
+    return 0
+
+
 def listing1_roles(ctx):
     from gmi_drl.gmi.manager import GMIManager
 

@@ -10,6 +10,7 @@ import pytest
 
 from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
 from gmi_drl.gmi import probe
+from gmi_drl.gmi import tune as tune_module
 from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
 from tests.procs import group_members
@@ -151,14 +152,13 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
     started = []
-    real_popen = __import__("subprocess").Popen
+    real_forked = tune_module._Forked
 
-    def popen(*args, **kwargs):  # remember the probe's process group
-        proc = real_popen(*args, **kwargs)
-        started.append(proc.pid)
-        return proc
+    def forked(process):  # remember the probe's process group
+        started.append(process.pid)
+        return real_forked(process)
 
-    monkeypatch.setattr("gmi_drl.gmi.tune.subprocess.Popen", popen)
+    monkeypatch.setattr("gmi_drl.gmi.tune._Forked", forked)
     most, done = [0], threading.Event()
 
     def watch():  # the probe's group while it runs: the probe and its second GMI's process
@@ -187,19 +187,22 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert left == [], [str(p) for p in scratch.rglob("*")][:20]
 
 
-def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(tmp_path,
-                                                                          monkeypatch):
+def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(monkeypatch):
     """The figures are whole once RESULT.json is there: `run_probe` takes them without waiting
-    out the interpreter's teardown, and kills what is left of the group."""
-    script = tmp_path / "probe.sh"
-    script.write_text('#!/bin/sh\necho $$ > "%s"\nsleep 60 &\nprintf \'{"top": 7.0}\' > '
-                      '"$4.tmp"\nmv "$4.tmp" "$4"\nwait\n' % (tmp_path / "pgid"))
-    script.chmod(0o755)
-    monkeypatch.setattr("gmi_drl.gmi.tune.sys.executable", str(script))
+    out the probe's teardown, and stops what is left of its group."""
+    started = []
+    real_forked = tune_module._Forked
+
+    def forked(process):
+        started.append(process.pid)
+        return real_forked(process)
+
+    monkeypatch.setattr("gmi_drl.gmi.tune._Forked", forked)
     t0 = time.perf_counter()
-    assert run_probe({}, warmup=1, iterations=1, timeout_s=30) == {"top": 7.0}
+    assert run_probe({}, warmup=1, iterations=1, timeout_s=30,
+                     target="tests.gmi.gmi_targets:probe_that_lingers") == {"top": 7.0}
     assert time.perf_counter() - t0 < 10
-    pgid = int((tmp_path / "pgid").read_text())
+    pgid = started[0]  # the probe leads its own session: its pid is its group
     for _ in range(20):
         if not group_members(pgid, zombies=False):
             break
