@@ -222,7 +222,10 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
             what = ("killed by the kernel (out of memory?)" if proc.returncode == -9
                     else f"exit status {proc.returncode}")
             last = _last_line(text)
-            raise ProbeFailed(f"{what}: {last[:300] if last else 'no output'}")
+            raise ProbeFailed(f"{what}: {last[:300]}" if last else
+                              f"{what} before the probe started (its traceback is on this "
+                              "process's stderr; a script that runs tune needs the 'if __name__ "
+                              "== \"__main__\":' guard: the fork server imports it)")
         return json.loads(result.read_text())
 
 

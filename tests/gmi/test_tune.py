@@ -506,3 +506,23 @@ def test_estimate_projects_to_more_devices_with_the_allreduce_term():
     assert got == pytest.approx(1000.0 * 4 * 1.0 / (0.9 + 0.175))
     with pytest.raises(ValueError, match="bandwidth"):
         Tuner(cfg, num_devices=4).estimate(2, point)
+
+
+def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
+    """The fork server that starts the probes imports the caller's main script, as
+    multiprocessing does: a script without the guard fails in every probe before it starts,
+    and the reason says why instead of 'no output'."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text("from gmi_drl.config import preset, to_dict\n"
+                      "from gmi_drl.gmi.tune import ProbeFailed, run_probe\n"
+                      "try:\n"
+                      "    run_probe(to_dict(preset('auto', 'CartPole-v1', 'ppo')), 1, 1, 60)\n"
+                      "except ProbeFailed as e:\n"
+                      "    print('REASON:', e)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert "REASON: exit status 1 before the probe started" in done.stdout, done.stderr[-2000:]
+    assert "'if __name__ == \"__main__\":' guard" in done.stdout
