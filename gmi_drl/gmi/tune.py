@@ -310,10 +310,11 @@ class ProbeFailed(RuntimeError):
 
 def _kill_group(proc: _Forked | subprocess.Popen, grace_s: float = 5.0) -> None:
     """End the process group that ``proc`` leads. SIGTERM first: the GMIs leave through their
-    handlers, and multiprocessing's resource tracker, which ignores SIGTERM, outlives them and
-    unlinks the shared memory and semaphores they still held (a SIGKILL to the whole group
-    left those in /dev/shm). SIGKILL then ends whatever is still running ``grace_s`` seconds
-    later (a process stuck where no handler runs)."""
+    handlers and a probe unwinds its run (`gmi_drl.gmi.probe.main`), which unlinks the shared
+    memory and removes the temporary directories they held (a SIGKILL to the whole group left
+    those behind). SIGKILL then ends whatever is still running ``grace_s`` seconds later (a
+    process stuck where no handler runs); what it held in /dev/shm is unlinked by
+    multiprocessing's resource tracker when this process exits (a forked probe shares it)."""
     running = True
     try:
         os.killpg(proc.pid, signal.SIGTERM)
