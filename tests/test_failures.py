@@ -214,7 +214,10 @@ def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
     def ours():
         return {n for n in os.listdir("/dev/shm") if n.startswith("gmidrl_")}
 
-    before = ours()
+    def semaphores():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")}
+
+    before, sems_before = ours(), semaphores()
     run = tmp_path / "run"
     proc = start_cli(["train", "ppo", "--gmi.num-gmis", "2", "--total-timesteps", "100000000",
                       "--no-compile", "--log.no-tensorboard", "--run-dir", str(run)], tmp_path)
@@ -233,6 +236,10 @@ def test_blocks_a_killed_run_left_are_reclaimed_and_live_ones_kept(tmp_path):
     finally:
         live.close()
         live.unlink()
+        # the killed run's multiprocessing semaphores (its queues, barriers): its resource
+        # tracker died with it, and they name no creator to reclaim by; the test removes them
+        for name in semaphores() - sems_before:
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
