@@ -426,7 +426,7 @@ def test_sb3_face_matches_dummy_vec_env_step_for_step(task):
     ours.close()
 
 
-def test_sb3_wrappers_chain_and_ppo_trains_on_the_face():
+def test_sb3_wrappers_chain_and_ppo_trains_on_the_face(tmp_path, monkeypatch):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
@@ -436,6 +436,7 @@ def test_sb3_wrappers_chain_and_ppo_trains_on_the_face():
     # warns over it as over SB3's own make_vec_env)
     env = VecNormalize(VecFrameStack(make_vec_env("Hopper-v5", 4, seed=1), 2), gamma=0.99)
     model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=1, device="cpu")
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path))  # (else learn leaves a directory in /tmp)
     model.learn(total_timesteps=1024)
     assert model.num_timesteps == 1024 and len(model.ep_info_buffer) > 0
     assert all(np.isfinite(e["r"]) for e in model.ep_info_buffer)
