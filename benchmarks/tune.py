@@ -1,7 +1,8 @@
 """`gmi-drl tune` (GMI-DRL Algorithm 2) against the exhaustive grid, and the cost model's error.
 
 For each task: every (GMIs per device, num_envs) point of the grid is profiled (fresh, no cache),
-then `tune` searches the same grid with a fresh cache. Printed: the grid's best point, tune's
+then `tune` searches the same grid with a fresh cache. Printed: every point of both (the
+search's with its Sat), the grid's best point, tune's
 pick, the pick's throughput over the grid's best (both as the grid measured them, so probe noise
 is not counted twice; tune's own figure beside it), and the search's wall time over the grid's.
 Beside it, Algorithm 2 replayed on the grid's own figures: what the search would cost and pick
@@ -75,6 +76,11 @@ def run_task(task: str, args) -> None:
                               min_steps=args.min_steps, min_seconds=args.min_seconds,
                               probe_timeout_s=args.timeout_s, out=out)
         report = tune(cfg, options)
+    for p in report.search.points:
+        sat = "" if p.sat is None else f", Sat {p.sat:.2f}"
+        print(f"tune: {p.gmis} GMIs x {p.num_envs:>3} envs: "
+              + (f"{p.top:>9,.0f} env steps/s, {p.mem / 2**20:,.0f} MiB, {p.seconds:.1f} s{sat}"
+                 if p.runnable else f"not runnable ({p.reason})"), flush=True)
     pick = report.chosen
     print("\n| | GMIs | num_envs | env steps/s | wall s | points |\n|---|---|---|---|---|---|")
     print(f"| grid best | {best.gmis} | {best.num_envs} | {best.top:,.0f} | {grid_s:.0f} | "
