@@ -2,9 +2,9 @@
 
 For each task: every (GMIs per device, num_envs) point of the grid is profiled (fresh, no cache),
 then `tune` searches the same grid with a fresh cache. Printed: every point of both (the
-search's with its Sat), the grid's best point, tune's
-pick, the pick's throughput over the grid's best (both as the grid measured them, so probe noise
-is not counted twice; tune's own figure beside it), and the search's wall time over the grid's.
+search's with its Sat), the grid's best point, tune's pick, the pick's throughput over the
+grid's best (both as the grid measured them, so probe noise is not counted twice; tune's own
+figure beside it), and the search's wall time over the grid's.
 Beside it, Algorithm 2 replayed on the grid's own figures: what the search would cost and pick
 if its probes returned exactly what the grid measured (its behaviour without a second draw of
 probe noise).
