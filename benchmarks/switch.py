@@ -51,6 +51,8 @@ import time
 
 import numpy as np
 
+# the paper's model sizes, its KB and MB read as KiB and MiB (every switch figure in
+# docs/benchmarks.md was measured so; benchmarks/reduce.py reads them as 10^3 and 10^6 bytes)
 SIZES = {"40KB": 40 * 1024, "157.5KB": int(157.5 * 1024), "3.3MB": int(3.3 * 2**20),
          "6.4MB": int(6.4 * 2**20)}
 ITERS = {"40KB": 30, "157.5KB": 20, "3.3MB": 6, "6.4MB": 6}
@@ -350,7 +352,7 @@ def driver(a) -> None:
             check = "counters agree" if got == expect else f"COUNTERS DISAGREE: {got} != {expect}"
             rates[m] = members * (SIZES[big] // 4 * 4) / (res[m][big][3] / 1000)
             print(f"{m} daemons at {big}: {rates[m] / 1e9:.2f} GB aggregated per CPU-second "
-                  f"({members} members x {SIZES[big] / 1e6:.1f} MB per {res[m][big][3]:.1f} ms "
+                  f"({members} members x {SIZES[big] / 2**20:.1f} MiB per {res[m][big][3]:.1f} ms "
                   f"of daemon CPU), {rates[m] / (bw * 1e9):.1%} of the memory bandwidth; "
                   f"{check}")
         if "switch" in rates and "switch-py" in rates:
