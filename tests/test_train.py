@@ -211,6 +211,23 @@ def test_resume_continues_the_run(tmp_path):
     assert lr[2] == pytest.approx(1e-3 * (1 - 2 / 4))
 
 
+def test_a_resume_with_another_learning_rate_steps_with_it(tmp_path):
+    """The checkpoint's optimizer state carries its moments, not the learning rate: a resumed
+    run steps with the one its config gives (and config.json says)."""
+    cfg = _quick_cfg(tmp_path, anneal_lr=False)
+    cfg.total_timesteps = 2 * cfg.batch_size
+    train(cfg)
+    run = tmp_path / "run"
+    cfg2 = _quick_cfg(tmp_path, anneal_lr=False, learning_rate=3e-4)
+    cfg2.run_dir, cfg2.resume, cfg2.total_timesteps = None, str(run), 4 * cfg.batch_size
+    train(cfg2)
+    lr = [float(r["value"]) for r in csv.DictReader(open(run / "metrics.csv"))
+          if r["name"] == "losses/learning_rate"]
+    assert lr == [pytest.approx(cfg.algo.learning_rate)] * 2 + [pytest.approx(3e-4)] * 2
+    state = load_checkpoint(run)
+    assert state["algo"]["optimizers"]["actor_critic"]["lr"] == pytest.approx(3e-4)
+
+
 def test_a_resume_that_fails_before_its_first_checkpoint_leaves_config_json_as_it_was(
         tmp_path):
     """A resume given a Ray address where no cluster listens stops before any GMI starts;

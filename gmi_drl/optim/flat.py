@@ -168,8 +168,11 @@ class FlatAdam:
                 "exp_avg_sq": self.exp_avg_sq.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Raises ``ValueError`` when the stored moments have another size or come from
-        another optimizer."""
+        """The moments and step count of ``state``; ``lr`` stays this optimizer's (the run's
+        setting: a resumed run may change it), not the stored one.
+
+        Raises:
+            ValueError: the stored moments have another size or come from another optimizer."""
         if "exp_avg" not in state:
             raise ValueError("optimizer state is not Adam's (another --algo optimizer?)")
         if state["exp_avg"].shape != self.exp_avg.shape:
@@ -179,7 +182,6 @@ class FlatAdam:
             self._steps.fill_(float(state["steps"]))
         else:
             self._steps = int(state["steps"])
-        self.lr = float(state["lr"])
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
@@ -231,8 +233,11 @@ class FlatRMSprop:
         return {"steps": self.steps, "lr": self.lr, "square_avg": self.square_avg.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Raises ``ValueError`` when the stored average has another size or comes from
-        another optimizer."""
+        """The average and step count of ``state``; ``lr`` stays this optimizer's (as
+        `FlatAdam.load_state_dict`).
+
+        Raises:
+            ValueError: the stored average has another size or comes from another optimizer."""
         if "square_avg" not in state:
             raise ValueError("optimizer state is not RMSprop's (another --algo optimizer?)")
         if state["square_avg"].shape != self.square_avg.shape:
@@ -242,7 +247,6 @@ class FlatRMSprop:
             self._steps.fill_(float(state["steps"]))
         else:
             self._steps = int(state["steps"])
-        self.lr = float(state["lr"])
         self.square_avg.copy_(state["square_avg"])
 
 

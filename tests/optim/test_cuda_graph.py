@@ -73,13 +73,13 @@ def test_graphed_steps_equal_compiled_steps(space, optimizer, reducer):
     for i, mb in enumerate(batches):
         if i == 3:
             plain.lr = graphed.lr = 5e-3  # written in place: the captured graph reads it
-        if i == 5:  # a loaded state (other weights, lr) lands where the graph reads it
+        if i == 5:  # a loaded state (other weights and moments) lands where the graph reads it
             state = plain.state_dict()
-            state["lr"] = 2e-3
             data = plain.params.data * 0.5
             for step in (plain, graphed):
                 step.load_state_dict(state)
                 step.params.data.copy_(data)
+                step.lr = 2e-3
         expected.append(plain(*mb))
         kept.append(graphed(*mb))
     # every step's outputs, compared at the end: a later replay did not overwrite them

@@ -67,7 +67,8 @@ def test_optimizer_state_round_trip(traced):
     fopt.step()
     other = FlatAdam(FlatParams(_net(3)), lr=0.5, traced=not traced)
     other.load_state_dict(fopt.state_dict())
-    assert other.steps == 1 and other.lr == 1e-3
+    # lr stays the loading optimizer's: the run's setting, which a resume may change
+    assert other.steps == 1 and other.lr == 0.5
     torch.testing.assert_close(other.exp_avg_sq, fopt.exp_avg_sq)
     with pytest.raises(ValueError, match="optimizer state for"):
         FlatAdam(FlatParams(nn.Linear(2, 2)), lr=1e-3).load_state_dict(fopt.state_dict())
@@ -102,7 +103,7 @@ def test_flat_rmsprop_equals_torch_rmsprop_and_sb3s_tf_form(traced, name):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     other = FlatRMSprop(FlatParams(_net(4)), lr=1.0, traced=not traced)
     other.load_state_dict(fopt.state_dict())
-    assert other.steps == 20 and other.lr == pytest.approx(7e-4)
+    assert other.steps == 20 and other.lr == 1.0  # (the loading optimizer's lr)
     torch.testing.assert_close(other.square_avg, fopt.square_avg)
     with pytest.raises(ValueError, match="not Adam's"):
         FlatAdam(FlatParams(_net(4)), lr=1e-3).load_state_dict(fopt.state_dict())
