@@ -254,7 +254,8 @@ class ReplayBuffer:
         self.flush()
         return {"pos": self.pos, "size": self.size, "added": self.added,
                 "capacity": self.capacity, "num_envs": self.num_envs,
-                "tensors": [t[:self.size].cpu() for t in self._tensors]}
+                # copies: a CPU slice would be saved with the whole capacity's storage
+                "tensors": [t[:self.size].to("cpu", copy=True) for t in self._tensors]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output. The newest step of each env ends its episode here: the
@@ -265,7 +266,8 @@ class ReplayBuffer:
 
         Raises:
             ValueError: the stored transitions do not fit this buffer (another capacity or
-                ``num_envs``, where the state records them, or other shapes).
+                ``num_envs``, where the state records them, or other shapes), or do not hold
+                the ``size`` rows the state says.
         """
         size = int(state["size"])
         stored = list(state["tensors"])
@@ -275,7 +277,8 @@ class ReplayBuffer:
         layout = (state.get("capacity", self.capacity), state.get("num_envs", self.num_envs))
         if size > self.capacity or layout != (self.capacity, self.num_envs) or len(
                 stored) != len(self._tensors) or any(
-                s.shape[1:] != t.shape[1:] for s, t in zip(stored, self._tensors)):
+                s.shape[0] != size or s.shape[1:] != t.shape[1:]
+                for s, t in zip(stored, self._tensors)):
             raise ValueError(f"stored replay of {size} transitions does not fit a buffer of "
                              f"capacity {self.capacity} with these spaces")
         self._staged = 0  # (the loaded rows replace whatever was staged)

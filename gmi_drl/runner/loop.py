@@ -155,9 +155,12 @@ class Trainer:
         if state is not None:
             try:
                 self._restore(state)
-            except (ValueError, KeyError) as err:
+            except (ValueError, KeyError, RuntimeError, TypeError) as err:
                 self.pool.close()  # (its env threads or workers would outlive the error)
-                raise CheckpointError(f"checkpoint does not match this run: {err}") from None
+                raise CheckpointError(
+                    f"checkpoint does not match this run: {str(err).splitlines()[0]}; resume "
+                    "from an earlier checkpoint of the run (--resume RUN_DIR/checkpoints/"
+                    "iteration-N.pt) or start a new run") from None
         self.episode_wall_s = [0.0] * len(self.episode_steps)
         self.unlogged: list[Episodes] = []
         """the episodes since the last logged iteration (its row summarises them all)"""
@@ -190,7 +193,8 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         """Load the algorithm, normalisers and RNGs from a checkpoint (the action generator on
         GMI 0 only: it is GMI 0's; a saved replay buffer with one GMI only: it is GMI 0's).
-        Raises ``ValueError`` / ``KeyError`` when it does not fit."""
+        Raises ``ValueError``, ``KeyError``, ``RuntimeError`` or ``TypeError`` (torch's, for
+        tensors of other shapes or types) when it does not fit."""
         algo = state["algo"]
         if self.cfg.gmi.num_gmis > 1 and "replay" in algo:
             # GMI 0's replay: every GMI refills its own instead, all in step (a collective

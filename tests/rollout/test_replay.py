@@ -310,3 +310,25 @@ def test_a_replay_on_a_gpu_stages_adds_and_equals_the_cpu_replay(n_step, monkeyp
     for a, b in zip(cpu_state["tensors"], gpu_state["tensors"]):
         torch.testing.assert_close(a, b)
     assert bufs[1].pos == bufs[0].pos and bufs[1].size == bufs[0].size == 23
+
+
+def test_a_saved_replay_holds_its_rows_only_and_a_damaged_one_is_refused(tmp_path):
+    """A checkpoint of a large buffer that holds a few rows is their size, not the capacity's
+    (a CPU slice would take its whole storage along); a state whose tensors do not hold the rows
+    its ``size`` says is refused as not fitting."""
+    space = gym.spaces.Box(-1, 1, (17,), np.float32)
+    actions = gym.spaces.Box(-1, 1, (6,), np.float32)
+    buf = ReplayBuffer(100_000, space, actions)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        buf.add(rng.random((1, 17), np.float32), rng.random((1, 6), np.float32),
+                np.ones(1, np.float32), rng.random((1, 17), np.float32), np.zeros(1, bool))
+    state = buf.state_dict()
+    torch.save(state, tmp_path / "replay.pt")
+    assert (tmp_path / "replay.pt").stat().st_size < 50_000  # the capacity: about 17 MB
+    other = ReplayBuffer(100_000, space, actions)
+    other.load_state_dict(torch.load(tmp_path / "replay.pt"))
+    assert other.size == 10
+    torch.testing.assert_close(other.state_dict()["tensors"][0], state["tensors"][0])
+    with pytest.raises(ValueError, match="does not fit"):
+        other.load_state_dict({**state, "size": 50})
