@@ -245,12 +245,16 @@ def test_resume_without_config_json_uses_the_checkpoints_config(finished, tmp_pa
 
 
 def test_a_task_the_algorithm_cannot_run_is_refused_before_the_run_dir(tmp_path, capsys):
-    for algo, task, msg in (("td3", "CartPole-v1", "needs a Box action space"),
-                            ("dqn", "Pendulum-v1", "needs a Discrete action space")):
-        assert main(["train", algo, "--env.task-id", task, "--run-dir",
-                     str(tmp_path / algo)]) == 2
+    for algo, flags, msg in (
+            ("td3", ["--env.task-id", "CartPole-v1"], "needs a Box action space"),
+            ("dqn", ["--env.task-id", "Pendulum-v1"], "needs a Discrete action space"),
+            ("dqn", ["--env.task-id", "FrozenLake-v1"], "needs flat observations"),
+            ("ddpg", ["--env.task-id", "Pendulum-v1", "--model.encoder", "nature_cnn"],
+             "builds MLP actor and critics")):
+        run_dir = tmp_path / f"{algo}-{len(msg)}"
+        assert main(["train", algo, *flags, "--run-dir", str(run_dir)]) == 2
         assert msg in capsys.readouterr().err
-        assert not (tmp_path / algo).exists()
+        assert not run_dir.exists()
 
 
 def test_default_run_dirs_of_one_second_differ(tmp_path, monkeypatch):

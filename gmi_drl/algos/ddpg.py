@@ -273,7 +273,8 @@ class DDPG:
 
     Raises:
         ValueError: a non-Box action space or one without finite bounds; observation or reward
-            normalisation (off-policy learners here learn from raw values).
+            normalisation (off-policy learners here learn from raw values); observations that
+            are not a 1-d Box, or an encoder other than ``mlp``.
     """
 
     def __init__(self, cfg: DeterministicPGConfig, ctx: AlgoContext) -> None:
@@ -284,6 +285,12 @@ class DDPG:
         if ctx.obs_norm is not None or ctx.reward_norm is not None:
             raise ValueError(f"{type(self).__name__} does not use the runner's normalisers: run "
                              "without --norm.obs / --norm.reward")
+        shape = spec.observation_space.shape
+        if ctx.model.encoder != "mlp" or not isinstance(
+                spec.observation_space, gym.spaces.Box) or len(shape or ()) != 1:
+            raise ValueError(f"{type(self).__name__} builds MLP actor and critics on flat "
+                             f"observations: {spec.task_id} has {spec.observation_space}, "
+                             f"--model.encoder is {ctx.model.encoder!r} (use mlp)")
         self.cfg, self.ctx = cfg, ctx
         self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
         obs_dim = int(np.prod(spec.observation_space.shape))

@@ -117,7 +117,11 @@ class DQNConfig:
 
 class QNetwork(nn.Module):
     """``Q(obs) -> (N, num_actions) float32``: an MLP on flat observations, or the Nature CNN
-    and a linear layer on stacked frames (Mnih et al. 2015, Methods "Model architecture")."""
+    and a linear layer on stacked frames (Mnih et al. 2015, Methods "Model architecture").
+
+    Raises:
+        ValueError: ``encoder`` ``mlp`` on observations that are not a 1-d Box.
+    """
 
     def __init__(self, observation_space: gym.spaces.Box, num_actions: int, encoder: str,
                  hidden: str, activation: str, cnn_features: int = 512) -> None:
@@ -126,7 +130,11 @@ class QNetwork(nn.Module):
             cnn = NatureCNN.for_observations(observation_space.shape, cnn_features)
             self.net = nn.Sequential(cnn, nn.Linear(cnn.out_features, num_actions))
         else:
-            n_in = int(np.prod(observation_space.shape))
+            if not isinstance(observation_space, gym.spaces.Box) or len(
+                    observation_space.shape or ()) != 1:
+                raise ValueError(f"encoder 'mlp' needs flat observations (a 1-d Box), got "
+                                 f"{observation_space}")
+            n_in = int(observation_space.shape[0])
             # torch's default initialisation, as CleanRL's dqn.py and SB3's DQN have it
             self.net = nn.Sequential(nn.Flatten(),
                                      MLP(f"{n_in}:{hidden}:{num_actions}", activation,
