@@ -195,16 +195,21 @@ def _undo_config_json(run: Run, before: _Before | None, error: BaseException) ->
 
 
 def _reduced_floats(cfg: TrainConfig, algo=None) -> int:
-    """The most float32 values one allreduce of the run carries: every weight of the algorithm
-    (`weight_count`, of ``algo`` where given), or 1 when no GMI shares memory with another."""
+    """The most float32 values one allreduce of the run carries: every weight the algorithm
+    trains (`weight_count`, of ``algo`` where given), or 1 when no GMI shares memory with
+    another."""
     if cfg.num_trainers == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
         return 1
     return weight_count(cfg, algo)
 
 
 def weight_count(cfg: TrainConfig, algo=None) -> int:
-    """Float32 weights of ``cfg``'s algorithm, every module (``algo``, or built once on the CPU,
-    untrained): ``4 * weight_count`` is the model size M_p in bytes."""
+    """Float32 weights that ``cfg``'s algorithm trains (``algo``, or built once on the CPU,
+    untrained): those of the modules its optimizers are named after, target networks (which
+    only copy them) left out; every module where no optimizer names one. ``4 * weight_count``
+    is the model size M_p in bytes, what an allreduce of the gradients moves per update."""
     algo = build_on_cpu(cfg) if algo is None else algo
-    return sum(t.numel() for state in algo.state_dict()["modules"].values()
-               for t in state.values())
+    state = algo.state_dict()
+    modules = state["modules"]
+    trained = [name for name in state.get("optimizers", {}) if name in modules] or modules
+    return sum(t.numel() for name in trained for t in modules[name].values())

@@ -453,3 +453,20 @@ def test_a_checkpoint_directory_that_cannot_be_written_is_found_at_the_start(tmp
         _check_writable(tmp_path / "file" / "checkpoints")
     _check_writable(tmp_path)
     assert list(tmp_path.iterdir()) == [tmp_path / "file"]  # the probe file is gone
+
+
+@pytest.mark.parametrize("algo,preset_name,task,trained", [
+    ("dqn", "cartpole-zoo", None, ["q_network"]),
+    ("ddpg", "classic", "Pendulum-v1", ["actor", "critics"]),
+    ("ppo", "classic", "CartPole-v1", ["actor_critic"])])
+def test_the_model_size_counts_the_trained_networks_not_their_targets(algo, preset_name, task,
+                                                                      trained):
+    """M_p (the cost model's and the shared-memory reducer's size) is what an allreduce of the
+    gradients carries: the networks an optimizer steps, not their target copies."""
+    from gmi_drl.train import build_on_cpu, weight_count
+
+    cfg = preset(preset_name, task, algo)
+    modules = build_on_cpu(cfg).state_dict()["modules"]
+    assert sorted(modules) != sorted(trained) or algo == "ppo"  # (DQN, DDPG: with targets)
+    assert weight_count(cfg) == sum(t.numel() for name in trained
+                                    for t in modules[name].values())

@@ -104,7 +104,9 @@ class Algorithm(Protocol):
 
     def state_dict(self) -> dict:
         """Everything to continue bit for bit, with the network weights under ``"modules"``:
-        ``{name: module.state_dict()}`` (what the runner's weight digest hashes)."""
+        ``{name: module.state_dict()}`` (what the runner's weight digest hashes), and each
+        optimizer's state under ``"optimizers"``, named as the module it trains (target
+        networks have none: `gmi_drl.train.weight_count` counts the trained modules)."""
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output. Raises ``ValueError`` when it does not fit."""
