@@ -388,8 +388,9 @@ def _tune(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl tune: {e}", file=sys.stderr)
         return 2
     print(f"gmi-drl tune: {cfg.algo_name} on {cfg.env.task_id}, GMI-DRL Algorithm 2 "
-          f"(alpha {options.alpha}); each point trains {options.warmup} + {options.iterations} "
-          "iterations in a process of its own")
+          f"(alpha {options.alpha}); each point trains in a process of its own: "
+          f"{options.warmup} warm-up iteration(s), then at least {options.iterations} "
+          f"measured, {options.min_steps:,} env steps and about {options.min_seconds:g} s")
     role, unit = gmi_role(cfg), top_unit(cfg)
     header = (f"| {role}/device | num_envs | runnable | {unit} | peak mem/GMI | Sat | "
               "estimate | s |")
@@ -408,11 +409,21 @@ def _tune(args: list[str], debug: bool = False) -> int:
                               f"{p.mem / 2**20:,.0f} MiB | {sat} | {est} | {p.seconds:.1f} |",
                               markup=False, highlight=False, soft_wrap=True)
 
+        _sigterm.clear()
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = _handle_stop_signals() if main_thread else {}  # as Ctrl-C: probes stopped
         try:
             report = tune(cfg, options, row, planned=planned)
         except ValueError as e:
             print(f"gmi-drl tune: {e}", file=sys.stderr)
             return 2
+        except OSError as e:
+            print(f"gmi-drl tune: cannot write the search's files in --out {planned.out}: {e}",
+                  file=sys.stderr)
+            return 2
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     return _print_tune(report, algo, role, unit)
 
 
@@ -420,7 +431,8 @@ TUNE_USAGE = """usage: gmi-drl tune [--algo ppo] [tune flags] [training flags]
 
 Searches num_envs and GMIs per device for the job the training flags describe (GMI-DRL §5.2,
 Algorithm 2) with short real runs, and writes tuned.json for `gmi-drl train ALGO --config`.
-Training flags are those of `gmi-drl train ALGO` (e.g. --env.task-id Hopper-v5)."""
+Training flags are those of `gmi-drl train ALGO` (e.g. --env.task-id Hopper-v5): `gmi-drl
+train ALGO --help` lists them. The tune flags follow."""
 
 
 def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
@@ -428,8 +440,12 @@ def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
     if r.budget_exhausted:
         print("the --budget-s ran out: the search stopped early")
     if report.chosen is None:
-        hint = ("raise --budget-s" if r.budget_exhausted and not r.points
-                else "see the reasons above, or widen --envs-min/--envs-max")
+        if r.budget_exhausted and not r.points:
+            hint = "raise --budget-s"
+        elif r.points and all(p.reason.startswith("hung") for p in r.points):
+            hint = "every point ran past --probe-timeout-s: raise it"
+        else:
+            hint = "see the reasons above, or widen --envs-min/--envs-max"
         print(f"gmi-drl tune: no runnable point ({len(r.points)} profiled); {hint}",
               file=sys.stderr)
         earlier = report.out_dir / "tuned.json"

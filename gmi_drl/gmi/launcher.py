@@ -108,6 +108,27 @@ def signals_ignored(*signums: int):
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def signals_deferred(*signums: int):
+    """Hold ``signums`` inside the block and deliver them, to the handlers they had, once it
+    has ended: a step that must not be cut in the middle (a child whose pid is not known yet
+    would be left running) finishes first. A signal ignored before stays ignored; in another
+    thread than the main one the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum))
+                for s in signums if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
+
+
 class GMIError(RuntimeError):
     """A GMI raised, died or hung; the run was stopped.
 

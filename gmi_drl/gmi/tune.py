@@ -22,17 +22,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gmi_drl.files import replace_atomically, write_text_atomically
 from gmi_drl.gmi import cost
-from gmi_drl.gmi.launcher import COMPILER, mp_context
+from gmi_drl.gmi.launcher import COMPILER, mp_context, signals_deferred
 
-CACHE_VERSION = 2
-"""bumped when a point's meaning changes, so older cache files are not reused (2: windows of
-at least ``min_seconds`` judged from the nearest point measured)"""
+CACHE_VERSION = 3
+"""bumped when a point's meaning or the file's layout changes, so older cache files are not
+reused (2: windows of at least ``min_seconds`` judged from the nearest point measured; 3: the
+points of every key in one file, and M_p of the trained networks only)"""
 
 
 @dataclass
@@ -88,7 +90,8 @@ def search(gmis_values: Sequence[int], envs_grid: Sequence[int],
 
     For GMIs per device in ``gmis_values`` (the paper: 10 down to 1) and ``num_envs`` in
     ``envs_grid`` (ascending): a point that is not runnable is skipped (lines 6-8); the first
-    runnable point of a GMI count only initialises ``pre_top``/``pre_mem`` (lines 10-13); each
+    runnable point of a GMI count only initialises ``pre_top``/``pre_mem`` (lines 10-13; so
+    does one after a point of no throughput or memory, which the ratios cannot divide by); each
     later one computes ``Sat`` from the relative changes of throughput and memory (lines 15-18)
     and ends the inner loop when ``Sat < alpha`` (lines 19-21), else is estimated and kept when
     its estimate beats every earlier one, strictly (lines 23-26: ties keep the earlier point).
@@ -113,7 +116,7 @@ def search(gmis_values: Sequence[int], envs_grid: Sequence[int],
             try:
                 if not point.runnable:
                     continue
-                if pre_top == 0 and pre_mem == 0:
+                if pre_top <= 0 or pre_mem <= 0:  # (a point of 0 could not be divided by)
                     pre_top, pre_mem = point.top, point.mem
                     continue
                 point.sat = saturation((point.top - pre_top) / pre_top,
@@ -145,38 +148,75 @@ def envs_grid(low: int, high: int) -> list[int]:
 
 
 class PointCache:
-    """Measured points in a JSON file, keyed by everything that changes a measurement (the
-    config less num_envs and GMIs, the probe length, the device); written after every point."""
+    """Measured points in a JSON file, under a key of everything that changes a measurement
+    (the config less num_envs and GMIs, the probe length, the device); written after every
+    point. Points of other keys in the file (other jobs tuned into the same ``--out``) are kept.
+    A file that is not a cache (unreadable, or edited into another shape) is kept beside it as
+    ``NAME.bad`` and the search starts afresh, with a warning; an entry that is not a whole
+    runnable point is measured again.
 
-    def __init__(self, path: Path, key: str) -> None:
+    Args:
+        path: the cache file.
+        key: this search's key.
+        fresh: start this key's points afresh (the file's other keys are kept).
+    """
+
+    def __init__(self, path: Path, key: str, fresh: bool = False) -> None:
         self.path, self.key = Path(path), key
-        self.points: dict[str, dict] = {}
-        if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                data = {}
-            if (isinstance(data, dict) and data.get("key") == key
-                    and data.get("version") == CACHE_VERSION
-                    and isinstance(data.get("points"), dict)):
-                self.points = data["points"]
+        self.entries: dict[str, dict] = {}
+        if self.path.exists() or self.path.is_symlink():
+            self.entries = self._read()
+        if fresh or not isinstance(self.entries.get(key), dict):
+            self.entries[key] = {}
+        self.points: dict[str, dict] = self.entries[key]
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError) as e:
+            return self._set_aside(f"it does not read as JSON ({e})")
+        if not isinstance(data, dict):
+            return self._set_aside("it holds no cache object")
+        if data.get("version") != CACHE_VERSION:
+            return {}  # an older gmi-drl's points mean something else: measured again
+        entries = data.get("entries")
+        if not isinstance(entries, dict):
+            return self._set_aside("it has no 'entries' object")
+        return entries
+
+    def _set_aside(self, why: str) -> dict:
+        bad = self.path.with_name(self.path.name + ".bad")
+        try:
+            os.replace(self.path, bad)
+        except OSError as e:
+            raise OSError(f"{self.path} is not a tune cache ({why}) and cannot be moved "
+                          f"aside ({e}): move or delete it") from None
+        warnings.warn(f"{self.path} is not a tune cache ({why}); kept as {bad}, every point "
+                      "is measured again", stacklevel=3)
+        return {}
 
     def get(self, gmis: int, num_envs: int) -> Point | None:
-        """The cached point, or ``None`` (also for an entry edited into another shape: it is
-        measured again)."""
+        """The cached point, or ``None`` (also for an entry that is not a whole runnable point
+        of these GMIs and num_envs, e.g. edited by hand: it is measured again)."""
         data = self.points.get(f"{gmis},{num_envs}")
         try:
-            return Point(**{**data, "cached": True, "sat": None, "estimate": None})
+            point = Point(**{**data, "cached": True, "sat": None, "estimate": None})
         except TypeError:  # None, not a dict, or other fields
             return None
+        whole = (point.runnable is True and point.gmis == gmis and point.num_envs == num_envs
+                 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and 0 < v < math.inf for v in (point.top, point.mem))
+                 and isinstance(point.terms, dict)
+                 and all(isinstance(v, (int, float)) for v in point.terms.values()))
+        return point if whole else None
 
     def put(self, point: Point) -> None:
         data = dataclasses.asdict(point)
         for transient in ("cached", "sat", "estimate"):
             data.pop(transient)
         self.points[f"{point.gmis},{point.num_envs}"] = data
-        write_text_atomically(self.path, json.dumps({"version": CACHE_VERSION, "key": self.key,
-                                                     "points": self.points}, indent=1))
+        write_text_atomically(self.path, json.dumps({"version": CACHE_VERSION,
+                                                     "entries": self.entries}, indent=1))
 
 
 PROBE_PRELOAD = ("gmi_drl.gmi.probe", "gmi_drl.train", *COMPILER)
@@ -207,13 +247,16 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
         process = ctx.Process(target=_probe_main, name="gmi-drl-probe",
                               args=(target, str(request), str(result), str(log_path),
                                     dict(os.environ)))
-        process.start()
-        proc = _Forked(process)
+        proc = None
         try:
+            # an interrupt inside start() would leave a probe the server forks after it
+            with signals_deferred(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                process.start()
+                proc = _Forked(process)
             hung = not _wait_for(proc, result, timeout_s)
         finally:
-            # on a timeout the probe; always GMIs or workers it left
-            _kill_group(proc)
+            if proc is not None:  # on a timeout the probe; always GMIs or workers it left
+                _kill_group(proc)
         text = log_path.read_text(errors="replace")
         if hung:
             raise ProbeFailed(f"hung: still running after {timeout_s:.0f} s (killed) "
@@ -237,7 +280,10 @@ def _probe_main(target: str, request: str, result: str, log_path: str, environ: 
     os.environ.clear()
     os.environ.update(environ)
     tempfile.tempdir = None  # TMPDIR as the caller has it, not as the server had it
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    except FileNotFoundError:  # the caller gave this probe up before it started
+        os._exit(0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -317,24 +363,41 @@ def _kill_group(proc: _Forked | subprocess.Popen, grace_s: float = 5.0) -> None:
     multiprocessing's resource tracker when this process exits (a forked probe shares it)."""
     running = True
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if not _signal_group(proc, signal.SIGTERM):
+            running = False  # neither the group nor the probe is there
         deadline = time.monotonic() + grace_s
         while running and time.monotonic() < deadline:
             proc.poll()  # reap the leader: a zombie runs nothing
-            running = _running_in_group(proc.pid)
+            running = _running_in_group(proc.pid) or proc.poll() is None
             if running:
                 time.sleep(0.02)
-    except ProcessLookupError:  # the group is gone
-        running = False
     except PermissionError:
         pass
     finally:
         if running or proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+                _signal_group(proc, signal.SIGKILL)
+            except PermissionError:
                 pass
         proc.wait()
+
+
+def _signal_group(proc: _Forked | subprocess.Popen, signum: int) -> bool:
+    """Send ``signum`` to the process group ``proc`` leads; where there is none yet (a probe
+    before its ``setsid``, still in the fork server's group, with nothing started), to ``proc``
+    alone. False when neither is there."""
+    try:
+        os.killpg(proc.pid, signum)
+        return True
+    except ProcessLookupError:
+        pass
+    if proc.poll() is not None:
+        return False
+    try:
+        os.kill(proc.pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _running_in_group(pgid: int) -> bool:
@@ -629,7 +692,8 @@ class TuneOptions:
     out: str | None = None
     """directory for tuned.json, tune_cache.json and tune.png (None: tune/TASK-ALGO)"""
     fresh: bool = False
-    """ignore the cache file and measure every point again"""
+    """measure every point of this search again (the cache file's points of other searches
+    are kept; this search's are replaced as it measures them)"""
 
 
 @dataclass
@@ -716,6 +780,10 @@ def plan(cfg, options: TuneOptions) -> Plan:
     if existing.exists() and not existing.is_dir():
         raise ValueError(f"--out {out} is not a directory ({existing} is a file); give a "
                          "directory for tuned.json, tune_cache.json and tune.png")
+    for name in ("tuned.json", "tune_cache.json", "tune.png"):
+        if (out / name).exists() and not (out / name).is_file():
+            raise ValueError(f"--out {out}: {out / name} is not a file; move it, or give "
+                             "another --out")
     fingerprint = (f"{machine.gpus if gpu else 'cpu'}:{len(machine.cpu_cores)}:{devices}:"
                    f"{os.uname().nodename}")
     return Plan(devices, cores, max_gmis, grid, out, fingerprint)
@@ -740,20 +808,21 @@ def tune(cfg, options: TuneOptions, on_point: Callable[[Point], None] | None = N
         ValueError: what `plan` refuses; or, during the search, a projection onto several
             devices with no bandwidth to price the allreduce (no ``--bw`` and no runnable point
             of 2 or more GMIs yet; the points measured stay in the cache for a rerun).
-        OSError: ``--out`` cannot be created or written.
+        OSError: ``--out`` cannot be created or written (known before the first probe), or
+            holds a file that is not a tune cache and cannot be moved aside.
     """
     from gmi_drl.config import to_dict
 
     p = planned if planned is not None else plan(cfg, options)
     p.out.mkdir(parents=True, exist_ok=True)
+    tempfile.TemporaryFile(dir=p.out).close()  # writable: known before the first probe
     base = to_dict(cfg)
     cache_path = p.out / "tune_cache.json"
-    if options.fresh and cache_path.exists():
-        cache_path.unlink()
     key = cache_key(base, options.warmup, options.iterations, p.fingerprint, options.min_steps,
                     options.min_seconds)
     tuner = Tuner(cfg, p.devices, p.cores, options.warmup, options.iterations, options.min_steps,
-                  options.probe_timeout_s, options.bw, PointCache(cache_path, key),
+                  options.probe_timeout_s, options.bw,
+                  PointCache(cache_path, key, fresh=options.fresh),
                   min_seconds=options.min_seconds)
     start = time.perf_counter()
     over = ((lambda: time.perf_counter() - start > options.budget_s)
@@ -821,7 +890,8 @@ def check_options(options: TuneOptions) -> None:
         ("num-devices", options.num_devices, at_least(options.num_devices, 1), ">= 1"),
         ("bw", options.bw, options.bw is None or options.bw > 0, "> 0 bytes/s"),
         ("min-steps", options.min_steps, options.min_steps >= 0, ">= 0"),
-        ("min-seconds", options.min_seconds, options.min_seconds >= 0, ">= 0"))
+        ("min-seconds", options.min_seconds, 0 <= options.min_seconds < math.inf,
+         ">= 0 and finite"))
         if not ok]
     if bad:
         raise ValueError("invalid options: " + "; ".join(bad))

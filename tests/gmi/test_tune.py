@@ -104,26 +104,52 @@ def test_envs_grid():
         envs_grid(0, 4)
 
 
-def test_point_cache_round_trips_and_ignores_another_key(tmp_path):
+def test_point_cache_round_trips_and_keeps_other_keys(tmp_path):
     path = tmp_path / "cache.json"
     cache = PointCache(path, "k1")
     cache.put(Point(2, 8, True, 123.0, 456.0, terms={"t_s": 0.1}))
-    cache.put(Point(2, 16, False, reason="hung"))
     again = PointCache(path, "k1").get(2, 8)
     assert again.cached and again.top == 123.0 and again.terms == {"t_s": 0.1}
-    assert not PointCache(path, "k1").get(2, 16).runnable
-    assert PointCache(path, "k2").get(2, 8) is None
-    path.write_text("{not json")
-    assert PointCache(path, "k1").get(2, 8) is None
-    path.write_text("[]")  # edited by hand into other shapes: measured again, no crash
-    assert PointCache(path, "k1").get(2, 8) is None
-    cache = PointCache(path, "k1")
-    cache.put(Point(2, 8, True, 123.0, 456.0))
+    other = PointCache(path, "k2")  # another job tuned into the same --out
+    assert other.get(2, 8) is None
+    other.put(Point(1, 4, True, 9.0, 10.0))
+    assert PointCache(path, "k1").get(2, 8).top == 123.0  # not wiped by k2's search
+    assert PointCache(path, "k2").get(1, 4).top == 9.0
+    fresh = PointCache(path, "k1", fresh=True)  # measured again, k2's kept
+    assert fresh.get(2, 8) is None
+    fresh.put(Point(2, 16, True, 5.0, 6.0))
+    assert PointCache(path, "k1").get(2, 8) is None and PointCache(path, "k2").get(1, 4)
+
+
+@pytest.mark.parametrize("edit", [{"top": None}, {"mem": 0}, {"gmis": "2"}, {"top": "fast"},
+                                  {"runnable": False}, {"top": math.inf}, {"extra": 1},
+                                  {"terms": {"t_s": "x"}}, {"num_envs": 16}])
+def test_a_cache_entry_edited_out_of_shape_is_measured_again(tmp_path, edit):
+    path = tmp_path / "cache.json"
+    PointCache(path, "k").put(Point(2, 8, True, 123.0, 456.0, terms={"t_s": 0.1}))
     data = json.loads(path.read_text())
-    data["points"]["2,8"]["extra"] = 1
-    data["points"]["2,16"] = "oops"
+    data["entries"]["k"]["2,8"].update(edit)
     path.write_text(json.dumps(data))
-    assert PointCache(path, "k1").get(2, 8) is None and PointCache(path, "k1").get(2, 16) is None
+    assert PointCache(path, "k").get(2, 8) is None
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"version": 3, "entries": []}'])
+def test_a_file_that_is_not_a_cache_is_kept_aside_with_a_warning(tmp_path, text):
+    path = tmp_path / "cache.json"
+    path.write_text(text)
+    with pytest.warns(UserWarning, match="not a tune cache.*kept as .*cache.json.bad"):
+        cache = PointCache(path, "k")
+    assert (tmp_path / "cache.json.bad").read_text() == text and not path.exists()
+    cache.put(Point(1, 2, True, 1.0, 2.0))
+    assert PointCache(path, "k").get(1, 2).top == 1.0
+
+
+def test_a_point_of_no_memory_initialises_again_instead_of_dividing_by_it():
+    profile = Profile({(1, 2): (10.0, 0.0), (1, 4): (20.0, 100.0), (1, 8): (40.0, 110.0)})
+    result = search([1], [2, 4, 8], profile, estimate_calls([]))
+    assert [p.sat for p in result.points][:2] == [None, None]
+    assert result.points[2].sat == pytest.approx(1.0 / 0.1)
+    assert result.best == (8, 1)
 
 
 def test_a_point_that_failed_is_measured_again_not_cached(tmp_path):
@@ -426,6 +452,7 @@ def test_probe_measure_splits_the_iteration_into_the_roles():
     ("iterations", 0, "iterations"),
     ("probe_timeout_s", 0.0, "probe-timeout-s 0.0 \\(needs > 0\\)"),
     ("num_devices", -1, "num-devices -1"), ("bw", 0.0, "--bw 0.0"),
+    ("min_seconds", math.inf, "--min-seconds inf \\(needs >= 0 and finite\\)"),
     ("num_devices", 2, "needs the bandwidth between them: pass --bw")])
 def test_tune_refuses_bad_options_before_profiling(tmp_path, field, value, match):
     cfg = preset("auto", "CartPole-v1", "ppo")
@@ -472,6 +499,16 @@ def test_tune_out_must_be_a_directory_and_a_fruitless_search_keeps_the_earlier_p
             tune(cfg, TuneOptions(out=str(out)))
     assert main(["tune", "--out", str(blocker), "--max-gmis", "1"]) == 2
     assert "is not a directory" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    (taken / "tune_cache.json").mkdir(parents=True)  # a name of tune's files is not a file
+    assert main(["tune", "--out", str(taken), "--max-gmis", "1"]) == 2
+    assert "tune_cache.json is not a file; move it, or give another --out" in (
+        capsys.readouterr().err)
+    t0 = time.perf_counter()  # nowhere to write: said before the first probe, no traceback
+    assert main(["tune", "--out", "/proc/gmi-drl-tune-test", "--max-gmis", "1"]) == 2
+    assert "cannot write the search's files in --out /proc/gmi-drl-tune-test" in (
+        capsys.readouterr().err)
+    assert time.perf_counter() - t0 < 10
     out = tmp_path / "tune"
     out.mkdir()
     (out / "tuned.json").write_text("{}")  # from an earlier search
@@ -527,3 +564,118 @@ def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert "REASON: exit status 1 before the probe started" in done.stdout, done.stderr[-2000:]
     assert "'if __name__ == \"__main__\":' guard" in done.stdout
+
+
+def test_signals_sent_inside_a_deferred_block_arrive_when_it_ends():
+    import signal
+
+    from gmi_drl.gmi.launcher import signals_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred(signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("the block ran to its end")
+    assert done == ["the block ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_path, signame):
+    """The probe runs in a session of its own, so a signal to `tune` alone (``timeout``,
+    systemd) or to its terminal's group never reaches it: `tune` must stop it, as on Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
+        "TORCHINDUCTOR_CACHE_DIR", os.path.join("/tmp", "torchinductor_root"))}
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
+           "--max-gmis", "1", "--envs-min", "2", "--envs-max", "4", "--min-steps", "2000",
+           "--probe-timeout-s", "120", "--out", str(out)]
+    tuner = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (out / "tune_cache.json").exists():
+            time.sleep(0.2)  # the first point measured: the second probe starts now
+        assert (out / "tune_cache.json").exists(), tuner.communicate(timeout=30)[0]
+        time.sleep(1.0)
+        pids = _processes_with(f"TMPDIR={scratch}", but=tuner.pid)
+        assert pids, "no probe was running: the test proves nothing"
+        tuner.send_signal(getattr(signal, signame))
+        output = tuner.communicate(timeout=30)[0]
+        assert tuner.returncode == 128 + getattr(signal, signame), output
+        for _ in range(50):
+            if not _processes_with(f"TMPDIR={scratch}"):
+                break
+            time.sleep(0.2)
+        assert _processes_with(f"TMPDIR={scratch}") == []
+        assert [n for n in os.listdir(scratch) if n.startswith(("gmi-drl-", "pymp-"))] == []
+        entries = json.loads((out / "tune_cache.json").read_text())["entries"]
+        assert [list(points) for points in entries.values()] == [["1,2"]]  # kept
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+        for pid in _processes_with(f"TMPDIR={scratch}"):  # what the test found left
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_ctrl_c_while_the_first_probe_starts_leaves_no_probe_and_prints_no_traceback(
+        tmp_path):
+    """Ctrl-C in the seconds the fork server imports its preload (the first probe's start)
+    used to leave the probe queued in the server: forked after `tune` had given it up, it
+    failed on its removed directory with a traceback on the terminal."""
+    import signal
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    for delay in (2.0, 3.0):
+        tuner = subprocess.Popen(
+            [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
+             "--max-gmis", "1", "--envs-min", "2", "--envs-max", "4",
+             "--out", str(tmp_path / "out")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            time.sleep(delay)
+            os.killpg(tuner.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+            output = tuner.communicate(timeout=30)[0]
+            time.sleep(2.0)  # (what the server would still fork)
+            assert tuner.returncode == 130 and "Traceback" not in output, output
+            assert _processes_with(f"TMPDIR={scratch}") == []
+        finally:
+            if tuner.poll() is None:
+                tuner.kill()
+            for pid in _processes_with(f"TMPDIR={scratch}"):
+                os.kill(pid, 9)
+
+
+def _processes_with(entry: str, but: int | None = None) -> list[int]:
+    """Live processes whose environment (as they were started) holds ``entry``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == but:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if entry.encode() in env and state != "Z":
+            found.append(int(name))
+    return found
