@@ -147,6 +147,11 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
                               "checkpoint's own config; restore it, or delete it and the "
                               "checkpoint's copy is used)") from None
         raise
+    if config is not None and cfg.env.task_id != default.env.task_id:
+        logging.getLogger(__name__).warning(
+            "--config %s was made for %s, not %s: its num_envs, GMIs and hyper-parameters are "
+            "kept (a tuned.json's search measured %s; `gmi-drl tune` measures %s)", config,
+            default.env.task_id, cfg.env.task_id, default.env.task_id, cfg.env.task_id)
     return cfg
 
 

@@ -667,3 +667,20 @@ def test_a_run_of_an_older_layout_is_found_and_its_moved_field_read(finished, tm
         path.unlink()
     assert main(["eval", str(run), "--episodes", "1"]) == 2
     assert "written by an older gmi-drl" in capsys.readouterr().err
+
+
+def test_a_config_file_used_for_another_task_is_said_to_be_that_tasks(tmp_path, caplog):
+    import json
+
+    from gmi_drl.cli import _train_config
+    from gmi_drl.config import preset, to_dict
+
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"config": to_dict(preset("auto", "CartPole-v1", "ppo"))}))
+    with caplog.at_level("WARNING"):
+        cfg = _train_config("ppo", ["--config", str(path)])
+    assert cfg.env.task_id == "CartPole-v1" and "was made for" not in caplog.text
+    with caplog.at_level("WARNING"):
+        cfg = _train_config("ppo", ["--config", str(path), "--env.task-id", "Acrobot-v1"])
+    assert cfg.env.task_id == "Acrobot-v1"
+    assert f"--config {path} was made for CartPole-v1, not Acrobot-v1" in caplog.text
