@@ -597,8 +597,9 @@ def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_pat
     cmd = [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
            "--max-gmis", "1", "--envs-min", "2", "--envs-max", "4", "--min-steps", "2000",
            "--probe-timeout-s", "120", "--out", str(out)]
-    tuner = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+    tuner = subprocess.Popen(  # (a hangup as from a terminal: not ignored, as nohup has it)
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 90
