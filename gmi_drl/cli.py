@@ -131,7 +131,7 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     else:
         default = preset(_flag_value(rest, "--preset") or "auto",
                          _flag_value(rest, "--env.task-id"), algo)
-    one = _one_algorithm(ALGORITHMS[algo][0])
+    one = _one_algorithm(ALGORITHMS[algo][0], algo)
     parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
                       description=TrainConfig.__doc__)
     cfg = TrainConfig(**_fields(parsed))
@@ -156,14 +156,21 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
 
 
 @functools.cache
-def _one_algorithm(algo_cls: type) -> type:
+def _one_algorithm(algo_cls: type, algo: str) -> type:
     """`TrainConfig` with ``algo`` typed as ``algo_cls`` alone, for tyro: parsed against one
     algorithm, a mistyped flag is matched with that algorithm's flags only, and the help names
-    ``gmi-drl train ALGO`` (not the subcommand union's every algorithm, without ``train``)."""
-    from gmi_drl.config import TrainConfig
+    ``gmi-drl train ALGO`` (not the subcommand union's every algorithm, without ``train``) and
+    the presets of ``algo``."""
+    from typing import Annotated
 
+    from gmi_drl.config import PRESETS, TrainConfig
+
+    presets = ", ".join(["auto", *PRESETS[algo]])
+    preset_help = (f"preset the defaults came from: {presets} (auto: a warp task's gmi-* "
+                   "preset, else by task family); set on the command line only")
     one = dataclasses.make_dataclass(
-        "TrainConfig", [("algo", algo_cls, dataclasses.field(default_factory=algo_cls))],
+        "TrainConfig", [("algo", algo_cls, dataclasses.field(default_factory=algo_cls)),
+                        ("preset", Annotated[str, tyro.conf.arg(help=preset_help)], "auto")],
         bases=(TrainConfig,))
     one.__doc__ = TrainConfig.__doc__
     return one

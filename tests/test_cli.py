@@ -684,3 +684,12 @@ def test_a_config_file_used_for_another_task_is_said_to_be_that_tasks(tmp_path, 
         cfg = _train_config("ppo", ["--config", str(path), "--env.task-id", "Acrobot-v1"])
     assert cfg.env.task_id == "Acrobot-v1"
     assert f"--config {path} was made for CartPole-v1, not Acrobot-v1" in caplog.text
+
+
+def test_train_help_lists_the_algorithms_presets(capsys):
+    from gmi_drl.config import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["train", "ddpg", "--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "preset the defaults came from: " + ", ".join(["auto", *PRESETS["ddpg"]]) in text
