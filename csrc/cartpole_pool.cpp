@@ -141,12 +141,12 @@ class CartPolePool {
       const int64_t* p = out_ids_.data();
       ids_.assign(p, p + b_);
       recv_ids_sent_ = true;
-    } else if (env_id.is_none()) {
-      ids_ = all();
     } else {
-      ids_ = check_ids(env_id);
+      recv_ids_sent_ = true;  // (any other send may overlap the last recv's ids)
+      ids_ = env_id.is_none() ? all() : check_ids(env_id);
       std::vector<int64_t> busy;
-      for (int64_t i : ids_) if (in_flight_[i]) busy.push_back(i);
+      if (num_in_flight_ > 0)
+        for (int64_t i : ids_) if (in_flight_[i]) busy.push_back(i);
       if (!busy.empty())
         throw py::value_error("env_id " + ids_str(busy) + " already has a step in flight; "
                               "recv() its result before sending it another action");
@@ -197,6 +197,14 @@ class CartPolePool {
   }
 
   py::tuple step(py::object actions, py::object env_id) {
+    if (!env_id.is_none()) {  // refused before anything is sent, as send's own checks
+      const int n = static_cast<int>(py::len(env_id));
+      if (num_in_flight_ + n < b_)
+        throw py::value_error("step() of " + std::to_string(n) + " env(s) with " +
+                              std::to_string(num_in_flight_) + " in flight cannot return a "
+                              "batch of " + std::to_string(b_) + ": pass more env ids, or "
+                              "use send() and recv()");
+    }
     send(actions, env_id);
     return recv();
   }

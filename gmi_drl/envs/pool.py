@@ -54,6 +54,7 @@ class EnvPool:
         self._engine = engine
         self._slots = engine.slots
         self._all_ids = np.arange(num_envs, dtype=np.int64)
+        self._all_ids.flags.writeable = False  # handed out as info["env_id"]
         self._in_flight = np.zeros(num_envs, bool)
         self._num_in_flight = 0
         self._recv_ids_sent = True  # no recv yet
@@ -137,6 +138,7 @@ class EnvPool:
             ids = self._out["env_id"].copy()
             self._recv_ids_sent = True
         else:
+            self._recv_ids_sent = True  # (any other send may overlap the last recv's ids)
             ids = self._check_ids(env_id)
             if self._num_in_flight and np.count_nonzero(self._in_flight[ids]):
                 raise ValueError(f"env_id {ids[self._in_flight[ids]].tolist()} already has a "
@@ -204,7 +206,19 @@ class EnvPool:
 
     def step(self, actions: np.ndarray, env_id: Any = None) -> StepReturn:
         """`send` then `recv`. With partial batches the batch returned may hold other envs than
-        sent."""
+        sent.
+
+        Raises:
+            ValueError: what `send` refuses, or ``env_id`` too few to complete a batch of
+                ``env_batch_size`` with the envs already in flight (nothing is sent).
+        """
+        if env_id is not None:
+            n = np.size(env_id)
+            if self._num_in_flight + n < self.env_batch_size:
+                raise ValueError(
+                    f"step() of {n} env(s) with {self._num_in_flight} in flight cannot return a "
+                    f"batch of {self.env_batch_size}: pass more env ids, or use send() and "
+                    "recv()")
         self.send(actions, env_id)
         return self.recv()
 

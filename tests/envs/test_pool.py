@@ -480,3 +480,33 @@ def test_a_factory_that_does_not_pickle_leaves_no_shared_memory():
         ProcessEngine(lambda ids: lock, 4, 2, space, space, AutoresetMode.NEXT_STEP, None,
                       np.arange(4))
     assert set(os.listdir("/dev/shm")) - before == set()
+
+
+@pytest.mark.parametrize("engine", ["native", "numpy"])
+def test_in_flight_rules_hold_on_every_send_path(engine):
+    """A second send of all envs, the last recv's ids sent back after some of them were sent
+    again, and a step of too few ids to fill a batch are each refused before anything is
+    stepped; info["env_id"] cannot be written into."""
+    with envs.make("CartPole-v1", 4, seed=0, engine=engine) as pool:
+        _, info = pool.reset()
+        with pytest.raises(ValueError):
+            info["env_id"][0] = 9  # the pool's own ids
+        pool.send(np.zeros(4, np.int64))
+        with pytest.raises(ValueError, match="already has a step in flight"):
+            pool.send(np.ones(4, np.int64))
+        assert pool.recv()[4]["episode_length"].tolist() == [1, 1, 1, 1]
+        with pytest.raises(RuntimeError, match="send\\(\\) actions for more envs first"):
+            pool.recv()
+    with envs.make("CartPole-v1", 4, env_batch_size=2, seed=0, engine=engine) as pool:
+        _, info = pool.reset()
+        pool.send(np.zeros(4, np.int64), info["env_id"])
+        ids = pool.recv()[4]["env_id"]
+        pool.send(np.zeros(1, np.int64), np.array([ids[0]]))
+        with pytest.raises(ValueError, match="already has a step in flight"):
+            pool.send(np.zeros(2, np.int64), ids)
+    with envs.make("CartPole-v1", 4, engine=engine) as pool:
+        pool.reset()
+        with pytest.raises(ValueError, match="cannot return a batch of 4"):
+            pool.step(np.zeros(2, np.int64), np.array([0, 1]))
+        pool.reset()  # nothing was left in flight
+        assert pool.step(np.zeros(4, np.int64))[4]["episode_length"].tolist() == [1, 1, 1, 1]
