@@ -13,10 +13,15 @@ Gymnasium's (`gymnasium.vector.AutoresetMode`: next-step by default, same-step w
 ``info["final_obs"]`` / ``info["final_info"]`` and their ``_``-masks, disabled with
 ``options={"reset_mask": mask}``), rewards are float64 and the flags bool. Observations,
 rewards and flags equal ``gymnasium.make_vec``'s step for step on the same seeds (tested for
-classic control and MuJoCo; gmi-drl's Atari ids, ``Pong-v5``, against ale-py's
-``AtariVectorEnv``, which ``gymnasium.make_vec("ALE/Pong-v5", n)`` makes by default: 84x84
-grayscale, 4 stacked frames; an ``ALE/`` id itself gives the raw frames of
-``gymnasium.make``, as ``vectorization_mode="sync"`` does, and `make_vec` warns). ``get_attr``
+classic control and MuJoCo). gmi-drl's Atari ids (``Pong-v5``) have the preprocessing of
+ale-py's ``AtariVectorEnv``, which ``gymnasium.make_vec("ALE/Pong-v5", n)`` makes by default
+(84x84 grayscale, 4 stacked frames), but the settings DQN and PPO runs use: no sticky actions
+(``AtariVectorEnv``: ``repeat_action_probability=0.25``, v5's default) and ``episodic_life``
+(a life loss ends an episode, the game goes on; ``AtariVectorEnv`` has none). Given
+``repeat_action_probability=0.25, episodic_life=False``, the newest frame, rewards, flags and
+lives equal ``AtariVectorEnv``'s step for step; the frame stack of a new game is padded with
+its first frame, where ale-py pads with zeros. An ``ALE/`` id itself gives the raw frames of
+``gymnasium.make``, as ``vectorization_mode="sync"`` does, and `make_vec` warns. ``get_attr``
 and ``call`` answer what every env of a pool shares (`gmi_drl.envs.faces.shared_env_attr`);
 ``set_attr``, and ``call`` of anything else, raise: a pool's envs are no Python objects.
 What differs: ``info`` carries no per-step keys of Gymnasium's single envs
@@ -275,11 +280,15 @@ def make_vec(task_id: str, num_envs: int = 1, vectorization_mode: str | None = N
     ``autoreset_mode`` and ``copy``.
 
     Raises:
+        TypeError: ``task_id`` not a string (``gymnasium.make_vec`` also takes an ``EnvSpec``).
         ValueError: ``vectorization_mode="vector_entry_point"`` or an unknown one; other
             ``vector_kwargs``; ``wrappers`` (they wrap each single env, which a pool does not
             build); a ``render_mode`` (pools do not render); a keyword given twice; what
             `GymVectorEnv` refuses.
     """
+    if not isinstance(task_id, str):
+        raise TypeError(f"make_vec takes an env id string, got {task_id!r} (for a "
+                        "gymnasium EnvSpec, pass spec.id and its kwargs)")
     errors = []
     if vectorization_mode not in (None, "sync", "async"):
         errors.append(f"vectorization_mode={vectorization_mode!r}: the face is its own vector env, "
@@ -304,5 +313,7 @@ def make_vec(task_id: str, num_envs: int = 1, vectorization_mode: str | None = N
         warnings.warn(f"{task_id} steps the raw frames of gymnasium.make({task_id!r}) (as "
                       "vectorization_mode='sync'); gymnasium.make_vec's default for ALE ids is "
                       f"ale-py's AtariVectorEnv (84x84 grayscale, 4 frames stacked): the "
-                      f"preprocessing of gmi-drl's {task_id.removeprefix('ALE/')}", stacklevel=2)
+                      f"preprocessing of gmi-drl's {task_id.removeprefix('ALE/')} (add "
+                      "repeat_action_probability=0.25, episodic_life=False for "
+                      "AtariVectorEnv's own defaults)", stacklevel=2)
     return GymVectorEnv(task_id, num_envs, **vector_kwargs, **kwargs)

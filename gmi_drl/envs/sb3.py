@@ -93,6 +93,7 @@ class GmiVecEnv(VecEnv):
         self.pool = self._make(self._pool_seeds)
         self._host = host_outputs(self.pool)
         self._fresh = True  # no reset yet: the pool is the first one, and step must wait
+        self._waiting = False  # actions sent by step_async, not yet taken by step_wait
         super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
         self._t_start = time.time()
         self._monitors = None if monitor_files is None else [
@@ -123,6 +124,9 @@ class GmiVecEnv(VecEnv):
                     self._pool_seeds = seeds
         finally:
             self._reset_seeds()
+        if self._waiting:  # a step_async not waited for: its results are dropped (as
+            self.pool.recv()  # DummyVecEnv's reset does)
+            self._waiting = False
         self._fresh = False
         obs, _ = self._host(self.pool.reset())
         self.reset_infos = [{} for _ in range(self.num_envs)]
@@ -140,10 +144,21 @@ class GmiVecEnv(VecEnv):
         if self._fresh:
             raise RuntimeError("step before reset: call reset() first (as SB3's Monitor, the "
                                "face does not step unreset envs)")
+        if self._waiting:
+            raise RuntimeError("step_async() twice: call step_wait() for the actions sent first")
         self.pool.send(actions)
+        self._waiting = True
 
     def step_wait(self):
-        """``(obs, rewards (n,) float32, dones (n,) bool, infos)`` of the actions sent."""
+        """``(obs, rewards (n,) float32, dones (n,) bool, infos)`` of the actions sent.
+
+        Raises:
+            RuntimeError: no `step_async` since the last `step_wait`.
+        """
+        if not self._waiting:
+            raise RuntimeError("step_wait() without step_async(): send actions with "
+                               "step_async() (or call step()) first")
+        self._waiting = False
         obs, rewards, terminated, truncated, info = self._host(self.pool.recv())
         dones = terminated | truncated
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": False} for _ in range(len(dones))]

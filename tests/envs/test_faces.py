@@ -478,6 +478,14 @@ def test_sb3_face_refuses_what_it_sets_and_steps_only_after_reset():
         env.step(np.array([0, 1]))
     env.reset()
     assert env.pool is pool  # seeded at construction: the first reset keeps the pool
+    with pytest.raises(RuntimeError, match="step_wait\\(\\) without step_async"):
+        env.step_wait()
+    env.step_async(np.array([0, 1]))
+    with pytest.raises(RuntimeError, match="step_async\\(\\) twice"):
+        env.step_async(np.array([0, 1]))
+    env.reset()  # as DummyVecEnv: the step not waited for is dropped
+    obs, _, dones, _ = env.step(np.array([0, 1]))
+    assert obs.shape == (2, 4) and not dones.any()
     env.close()
     env = make_vec_env("Pong-v5", 2, seed=0)
     env.seed(2**31)  # beyond ALE's seeds
@@ -561,3 +569,8 @@ def test_sb3_evaluation_counts_whole_atari_games():
     want, dones = games(2)
     assert dones > 2  # life losses end SB3 episodes: counting dones would give per-life sums
     assert list(zip(rewards, lengths)) == want
+
+
+def test_make_vec_of_an_env_spec_asks_for_its_id():
+    with pytest.raises(TypeError, match="pass spec.id"):
+        envs.make_vec(gym.spec("CartPole-v1"), 2)

@@ -5,6 +5,8 @@ limit check, the tensor collection path and a PPO run. The CUDA graph path runs 
 """
 
 import json
+
+import gymnasium as gym
 import mujoco
 import numpy as np
 import pytest
@@ -433,6 +435,11 @@ def test_invalid_pools_and_actions_say_what_is_wrong():
     with pytest.raises(ValueError, match="is not a Warp device"):
         envs.make("Ant-gmi-v0", 2, autoreset="same_step", device="tpu")
     with envs.make("Ant-gmi-v0", 2, autoreset="same_step") as p:
+        with pytest.raises(gym.error.ResetNeeded, match=r"env_id \[0, 1\] never reset"):
+            p.step(np.zeros((2, 8), np.float32))
+        p.reset([1])
+        with pytest.raises(gym.error.ResetNeeded, match=r"env_id \[0\] never reset"):
+            p.step(np.zeros((2, 8), np.float32))
         p.reset()
         with pytest.raises(ValueError, match=r"shape \(2, 3\), expected \(2, 8\)"):
             p.step(np.zeros((2, 3), np.float32))

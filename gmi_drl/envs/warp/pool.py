@@ -196,6 +196,7 @@ class WarpPool:
         self._metric = getattr(task, "episode_metric", None)
         self._all_ids = (torch.arange(n, device=self.device) if self.tensors
                          else np.arange(n, dtype=np.int64))
+        self._unreset = np.ones(n, bool)  # worlds never reset: stepping them is refused
         self._graph = None
         self._stepped = False  # one uncaptured step before capture (kernel loading)
         self._pending = False
@@ -232,6 +233,10 @@ class WarpPool:
             if self._body_states:
                 self._observe_reset()
         self._sync_to_caller()
+        if self._unreset is not None:
+            self._unreset[ids] = False
+            if not self._unreset.any():
+                self._unreset = None
         obs = self._out["obs"]
         if len(ids) == self.num_envs:
             return obs, {"env_id": self._all_ids}
@@ -246,10 +251,15 @@ class WarpPool:
         Raises:
             ValueError: ``env_id`` other than every world, wrong action shape, NaN actions (CPU),
                 or a step already in flight.
+            gymnasium.error.ResetNeeded: a world never reset.
         """
         self._check_open()
         if self._pending:
             raise ValueError("a step is already in flight; recv() it first")
+        if self._unreset is not None:
+            raise gym.error.ResetNeeded(
+                f"env_id {np.flatnonzero(self._unreset).tolist()} never reset: call reset() "
+                "before stepping them")
         if env_id is not None and not self._is_all(env_id):
             raise ValueError("the warp engine steps every world at once: send actions for all "
                              f"{self.num_envs} envs (env_id=None)")
