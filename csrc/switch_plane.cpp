@@ -938,9 +938,11 @@ class ClientPath {
   // duplicates and results of segments not sent yet (as the Python path does). Returns
   // (results taken, the highest segment index taken or -1, pending): pending is None when the
   // socket has nothing more, else (nbytes, tos, (ip, port), seg bytes) of a buffer left in
-  // `rx` for the Python path (control packets, other rounds, malformed datagrams, strangers).
+  // `rx` for the Python path (control packets, other rounds, malformed datagrams, strangers,
+  // and results summed over another count than `want_count` where it is > 0: the Python path
+  // decides what such a result means).
   py::tuple take(py::buffer rx, py::buffer out, py::buffer done, int64_t base, int64_t sent,
-                 int64_t seg_floats, const std::string& ip, int port) {
+                 int64_t seg_floats, const std::string& ip, int port, int64_t want_count) {
     py::buffer_info rb = rx.request(true), ob = out.request(true), db = done.request(true);
     if (ob.itemsize != 4 || db.itemsize != 1) throw std::invalid_argument("out: float32, done: bool");
     uint8_t* buf = static_cast<uint8_t*>(rb.ptr);
@@ -983,7 +985,8 @@ class ClientPath {
           int64_t k = int64_t(payload / 4);
           ours = payload >= 4 && payload % 4 == 0 && (fl & L_.flag_result) &&
                  !(fl & ~L_.known_flags) && L_.count.read(d) != 0 && i < nseg &&
-                 k == std::min(seg_floats, total - i * seg_floats);
+                 k == std::min(seg_floats, total - i * seg_floats) &&
+                 (want_count <= 0 || int64_t(L_.count.read(d)) == want_count);
         }
       }
       if (!ours) {

@@ -97,22 +97,30 @@ class SwitchReducer(GradReducer):
         native: send and check coalesced results through the C++ helpers of the switch's
             native data plane (``None``: where built; ``False``: the Python path, the same
             packets).
+        partial_results: take a result summed over fewer workers than ``num_workers`` (the
+            switch lowers its aggregation threshold when it drops a silent member): the mean
+            of the workers left. Off (the default, and data-parallel training's need), such a
+            result raises `SwitchError`: the workers' weights would drift apart.
 
     Raises:
         ValueError: ids out of range, or a bad address.
         SwitchError: the switch refused the Join (foreign job, bad token, full, different
-            group size) or the group did not form within ``join_timeout_s``.
+            group size) or the group did not form within ``join_timeout_s``; later, from a
+            round, a group broken past ``timeout_s`` or (without ``partial_results``) a result
+            over fewer workers than the job's.
     """
 
     def __init__(self, switch_addr: str, worker_id: int, num_workers: int,
                  job_id: str = "gmi-drl", token: str = "", *, timeout_s: float = 60.0,
                  join_timeout_s: float = 60.0, rto_s: float = 0.2, heartbeat_s: float = 1.0,
-                 bind: tuple[str, int] = ("0.0.0.0", 0), native: bool | None = None) -> None:
+                 bind: tuple[str, int] = ("0.0.0.0", 0), native: bool | None = None,
+                 partial_results: bool = False) -> None:
         if not 0 <= worker_id < min(num_workers, 256):
             raise ValueError(f"{worker_id=} must be in [0, min({num_workers=}, 256))")
         host, port = parse_addr(switch_addr)
         self.rank, self.world_size = worker_id, num_workers
         self.timeout_s = timeout_s
+        self.partial_results = partial_results
         self._switch = (socket.gethostbyname(host), port)
         self._join_value = P.JoinValue(worker_id, MemberType.WORKER, num_workers, 1, 0,
                                        job_id, token)
@@ -242,7 +250,7 @@ class SwitchReducer(GradReducer):
         r = self._rounds[0]
         taken, last, pending = self._native.take(
             self._rx, r.out, r.done, r.base % P.SEQ_MOD, r.sent, self._seg_floats,
-            *self._switch)
+            *self._switch, 0 if self.partial_results else self.world_size)
         if taken:
             self._took(r, last, taken)
         return taken > 0, pending
@@ -310,6 +318,7 @@ class SwitchReducer(GradReducer):
         lo = i * f
         if k != min(f, r.out.size - lo):
             return
+        self._check_count(count, seq)
         at = off // P.FLOAT_BYTES  # off is a multiple of the datagram size, so of 4
         np.divide(self._rx_f32[at:at + k], np.float32(count), out=r.out[lo:lo + k])
         r.done[i] = True
@@ -340,12 +349,24 @@ class SwitchReducer(GradReducer):
         r, i = self._find(seq, self._rounds)
         if r is None or i + m > r.sent or (i + m) * f > r.out.size or r.done[i:i + m].any():
             return 0
+        self._check_count(count, seq)
         rows = np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)
         payload = rows[:, P.HEADER_BYTES:].view("<f4")
         np.divide(payload, np.float32(count), out=r.out[i * f:(i + m) * f].reshape(m, f))
         r.done[i:i + m] = True
         self._took(r, i + m - 1, m)
         return m * seg
+
+    def _check_count(self, count: int, seq: int) -> None:
+        """A result must sum every worker of the job: the switch lowers its aggregation
+        threshold when it drops a silent member (or replaces one), and a mean over fewer
+        workers would let the workers' weights drift apart without a word."""
+        if count != self.world_size and not self.partial_results:
+            raise SwitchError(
+                f"worker {self.rank}: the switch at {self._where} returned segment {seq} summed "
+                f"over {count} of the job's {self.world_size} workers: a worker was dropped "
+                "(silent past the switch's --member-timeout: stopped or too slow?) or replaced; "
+                "the workers' weights would no longer agree, so the group stops")
 
     def _took(self, r: _Round, last: int, n: int) -> None:
         """``n`` new results of ``r`` up to segment ``last`` are in: timers, progress, rounds."""

@@ -349,8 +349,9 @@ class SwitchDaemon:
         job = cfg.job_id or self._job_id
         if job is not None and v.job_id != job:
             c.foreign_job_dropped += 1
-            self._control(addr, Action.JOIN_NACK, P.NackValue(
-                P.NackReason.FOREIGN_JOB, f"this switch serves job {job!r}"))
+            self._control(addr, Action.JOIN_NACK, P.NackValue(  # (its name is not told)
+                P.NackReason.FOREIGN_JOB, "this switch serves another job; wait for it to end "
+                "(its members leave, or time out after --member-timeout) or use another switch"))
             return
         token = cfg.token or self._token
         if token is not None and v.token != token:
@@ -364,24 +365,30 @@ class SwitchDaemon:
             return
         now = time.monotonic()
         m = self._by_addr.get(addr)
+        if m is None and v.member_type == MemberType.WORKER and not (
+                0 <= v.member_id < v.num_workers):
+            c.foreign_job_dropped += 1
+            self._control(addr, Action.JOIN_NACK, P.NackValue(
+                P.NackReason.GROUP_MISMATCH,
+                f"worker id {v.member_id} is outside the job's {v.num_workers} workers"))
+            return
         if m is None:
             old = self._members.get(v.member_id)
             if old is not None:  # the same member id from a new address: the newest wins
                 log.warning("member %d moved from %s to %s", v.member_id, old.addr, addr)
-                self._remove(old, dropped=False, why="replaced")
-            if 0 < self._h <= len(self._members):  # H < members: partial sums, every round
-                self._control(addr, Action.JOIN_NACK, P.NackValue(
-                    P.NackReason.GROUP_MISMATCH,
-                    f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
-                    "would complete without the others, and gmi-drl's workers take part in "
-                    "every round; start the switch with --threshold 0 (every member)"))
+                # no threshold change in between: with one member fewer for a moment, the data
+                # plane would complete the filling slots without it
+                self._remove(old, dropped=False, why="replaced", sync=False)
+            refusal = self._refusal(v)
+            if refusal is not None:
+                if refusal[0] is P.NackReason.FULL:
+                    c.foreign_job_dropped += 1
+                self._control(addr, Action.JOIN_NACK, P.NackValue(*refusal))
+                if old is not None:  # (the replaced member is gone: say so now)
+                    self._membership_changed()
                 return
             used = {x.row for x in self._members.values()}
             free = [r for r in range(cfg.max_members) if r not in used]
-            if not free:
-                self._control(addr, Action.JOIN_NACK, P.NackValue(
-                    P.NackReason.FULL, f"{cfg.max_members} members already"))
-                return
             m = Member(v.member_id, addr, v.member_type, cfg.switch_id, free[0], 0, 0, now)
             self._members[m.id] = m
             self._by_addr[addr] = m
@@ -400,7 +407,26 @@ class SwitchDaemon:
             self.epoch, self.seg_floats, self.window, cfg.switch_id, m.id))
         self._membership_changed(new=m)
 
-    def _remove(self, m: Member, dropped: bool, why: str) -> None:
+    def _refusal(self, v: P.JoinValue) -> tuple[P.NackReason, str] | None:
+        """Why a newcomer ``v`` cannot join the members there are (None: it can)."""
+        cfg = self.cfg
+        if 0 < self._h <= len(self._members):  # H < members: partial sums, every round
+            return (P.NackReason.GROUP_MISMATCH,
+                    f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
+                    "would complete without the others, and gmi-drl's workers take part in "
+                    "every round; start the switch with --threshold 0 (every member)")
+        below = sum(x.workers_below for x in self._members.values())
+        joining = 1 if v.member_type == MemberType.WORKER else v.workers_below
+        if below + joining > v.num_workers:
+            return (P.NackReason.FULL,
+                    f"the job's {v.num_workers} workers are all members already")
+        if len(self._members) >= cfg.max_members:
+            return P.NackReason.FULL, f"{cfg.max_members} members already"
+        return None
+
+    def _remove(self, m: Member, dropped: bool, why: str, sync: bool = True) -> None:
+        """Take ``m`` out of the group; ``sync``: tell the data plane and the members at once
+        (a replacement does so after its newcomer is in, or refused)."""
         self._members.pop(m.id, None)
         self._by_addr.pop(m.addr, None)
         self._plane.remove_member(m.row)
@@ -413,7 +439,8 @@ class SwitchDaemon:
             self._leave_parent()
             self._reset_job()
             self._plane.reset_slots()
-        self._membership_changed()
+        if sync:
+            self._membership_changed()
 
     def _leave_parent(self) -> None:
         """The job ended below this switch: leave the parent (twice: a lost Leave would hold

@@ -174,3 +174,29 @@ def test_malformed_member_packets_and_noise_do_not_disturb_a_job(daemon):
     ref = (g0 + g1) / 2
     assert torch.equal(results[0], ref) and torch.equal(results[1], ref)
     assert thread.is_alive()
+
+
+def test_joins_beyond_the_jobs_workers_are_refused_and_a_foreign_job_learns_no_name(daemon):
+    d, _thread = daemon
+    raw = P.open_socket(("127.0.0.1", 0))
+    raw.settimeout(5)
+    buf = bytearray(P.RX_BUFFER_BYTES)
+
+    def answer(value):
+        P.send_control(raw, d.address, P.Action.JOIN, value)
+        n, _tos, _addr = P.recv_packet(raw, buf)
+        return P.decode_control(buf[:n])
+
+    try:
+        action, nack = answer(P.JoinValue(7, P.MemberType.WORKER, 3, 1, 0, JOB, TOKEN))
+        assert action == P.Action.JOIN_NACK and nack.reason == P.NackReason.GROUP_MISMATCH
+        assert "worker id 7 is outside the job's 3 workers" in nack.text
+        # a switch below claiming more workers than the job has
+        action, nack = answer(P.JoinValue(0, P.MemberType.SWITCH, 3, 4, 0, JOB, TOKEN))
+        assert action == P.Action.JOIN_NACK and nack.reason == P.NackReason.FULL
+        action, nack = answer(P.JoinValue(0, P.MemberType.WORKER, 3, 1, 0, "other", TOKEN))
+        assert action == P.Action.JOIN_NACK and nack.reason == P.NackReason.FOREIGN_JOB
+        assert JOB not in nack.text
+        assert d.stats()["members"] == 0
+    finally:
+        raw.close()

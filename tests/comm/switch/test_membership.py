@@ -16,7 +16,8 @@ SHAPES = [(5000,)]
 def test_silent_member_is_dropped_and_the_rest_continue(switches):
     sw = switches("--member-timeout", "1.0", "--log-level", "WARNING")
     # worker 2 does step 0, then dies without a Leave before step 1
-    got = run_workers(sw.addr, 3, 3, {"rto_s": 0.05, "heartbeat_s": 0.2}, shapes=SHAPES,
+    got = run_workers(sw.addr, 3, 3, {"rto_s": 0.05, "heartbeat_s": 0.2,
+                                      "partial_results": True}, shapes=SHAPES,
                       per_rank={2: {"die_after": 1}}, expect=2)
     assert sorted(got) == [0, 1]
     assert_exact({r: (v[0][:1], 0) for r, v in got.items()}, [0, 1, 2], 3, 1, shapes=SHAPES)
@@ -30,6 +31,19 @@ def test_silent_member_is_dropped_and_the_rest_continue(switches):
     assert sw.stop() == 0
     assert sw.final["members_dropped"] == 1
     assert "silent for" in sw.stderr and "dropped; H is now 2" in sw.stderr
+
+
+@pytest.mark.distributed
+def test_a_dropped_member_stops_a_training_group_instead_of_a_mean_over_fewer(switches):
+    """Without ``partial_results`` (data-parallel training: every worker must apply the same
+    mean), the survivors of a dropped member fail with what happened, not drift apart."""
+    sw = switches("--member-timeout", "1.0", "--log-level", "WARNING")
+    got = run_workers(sw.addr, 3, 3, {"rto_s": 0.05, "heartbeat_s": 0.2}, shapes=SHAPES,
+                      per_rank={2: {"die_after": 1}}, expect=2, failures_ok=True)
+    assert sorted(got) == [0, 1]
+    for r in (0, 1):
+        assert "SwitchError" in got[r][0] and "summed over 2 of the job's 3 workers" in got[r][0]
+    assert sw.stop() == 0
 
 
 @pytest.mark.distributed
