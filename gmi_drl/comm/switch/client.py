@@ -104,8 +104,9 @@ class SwitchReducer(GradReducer):
 
     Raises:
         ValueError: ids out of range, or a bad address.
-        SwitchError: the switch refused the Join (foreign job, bad token, full, different
-            group size) or the group did not form within ``join_timeout_s``; later, from a
+        SwitchError: the switch refused the Join (bad token, full, different group size), or
+            the group did not form within ``join_timeout_s`` (a switch serving another job is
+            asked again until then: that job's members may be leaving or timing out); later, from a
             round, a group broken past ``timeout_s`` or (without ``partial_results``) a result
             over fewer workers than the job's.
     """
@@ -140,6 +141,7 @@ class SwitchReducer(GradReducer):
         self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
                                      P.HEADER_BYTES)
         self._joined = self._ready = False
+        self._foreign: str | None = None  # the switch's refusal: it serves another job
         self._seg_floats = self._window = 0
         self._active_workers = num_workers
         self._next_join = 0.0
@@ -187,6 +189,9 @@ class SwitchReducer(GradReducer):
             if now > deadline:
                 why = (f"joined, but not all {self.world_size} workers did: are they all "
                        "started, with the same --gmi.switch-addr?" if self._joined else
+                       f"refused until then, {self._foreign} (the members of that job, the "
+                       "dead GMIs of a stopped run among them, leave or time out after the "
+                       "switch's --member-timeout)" if self._foreign else
                        "the switch never answered: is one running there (gmi-drl switch serve "
                        f"--bind {self._where}), and does a firewall let UDP through?")
                 raise SwitchError(f"worker {self.rank}: no complete group at switch "
@@ -264,6 +269,11 @@ class SwitchReducer(GradReducer):
             self._joined = True
             self._seg_floats, self._window = value.seg_floats, value.window
         elif action == Action.JOIN_NACK:
+            if value.reason == P.NackReason.FOREIGN_JOB and not self._joined:
+                # another job's members (this run's own, dead, after a kill: a resume) hold the
+                # switch until they leave or time out: joining is tried again until the timeout
+                self._foreign = f"{value.reason.name}: {value.text}"
+                return
             raise SwitchError(f"switch {self._where} refused worker {self.rank}: "
                                f"{value.reason.name}: {value.text}")
         elif action == Action.READY:

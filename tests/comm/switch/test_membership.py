@@ -71,8 +71,9 @@ def test_restarted_switch_is_rejoined(switches):
 
 def test_foreign_job_and_bad_token_are_refused(switches):
     sw = switches("--token", "s3cret", "--job-id", "jobA")
-    with pytest.raises(RuntimeError, match="FOREIGN_JOB"):
-        SwitchReducer(sw.addr, 0, 1, job_id="jobB", token="s3cret", join_timeout_s=5)
+    with pytest.raises(RuntimeError, match="within 2 s \\(refused until then, FOREIGN_JOB: "
+                       "this switch serves another job"):  # (asked again until the timeout)
+        SwitchReducer(sw.addr, 0, 1, job_id="jobB", token="s3cret", join_timeout_s=2)
     with pytest.raises(RuntimeError, match="BAD_TOKEN"):
         SwitchReducer(sw.addr, 0, 1, job_id="jobA", token="nope", join_timeout_s=5)
     red = SwitchReducer(sw.addr, 0, 1, job_id="jobA", token="s3cret", join_timeout_s=5)
@@ -81,7 +82,7 @@ def test_foreign_job_and_bad_token_are_refused(switches):
     red.allreduce_([t])
     assert torch.equal(t, torch.arange(10.0))
     red.close()
-    assert sw.stats()["foreign_job_dropped"] == 2
+    assert sw.stats()["foreign_job_dropped"] > 2  # the foreign job asked every 0.2 s
 
 
 def test_a_group_that_never_completes_says_the_other_workers_are_missing(switches):
