@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,25 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _parent_address(text: str) -> tuple[str, int]:
+    """``--parent``: a switch one can send to: a port, and one host (no broadcast, multicast or
+    unspecified address, which the kernel refuses or spreads)."""
+    import ipaddress
+    import socket
+
+    host, port = _address(text)
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"{text}: the parent's port, not 0")
+    try:
+        ip = ipaddress.ip_address(socket.gethostbyname(host))
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: {host} does not resolve ({e})") from None
+    if ip.is_multicast or ip.is_unspecified or ip == ipaddress.ip_address("255.255.255.255"):
+        raise argparse.ArgumentTypeError(f"{text}: not one host's address (a parent switch "
+                                         "is one daemon's HOST:PORT)")
+    return host, port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmi-drl switch", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -34,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = SwitchConfig()
     s.add_argument("--bind", required=True, type=_address, default=argparse.SUPPRESS,
                    help="ADDR:PORT to listen on (port 0: any free port; required)")
-    s.add_argument("--parent", type=_address, default=None,
+    s.add_argument("--parent", type=_parent_address, default=None,
                    help="HOST:PORT of the upper-level switch (hierarchical aggregation)")
     s.add_argument("--threshold", type=int, default=d.threshold,
                    help="aggregation threshold H (0: the number of members); a Join that "
@@ -120,10 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     # the switch's own loggers: `gmi-drl` may have configured the root logger (INFO) first
     logging.getLogger("gmi_drl.comm.switch").setLevel(level)
     rates = Rates()
+    out = [sys.stdout]  # emptied when stdout closes: the switch serves on, unprinted
+
+    def say(text: str) -> None:
+        if not out:
+            return
+        try:
+            print(text, file=out[0], flush=True)
+        except OSError:  # a closed pipe (`| head`): a running job's aggregation must go on
+            out.clear()
+            sys.stdout = open(os.devnull, "w")  # (Python's own flush at exit would raise)
 
     def report(c) -> None:
-        print(rates.line(c.as_dict()), flush=True)
-        print(" ".join(f"{k}={v}" for k, v in c.as_dict().items()), flush=True)
+        say(rates.line(c.as_dict()))
+        say(" ".join(f"{k}={v}" for k, v in c.as_dict().items()))
 
     try:
         cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
@@ -145,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
-    print("listening on {}:{}".format(*daemon.address), flush=True)
+    say("listening on {}:{}".format(*daemon.address))
     print(f"data plane: {daemon.data_plane}", file=sys.stderr, flush=True)
     try:
         daemon.serve_forever()
     finally:
-        print(json.dumps(daemon.stats(), sort_keys=True), flush=True)
+        say(json.dumps(daemon.stats(), sort_keys=True))
         daemon.close()
     return 0

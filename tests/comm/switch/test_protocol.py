@@ -155,3 +155,31 @@ def test_segmented_send_arrives_as_the_same_datagrams():
     finally:
         for s in (sender, plain, gro):
             s.close()
+
+
+def test_serve_goes_on_when_its_stdout_is_closed_and_refuses_a_parent_it_cannot_send_to():
+    """`gmi-drl switch serve ... | head -1`: the pipe closes, the daemon (serving a job, maybe)
+    goes on without printing; a --parent of port 0 or a broadcast address is a usage error."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind", "127.0.0.1:0",
+           "--stats-interval", "0.1"]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout.readline().startswith("listening on")
+        daemon.stdout.close()  # as `head -1` exits
+        time.sleep(1.0)  # several reports into the closed pipe
+        assert daemon.poll() is None
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(10) == 0
+        assert "Traceback" not in daemon.stderr.read()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    for parent in ("127.0.0.1:0", "255.255.255.255:9000"):
+        bad = subprocess.run([*cmd, "--parent", parent], capture_output=True, text=True,
+                             timeout=30)
+        assert bad.returncode == 2 and "argument --parent" in bad.stderr
