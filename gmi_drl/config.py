@@ -861,6 +861,11 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
         need(len(addrs) == max(g.num_gmis, 1) and all(_is_host_port(a) for a in addrs),
              f"gmi.switch_addr={g.switch_addr!r} must be HOST:PORT, or one HOST:PORT per GMI "
              f"joined by ',' ({g.num_gmis}), when gmi.reduction is switch")
+        if cfg.placement != "ray":  # (a Ray cluster's GMIs resolve it on their own nodes)
+            lost = sorted({a.rpartition(":")[0] for a in addrs if _is_host_port(a)
+                           and not _resolves(a.rpartition(":")[0])})
+            need(not lost, f"gmi.switch_addr={g.switch_addr!r}: {', '.join(lost)} does not "
+                 "resolve here (a typo, or a name this host's DNS does not know?)")
     need(g.reduction == "switch" or (g.switch_job is None and not g.switch_token),
          f"gmi.switch_job / gmi.switch_token set, but gmi.reduction={g.reduction!r}; they are "
          "the run's credentials at the aggregation switch (gmi.reduction switch)")
@@ -1011,6 +1016,16 @@ def _from_flags(cfg: TrainConfig) -> bool:
     ``--config`` file's, which carry fields the user did not give (checks that a field is set
     to no effect apply to flags only)."""
     return cfg.resume is None and cfg.config is None
+
+
+def _resolves(host: str) -> bool:
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except (OSError, UnicodeError):
+        return False
 
 
 def _is_host_port(text: str) -> bool:

@@ -255,6 +255,14 @@ def test_a_reducer_address_without_its_reduction_is_refused():
     assert "gmi.ps_addr set, but gmi.reduction='auto': add --gmi.reduction ps" in str(err.value)
     cfg.gmi.reduction, cfg.gmi.ps_addr = "switch", None
     validate(cfg)
+    cfg.gmi.switch_addr = "nosuch.invalid:9"  # said before the run dir, not by GMI 0 later
+    with pytest.raises(ConfigError, match="nosuch.invalid does not resolve here"):
+        validate(cfg)
+    cfg.placement = "ray"  # (a cluster's GMIs resolve it on their nodes)
+    try:
+        validate(cfg)
+    except ConfigError as e:  # (other rules of a Ray run may hold here)
+        assert "does not resolve" not in str(e)
 
 
 def test_serial_gmis_on_emulated_devices_name_the_reduction_they_cannot_run(tmp_path):
