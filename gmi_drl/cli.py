@@ -18,6 +18,7 @@ traceback goes to the run's ``train.log``, or also to the terminal with ``--debu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -287,10 +288,12 @@ def _stop_status(e: BaseException | None) -> int:
     return 130 if isinstance(e, KeyboardInterrupt) else 1
 
 
-def _handle_stop_signals() -> dict:
-    """Make SIGTERM (timeout, systemd) and SIGHUP (a closed terminal or SSH session) stop the
-    run as Ctrl-C does, in the main thread; returns the handlers to restore. A SIGHUP already
-    ignored (``nohup``) stays ignored. multiprocessing's resource tracker, started here if it
+@contextlib.contextmanager
+def _stop_signals_as_ctrl_c():
+    """Inside the block, SIGTERM (timeout, systemd) and SIGHUP (a closed terminal or SSH
+    session) stop the run as Ctrl-C does (in the main thread; elsewhere the block runs as it
+    is); the handlers are restored after it. A SIGHUP already ignored (``nohup``) stays
+    ignored. multiprocessing's resource tracker, started here if it
     is not running, ignores SIGHUP for good (an ignored signal stays so across its exec), so
     that a hangup to the whole process group cannot kill it before the run has unlinked its
     shared memory; the GMIs and the fork server ignore it too (`gmi_drl.gmi.launcher`)."""
@@ -298,12 +301,20 @@ def _handle_stop_signals() -> dict:
 
     from gmi_drl.gmi.launcher import signals_ignored
 
+    _sigterm.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     with signals_ignored(signal.SIGHUP):
         resource_tracker.ensure_running()
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _terminated)
-    return previous
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _train(args: list[str], debug: bool = False) -> int:
@@ -328,11 +339,9 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    main_thread = threading.current_thread() is threading.main_thread()
-    _sigterm.clear()
-    previous = _handle_stop_signals() if main_thread else {}
     try:
-        result = train(cfg, on_progress=ProgressPrinter())
+        with _stop_signals_as_ctrl_c():
+            result = train(cfg, on_progress=ProgressPrinter())
     except (ConfigError, CheckpointError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
@@ -342,9 +351,6 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: {e.reason}\n  {e.next_step}   (traceback: {e.log_path})",
               file=sys.stderr)
         return _stop_status(e.__cause__)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     curve = result.episode_returns[-20:]
     final = f"{curve.mean():.1f}" if len(curve) else "n/a"
     print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "
@@ -421,11 +427,9 @@ def _tune(args: list[str], debug: bool = False) -> int:
                               f"{p.mem / 2**20:,.0f} MiB | {sat} | {est} | {p.seconds:.1f} |",
                               markup=False, highlight=False, soft_wrap=True)
 
-        _sigterm.clear()
-        main_thread = threading.current_thread() is threading.main_thread()
-        previous = _handle_stop_signals() if main_thread else {}  # as Ctrl-C: probes stopped
         try:
-            report = tune(cfg, options, row, planned=planned)
+            with _stop_signals_as_ctrl_c():  # the probe running is stopped as on Ctrl-C
+                report = tune(cfg, options, row, planned=planned)
         except ValueError as e:
             print(f"gmi-drl tune: {e}", file=sys.stderr)
             return 2
@@ -433,9 +437,6 @@ def _tune(args: list[str], debug: bool = False) -> int:
             print(f"gmi-drl tune: cannot write the search's files in --out {planned.out}: {e}",
                   file=sys.stderr)
             return 2
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
     return _print_tune(report, algo, role, unit)
 
 

@@ -140,16 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     # the switch's own loggers: `gmi-drl` may have configured the root logger (INFO) first
     logging.getLogger("gmi_drl.comm.switch").setLevel(level)
     rates = Rates()
-    out = [sys.stdout]  # emptied when stdout closes: the switch serves on, unprinted
-
     def say(text: str) -> None:
-        if not out:
-            return
         try:
-            print(text, file=out[0], flush=True)
-        except OSError:  # a closed pipe (`| head`): a running job's aggregation must go on
-            out.clear()
-            sys.stdout = open(os.devnull, "w")  # (Python's own flush at exit would raise)
+            print(text, flush=True)
+        except OSError:  # a closed pipe (`| head`): a running job's aggregation must go on,
+            sys.stdout = open(os.devnull, "w")  # unprinted (and Python's flush at exit too)
 
     def report(c) -> None:
         say(rates.line(c.as_dict()))
