@@ -7,7 +7,7 @@
     envs = gmi_drl.envs.make_vec("Hopper-v5", num_envs=8)   # a gymnasium.vector.VectorEnv
 
     # a GPU simulator: every world in one MuJoCo Warp model, torch tensors on the device
-    pool = gmi_drl.envs.make("Ant-gmi-v0", 4096, autoreset="same_step", device="cuda:0")
+    pool = gmi_drl.envs.make("Ant-gmi-v0", 4096, device="cuda:0")   # same_step autoreset
 """
 
 from gmi_drl.envs.gym_vector import GymVectorEnv, make_vec

@@ -95,11 +95,14 @@ class EngineEntry:
             option of another engine), or ``None``.
         spec: ``spec()`` -> the task's `EnvSpec` without building anything, where the engine
             knows it (``None``: `gmi_drl.envs.task_spec` builds a one-env pool instead).
+        autoreset_modes: the `AutoresetMode`s it runs, the default first (``make`` without an
+            ``autoreset`` takes it).
     """
 
     build: PoolFactory
     unavailable: Callable[[dict[str, Any]], str | None] = _available
     spec: Callable[[], EnvSpec] | None = None
+    autoreset_modes: tuple[AutoresetMode, ...] = tuple(AutoresetMode)
 
 
 def time_limit(task_kwargs: dict[str, Any], default: int | None) -> int | None:

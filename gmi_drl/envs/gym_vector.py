@@ -74,7 +74,9 @@ class GymVectorEnv(gym.vector.VectorEnv):
         task_id: as `gmi_drl.envs.make`. num_envs: sub-environments.
         seed: the seeds of the first reset (an int ``s``: ``s + i``; or one per env), as if
             the first ``reset`` were ``reset(seed=seed)``; ``None``: random ones.
-        autoreset_mode: a `gymnasium.vector.AutoresetMode` (or its value, e.g. ``"SameStep"``).
+        autoreset_mode: a `gymnasium.vector.AutoresetMode` (or its value, e.g. ``"SameStep"``);
+            ``None``: the engine's default, ``NEXT_STEP`` (Gymnasium's) where it runs every
+            mode, ``SAME_STEP`` on the warp engine, which runs only that one.
         num_workers: as `gmi_drl.envs.make`.
         copy: return new arrays (True) or the pool's buffers (False).
         episode_statistics: also put Gymnasium's ``info["episode"]`` (``r``, ``l``, ``t``) and
@@ -89,7 +91,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
     """
 
     def __init__(self, task_id: str, num_envs: int,
-                 autoreset_mode: GymAutoreset | str = GymAutoreset.NEXT_STEP,
+                 autoreset_mode: GymAutoreset | str | None = None,
                  num_workers: int | None = None, copy: bool = True,
                  episode_statistics: bool = False,
                  seed: int | Sequence[int | None] | None = None, **task_kwargs: Any) -> None:
@@ -97,12 +99,13 @@ class GymVectorEnv(gym.vector.VectorEnv):
 
         check_face_args("Gymnasium face", num_envs, task_kwargs, _OWNED)
         try:
-            self._mode = GymAutoreset(autoreset_mode)
+            mode = None if autoreset_mode is None else GymAutoreset(autoreset_mode)
         except ValueError:
             raise ValueError(f"autoreset_mode={autoreset_mode!r} must be a gymnasium.vector."
                              f"AutoresetMode or one of {[m.value for m in GymAutoreset]}") from None
-        autoreset = _MODES[self._mode]  # (a local: a lambda reading self would make a cycle
-        # that keeps a dropped face, and its workers, alive until the cycle collector runs)
+        # (a local: a lambda reading self would make a cycle that keeps a dropped face, and its
+        # workers, alive until the cycle collector runs)
+        autoreset = None if mode is None else _MODES[mode]
         self._make = lambda seeds: make(task_id, num_envs, num_workers=num_workers, seed=seeds,
                                         autoreset=autoreset, **task_kwargs)
         self._seeds = face_seeds(seed, num_envs)
@@ -113,6 +116,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
                 raise
             raise ValueError(f"{e} (on the Gymnasium face: autoreset_mode="
                              "gymnasium.vector.AutoresetMode.SAME_STEP)") from None
+        self._mode = next(m for m, value in _MODES.items() if value == self.pool.autoreset.value)
         self._host = host_outputs(self.pool)
         self._fresh = True  # no reset yet: the pool is the first one, and step() must wait
         if seed is not None:

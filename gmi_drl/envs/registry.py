@@ -220,7 +220,7 @@ def cpu_budget() -> int:
 
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
-         autoreset: str | AutoresetMode = "next_step", device: str | None = None,
+         autoreset: str | AutoresetMode | None = None, device: str | None = None,
          engine: str = "auto", **task_kwargs: Any) -> EnvPool:
     """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id`` (the warp engine: a
     `gmi_drl.envs.warp.pool.WarpPool`, the same API with full batches, ``same_step``
@@ -239,7 +239,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             or with ``seed[i]`` for a sequence of ``num_envs`` ints (`env_seeds`); later resets
             continue that env's generator. Env seeds outside [0, 2**63) are refused here, and
             ALE and the warp engine refuse those outside [0, 2**31).
-        autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`).
+        autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"`` (see `AutoresetMode`);
+            ``None``: the engine's default, ``"next_step"`` (EnvPool's and Gymnasium's) where it
+            runs every mode, else the one it runs (the warp engine: ``"same_step"``).
         device: where a device engine simulates and returns its tensors (``"cuda:0"``; the warp
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
         engine: which of the task's engines runs it (`engines(task_id)` lists them; names in
@@ -266,10 +268,10 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if not isinstance(workers, (int, np.integer)) or not 0 <= workers <= num_envs:
         errors.append(f"num_workers={num_workers!r} must be in [0, num_envs={num_envs}]")
     try:
-        mode = AutoresetMode(autoreset)
+        mode = None if autoreset is None else AutoresetMode(autoreset)
     except ValueError:
         errors.append(f"autoreset={autoreset!r} must be one of "
-                      f"{[m.value for m in AutoresetMode]}")
+                      f"{[m.value for m in AutoresetMode]} or None")
     entry = _entry(task_id)
     if entry is None:
         errors.append(f"task_id={task_id!r} is neither registered (gmi_drl.envs.list_tasks()) "
@@ -284,6 +286,8 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
     _, chosen = entry.select(engine, kwargs)
+    if mode is None:
+        mode = chosen.autoreset_modes[0]
     request = PoolRequest(task_id, int(num_envs), int(batch), int(workers), seeds, mode,
                           device or "cpu")
     return chosen.build(request, **kwargs)

@@ -15,6 +15,7 @@ import gmi_drl.envs as envs
 from gmi_drl.envs.stepper import EpisodeEndedError
 from gmi_drl.envs.workers import EnvWorkerError
 from tests.envs.conftest import CounterEnv
+from tests.procs import shm_entries, shm_left
 
 envs.register("Counter-test", CounterEnv, episode_len=5)
 envs.register("CounterFail-test", CounterEnv, episode_len=100, fail_at=3)
@@ -107,7 +108,8 @@ def test_many_async_rounds_step_every_env_exactly_once_per_action():
 
 
 def test_autoreset_next_step():
-    with envs.make("Counter-test", num_envs=2, autoreset="next_step") as pool:
+    with envs.make("Counter-test", num_envs=2) as pool:  # the default, as EnvPool's
+        assert pool.autoreset is envs.AutoresetMode.NEXT_STEP
         pool.reset()
         for t in range(1, 6):
             obs, rew, term, trunc, info = pool.step(_act([1.0, 2.0]))
@@ -211,7 +213,7 @@ def test_a_failed_pool_dropped_unclosed_frees_its_workers_and_memory_at_once(num
     its shared memory until a collection, which then could not free the block."""
     import gc
 
-    before = set(os.listdir("/dev/shm"))
+    before = shm_entries()
     gc.disable()
     try:
         pool = envs.make("CounterFail-test", num_envs=4, num_workers=num_workers)
@@ -226,7 +228,7 @@ def test_a_failed_pool_dropped_unclosed_frees_its_workers_and_memory_at_once(num
         for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
-        assert set(os.listdir("/dev/shm")) <= before
+        assert not shm_left(before)
     finally:
         gc.enable()
 
@@ -283,7 +285,7 @@ def test_killed_worker_is_reported_within_5s():
 
 
 def test_close_leaves_no_process_and_no_shared_memory():
-    before = set(os.listdir("/dev/shm"))
+    before = shm_entries()
     pool = envs.make("Counter-test", num_envs=4, num_workers=2)
     obs, _ = pool.reset()
     pids = set(obs[:, 3].astype(int).tolist())
@@ -294,7 +296,7 @@ def test_close_leaves_no_process_and_no_shared_memory():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert set(os.listdir("/dev/shm")) <= before
+    assert not shm_left(before)
     with pytest.raises(RuntimeError, match="closed"):
         pool.step(_act(np.ones(4)))
 
@@ -474,12 +476,12 @@ def test_a_factory_that_does_not_pickle_leaves_no_shared_memory():
     from gmi_drl.envs.workers import ProcessEngine
 
     lock = threading.Lock()  # cloudpickle cannot pickle a lock
-    before = set(os.listdir("/dev/shm"))
+    before = shm_entries()
     space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
     with pytest.raises(TypeError, match="lock"):
         ProcessEngine(lambda ids: lock, 4, 2, space, space, AutoresetMode.NEXT_STEP, None,
                       np.arange(4))
-    assert set(os.listdir("/dev/shm")) - before == set()
+    assert not shm_left(before)
 
 
 @pytest.mark.parametrize("engine", ["native", "numpy"])

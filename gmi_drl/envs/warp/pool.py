@@ -517,5 +517,6 @@ def engines() -> dict[str, dict[str, EngineEntry]]:
     for task_id in tasks():
         factory = WarpTaskFactory(task_id)
         table[task_id] = {"warp": EngineEntry(factory, unavailable=lambda kwargs: warp_error(),
-                                              spec=factory.spec)}
+                                              spec=factory.spec,
+                                              autoreset_modes=(AutoresetMode.SAME_STEP,))}
     return table
