@@ -14,6 +14,9 @@ from gmi_drl.envs.warp.franka import (DEFAULT_DOF_POS, DRAWER_GRASP, GRASP_IN_LI
                                       GRASP_ROT_IN_LINK7, FrankaLayout, FrankaTask)
 from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
+# the pools never differentiate through a kernel: no adjoints to compile (half a module's time)
+wp.set_module_options({"enable_backward": False})
+
 BODY_STATES = True
 """the observation reads body poses (gripper and drawer grasp frames)"""
 

@@ -14,6 +14,9 @@ import warp as wp
 from gmi_drl.envs.warp.hand import HandLayout, HandTask
 from gmi_drl.envs.warp.worlds import Worlds, count, end_step, start_totals
 
+# the pools never differentiate through a kernel: no adjoints to compile (half a module's time)
+wp.set_module_options({"enable_backward": False})
+
 BODY_STATES = True
 """the observation reads body poses and velocities (fingertips): the pool recomputes them from
 the state after the physics and again after resets (`observe_reset`)"""

@@ -11,6 +11,9 @@ import warp as wp
 from gmi_drl.envs.warp.locomotion import TARGET, LocomotionTask, ModelLayout
 from gmi_drl.envs.warp.worlds import Worlds, end_step, start_totals
 
+# the pools never differentiate through a kernel: no adjoints to compile (half a module's time)
+wp.set_module_options({"enable_backward": False})
+
 
 @wp.struct
 class LocomotionParams:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import warp as wp
 
+# the pools never differentiate through a kernel: no adjoints to compile (half a module's time)
+wp.set_module_options({"enable_backward": False})
+
 
 @wp.struct
 class Worlds:
