@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -591,10 +592,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if debug:
-        logging.getLogger("gmi_drl").setLevel(logging.DEBUG)
-    else:  # tracebacks logged for train.log stay off the terminal
+    # gmi-drl's own messages from INFO up; other libraries' only from WARNING up (matplotlib's
+    # "generated new fontManager", Ray's and torch's INFO lines are not the user's business)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("gmi_drl").setLevel(logging.DEBUG if debug else logging.INFO)
+    if not debug:  # tracebacks logged for train.log stay off the terminal
         from gmi_drl.errors import terminal_filter
 
         for handler in logging.getLogger().handlers:
@@ -608,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in commands:
         print(f"gmi-drl: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
+    if argv[0] in ("train", "tune"):  # (eval --video renders: it keeps MuJoCo's default)
+        from gmi_drl.gmi.launcher import NO_RENDERING
+
+        os.environ.setdefault("MUJOCO_GL", NO_RENDERING)
     _sigterm.clear()
     try:
         return commands[argv[0]](argv[1:], debug)

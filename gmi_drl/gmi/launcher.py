@@ -58,6 +58,13 @@ COMPILER = ("torch._dynamo",)
 START_METHODS = ("forkserver", "spawn")
 
 
+NO_RENDERING = "disable"
+"""``MUJOCO_GL`` for processes that never render (GMIs, a training controller) where the user
+set none: ``import mujoco`` then loads no OpenGL backend. The default one, GLFW, checks its
+library's version in a Python subprocess, which costs a start-up and, when Ctrl-C reaches the
+process group during it, prints that subprocess's traceback."""
+
+
 def mp_context(start_method: str, preload: Sequence[str] = ()):
     """The multiprocessing context of ``start_method``; the fork server's imports `PRELOAD` and
     ``preload`` when this process starts it (a server already running keeps what it has).
@@ -161,6 +168,7 @@ def _gmi_main(gmi_id, environ, env, affinity, threads, target, ctx, beats, resul
         os.environ.clear()  # launch, not the server's (a spawned GMI has its own, with what a
         os.environ.update(environ)  # prefix such as nsys added)
     os.environ.update(env)  # before anything initialises CUDA
+    os.environ.setdefault("MUJOCO_GL", NO_RENDERING)
     if affinity:
         os.sched_setaffinity(0, affinity)
     inductor = sys.modules.get("torch._inductor.config")  # preloaded: set from the server's

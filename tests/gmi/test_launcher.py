@@ -17,7 +17,7 @@ from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import GMIError, launch
 from gmi_drl.gmi.layout import plan
 from tests.procs import (assert_group_gone, confined_tmp, descendants, fork_server, gmi_processes,
-                         running)
+                         running, shm_entries, shm_left)
 
 pytestmark = pytest.mark.distributed
 
@@ -75,7 +75,7 @@ def test_a_stopped_run_kills_a_gmi_under_a_prefix_with_its_python(tmp_path):
 def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
     m = discover()
     kids_before = _children()
-    before = set(os.listdir("/dev/shm"))
+    before = shm_entries()
     with pytest.raises(GMIError, match=r"GMI 1 raised") as err:
         launch("tests.gmi.gmi_targets:fail_on_one", plan(3, m), m, payload=1)
     caught = time.time()
@@ -88,7 +88,7 @@ def test_a_raising_gmi_stops_the_run_with_its_traceback_within_5s():
     assert caught - failed_at < 5.0  # failure to a stopped run, all processes reaped
     assert not _children() - kids_before
     gc.collect()
-    assert set(os.listdir("/dev/shm")) <= before
+    assert not shm_left(before)
 
 
 def test_a_killed_gmi_is_reported():
@@ -136,12 +136,14 @@ import json, os, sys
 from gmi_drl.gmi.devices import discover
 from gmi_drl.gmi.launcher import COMPILER, launch
 from gmi_drl.gmi.layout import plan
-m, method, names = discover(), sys.argv[1], ["GMI_DRL_SET", "GMI_DRL_UNSET"]
+m, method, names = discover(), sys.argv[1], ["GMI_DRL_SET", "GMI_DRL_UNSET", "MUJOCO_GL"]
 os.environ["GMI_DRL_UNSET"] = "before the first launch"
+os.environ.pop("MUJOCO_GL", None)
 first = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method,
                preload=COMPILER)
 os.environ["GMI_DRL_SET"] = "after the first launch"
 del os.environ["GMI_DRL_UNSET"]
+os.environ["MUJOCO_GL"] = "egl"
 second = launch("tests.gmi.gmi_targets:started_with", plan(2, m), m, names, start_method=method)
 print(json.dumps([first, second]))
 """
@@ -152,15 +154,18 @@ def test_both_start_methods_give_gmis_the_controllers_environment_at_launch(meth
     """Forked from the fork server, a GMI starts with the loops (and the compiler) already
     imported; forked or spawned, it sees the controller's environment as it is at each launch
     (the server's is the one of the first launch), and inductor compiles on its own cores
-    (the server set its compile threads from all of them)."""
+    (the server set its compile threads from all of them). A GMI never renders: where the
+    controller names no ``MUJOCO_GL`` it loads no OpenGL backend."""
     out = subprocess.run([sys.executable, "-c", START_SCRIPT, method], capture_output=True,
                          text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = json.loads(out.stdout.splitlines()[-1])
     forked = method == "forkserver"
-    for gmis, env in [(first, {"GMI_DRL_SET": None, "GMI_DRL_UNSET": "before the first launch"}),
-                      (second, {"GMI_DRL_SET": "after the first launch", "GMI_DRL_UNSET": None})]:
+    for gmis, env in [(first, {"GMI_DRL_SET": None, "GMI_DRL_UNSET": "before the first launch",
+                               "MUJOCO_GL": "disable"}),
+                      (second, {"GMI_DRL_SET": "after the first launch", "GMI_DRL_UNSET": None,
+                                "MUJOCO_GL": "egl"})]:
         assert [g[:2] for g in gmis] == [[forked, env]] * 2
         for _, _, threads, cores in gmis:
             assert threads == (min(32, cores) if forked else None)
@@ -174,7 +179,7 @@ def test_an_unknown_start_method_is_refused():
 
 
 def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
@@ -249,7 +254,7 @@ def test_a_fork_server_that_dies_stops_the_run_and_leaves_no_gmi():
     OOM killer), the launcher can no longer learn its GMIs' exit status: every GMI reads as
     ended. The run must still stop, and the launcher must kill the GMIs that still run (while
     it lives, as a GMI whose controller is gone ends by itself)."""
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     proc = subprocess.Popen([sys.executable, "-c", SERVER_DIES_SCRIPT], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
@@ -294,7 +299,7 @@ def test_gmis_end_when_the_controller_is_killed(tmp_path):
     """A controller killed with SIGKILL cannot stop its GMIs: each ends itself within a
     heartbeat of noticing. (Its temporary directory stays, in ``tmp_path``: nothing runs a
     clean-up after SIGKILL.)"""
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     controller = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE,
                                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                   env=confined_tmp(tmp_path))
@@ -312,6 +317,6 @@ def test_gmis_end_when_the_controller_is_killed(tmp_path):
         time.sleep(0.1)
     assert not [pid for pid in gmis if os.path.exists(f"/proc/{pid}")], "orphaned GMIs still run"
     deadline = time.time() + 5  # the resource tracker unlinks what the controller left
-    while not set(os.listdir("/dev/shm")) <= shm_before and time.time() < deadline:
+    while shm_left(shm_before) and time.time() < deadline:
         time.sleep(0.1)
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert not shm_left(shm_before)
