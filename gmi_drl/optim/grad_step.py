@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
+from gmi_drl.models.compiled import compile_graph
 from gmi_drl.optim.cuda_graph import CaptureError, GraphedStep
 from gmi_drl.optim.flat import FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer
 from gmi_drl.telemetry.timer import timer
@@ -97,8 +98,7 @@ class GradStep:
                             tuple(p.numel() for p in self.params.params),
                             tuple(tuple(p.shape) for p in self.params.params))
             body = self._fused_body if self.fused else self._grad_body
-            options = {"cpp_wrapper": True} if self.params.data.device.type == "cpu" else None
-            self._compiled = torch.compile(body, dynamic=False, options=options)
+            self._compiled = compile_graph(body, self.params.data.device.type)
 
     @property
     def lr(self) -> float:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from gmi_drl.models.actor_critic import ActorCritic, ActResult
+from gmi_drl.models.compiled import compile_graph
 from gmi_drl.models.heads import CategoricalHead, DiagGaussianHead
 from gmi_drl.models.mlp import MLP, Tanh
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
@@ -81,8 +82,7 @@ class CompiledActing(TorchActing):
 
     def __init__(self, model: ActorCritic, generator: torch.Generator, arrays: Arrays) -> None:
         super().__init__(model, generator, arrays)
-        options = {"cpp_wrapper": True} if arrays.device.type == "cpu" else None
-        self._act_with = torch.compile(model.act_with, dynamic=False, options=options)
+        self._act_with = compile_graph(model.act_with, arrays.device.type)
 
     @torch.inference_mode()
     def act(self, obs: Array, deterministic: bool = False) -> ActResult:
