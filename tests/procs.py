@@ -142,6 +142,55 @@ def wait_until_written(proc: subprocess.Popen, run: Path, pattern: str, what: st
         time.sleep(poll_s)
 
 
+def shm_entries() -> set[str]:
+    """The names in ``/dev/shm`` now."""
+    return set(os.listdir("/dev/shm"))
+
+
+def shm_held(pids) -> set[str]:
+    """The ``/dev/shm`` names that processes ``pids`` hold open or mapped."""
+    held = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(line.rsplit("/dev/shm/", 1)[1].removesuffix(" (deleted)")
+                            for line in f.read().splitlines() if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target.removeprefix("/dev/shm/"))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return held
+
+
+def _held_elsewhere() -> set[str]:
+    """``/dev/shm`` names that a live process outside this one and its descendants holds open
+    or mapped: those of another test running beside this one (pytest-xdist's other workers)."""
+    table = _processes()
+    mine, frontier = {os.getpid()}, {os.getpid()}
+    while frontier:  # this process's tree, multiprocessing's helpers included
+        frontier = {p for p, (ppid, *_) in table.items() if ppid in frontier}
+        mine |= frontier
+    return shm_held(set(table) - mine)
+
+
+def shm_left(before: set[str], timeout_s: float = 10.0) -> set[str]:
+    """``/dev/shm`` entries made since ``before`` that no other live process holds, once none
+    is or ``timeout_s`` passed: what this test (its process and what it started) left behind.
+    A test beside it in another pytest-xdist worker holds its own entries open or mapped while
+    they live; what a test there kills with SIGKILL is held by no one until that test (or
+    the next run's `gmi_drl.blocks.reclaim_orphans`) removes it, a second or two later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = shm_entries() - before
+        if new:
+            new -= _held_elsewhere()
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.2)
+
+
 def assert_group_gone(pgid: int, shm_before: set[str], cwd: Path | None = None,
                       timeout_s: float = 5.0) -> None:
     """No process of group ``pgid`` and no new ``/dev/shm`` entry is left within ``timeout_s``
@@ -151,11 +200,11 @@ def assert_group_gone(pgid: int, shm_before: set[str], cwd: Path | None = None,
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         left = group_members(pgid)
-        if not left and set(os.listdir("/dev/shm")) <= shm_before:
+        if not left and not shm_left(shm_before, 0):
             break
         time.sleep(0.2)
     assert left == [], f"processes left: {left}"
-    new = set(os.listdir("/dev/shm")) - shm_before
+    new = shm_left(shm_before)
     assert not new, f"shared memory left: {sorted(new)}"
     if cwd is not None:
         temp = [n for n in os.listdir(cwd / "tmp") if n.startswith(("gmi-drl-", "pymp-"))]

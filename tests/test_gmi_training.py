@@ -94,6 +94,7 @@ def test_gmis_reduce_through_the_aggregation_switch(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_a_run_stopped_by_ctrl_c_leaves_the_switch_and_resumes_on_it_at_once(tmp_path):
     """Stopped GMIs leave the switch's job, so the resume command the run prints works right
     away, not only after the switch's member timeout (10 s) drops the old members."""

@@ -154,6 +154,7 @@ def test_ddpg_refuses_what_it_cannot_learn():
         "algo.policy_delay=0 must be >= 1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ddpg", "td3"])
 def test_learns_pendulum(tmp_path, algo):
     """RL-Zoo's Pendulum settings with 64:64 networks and 1,000 random steps: the last five

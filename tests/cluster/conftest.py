@@ -4,10 +4,11 @@ shut down after the last of them."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import pytest
+
+from tests.procs import shm_left
 
 NODE_CPUS = 2
 """logical CPUs of each node: GMIs of 1 CPU pack onto one node, GMIs of 2 CPUs need both"""
@@ -53,7 +54,7 @@ def assert_nothing_left(cluster, pids=(), shm_before=None, timeout_s: float = 20
                       if g["state"] != "REMOVED"]
             free = ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
             alive = [p for p in pids if _alive(p)]
-            shm = set(os.listdir("/dev/shm")) - shm_before if shm_before is not None else set()
+            shm = shm_left(shm_before, 0) if shm_before is not None else set()
             if not (named or groups or alive or shm) and free:
                 return
             if time.monotonic() > deadline:

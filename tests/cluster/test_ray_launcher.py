@@ -10,6 +10,7 @@ from gmi_drl.gmi.devices import Machine
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.gmi.layout import plan
 from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
+from tests.procs import shm_entries
 
 pytest.importorskip("ray")
 from gmi_drl.cluster.ray_launcher import PlacementError, launch  # noqa: E402
@@ -42,7 +43,7 @@ def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
 @pytest.mark.parametrize("how, message", [("exit", "died"), ("raise", "raised")])
 def test_a_failing_gmi_is_named_with_its_node_and_nothing_is_left(ray_cluster, tmp_path, how,
                                                                  message):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     with pytest.raises(GMIError) as err:
         launch("tests.cluster.targets:fail_on_one", plan(2, CPU_ONLY), (how, str(tmp_path)),
                address=ray_cluster.address, num_cpus_per_gmi=2, placement_timeout_s=60)

@@ -3,7 +3,6 @@ two-node local cluster."""
 
 import csv
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 from tests.algos.test_placements import small_cfg
 from tests.cluster.conftest import NODE_CPUS, assert_nothing_left
-from tests.procs import wait_until_written
+from tests.procs import shm_entries, wait_until_written
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -164,7 +163,7 @@ def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cl
     mid-run; the trainer outlives a killed serving GMI for the launcher's grace period and may
     checkpoint its last update, so the restart then has nothing left to train and only ends
     the serving GMIs. The killed GMI's channel blocks are unlinked too (its node's agent)."""
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.gmi.serving_gmis, cfg.placement = 2, "ray"
     cfg.ray.address, cfg.ray.num_cpus_per_gmi, cfg.ray.max_restarts = ray_cluster.address, 1, 1

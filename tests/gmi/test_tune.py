@@ -13,7 +13,7 @@ from gmi_drl.gmi import probe
 from gmi_drl.gmi import tune as tune_module
 from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
-from tests.procs import group_members
+from tests.procs import group_members, shm_entries, shm_left
 
 
 class Profile:
@@ -162,13 +162,14 @@ def test_a_point_that_failed_is_measured_again_not_cached(tmp_path):
     assert PointCache(tmp_path / "cache.json", "k").get(1, 2) is None
 
 
+@pytest.mark.slow
 def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_path, monkeypatch):
     """... nor its GMIs' shared memory and semaphores in /dev/shm (SIGKILL to the whole group
     took the resource tracker that unlinks them), nor its temporary directories (the scratch
     run directory, the launcher's, multiprocessing's)."""
     import tempfile
 
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     # the probe's temporary directories go here; torch.compile's caches stay where they were
@@ -207,7 +208,7 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     assert most[0] >= 2, "the probe never started its GMI processes: the test proves nothing"
     time.sleep(0.5)
     assert group_members(started[0], zombies=False) == []
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert not shm_left(shm_before)
     # gmi-drl's and multiprocessing's (torch.compile's C++ builder keeps header locks there, and
     # a compiler killed with the probe its temporary files, neither the probe's to remove)
     left = [name for name in os.listdir(scratch) if name.startswith(("gmi-drl-", "pymp-"))]
@@ -379,6 +380,7 @@ def test_config_file_errors_say_what_to_do(tmp_path):
         load_config_file(str(bad))
 
 
+@pytest.mark.slow
 def test_tune_searches_serving_gmis_of_an_async_run(tmp_path):
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.compile = False
@@ -581,6 +583,7 @@ def test_signals_sent_inside_a_deferred_block_arrive_when_it_ends():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
 def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_path, signame):
     """The probe runs in a session of its own, so a signal to `tune` alone (``timeout``,
@@ -596,7 +599,7 @@ def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_pat
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
            "--max-gmis", "1", "--envs-min", "2", "--envs-max", "4", "--min-steps", "2000",
-           "--probe-timeout-s", "120", "--out", str(out)]
+           "--probe-timeout-s", "120", "--no-compile", "--out", str(out)]
     tuner = subprocess.Popen(  # (a hangup as from a terminal: not ignored, as nohup has it)
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
@@ -630,6 +633,7 @@ def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_pat
                 pass
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_first_probe_starts_leaves_no_probe_and_prints_no_traceback(
         tmp_path):
     """Ctrl-C in the seconds the fork server imports its preload (the first probe's start)

@@ -1,0 +1,22 @@
+"""What every test may assume of the process it runs in."""
+
+from __future__ import annotations
+
+import signal
+
+# A shell starts a background job (`make test &`, CI under nohup) with SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler; the Ctrl-C tests would wait forever for an
+# interrupt that never comes. A terminal's Ctrl-C is what they test: give the suite (and every
+# process it starts, which inherits the disposition) the handler a terminal would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n``, ``--dist loadgroup``), the tests that share one Ray cluster
+    (a package fixture of ``tests/cluster``) run in one worker, which starts it once."""
+    import pytest
+
+    for item in items:
+        if "tests/cluster/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("ray"))
