@@ -19,7 +19,7 @@ $(VENV)/.core: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e .
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e .   # (setuptools warns of editable installs)
 	touch $@
 
 # the test extras' requirements, read from pyproject.toml (pip install -e ".[extras]" would

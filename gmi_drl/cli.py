@@ -614,9 +614,12 @@ def main(argv: list[str] | None = None) -> int:
         from gmi_drl.gmi.launcher import NO_RENDERING
 
         os.environ.setdefault("MUJOCO_GL", NO_RENDERING)
+    from gmi_drl.gmi.launcher import noting_interrupts
+
     _sigterm.clear()
     try:
-        return commands[argv[0]](argv[1:], debug)
+        with noting_interrupts():
+            return commands[argv[0]](argv[1:], debug)
     except KeyboardInterrupt:  # before a run started (imports, set-up): nothing to clean up
         if debug:
             traceback.print_exc()

@@ -14,9 +14,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n``, ``--dist loadgroup``), the tests that share one Ray cluster
-    (a package fixture of ``tests/cluster``) run in one worker, which starts it once."""
+    (a package fixture of ``tests/cluster``) run in one worker, which starts it once; so do the
+    tests of the warp engine, whose pools compile a task's kernels on first use (seconds to a
+    minute on an empty cache): one worker compiles each, where two would compile it at once."""
     import pytest
 
     for item in items:
         if "tests/cluster/" in item.nodeid:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "tests/envs/test_warp_pool.py" in item.nodeid or item.get_closest_marker("warp"):
+            item.add_marker(pytest.mark.xdist_group("warp"))

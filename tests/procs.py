@@ -134,11 +134,15 @@ def wait_until_written(proc: subprocess.Popen, run: Path, pattern: str, what: st
     """Wait until ``run`` holds a file matching ``pattern`` while ``proc`` still runs.
 
     Raises:
-        AssertionError: ``proc`` ended or ``timeout_s`` passed first (``what`` says what).
+        AssertionError: ``proc`` ended (its stderr is in the message) or ``timeout_s`` passed
+            first (``what`` says what).
     """
     deadline = time.monotonic() + timeout_s
     while not list(run.glob(pattern)):
-        assert proc.poll() is None and time.monotonic() < deadline, what
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"{what}: the process ended with {proc.returncode}\n{err}")
+        assert time.monotonic() < deadline, f"{what} in {timeout_s} s"
         time.sleep(poll_s)
 
 

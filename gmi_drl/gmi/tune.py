@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from gmi_drl.files import replace_atomically, write_text_atomically
 from gmi_drl.gmi import cost
-from gmi_drl.gmi.launcher import COMPILER, mp_context, signals_deferred
+from gmi_drl.gmi.launcher import COMPILER, mp_context, raise_if_interrupted, signals_deferred
 
 CACHE_VERSION = 3
 """bumped when a point's meaning or the file's layout changes, so older cache files are not
@@ -250,6 +250,7 @@ def run_probe(config: dict, warmup: int, iterations: int, timeout_s: float,
         proc = None
         try:
             # an interrupt inside start() would leave a probe the server forks after it
+            raise_if_interrupted()
             with signals_deferred(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 process.start()
                 proc = _Forked(process)

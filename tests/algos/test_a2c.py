@@ -95,7 +95,7 @@ def test_a2c_learns_cartpole(tmp_path):
     """RL-Zoo's CartPole A2C (8 envs, 5 steps, RMSprop 7e-4): some 10-episode mean reaches 150
     within 25k steps (random play: ~22)."""
     cfg = preset("classic", algo="a2c")
-    cfg.total_timesteps, cfg.placement = 25_000, "serial"
+    cfg.total_timesteps, cfg.placement, cfg.compile = 25_000, "serial", False  # (as DQN's)
     cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "learn")
     returns = train(cfg).episode_returns
     best = np.convolve(returns, np.ones(10) / 10, "valid").max()

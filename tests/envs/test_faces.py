@@ -369,6 +369,7 @@ def test_a_seed_no_engine_takes_is_refused_before_the_pool_is_replaced(engine):
     env.close()
 
 
+@pytest.mark.warp
 def test_a_pool_of_tensors_comes_back_as_numpy_with_float64_rewards():
     """The warp engine returns torch tensors with ``tensors=True`` (as on CUDA); the face gives
     NumPy, rewards float64 as Gymnasium's, equal to the NumPy outputs of the same pool."""

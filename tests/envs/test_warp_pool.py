@@ -20,6 +20,15 @@ pytestmark = pytest.mark.skipif(warp_error() is not None, reason=str(warp_error(
 
 N = 4
 
+HEAVY = ("Humanoid-gmi-v0", "Anymal-gmi-v0", "FrankaCabinet-gmi-v0", "ShadowHand-gmi-v0")
+"""tasks whose first pool on a machine compiles Warp kernels for 20-55 s (their models'): their
+tests are marked slow (`make test-all`); Ant and BallBalance cover the engine in `make test`"""
+
+
+def _tasks_param(*task_ids):
+    """``task_ids`` for a parametrize, those of `HEAVY` marked slow."""
+    return [pytest.param(t, marks=pytest.mark.slow) if t in HEAVY else t for t in task_ids]
+
 
 def _tasks():
     from gmi_drl.envs.warp import locomotion
@@ -27,7 +36,7 @@ def _tasks():
     return locomotion
 
 
-@pytest.fixture(scope="module", params=["Ant-gmi-v0", "Humanoid-gmi-v0"])
+@pytest.fixture(scope="module", params=_tasks_param("Ant-gmi-v0", "Humanoid-gmi-v0"))
 def pool(request):
     with envs.make(request.param, N, seed=11, autoreset="same_step") as p:
         yield p
@@ -44,11 +53,12 @@ def _actions(rng, pool):
 
 
 @pytest.mark.parametrize("task_id, sizes", [
-    ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
-    ("Anymal-gmi-v0", (48, 12, (256, 128, 64))),
-    ("BallBalance-gmi-v0", (24, 3, (256, 128, 64))),
-    ("ShadowHand-gmi-v0", (211, 20, (512, 512, 512, 256))),
-    ("FrankaCabinet-gmi-v0", (23, 9, (256, 128, 64)))])
+    pytest.param(t, s, marks=[pytest.mark.slow] if t in HEAVY else []) for t, s in [
+        ("Ant-gmi-v0", (60, 8, (256, 128, 64))), ("Humanoid-gmi-v0", (108, 21, (200, 400, 100))),
+        ("Anymal-gmi-v0", (48, 12, (256, 128, 64))),
+        ("BallBalance-gmi-v0", (24, 3, (256, 128, 64))),
+        ("ShadowHand-gmi-v0", (211, 20, (512, 512, 512, 256))),
+        ("FrankaCabinet-gmi-v0", (23, 9, (256, 128, 64)))]])
 def test_table6_sizes_and_spaces(task_id, sizes):
     with envs.make(task_id, N, seed=0, autoreset="same_step") as p:
         t = p.task
@@ -107,6 +117,7 @@ def anymal():
         yield p
 
 
+@pytest.mark.slow
 def test_anymal_observation_reward_and_termination_match_the_formulas(anymal):
     from gmi_drl.envs.warp import quadruped as q
 
@@ -137,6 +148,7 @@ def test_anymal_observation_reward_and_termination_match_the_formulas(anymal):
     p.check_limits()
 
 
+@pytest.mark.slow
 def test_anymal_stands_on_its_pd_targets_and_terminates_on_its_back(anymal):
     p = anymal
     p.reset()
@@ -202,6 +214,7 @@ def test_ballbalance_matches_the_formulas_and_integrates_actions():
         assert term[1] and info["final_obs"][1, 8] < task.fall_height
 
 
+@pytest.mark.slow
 def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
     from gmi_drl.envs.warp import hand as h
 
@@ -262,6 +275,7 @@ def test_shadowhand_matches_the_formulas_resamples_goals_and_drops():
         np.testing.assert_array_equal(info["episode_successes"], [0, 0])  # both restarted
 
 
+@pytest.mark.slow
 def test_frankacabinet_matches_the_formulas_and_ends_with_the_drawer_open():
     from gmi_drl.envs.warp import franka as f
 
@@ -297,6 +311,7 @@ def test_frankacabinet_matches_the_formulas_and_ends_with_the_drawer_open():
         assert term[1] and not term[0] and info["final_obs"][1, 21] > 0.39
 
 
+@pytest.mark.slow  # (Humanoid: `HEAVY`)
 def test_same_step_autoreset_keeps_final_obs_and_episode_totals():
     with envs.make("Humanoid-gmi-v0", N, seed=3, autoreset="same_step") as p:
         p.reset()
@@ -364,9 +379,9 @@ def test_determinism_per_seed():
     assert len({tuple(r) for r in a[0][:, 12:20].round(6)}) == N  # each world its own noise
 
 
-@pytest.mark.parametrize("task_id", ["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0",
-                                     "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
-                                     "ShadowHand-gmi-v0"])
+@pytest.mark.parametrize("task_id", _tasks_param(
+    "Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0", "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
+    "ShadowHand-gmi-v0"))
 def test_warp_physics_agrees_with_mujoco_c(task_id):
     """Same model, same start state and controls (those the pool applied): MuJoCo Warp
     (float32) against MuJoCo C (float64) over 5 env steps. BallBalance's closed chains under
@@ -401,10 +416,10 @@ def test_contact_overflow_fails_loudly():
                 p.check_limits()
 
 
-@pytest.mark.parametrize("task_id", [
-    pytest.param("Ant-gmi-v0", marks=pytest.mark.slow), "Humanoid-gmi-v0", "Anymal-gmi-v0",
-    pytest.param("BallBalance-gmi-v0", marks=pytest.mark.slow), "FrankaCabinet-gmi-v0",
-    pytest.param("ShadowHand-gmi-v0", marks=pytest.mark.slow)])
+@pytest.mark.slow  # (150 steps of 16 worlds: 5-15 s a task on Warp's CPU device)
+@pytest.mark.parametrize("task_id", ["Ant-gmi-v0", "Humanoid-gmi-v0", "Anymal-gmi-v0",
+                                     "BallBalance-gmi-v0", "FrankaCabinet-gmi-v0",
+                                     "ShadowHand-gmi-v0"])
 def test_saturated_actions_neither_diverge_nor_overflow(task_id):
     """Bang-bang actions (PPO's clipped exploration at its extreme) must neither blow the
     integration up nor overflow the task's own constraint rows, or training learns from exploded

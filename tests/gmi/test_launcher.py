@@ -320,3 +320,26 @@ def test_gmis_end_when_the_controller_is_killed(tmp_path):
     while shm_left(shm_before) and time.time() < deadline:
         time.sleep(0.1)
     assert not shm_left(shm_before)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the drop)
+def test_a_ctrl_c_that_cpython_drops_in_a_callback_is_raised_where_a_run_starts():
+    """An interrupt that lands in a callback CPython runs for itself (here a weakref's, as the
+    import system's module-lock clean-up is) is printed as "Exception ignored" and lost; the
+    CLI's commands note it, and a run or a probe raises it again before it starts."""
+    import weakref
+
+    from gmi_drl.gmi.launcher import noting_interrupts, raise_if_interrupted
+
+    class Anything:
+        pass
+
+    with noting_interrupts():
+        raise_if_interrupted()  # nothing came yet
+        thing = Anything()
+        ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGINT))
+        del thing  # the callback runs, the handler's KeyboardInterrupt is dropped there
+        assert ref() is None
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
