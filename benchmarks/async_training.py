@@ -313,7 +313,7 @@ def _serving_rate(task: str, num_envs: int, splits: int, windows: int = 5) -> fl
     import torch
 
     from gmi_drl import envs
-    from gmi_drl.algos.appo import build_model
+    from gmi_drl.algos.appo import APPO
     from gmi_drl.comm.channels import Batcher, ChannelPlan, Dispenser, Fabric
     from gmi_drl.comm.weights import WeightStore
     from gmi_drl.rollout.acting import make_acting
@@ -330,7 +330,7 @@ def _serving_rate(task: str, num_envs: int, splits: int, windows: int = 5) -> fl
     fabric = Fabric.create(ChannelPlan(fields, T, num_envs, 1, 1, "multi", 1, 4, "block"))
     store = WeightStore.create(8)
     try:
-        model = build_model(spec, cfg.model)
+        model = APPO.acting_model(spec, cfg.model)
         acting = make_acting(model, torch.Generator().manual_seed(1), HostArrays())
         role = ServingRole(pools, model, acting, None, None, Dispenser(fabric, 0), store)
         batcher = Batcher(fabric, 0, 1)

@@ -39,7 +39,7 @@ def one_run(task: str, gmis: int, num_envs: int, iterations: int) -> list[tuple[
     """(env steps, seconds) of each iteration after the first (the warm-up: start-up,
     compilation), from GMI 0's metrics."""
     from gmi_drl.config import validate
-    from gmi_drl.gmi.probe import _metric_rows
+    from gmi_drl.tune.probe import _metric_rows
     from gmi_drl.train import train
 
     cfg = _config(task)

@@ -10,7 +10,7 @@ if its probes returned exactly what the grid measured (its behaviour without a s
 probe noise).
 Then the cost model (`gmi_drl.gmi.cost`): from each num_envs' one-GMI point alone, the predicted
 throughput of every larger GMI count at that num_envs beside the grid's measurement, per template
-and model variant (`gmi_drl.gmi.tune.predict`): median and worst absolute error. With
+and model variant (`gmi_drl.tune.predict`): median and worst absolute error. With
 ``--model-repeats K``, every grid point is probed K - 1 more times (in rounds over the grid) and
 the same table is printed again from the medians of the K probes: the model's error with less of
 the probes' own noise (11-34% between probes of one point on a 2-core host) in both its inputs
@@ -30,7 +30,7 @@ import time
 
 from gmi_drl.config import preset, validate
 from gmi_drl.gmi.devices import discover
-from gmi_drl.gmi.tune import (Point, Tuner, TuneOptions, check_options, compare, envs_grid, search,
+from gmi_drl.tune import (Point, Tuner, TuneOptions, check_options, compare, envs_grid, search,
                               tune)
 
 TASK_FLAGS = {"Hopper-v5": {"num_steps": 64}, "CartPole-v1": {}}

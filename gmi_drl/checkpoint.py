@@ -28,8 +28,6 @@ from gmi_drl.files import replace_atomically
 FORMAT = "gmi-drl-checkpoint"
 VERSION = 2
 _NAME = re.compile(r"iteration-(\d+)\.pt")
-LEGACY_NAME = "latest.pt"
-"""the one checkpoint file of runs written before checkpoints were named by iteration"""
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +64,11 @@ def run_dir_of(checkpoint: Path) -> Path | None:
 
 
 def checkpoint_iteration(path: Path) -> int:
-    """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``; 0
-    for a `LEGACY_NAME` file, whose count is only inside it).
+    """The iterations behind checkpoint file ``path``, from its name (``iteration-*.pt``).
 
     Raises:
         ValueError: a name `list_checkpoints` would not list.
     """
-    if path.name == LEGACY_NAME:
-        return 0
     m = _NAME.fullmatch(path.name)
     if m is None:
         raise ValueError(f"{path.name} is not named as a checkpoint (iteration-NNNNNNN.pt)")
@@ -81,14 +76,12 @@ def checkpoint_iteration(path: Path) -> int:
 
 
 def list_checkpoints(path: str | Path) -> list[Path]:
-    """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first; an
-    older gmi-drl's single `LEGACY_NAME` counts as the oldest."""
+    """The checkpoints of a run (or checkpoint) directory, newest (most iterations) first."""
     directory = checkpoint_dir(path)
     if not directory.is_dir():
         return []
     found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
-    legacy = [directory / LEGACY_NAME] if (directory / LEGACY_NAME).is_file() else []
-    return [p for _, p in sorted(found, reverse=True)] + legacy
+    return [p for _, p in sorted(found, reverse=True)]
 
 
 def prune_checkpoints(path: str | Path, keep: int) -> list[Path]:

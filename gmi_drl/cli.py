@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import os
 import signal
@@ -94,15 +93,19 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
-def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
+def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train",
+                  validated: bool = True):
     """The `TrainConfig` of ``gmi-drl train ALGO REST``: defaults from ``--resume``'s run,
-    ``--config``'s file or the preset, then the flags; validated.
+    ``--config``'s file or the preset, then the flags; validated unless ``validated`` is False
+    (``gmi-drl train``, where `train` validates it: `_explained` then says where a field that
+    does not hold came from). Returns it with the `Resume` of ``--resume`` (or ``None``).
 
     Raises:
         ConfigError, CheckpointError, OSError: what the user gave does not hold.
     """
     from gmi_drl.algos import ALGORITHMS
-    from gmi_drl.config import ConfigError, TrainConfig, load_config_file, preset, validate
+    from gmi_drl.config import ConfigError, InvalidConfig, TrainConfig, load_config_file, preset
+    from gmi_drl.config import validate
 
     resume, config = _flag_value(rest, "--resume"), _flag_value(rest, "--config")
     for flag in ("--preset", "--run-dir", "--config"):
@@ -113,16 +116,18 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
                               f"drop {flag}")
         if given and flag == "--preset" and config is not None:
             raise ConfigError("--preset with --config: both set the defaults; drop one")
+    found = None
     if resume is not None:
-        default = _resumed_config(resume)
-        if default.algo_name != algo:
-            if _checkpoint_algo(resume) == algo:
-                from gmi_drl.checkpoint import resolve_checkpoint
+        from gmi_drl.runner.resume import Resume
 
-                stored = resolve_checkpoint(resume).parent.parent / "config.json"
-                raise ConfigError(f"{stored} configures {default.algo_name}, but the checkpoint "
-                                  f"in {resume} is a {algo} run: restore config.json, or delete "
-                                  "it and the checkpoint's copy is used")
+        found = Resume.find(resume)
+        default = found.config()
+        if default.algo_name != algo:
+            if found.stored.algo_name == algo:
+                raise ConfigError(f"{found.run_dir / 'config.json'} configures "
+                                  f"{default.algo_name}, but the checkpoint in {resume} is a "
+                                  f"{algo} run: restore config.json, or delete it and the "
+                                  "checkpoint's copy is used")
             raise ConfigError(f"{resume} is a {default.algo_name} run, not {algo}: run "
                               f"{prog} {default.algo_name} --resume {resume}")
     elif config is not None:
@@ -137,24 +142,34 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train"):
     parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
                       description=TrainConfig.__doc__)
     cfg = TrainConfig(**_fields(parsed))
-    try:
-        validate(cfg)
-    except ConfigError as e:
-        if config is not None:
-            raise ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag "
-                              "given after it overrides a field)") from None
-        edited = _edited_config_json(resume) if resume is not None else None
-        if edited is not None:
-            raise ConfigError(f"{e}\n  (with no such flag given: {edited} differs from the "
-                              "checkpoint's own config; restore it, or delete it and the "
-                              "checkpoint's copy is used)") from None
-        raise
+    if validated:
+        try:
+            validate(cfg)
+        except InvalidConfig as e:
+            raise _explained(e, config, found) from None
     if config is not None and cfg.env.task_id != default.env.task_id:
         logging.getLogger(__name__).warning(
             "--config %s was made for %s, not %s: its num_envs, GMIs and hyper-parameters are "
             "kept (a tuned.json's search measured %s; `gmi-drl tune` measures %s)", config,
             default.env.task_id, cfg.env.task_id, default.env.task_id, cfg.env.task_id)
-    return cfg
+    return cfg, found
+
+
+def _explained(e, config: str | None, resume):
+    """`validate`'s error ``e`` with where the defaults came from, where that may be the cause:
+    ``--config``'s file, or a resumed run's ``config.json`` that differs from its checkpoint's
+    config (``resume``: the `Resume`)."""
+    from gmi_drl.config import ConfigError
+
+    if config is not None:
+        return ConfigError(f"{e}\n  (the defaults came from --config {config}; a flag given "
+                           "after it overrides a field)")
+    edited = resume.edited_config_json() if resume is not None else None
+    if edited is not None:
+        return ConfigError(f"{e}\n  (with no such flag given: {edited} differs from the "
+                           "checkpoint's own config; restore it, or delete it and the "
+                           "checkpoint's copy is used)")
+    return e
 
 
 @functools.cache
@@ -181,88 +196,6 @@ def _one_algorithm(algo_cls: type, algo: str) -> type:
 def _fields(cfg) -> dict:
     """A `TrainConfig`'s fields by name (not copied): to move it to or from `_one_algorithm`."""
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-
-
-def _edited_config_json(resume: str) -> Path | None:
-    """`edited_config_json` of ``--resume RUN``'s checkpoint; ``None`` where none loads."""
-    from gmi_drl.checkpoint import CheckpointError, find_loadable
-    from gmi_drl.config import ConfigError, from_dict
-    from gmi_drl.runner.preflight import edited_config_json
-
-    try:
-        ckpt, state = find_loadable(resume)
-        return edited_config_json(ckpt, from_dict(state["config"]))
-    except (CheckpointError, ConfigError, KeyError, TypeError):
-        return None
-
-
-def _checkpoint_algo(resume: str) -> str | None:
-    """The algorithm of the checkpoint ``--resume`` names, or ``None`` where none loads."""
-    from gmi_drl.checkpoint import CheckpointError, find_loadable
-    from gmi_drl.config import ConfigError, from_dict
-
-    try:
-        return from_dict(find_loadable(resume)[1]["config"]).algo_name
-    except (CheckpointError, ConfigError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _resumed_config(resume: str):
-    """The config a resumed run starts from: the checkpoint's own, with its ``config.json``
-    laid over it (a field the file leaves out keeps the run's value; a field it sets is the
-    user's edit). Where the file is missing or no JSON object (a checkpoint copied out of its
-    run, a damaged file), the checkpoint's config alone.
-
-    Raises:
-        CheckpointError: no checkpoint that loads. ConfigError: config.json sets a field this
-            gmi-drl does not know or of the wrong type (nothing is overwritten: fix it, or
-            delete it), or the checkpoint holds no config.
-    """
-    from gmi_drl.checkpoint import (CheckpointError, find_loadable, resolve_checkpoint,
-                                    run_dir_of, stored_config)
-    from gmi_drl.config import ALGORITHMS, ConfigError, from_dict, overlay
-
-    try:
-        ckpt = resolve_checkpoint(resume)
-    except CheckpointError as e:
-        stored = Path(resume) / "config.json"
-        if not stored.is_file():
-            raise
-        try:
-            algo = json.loads(stored.read_text())["algo"]
-            algo = next(iter(algo)) if isinstance(algo, dict) and len(algo) == 1 else None
-        except (OSError, ValueError, KeyError, TypeError):
-            algo = None
-        algo = algo if algo in ALGORITHMS else "ALGO"
-        raise CheckpointError(f"{e}: the run stopped before its first checkpoint, so nothing "
-                              "can be continued; start it over with its own config: gmi-drl "
-                              f"train {algo} --config {stored} --run-dir {resume}") from None
-    try:
-        base = stored_config(ckpt)
-    except CheckpointError:  # the newest is damaged: the one the run resumes from
-        ckpt, state = find_loadable(resume)
-        base = state["config"]
-    try:
-        stored = from_dict(base)
-    except (ConfigError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
-    run_dir = run_dir_of(ckpt)
-    if run_dir is None:  # a checkpoint copied out of its run: its own config
-        return stored
-    path = run_dir / "config.json"
-    try:
-        edited = json.loads(path.read_text())
-        if not isinstance(edited, dict):
-            raise ValueError(f"holds {type(edited).__name__}, not a JSON object")
-    except (OSError, ValueError) as e:
-        logging.getLogger(__name__).warning("%s: %s; using the config stored in the checkpoint",
-                                            path, getattr(e, "strerror", None) or e)
-        return stored
-    try:
-        return from_dict(overlay(base, edited))
-    except (ConfigError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{path}: {e}\n  (fix it, or delete it to resume with the config "
-                          "stored in the checkpoint)") from None
 
 
 class Terminated(KeyboardInterrupt):
@@ -321,7 +254,7 @@ def _stop_signals_as_ctrl_c():
 def _train(args: list[str], debug: bool = False) -> int:
     from gmi_drl.algos import ALGORITHMS
     from gmi_drl.checkpoint import CheckpointError
-    from gmi_drl.config import ConfigError
+    from gmi_drl.config import ConfigError, InvalidConfig
     from gmi_drl.runner.run import RunStopped
     from gmi_drl.telemetry.progress import ProgressPrinter
     from gmi_drl.train import train
@@ -335,14 +268,18 @@ def _train(args: list[str], debug: bool = False) -> int:
               file=sys.stderr)
         return 2
     try:
-        cfg = _train_config(args[0], args[1:])
+        cfg, resume = _train_config(args[0], args[1:], validated=False)
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     try:
         with _stop_signals_as_ctrl_c():
-            result = train(cfg, on_progress=ProgressPrinter())
+            result = train(cfg, on_progress=ProgressPrinter(), resume=resume)
+    except InvalidConfig as e:
+        print(f"gmi-drl train: {_explained(e, _flag_value(args[1:], '--config'), resume)}",
+              file=sys.stderr)
+        return 2
     except (ConfigError, CheckpointError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
@@ -381,7 +318,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
 
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.config import ConfigError
-    from gmi_drl.gmi.tune import TuneOptions, gmi_role, plan, top_unit, tune
+    from gmi_drl.tune import TuneOptions, gmi_role, plan, top_unit, tune
     from gmi_drl.runner.preflight import preflight
 
     names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TuneOptions)}
@@ -400,7 +337,7 @@ def _tune(args: list[str], debug: bool = False) -> int:
                 raise ConfigError(f"{flag} is for gmi-drl train: tune measures fresh short runs "
                                   "in scratch directories and writes its files to --out; train "
                                   "the result with gmi-drl train ALGO --config tuned.json")
-        cfg = _train_config(algo, rest, prog="gmi-drl tune --algo")
+        cfg, _ = _train_config(algo, rest, prog="gmi-drl tune --algo")
         planned = plan(cfg, options)  # every option and --out, before the table starts
         preflight(cfg)  # an algorithm that cannot run the task fails here, not in every probe
     except (ConfigError, CheckpointError, OSError, ValueError) as e:

@@ -137,10 +137,6 @@ class GMIConfig:
     """network namespaces, one per GMI joined by ',' (root): GMI k opens its sockets in the
     k-th, e.g. a worker host of an emulated rack (`gmi_drl.comm.switch.netns.Rack`); None: this
     process's"""
-    template: Literal["auto", "sync_training", "async_training"] = "auto"
-    """GMI template (GMI-DRL §5.1): sync_training (holistic GMIs: PPO, A2C, DQN, DDPG, TD3) or
-    async_training (decoupled serving and trainer GMIs, experience through channels: APPO,
-    A3C); auto: the algorithm's"""
     serving_gmis: int = 1
     """async_training: serving GMIs (simulator + agent), each with env.num_envs envs"""
     trainer_gmis: int = 1
@@ -277,11 +273,10 @@ class TrainConfig:
 
     @property
     def is_async(self) -> bool:
-        """Whether the run uses the async_training template (its algorithm's, unless
-        gmi.template says otherwise; `validate` refuses a mismatch)."""
-        if self.gmi.template == "auto":
-            return is_async(self.algo)
-        return self.gmi.template == "async_training"
+        """Whether the run uses the async_training template (GMI-DRL §5.1: decoupled serving
+        and trainer GMIs, experience through channels: APPO, A3C) rather than sync_training
+        (holistic GMIs: PPO, A2C, DQN, DDPG, TD3): its algorithm's."""
+        return is_async(self.algo)
 
     @property
     def num_trainers(self) -> int:
@@ -302,6 +297,10 @@ class TrainConfig:
 
 class ConfigError(ValueError):
     """One or more invalid fields; the message names every one of them."""
+
+
+class InvalidConfig(ConfigError):
+    """What `validate` raises: fields that cannot hold whatever the task or the machine."""
 
 
 def task_family(task_id: str) -> str:
@@ -619,19 +618,19 @@ def validate(cfg: TrainConfig) -> None:
     """Check every field and cross-field rule at once, before anything starts.
 
     Raises:
-        ConfigError: listing every invalid field, one per line.
+        InvalidConfig: listing every invalid field, one per line.
     """
     from gmi_drl.checkpoint import list_checkpoints
     from gmi_drl.envs import engines, list_tasks
     from gmi_drl.envs.native_tasks import mujoco_unavailable
 
     if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"invalid config: {cfg!r} is no TrainConfig (gmi_drl.config.preset "
+        raise InvalidConfig(f"invalid config: {cfg!r} is no TrainConfig (gmi_drl.config.preset "
                           "makes one)")
     errors = field_type_errors(cfg)
     if any(not err.endswith("must be a finite number") for err in errors):
         # (the rules below compare values: they need the right types; NaN and inf compare)
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise InvalidConfig("invalid config:\n  " + "\n  ".join(errors))
     non_finite = {err.split("=", 1)[0] for err in errors}
     e, m, lg, n = cfg.env, cfg.model, cfg.log, cfg.norm
 
@@ -727,7 +726,7 @@ def validate(cfg: TrainConfig) -> None:
     errors = [err for i, err in enumerate(errors)
               if i < len(non_finite) or err.split("=", 1)[0] not in non_finite]
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise InvalidConfig("invalid config:\n  " + "\n  ".join(errors))
 
 
 def _nearest_task(task_id: str) -> str:
@@ -812,43 +811,6 @@ def _describe(hint) -> str:
             type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def resume_conflicts(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
-    """What ``cfg`` changes of a run trained with ``stored`` that its checkpoint cannot carry:
-    the task, the model, the normalisers and the env steps per iteration (the checkpoint counts
-    iterations). Learning rates, schedules and ``total_timesteps`` may change."""
-    out = []
-    if cfg.algo_name != stored.algo_name:
-        out.append(f"algo {cfg.algo_name} (trained with {stored.algo_name})")
-    if cfg.env.task_id != stored.env.task_id:
-        out.append(f"env.task_id={cfg.env.task_id!r} (trained on {stored.env.task_id!r})")
-    for section in ("model", "norm"):
-        new, old = dataclasses.asdict(getattr(cfg, section)), dataclasses.asdict(
-            getattr(stored, section))
-        out += [f"{section}.{k}={new[k]!r} (trained with {old[k]!r})" for k in new
-                if new[k] != old[k]]
-    if (cfg.env.num_envs, cfg.batch_size) != (stored.env.num_envs, stored.batch_size):
-        out.append(f"batch_size={cfg.batch_size} env steps per iteration (trained with "
-                   f"{stored.batch_size}), from {', '.join(_batch_changes(stored, cfg))}")
-    return out
-
-
-def _batch_changes(stored: TrainConfig, cfg: TrainConfig) -> list[str]:
-    """The fields of ``cfg`` that change the env steps per iteration of ``stored``: the env
-    count, the GMIs that learn, and each algorithm field that alone changes it."""
-    out = [f"{name}={new} (trained with {old})" for name, new, old in (
-        ("env.num_envs", cfg.env.num_envs, stored.env.num_envs),
-        ("gmi.num_gmis", cfg.gmi.num_gmis, stored.gmi.num_gmis),
-        ("gmi.trainer_gmis", cfg.gmi.trainer_gmis, stored.gmi.trainer_gmis)) if new != old]
-    if type(cfg.algo) is type(stored.algo):
-        n, per = stored.env.num_envs, stored.algo.steps_per_iteration(stored.env.num_envs)
-        for f in dataclasses.fields(cfg.algo):
-            new, old = getattr(cfg.algo, f.name), getattr(stored.algo, f.name)
-            if new != old and dataclasses.replace(
-                    stored.algo, **{f.name: new}).steps_per_iteration(n) != per:
-                out.append(f"algo.{f.name}={new!r} (trained with {old!r})")
-    return out or ["the algorithm's rollout"]
-
-
 def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     g = cfg.gmi
     need(g.num_gmis >= 1, f"gmi.num_gmis={g.num_gmis} must be >= 1")
@@ -899,11 +861,6 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
 
 def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     g, a, name = cfg.gmi, cfg.async_, algo_name(cfg.algo)
-    own = "async_training" if is_async(cfg.algo) else "sync_training"
-    need(g.template in ("auto", own), f"gmi.template={g.template!r}: {name} runs in the {own} "
-         "template (sync_training: ppo, a2c, dqn, ddpg, td3; async_training: appo, a3c)")
-    if g.template not in ("auto", own):
-        return  # the line above says it; the other template's flags are not the mistake
     if not cfg.is_async:
         changed = [f"async.{f.name}" for f in dataclasses.fields(AsyncConfig)
                    if getattr(a, f.name) != f.default]
@@ -1092,28 +1049,6 @@ def load_config_file(path: str) -> TrainConfig:
     return cfg
 
 
-MOVED_FIELDS = {("log", "checkpoint_every"): ("checkpoint", "every")}
-"""fields that older gmi-drl versions stored elsewhere: ``(section, field) -> (section, field)``,
-moved by `from_dict` (configs in config.json files and checkpoints written before the move)"""
-
-
-def _moved(data: dict) -> dict:
-    """``data`` with `MOVED_FIELDS` at their current places (a warning names each)."""
-    if not any(isinstance(data.get(a), dict) and f in data[a] for (a, f) in MOVED_FIELDS):
-        return data
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for (old_sec, old_field), (new_sec, new_field) in MOVED_FIELDS.items():
-        if isinstance(data.get(old_sec), dict) and old_field in data[old_sec]:
-            value = data[old_sec].pop(old_field)
-            data.setdefault(new_sec, {})
-            if isinstance(data[new_sec], dict):
-                data[new_sec].setdefault(new_field, value)
-            logging.getLogger(__name__).warning(
-                "config: %s.%s (an older gmi-drl's field) is read as %s.%s",
-                old_sec, old_field, new_sec, new_field)
-    return data
-
-
 def overlay(base: dict, top: dict) -> dict:
     """``top``'s fields over ``base``'s, section by section (`to_dict` dicts; an ``algo``
     section that names another algorithm replaces the whole section): a resumed run's
@@ -1129,15 +1064,12 @@ def overlay(base: dict, top: dict) -> dict:
 
 
 def from_dict(data: dict) -> TrainConfig:
-    """Inverse of `to_dict`, with the field types checked (`field_type_errors`); fields an older
-    gmi-drl stored elsewhere (`MOVED_FIELDS`) are read at their current places.
+    """Inverse of `to_dict`, with the field types checked (`field_type_errors`).
 
     Raises:
         ConfigError: unknown fields (with the nearest known name), a field of the wrong type,
             no or an unknown algorithm, or a section that is no object.
     """
-    if isinstance(data, dict):
-        data = _moved(data)
     algo = data.get("algo") if isinstance(data, dict) else None
     if isinstance(algo, dict) and len(algo) > 1:
         raise ConfigError(f"the config's \"algo\" section names {len(algo)} algorithms "

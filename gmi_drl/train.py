@@ -8,24 +8,23 @@ GMI; GMI 0's result and the placement's description make ``summary.md``.
 
 from __future__ import annotations
 
+import functools
 import logging
-import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from gmi_drl import blocks
-from gmi_drl.checkpoint import list_checkpoints
 from gmi_drl.comm.switch.client import SwitchError
-from gmi_drl.config import ConfigError, TrainConfig, validate
+from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.errors import TrainingDiverged, out_of_memory
-from gmi_drl.files import replace_atomically
 from gmi_drl.gmi.launcher import GMIError
 from gmi_drl.runner.loop import LoopResult, LoopSpec
 from gmi_drl.runner.placement import make_placement
 from gmi_drl.runner.preflight import build_on_cpu, preflight
+from gmi_drl.runner.resume import Resume
 from gmi_drl.runner.run import Run, RunStopped
 from gmi_drl.telemetry.progress import Progress
 
@@ -75,25 +74,28 @@ def _reclaim_shared_memory() -> None:
                  len(reclaimed))
 
 
-def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None) -> TrainResult:
+def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = None, *,
+          resume: Resume | None = None) -> TrainResult:
     """Train ``cfg.algo`` on ``cfg.env.task_id`` for ``cfg.num_iterations`` iterations; blocks.
 
-    Writes the run directory (config.json, metrics.csv, TensorBoard events, checkpoints/,
-    timeline.json, summary.md, learning_curve.png; gpu_util.csv where NVML sees a GPU; with
-    ``profile.tool`` set, profile/ with the tool's reports and the merged report of
+    Writes the run directory (config.json with each checkpoint, metrics.csv, TensorBoard events,
+    checkpoints/, timeline.json, summary.md, learning_curve.png; gpu_util.csv where NVML sees a
+    GPU; with ``profile.tool`` set, profile/ with the tool's reports and the merged report of
     `gmi_drl.telemetry.report`). ``on_progress`` gets GMI 0's `Progress` every
     ``log.log_every`` iterations, in this process: from GMI 0's thread where GMI 0 runs here
     (the caller's thread for a lone GMI; an exception from it stops the run), from a thread of
     its own where GMI 0 runs in a process of this machine (an exception is logged and it is not
     called again). On Ray it is not called (GMI 0 may run on another host): GMI 0 prints the
-    progress line instead.
+    progress line instead. ``resume``: `Resume.find` of ``cfg.resume`` where the caller has
+    it (the CLI, which read the config from it); else it is found here.
 
     Raises:
-        ConfigError: invalid config (every field named), a task the algorithm cannot run or
-            a size that does not fit in memory (`preflight`), a resume the checkpoint cannot
-            serve (`check_resumable`), or a run directory another process is using; raised
-            before the run directory is written (a ``checkpoints/`` that cannot be written:
-            just after it is made, before any GMI starts).
+        InvalidConfig: a field that cannot hold (every one named), before anything else.
+        ConfigError: a task the algorithm cannot run or a size that does not fit in memory
+            (`preflight`), a resume the checkpoint cannot serve (`Resume.check`), or a run
+            directory another process is using; raised before the run directory is written (a
+            ``checkpoints/`` that cannot be written: just after it is made, before any GMI
+            starts).
         CheckpointError: the ``--resume`` checkpoint is missing or corrupt (before the run
             starts), or its weights do not fit this run (after it started).
         RunStopped: the run started and stopped on an expected failure (`STOPS`, or memory
@@ -101,27 +103,53 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
             its traceback is in ``RUN_DIR/train.log``.
     """
     validate(cfg)
+    resume = _resumed(cfg, resume)
     algo = preflight(cfg)
+    if resume is not None:
+        resume.check(cfg, algo)
     placement = make_placement(cfg, _reduced_floats(cfg, algo))
-    run = Run.create(cfg, algo)
     del algo
+    run = Run.create(cfg, resume)
+    results = _launched(run, placement, on_progress)
+    return _summarised(run, placement, results)
+
+
+def _resumed(cfg: TrainConfig, resume: Resume | None) -> Resume | None:
+    """The run ``cfg.resume`` continues, loaded once (``resume`` where the caller loaded it).
+
+    Raises:
+        ValueError: ``resume`` given for a config that does not resume, or names another.
+    """
+    if resume is not None and cfg.resume != resume.asked:
+        raise ValueError(f"resume={resume.asked!r} with cfg.resume={cfg.resume!r}: give the "
+                         "Resume of the config's own --resume")
+    if cfg.resume is None:
+        return None
+    return resume or Resume.find(cfg.resume)
+
+
+def _launched(run: Run, placement, on_progress) -> list:
+    """The GMIs' results, the run directory held and ``train.log`` written meanwhile.
+
+    Raises:
+        RunStopped: what `train` says.
+    """
     try:
         with run.claimed(), run.log_file():
-            before = _resumed_state(run)
             run.start()
-            try:
-                _reclaim_shared_memory()
-                with run.telemetry():
-                    results = placement.launch(TARGET, LoopSpec(run, on_progress))
-            except BaseException as e:
-                _undo_config_json(run, before, e)
-                raise
+            _reclaim_shared_memory()
+            with run.telemetry():
+                return placement.launch(TARGET, LoopSpec(run, on_progress))
     except STOPS as e:
         raise RunStopped(run, e) from e
     except (MemoryError, RuntimeError) as e:  # (torch's allocators raise RuntimeErrors)
         if not out_of_memory(e):
             raise
         raise RunStopped(run, e) from e
+
+
+def _summarised(run: Run, placement, results: list) -> TrainResult:
+    """``summary.md`` written from GMI 0's result and the placement's description."""
     memory = tuple(getattr(r, "peak_memory_bytes", 0) for r in results if r is not None)
     results = [r for r in results if isinstance(r, LoopResult)]  # trainers (async: not serving)
     digests = tuple(r.weights_digest for r in results)
@@ -139,68 +167,14 @@ def train(cfg: TrainConfig, on_progress: Callable[[Progress], None] | None = Non
                        r.episode_wall_s, digests, memory, r.steady_sps)
 
 
-class _Before(NamedTuple):
-    """A resumed run's directory before an attempt: config.json's bytes (``None``: there was
-    none) and each checkpoint's ``(mtime_ns, size)`` by name."""
-
-    config: bytes | None
-    checkpoints: dict[str, tuple[int, int]]
-
-
-def _checkpoint_marks(run: Run) -> dict[str, tuple[int, int]]:
-    marks = {}
-    for path in list_checkpoints(run.run_dir):
-        try:
-            st = path.stat()
-        except OSError:  # pruned meanwhile
-            continue
-        marks[path.name] = (st.st_mtime_ns, st.st_size)
-    return marks
-
-
-def _resumed_state(run: Run) -> _Before | None:
-    """What `_undo_config_json` puts back; ``None`` for a fresh start."""
-    if run.resume_from is None:
-        return None
-    path = run.run_dir / "config.json"
-    try:
-        config = path.read_bytes()
-    except OSError:
-        config = None
-    return _Before(config, _checkpoint_marks(run))
-
-
-def _undo_config_json(run: Run, before: _Before | None, error: BaseException) -> None:
-    """A resumed attempt whose config could not start (a `ConfigError` or a `PlacementError`
-    at launch: a Ray address where no cluster listens, say) and that wrote no checkpoint puts
-    ``config.json`` back as it was, or removes it where there was none: the next plain
-    ``--resume`` would otherwise read the failed flags as the run's edited config. Any other
-    stop (Ctrl-C, a crash, out of memory) keeps the attempt's config.json."""
-    ray_launcher = sys.modules.get("gmi_drl.cluster.ray_launcher")  # (imported where used)
-    unstartable = (ConfigError,) + ((ray_launcher.PlacementError,) if ray_launcher else ())
-    if (before is None or not isinstance(error, unstartable)
-            or _checkpoint_marks(run) != before.checkpoints):
-        return
-    path = run.run_dir / "config.json"
-    try:
-        if before.config is None:
-            path.unlink(missing_ok=True)
-        else:
-            replace_atomically(path, lambda tmp: tmp.write_bytes(before.config))
-    except OSError as e:  # (the attempt's own error is the one to raise)
-        log.warning("could not put %s back as it was before this attempt: %s", path, e)
-        return
-    log.warning("%s is back as it was before this attempt, which could not start (the flags "
-                "given to it are not kept)", path)
-
-
-def _reduced_floats(cfg: TrainConfig, algo=None) -> int:
+def _reduced_floats(cfg: TrainConfig, algo=None) -> int | Callable[[], int]:
     """The most float32 values one allreduce of the run carries: every weight the algorithm
-    trains (`weight_count`, of ``algo`` where given), or 1 when no GMI shares memory with
-    another."""
+    trains (`weight_count` of ``algo``), or 1 when no GMI shares memory with another. Without
+    ``algo`` (Ray: this process does not build the task, which may need what only the
+    cluster's nodes have), `weight_count` of ``cfg`` to run on the cluster."""
     if cfg.num_trainers == 1 or cfg.gmi.reduction not in ("auto", "mpr", "har"):
         return 1
-    return weight_count(cfg, algo)
+    return weight_count(cfg, algo) if algo is not None else functools.partial(weight_count, cfg)
 
 
 def weight_count(cfg: TrainConfig, algo=None) -> int:

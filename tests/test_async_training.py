@@ -115,11 +115,6 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
 
 
 def test_templates_and_their_algorithms_must_match(tmp_path):
-    cfg = _appo(tmp_path, "bad")
-    cfg.gmi.template, cfg.gmi.serving_gmis = "sync_training", 2
-    with pytest.raises(ConfigError, match="appo runs in the async_training template") as err:
-        validate(cfg)
-    assert "use appo or a3c" not in str(err.value)  # it is appo: the template is the mistake
     ppo = preset("classic", "CartPole-v1")
     ppo.gmi.serving_gmis, ppo.async_.channel = 3, "uni"
     with pytest.raises(ConfigError, match="async.channel, gmi.serving_gmis set, but ppo runs in "
@@ -219,7 +214,7 @@ def test_split_serving_fragments_replay_on_the_envs(splits):
     import torch
 
     from gmi_drl import envs
-    from gmi_drl.algos.appo import build_model
+    from gmi_drl.algos.appo import APPO
     from gmi_drl.comm.channels import Batcher, ChannelPlan, Dispenser, Fabric
     from gmi_drl.comm.weights import WeightStore
     from gmi_drl.config import ModelConfig
@@ -238,7 +233,7 @@ def test_split_serving_fragments_replay_on_the_envs(splits):
     store = WeightStore.create(8)
     try:
         torch.manual_seed(0)
-        model = build_model(spec, ModelConfig())
+        model = APPO.acting_model(spec, ModelConfig())
         acting = make_acting(model, torch.Generator().manual_seed(1), HostArrays())
         role = ServingRole(pools, model, acting, None, None, Dispenser(fabric, 0), store)
         batcher = Batcher(fabric, 0, fragments_per_batch=1)

@@ -187,6 +187,20 @@ def _copy(run, to):
     return Path(shutil.copytree(run, to))
 
 
+def test_a_resume_reads_its_checkpoint_once_before_the_gmi_does(finished, tmp_path,
+                                                                monkeypatch):
+    """The controller finds and loads the checkpoint once (its config, the checks), then the
+    lone GMI, which runs in this process, loads it to start from."""
+    import torch
+
+    run = _copy(finished, tmp_path / "again")
+    loads, real = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
+    newest = run / "checkpoints" / "iteration-0000002.pt"
+    assert [Path(p) for p in loads] == [newest, newest]
+
+
 def test_a_runs_config_json_is_a_config_file(finished, tmp_path, capsys):
     assert main(["train", "ppo", "--config", str(finished / "config.json"), "--total-timesteps",
                  "128", "--run-dir", str(tmp_path / "again")]) == 0
@@ -454,11 +468,11 @@ def test_resume_refusals_say_which_command_would_work(finished, tmp_path, capsys
     assert f"is a ppo run, not dqn: run gmi-drl train ppo --resume {finished}" in (
         capsys.readouterr().err)
     early = tmp_path / "early"  # a run stopped before its first checkpoint
-    early.mkdir()
-    (early / "config.json").write_text((finished / "config.json").read_text())
+    (early / "checkpoints").mkdir(parents=True)
+    (early / "train.log").write_text("... the run stopped\n")
     assert main(["train", "ppo", "--resume", str(early)]) == 2
-    assert (f"start it over with its own config: gmi-drl train ppo --config "
-            f"{early / 'config.json'} --run-dir {early}") in capsys.readouterr().err
+    assert ("the run stopped before its first checkpoint, so nothing can be continued; start it "
+            "over with the command that started it") in capsys.readouterr().err
 
 
 def test_resume_of_what_is_no_checkpoint_says_what_to_give(finished, tmp_path, capsys, caplog):
@@ -635,10 +649,7 @@ def test_config_json_is_laid_over_the_checkpoints_config(finished, tmp_path, cap
     assert (run / "config.json").read_text() == text
 
 
-def test_a_run_of_an_older_layout_is_found_and_its_moved_field_read(finished, tmp_path, capsys,
-                                                                    caplog):
-    """Runs from before iteration-numbered checkpoints kept one checkpoints/latest.pt, and
-    their configs held log.checkpoint_every (now checkpoint.every)."""
+def test_a_checkpoint_of_an_older_format_version_is_refused_by_name(finished, tmp_path, capsys):
     import torch
 
     from gmi_drl.checkpoint import list_checkpoints
@@ -648,23 +659,8 @@ def test_a_run_of_an_older_layout_is_found_and_its_moved_field_read(finished, tm
     for path in older:
         path.unlink()
     state = torch.load(newest, weights_only=True)
-    for config in (state["config"], data := json.loads((run / "config.json").read_text())):
-        config["log"]["checkpoint_every"] = config.pop("checkpoint")["every"]
-    torch.save(state, run / "checkpoints" / "latest.pt")
-    newest.unlink()
-    (run / "config.json").write_text(json.dumps(data))
-    assert list_checkpoints(run) == [run / "checkpoints" / "latest.pt"]
-    # a new run is not written over it
-    assert main(["train", "ppo", *BASE, "--run-dir", str(run)]) == 2
-    assert "already holds a run with checkpoints" in capsys.readouterr().err
-    assert main(["eval", str(run), "--episodes", "1"]) == 0
-    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "384"]) == 0
-    assert "log.checkpoint_every (an older gmi-drl's field) is read as checkpoint.every" in \
-        caplog.text
     state["version"] = 1
-    torch.save(state, run / "checkpoints" / "latest.pt")
-    for path in list_checkpoints(run)[:-1]:
-        path.unlink()
+    torch.save(state, newest)
     assert main(["eval", str(run), "--episodes", "1"]) == 2
     assert "written by an older gmi-drl" in capsys.readouterr().err
 
@@ -678,10 +674,10 @@ def test_a_config_file_used_for_another_task_is_said_to_be_that_tasks(tmp_path, 
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps({"config": to_dict(preset("auto", "CartPole-v1", "ppo"))}))
     with caplog.at_level("WARNING"):
-        cfg = _train_config("ppo", ["--config", str(path)])
+        cfg, _ = _train_config("ppo", ["--config", str(path)])
     assert cfg.env.task_id == "CartPole-v1" and "was made for" not in caplog.text
     with caplog.at_level("WARNING"):
-        cfg = _train_config("ppo", ["--config", str(path), "--env.task-id", "Acrobot-v1"])
+        cfg, _ = _train_config("ppo", ["--config", str(path), "--env.task-id", "Acrobot-v1"])
     assert cfg.env.task_id == "Acrobot-v1"
     assert f"--config {path} was made for CartPole-v1, not Acrobot-v1" in caplog.text
 

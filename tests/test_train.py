@@ -12,6 +12,7 @@ from gmi_drl.comm.reducer import IdentityReducer
 from gmi_drl.config import ConfigError, preset
 from gmi_drl.rollout.storage import Rows
 from gmi_drl.runner.loop import Trainer
+from gmi_drl.runner.resume import Resume
 from gmi_drl.runner.run import Run
 from gmi_drl.train import train
 
@@ -228,10 +229,11 @@ def test_a_resume_with_another_learning_rate_steps_with_it(tmp_path):
     assert state["algo"]["optimizers"]["actor_critic"]["lr"] == pytest.approx(3e-4)
 
 
-def test_a_resume_that_fails_before_its_first_checkpoint_leaves_config_json_as_it_was(
+def test_a_resume_stopped_before_its_first_checkpoint_leaves_config_json_as_it_was(
         tmp_path):
-    """A resume given a Ray address where no cluster listens stops before any GMI starts;
-    config.json keeps the run's config, so the next plain ``--resume`` is not sent there."""
+    """config.json is written with each checkpoint: a resume given a Ray address where no
+    cluster listens stops before any GMI starts, and one stopped before it wrote a checkpoint
+    leaves the run's config.json as it was, so the next plain ``--resume`` is not sent there."""
     import socket
 
     from gmi_drl.runner.run import RunStopped
@@ -251,43 +253,19 @@ def test_a_resume_that_fails_before_its_first_checkpoint_leaves_config_json_as_i
         train(bad)
     assert (run / "config.json").read_text() == before
 
-    def stop(p):  # an attempt stopped for another reason keeps the config it was given
+    def stop(p):  # stopped for another reason, before its first checkpoint: the same
         raise ValueError("stopped by the caller")
 
     other = _quick_cfg(tmp_path)
     other.run_dir, other.resume, other.total_timesteps = None, str(run), 3 * cfg.batch_size
     with pytest.raises(ValueError, match="stopped by the caller"):
         train(other, on_progress=stop)
-    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 768
+    assert (run / "config.json").read_text() == before
     (run / "config.json").write_bytes(b"\xff\xfe not UTF-8")  # damaged: the checkpoint's is used
     good = _quick_cfg(tmp_path)  # a resume that saves a checkpoint keeps its own config
     good.run_dir, good.resume, good.total_timesteps = None, str(run), 2 * cfg.batch_size
     train(good)
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 512
-
-
-def test_a_checkpoint_rewritten_under_its_old_name_counts_as_written(tmp_path):
-    """Resuming from an older checkpoint rewrites the newer names: the attempt's config.json
-    stays even if a later placement error stops it."""
-    import os
-
-    from gmi_drl.train import _resumed_state, _undo_config_json
-
-    cfg = _quick_cfg(tmp_path)
-    cfg.total_timesteps = cfg.batch_size
-    train(cfg)
-    run = tmp_path / "run"
-    ckpt = resolve_checkpoint(run)
-    resumed = Run(run, cfg, ckpt)
-    before = _resumed_state(resumed)
-    (run / "config.json").write_text("{}\n")  # what the attempt wrote
-    st = ckpt.stat()
-    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten, same name
-    _undo_config_json(resumed, before, ConfigError("could not start"))
-    assert (run / "config.json").read_text() == "{}\n"
-    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))  # untouched: put back
-    _undo_config_json(resumed, before, ConfigError("could not start"))
-    assert json.loads((run / "config.json").read_text())["total_timesteps"] == cfg.batch_size
 
 
 def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, caplog):
@@ -306,7 +284,7 @@ def test_checkpoints_keep_the_newest_and_resume_past_a_corrupt_one(tmp_path, cap
     again = _quick_cfg(tmp_path)
     again.run_dir, again.resume, again.total_timesteps = None, str(tmp_path / "run"), 5 * 256
     again.checkpoint = cfg.checkpoint
-    assert Run.create(again).resume_from == ckpts / "iteration-0000003.pt"
+    assert Run.create(again, Resume.find(again.resume)).resume_from == ckpts / "iteration-0000003.pt"
     assert train(again).global_step == 5 * 256
     assert load_checkpoint(newest)["iteration"] == 4  # rewritten by the resumed run
     assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-0000004.pt",

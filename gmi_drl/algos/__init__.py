@@ -9,7 +9,7 @@ from __future__ import annotations
 from gmi_drl.algos.a2c import A2C, A2CConfig
 from gmi_drl.algos.a3c import A3C, A3CConfig
 from gmi_drl.algos.appo import APPO, APPOConfig
-from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, ModelConfig
+from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, AsyncAlgorithm, ModelConfig
 from gmi_drl.algos.ddpg import DDPG, DDPGConfig
 from gmi_drl.algos.dqn import DQN, DQNConfig
 from gmi_drl.algos.ppo import PPO, PPOConfig
@@ -40,11 +40,23 @@ def algo_name(cfg: AlgoConfig) -> str:
     raise TypeError(f"{type(cfg).__name__} is not the config of an algorithm in ALGORITHMS")
 
 
-def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm:
+def build_algorithm(cfg: AlgoConfig, ctx: AlgoContext) -> Algorithm | AsyncAlgorithm:
     """The learner of ``cfg`` built in ``ctx`` (see `gmi_drl.algos.base`)."""
     return ALGORITHMS[algo_name(cfg)][1](cfg, ctx)
 
 
+def build_acting_model(cfg: AlgoConfig, spec, model: ModelConfig):
+    """The network a serving GMI of ``cfg``'s async algorithm acts with
+    (`AsyncAlgorithm.acting_model`), for task ``spec`` and ``model``.
+
+    Raises:
+        TypeError: ``cfg`` is not an async algorithm's (`is_async`).
+    """
+    if not is_async(cfg):
+        raise TypeError(f"{algo_name(cfg)} learns in holistic GMIs: no serving GMI acts for it")
+    return ALGORITHMS[algo_name(cfg)][1].acting_model(spec, model)
+
+
 __all__ = ["A2C", "A2CConfig", "A3C", "A3CConfig", "ALGORITHMS", "APPO", "APPOConfig", "AlgoConfig", "AlgoContext", "Algorithm", "DDPG",
            "DDPGConfig", "DQN", "DQNConfig", "ModelConfig", "PPO", "PPOConfig", "TD3", "TD3Config",
-           "algo_name", "build_algorithm", "is_async"]
+           "algo_name", "build_acting_model", "build_algorithm", "is_async", "AsyncAlgorithm"]

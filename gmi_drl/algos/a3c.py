@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 
 from gmi_drl.algos.a2c import a2c_loss
-from gmi_drl.algos.appo import APPO, _evaluate, _normalized
+from gmi_drl.algos.async_learner import AsyncLearner, evaluate, normalized
 from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.optim.flat import OPTIMIZERS
 from gmi_drl.rollout.vtrace import vtrace
@@ -52,8 +52,7 @@ class A3CConfig:
     """the optimizer's epsilon"""
 
     template = "async_training"
-    num_minibatches = 1
-    update_epochs = 1
+    """the GMI template this algorithm runs in (not a flag)"""
 
     def steps_per_iteration(self, num_envs: int) -> int:
         """Samples of one trainer update: ``fragments_per_batch * num_envs * num_steps``."""
@@ -86,18 +85,18 @@ def a3c_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminate
     """A3C's loss on ``M`` trajectories (`appo_objective`'s arguments): n-step returns ``R``
     of each fragment under the current critic, advantages ``R - V``, `a2c_loss`. The
     behaviour log-probabilities only give the ratio reported (GA3C corrects nothing)."""
-    logprob, entropy, values, boot = _evaluate(model, obs, actions, last_obs)
+    logprob, entropy, values, boot = evaluate(model, obs, actions, last_obs)
     vt = vtrace(torch.zeros_like(rewards), rewards, values.detach(), boot.detach(), terminated,
                 truncated, final_values, gamma)
-    adv = _normalized(vt.pg_advantages) if normalize_advantage else vt.pg_advantages
+    adv = normalized(vt.pg_advantages) if normalize_advantage else vt.pg_advantages
     loss, pg, v, ent = a2c_loss(logprob.reshape(-1), adv.reshape(-1), values.reshape(-1),
                                 vt.vs.reshape(-1), entropy.reshape(-1), ent_coef, vf_coef)
     return loss, (pg.detach(), v.detach(), ent.detach(), (logprob - logprobs).detach())
 
 
-class A3C(APPO):
-    """The A3C learner: APPO's trainer role with `a3c_objective` and one gradient step per
-    batch, RMSprop by default."""
+class A3C(AsyncLearner):
+    """The A3C learner: `a3c_objective`, one gradient step per batch (`AsyncLearner`'s
+    passes), RMSprop by default."""
 
     @property
     def optimizer(self) -> str:

@@ -5,8 +5,8 @@ Sources: IMPALA (Espeholt et al. 2018, §4: V-trace targets ``v_s`` for the crit
 ``rho_s (r_s + gamma v_{s+1} - V(x_s))`` as the policy-gradient advantage), with PPO's clipped
 surrogate (Schulman et al. 2017, eq. 7) on the ratio to the behaviour policy, as Sample Factory's
 APPO (Petrenko et al. 2020) combines them. The learner is the trainer role of the
-``async_training`` template (`gmi_drl.runner.roles`); serving GMIs act with the weights it
-publishes (`weights`).
+``async_training`` template (`gmi_drl.runner.roles`; `gmi_drl.algos.async_learner`); serving GMIs
+act with the weights it publishes (`weights`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from gmi_drl.algos.base import AlgoContext, load_modules
-from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
-from gmi_drl.rollout.acting import make_acting
+from gmi_drl.algos.async_learner import AsyncLearner, evaluate, normalized
+from gmi_drl.models.actor_critic import ActorCritic
 from gmi_drl.rollout.vtrace import vtrace
 
 
@@ -99,18 +97,6 @@ class APPOConfig:
         return [msg for ok, msg in checks if not ok]
 
 
-def _evaluate(model: ActorCritic, obs, actions, last_obs):
-    """Log-probabilities, entropies and values of a ``[T, M]`` minibatch, and ``V(last_obs)``."""
-    T, M = obs.shape[:2]
-    new = model.evaluate(obs.flatten(0, 1), actions.flatten(0, 1))
-    return (new.logprob.view(T, M), new.entropy.view(T, M), new.value.view(T, M),
-            model.value(last_obs))
-
-
-def _normalized(x: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean()) / (x.std() + 1e-8)
-
-
 def appo_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminated, truncated,
                    final_values, last_obs, *, gamma: float, rho_bar: float, c_bar: float,
                    lam: float, clip_coef: float, ent_coef: float, vf_coef: float,
@@ -123,11 +109,11 @@ def appo_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminat
     detached values) gives ``vs`` and the advantages; policy loss ``mean(max(-A rho,
     -A clip(rho, 1 - eps, 1 + eps)))``; value loss ``0.5 mean((V - vs)^2)``.
     """
-    logprob, entropy, values, boot = _evaluate(model, obs, actions, last_obs)
+    logprob, entropy, values, boot = evaluate(model, obs, actions, last_obs)
     log_rhos = logprob - logprobs
     vt = vtrace(log_rhos.detach(), rewards, values.detach(), boot.detach(), terminated,
                 truncated, final_values, gamma, rho_bar=rho_bar, c_bar=c_bar, lam=lam)
-    adv = _normalized(vt.pg_advantages) if norm_adv else vt.pg_advantages
+    adv = normalized(vt.pg_advantages) if norm_adv else vt.pg_advantages
     ratio = log_rhos.exp()
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     v_loss = 0.5 * ((values - vt.vs) ** 2).mean()
@@ -136,32 +122,9 @@ def appo_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminat
     return loss, (pg_loss.detach(), v_loss.detach(), ent.detach(), log_rhos.detach())
 
 
-class APPO:
-    """The APPO learner: `update` learns from one batch of fragments (`gmi_drl.comm.channels.
-    Batcher`'s), then its weights are the next ``policy_version``.
-
-    Args:
-        cfg: hyper-parameters. ctx: the task and the trainer's parts (its gradient step
-            factory reduces across trainer GMIs; ``ctx.num_envs`` is a serving GMI's envs).
-
-    Raises:
-        ValueError: spaces the actor-critic does not support.
-    """
-
-    optimizer = "adam"
-
-    def __init__(self, cfg: APPOConfig, ctx: AlgoContext) -> None:
-        self.cfg, self.ctx = cfg, ctx
-        self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
-        self.model = build_model(ctx.spec, ctx.model).to(ctx.device)
-        self.grad_step = ctx.make_grad_step(self.model, self.objective(), cfg.learning_rate,
-                                            cfg.max_grad_norm, self.optimizer_eps(),
-                                            optimizer=self.optimizer)
-        self.acting = make_acting(self.model, ctx.action_generator, ctx.arrays, ctx.compile)
-        """the policy as the trainer's weights act (``gmi-drl eval``)"""
-        self.generator = torch.Generator().manual_seed(ctx.seed)  # minibatch order
-        self.policy_version = 0
-        self.iteration = 0
+class APPO(AsyncLearner):
+    """The APPO learner: `appo_objective` with Adam, ``update_epochs`` passes of
+    ``num_minibatches`` minibatches over each batch (`AsyncLearner`)."""
 
     def objective(self):
         c = self.cfg
@@ -172,97 +135,5 @@ class APPO:
     def optimizer_eps(self) -> float:
         return self.cfg.adam_eps
 
-    def update(self, batch: dict[str, torch.Tensor],
-               update_obs_stats: bool = True) -> dict[str, float]:
-        """``update_epochs`` passes of minibatch steps over ``batch`` (every trajectory whole);
-        the observations are normalised first when the run normalises them, folding the batch
-        into the statistics when ``update_obs_stats`` (the trainer that publishes: its
-        statistics are the ones `weights` sends; other trainers take them, `set_obs_stats`).
-        Returns ``losses/...`` means and the gradient step's metrics."""
-        cfg, step, norm = self.cfg, self.grad_step, self.ctx.obs_norm
-        obs, last_obs = batch["obs"], batch["last_obs"]
-        if norm is not None:
-            T, N = obs.shape[:2]
-            obs = _float(norm(_as_array(obs.flatten(0, 1)), update_obs_stats)).view(
-                T, N, *obs.shape[2:])
-            last_obs = _float(norm(_as_array(last_obs), update=False))
-        fields = (obs, batch["actions"], batch["logprobs"], batch["rewards"],
-                  batch["terminated"], batch["truncated"], batch["final_values"], last_obs)
-        N = obs.shape[1]
-        m = N // cfg.num_minibatches
-        aux = []
-        for _ in range(cfg.update_epochs):
-            order = (torch.randperm(N, generator=self.generator) if cfg.num_minibatches > 1
-                     else torch.arange(N))
-            for i in range(cfg.num_minibatches):
-                cols = order[i * m:(i + 1) * m].to(obs.device)
-                mb = [x.index_select(0 if x is last_obs else 1, cols)
-                      if cfg.num_minibatches > 1 else x for x in fields]
-                aux.append(step(*mb))
-        comm = step.drain()
-        self.iteration += 1
-        self.policy_version += 1
-        log_rhos = torch.cat([a[3].reshape(-1) for a in aux])
-        means = torch.stack([torch.stack(a[:3]) for a in aux]).mean(0).tolist()
-        return {"losses/policy_loss": means[0], "losses/value_loss": means[1],
-                "losses/entropy": means[2],
-                "losses/importance_ratio": float(log_rhos.exp().mean()),
-                "losses/learning_rate": step.lr, **comm}
-
-    def weights(self) -> list[np.ndarray]:
-        """What serving GMIs act with, as arrays in a fixed order: every tensor of the model's
-        state, then the observation normaliser's mean and variance (when the run has one)."""
-        out = [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
-        if self.ctx.obs_norm is not None:
-            rms = self.ctx.obs_norm.rms  # NumPy on the CPU, tensors on a device
-            out += [torch.as_tensor(x).cpu().numpy().astype(np.float64, copy=False)
-                    for x in (rms.mean, rms.var)]
-        return out
-
-    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
-        """Take the observation statistics another trainer published (`weights`' last two
-        arrays); no-op without observation normalisation."""
-        norm = self.ctx.obs_norm
-        if norm is not None:
-            norm.rms.mean = norm.rms.arrays.from_torch(torch.from_numpy(mean.copy()))
-            norm.rms.var = norm.rms.arrays.from_torch(torch.from_numpy(var.copy()))
-
-    def state_dict(self) -> dict:
-        """Weights (``modules``), optimizer moments, the shuffling RNG, the update count and
-        the policy version."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "generator": self.generator.get_state(), "iteration": self.iteration,
-                "policy_version": self.policy_version}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.generator.set_state(state["generator"])
-        self.iteration = int(state["iteration"])
-        self.policy_version = int(state["policy_version"])
-
-    def close(self) -> None:
-        self.grad_step.close()
-
-
-def build_model(spec, m) -> ActorCritic:
-    """The actor-critic of task ``spec`` (`EnvSpec`) and model config ``m`` (the trainer's,
-    and each serving GMI's copy: both built after ``torch.manual_seed(seed)``, so they start
-    equal)."""
-    return build_actor_critic(spec.observation_space, spec.action_space, m.encoder,
-                              m.actor_hidden, m.critic_hidden, m.activation, m.cnn_features)
-
-
-def _as_array(x: torch.Tensor):
-    return x.numpy() if x.device.type == "cpu" else x
-
-
-def _float(x) -> torch.Tensor:
-    t = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-    return t.to(torch.float32)
+    def passes(self) -> tuple[int, int]:
+        return self.cfg.update_epochs, self.cfg.num_minibatches

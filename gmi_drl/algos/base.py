@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Literal, Protocol
 
+import numpy as np
 import torch
 
 from gmi_drl.envs.spec import EnvSpec
@@ -107,6 +108,47 @@ class Algorithm(Protocol):
         ``{name: module.state_dict()}`` (what the runner's weight digest hashes), and each
         optimizer's state under ``"optimizers"``, named as the module it trains (target
         networks have none: `gmi_drl.train.weight_count` counts the trained modules)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` output. Raises ``ValueError`` when it does not fit."""
+
+    def close(self) -> None:
+        """Stop any thread the algorithm's gradient steps run (idempotent)."""
+
+
+class AsyncAlgorithm(Protocol):
+    """The learner of a trainer GMI in the ``async_training`` template (GMI-DRL §5.1), the
+    runner's only view of it; serving GMIs act with a copy of its model.
+
+    Attributes:
+        steps_per_iteration: samples one `update` learns from.
+        policy_version: updates made so far: the version of the weights `weights` returns.
+        acting: the policy as the trainer's weights act (``gmi-drl eval``).
+    """
+
+    steps_per_iteration: int
+    policy_version: int
+    acting: Acting
+
+    @staticmethod
+    def acting_model(spec, model: "ModelConfig") -> torch.nn.Module:
+        """The network serving GMIs act with, for task ``spec`` (`EnvSpec`) and ``model``,
+        untrained (built after ``torch.manual_seed(seed)`` it equals the learner's first)."""
+
+    def update(self, batch: dict[str, torch.Tensor],
+               update_obs_stats: bool = True) -> dict[str, float]:
+        """Learn from one batch of fragments (``(T, M, ...)`` tensors and ``last_obs (M,
+        *obs_shape)``); the next `weights` are ``policy_version + 1``. Returns metrics."""
+
+    def weights(self) -> list[np.ndarray]:
+        """What serving GMIs act with, in a fixed order: the acting model's state, then the
+        observation normaliser's mean and variance where the run has one."""
+
+    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
+        """Take the observation statistics another trainer published."""
+
+    def state_dict(self) -> dict:
+        """As `Algorithm.state_dict`, with the policy version."""
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output. Raises ``ValueError`` when it does not fit."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -46,6 +46,11 @@ class GMIActor:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             return s.getsockname()[1]
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on this GMI's node (e.g. sizing that builds the task, which the driver
+        may lack the dependencies of)."""
+        return fn()
 
     def run(self, target: str, ctx: GMIContext) -> Any:
         """Run ``target`` as GMI ``ctx.gmi_id`` (blocks for the whole run); returns its result.

@@ -86,7 +86,8 @@ class RayRun(NamedTuple):
 
 def launch(target: str, layout: Layout, payload: Any = None, *, address: str | None = None,
            max_restarts: int = 0, num_cpus_per_gmi: float = 1.0,
-           placement_timeout_s: float = 120.0, reducer_capacity: int = 1 << 20,
+           placement_timeout_s: float = 120.0,
+           reducer_capacity: int | Callable[[], int] = 1 << 20,
            switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
            on_restart: Callable[[GMIError], Any] | None = None,
            rendezvous: bool = False, switch_job: str | None = None,
@@ -105,7 +106,9 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             a failure a restart would repeat: `NOT_RESTARTED`).
         num_cpus_per_gmi: logical CPUs each GMI's bundle reserves.
         placement_timeout_s: how long Ray may take to place and start the GMIs, seconds.
-        reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing).
+        reducer_capacity: most float32 values one `allreduce_` may carry (shared-memory sizing),
+            or a picklable function that says so, called on GMI 0's node only where GMIs share
+            memory (it may build the task, whose dependencies the driver need not have).
         switch_addr: with the ``switch`` reduction, the aggregation switch's ``HOST:PORT``.
         switch_job, switch_token: the run's job id at the switch (``None``: a new one per
             attempt) and the switch's shared secret.
@@ -252,8 +255,12 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
                  reduction_note or reduction.reduction.value)
         shared = (reduction.reduction in (Reduction.MPR, Reduction.HAR)
                   and layout.num_gmis > 1)
+        capacity = reducer_capacity
+        if callable(capacity):  # (only shared memory is sized by it)
+            capacity = (ray.get(actors[0].call.remote(capacity), timeout=placement_timeout_s)
+                        if shared else 1)
         groups = _collect([agents[nodes[gmis[0]].node_id].setup.remote(
-            len(gmis) if shared else None, reducer_capacity, mps_dir) for gmis in reduction.mpl],
+            len(gmis) if shared else None, capacity, mps_dir) for gmis in reduction.mpl],
             None, placement_timeout_s, what="node agent")
         init_method = ""
         if reduction.reduction is Reduction.HAR or rendezvous:

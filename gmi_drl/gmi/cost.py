@@ -9,7 +9,7 @@ between GMIs per iteration; the system's throughput is then (equations 2 and 3)
 Serving (Table 4): ``TDG`` puts simulator and agent in dedicated GMIs, ``TCG`` co-locates them.
 Synchronous training (Table 5): ``TDG_EX`` adds dedicated trainer GMIs, ``TCG_EX`` is the holistic
 GMI (simulator + agent + trainer, gmi-drl's ``sync_training`` template). ``Terms`` holds Table 3's
-terms as measured quantities; `gmi_drl.gmi.tune` measures them from short real runs.
+terms as measured quantities; `gmi_drl.tune` measures them from short real runs.
 """
 
 from __future__ import annotations

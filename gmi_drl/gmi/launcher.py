@@ -50,9 +50,9 @@ from gmi_drl.gmi.layout import Layout
 
 log = logging.getLogger(__name__)
 
-#: modules the fork server imports once, so that no GMI imports them itself: torch and the
-#: targets of training runs (synchronous and asynchronous)
-PRELOAD = ("torch", "gmi_drl.gmi.launcher", "gmi_drl.runner.loop", "gmi_drl.runner.async_loop")
+#: modules the fork server imports once, so that no GMI imports them itself (`launch` adds its
+#: target's module: the GMI loop of a training run)
+PRELOAD = ("torch", "gmi_drl.gmi.launcher")
 #: what a run that compiles its gradient step adds to `PRELOAD` (2 s of imports on machine A)
 COMPILER = ("torch._dynamo",)
 START_METHODS = ("forkserver", "spawn")
@@ -383,7 +383,7 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     from gmi_drl.comm.shm import ShmGroup
 
     raise_if_interrupted()
-    mpctx = mp_context(start_method, preload)
+    mpctx = mp_context(start_method, (target.partition(":")[0], *preload))
     n = layout.num_gmis
     if layout.reduction in (Reduction.SWITCH, Reduction.PS) and n > 1 and \
             len(service_addrs) != n:

@@ -373,7 +373,7 @@ class Server:
     def __init__(self, spec: AsyncSpec, index: int, fabric: Fabric, store: WeightStore,
                  in_process: bool = False, slot: int | None = None) -> None:
         from gmi_drl import envs
-        from gmi_drl.algos.appo import build_model
+        from gmi_drl.algos import build_acting_model
         from gmi_drl.rollout.acting import make_acting
         from gmi_drl.rollout.arrays import HostArrays
         from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
@@ -397,7 +397,7 @@ class Server:
                                 autoreset="same_step", engine=e.engine) for s in range(splits)]
         task = self.pools[0].spec
         torch.manual_seed(cfg.seed)
-        model = build_model(task, cfg.model)
+        model = build_acting_model(cfg.algo, task, cfg.model)
         acting = make_acting(model, torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1)),
                              HostArrays(), cfg.compile)
         obs_norm = (ObsNormalizer(task.observation_space.shape, n.obs_clip) if n.obs

@@ -18,6 +18,7 @@ from typing import Any
 
 from gmi_drl.config import ConfigError, TrainConfig
 from gmi_drl.gmi.layout import plan, plan_async
+from gmi_drl.telemetry.progress import printed_here, relayed
 
 TARGET = "gmi_drl.runner.async_loop:async_main"
 
@@ -83,9 +84,7 @@ class AsyncPlacement:
             group = ReductionGroup(tuple(groups), f"file://{tmp}/rendezvous")
             progress = payload.progress
             if cfg.placement != "serial":
-                from gmi_drl.runner.placement import relayed
-
-                progress = made.enter_context(relayed(payload)).progress
+                progress = made.enter_context(relayed(progress))
             spec = AsyncSpec(payload.run, fabric.plan, store.handle, store.handle.nbytes,
                              "shm", self.trainer_layout, group, progress)
             if cfg.placement == "serial":
@@ -108,11 +107,10 @@ class AsyncPlacement:
         the GMIs."""
         from gmi_drl.cluster.ray_launcher import launch
         from gmi_drl.runner.async_loop import AsyncSpec
-        from gmi_drl.runner.placement import _printing
 
         cfg, r = self.cfg, self.cfg.ray
         spec = AsyncSpec(payload.run, self.channel_plan(task), None, _weight_bytes(cfg, task),
-                         "tcp", progress=_printing(payload).progress)
+                         "tcp", progress=printed_here(payload.progress))
         self._ray = launch(TARGET, self.layout, spec, address=r.address,
                            max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s, reducer_capacity=1,
@@ -182,9 +180,9 @@ def _weight_bytes(cfg: TrainConfig, task) -> int:
     its mean and variance (float64)."""
     import math
 
-    from gmi_drl.algos.appo import build_model
+    from gmi_drl.algos import build_acting_model
 
-    model = build_model(task, cfg.model)
+    model = build_acting_model(cfg.algo, task, cfg.model)
     n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if cfg.norm.obs:
         n += 2 * 8 * math.prod(task.observation_space.shape)

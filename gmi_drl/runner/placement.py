@@ -14,19 +14,20 @@ put the GMIs (markdown lines for ``summary.md``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import dataclasses
 import logging
 import threading
 import time
 import traceback
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from gmi_drl.comm.reduction import Reduction
 from gmi_drl.config import ConfigError, TrainConfig
 from gmi_drl.gmi.context import GMIContext, ReductionGroup, shm_group_sizes
 from gmi_drl.gmi.launcher import GMIError, run_target
 from gmi_drl.gmi.layout import Layout
+from gmi_drl.telemetry.progress import printed_here, relayed
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,10 @@ def _warn_shared_cores(gmis: int, cores: int) -> None:
                     cores, gmis / cores)
 
 
-def make_placement(cfg: TrainConfig, capacity: int) -> Placement:
+def make_placement(cfg: TrainConfig, capacity: int | Callable[[], int]) -> Placement:
     """The placement of ``cfg.placement`` for ``cfg.gmi``'s layout; ``capacity``: the most
-    float32 values one allreduce carries (shared-memory sizing).
+    float32 values one allreduce carries (shared-memory sizing), or on Ray a function that
+    computes it where GMI 0 runs.
 
     Raises:
         ConfigError: the layout does not fit this machine (a backend it lacks, fewer GMIs than
@@ -229,8 +231,9 @@ class LocalPlacement:
         if self.layout.num_gmis == 1 and not self.prefixes:
             return [run_target(target, GMIContext(0, self.layout, payload))]
         g = self.cfg.gmi
-        with relayed(payload) as payload:
-            return launch(target, self.layout, self.machine, payload=payload,
+        with relayed(payload.progress) as progress:
+            return launch(target, self.layout, self.machine,
+                          payload=dataclasses.replace(payload, progress=progress),
                           reducer_capacity=self.capacity,
                           service_addrs=g.service_addrs,
                           netns=g.netns_list, prefixes=self.prefixes,
@@ -270,7 +273,8 @@ class RayPlacement:
 
         cfg, r = self.cfg, self.cfg.ray
         switch = cfg.gmi.switch_addrs[0] if cfg.gmi.reduction == "switch" else None
-        self._run = launch(target, self.layout, _printing(payload), address=r.address,
+        printing = dataclasses.replace(payload, progress=printed_here(payload.progress))
+        self._run = launch(target, self.layout, printing, address=r.address,
                            max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
                            placement_timeout_s=r.placement_timeout_s,
                            reducer_capacity=self.capacity, switch_addr=switch,
@@ -288,51 +292,12 @@ class RayPlacement:
                 + _notes(self.cfg, self.layout.num_gmis))
 
 
-@contextlib.contextmanager
-def relayed(payload):
-    """The payload for GMIs in other processes of this machine: a caller's ``on_progress``
-    called here with what GMI 0 sends (`gmi_drl.telemetry.progress.ProgressRelay`), the CLI's
-    printer printing there."""
-    import dataclasses
-
-    from gmi_drl.telemetry.progress import ProgressPrinter, ProgressRelay
-
-    if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
-        yield payload
-        return
-    try:
-        relay = ProgressRelay(payload.progress)
-    except OSError as e:
-        log.warning("on_progress cannot be relayed from the GMI processes (%s); GMI 0 prints "
-                    "the progress line instead", e)
-        yield dataclasses.replace(payload, progress=ProgressPrinter())
-        return
-    try:
-        yield dataclasses.replace(payload, progress=relay.sender())
-    finally:
-        relay.close()
-
-
-def _printing(payload, warn: bool = True):
-    """The payload for GMIs on Ray (possibly other hosts): progress printed there, not called
-    back (``warn``: say so, where a caller gave ``on_progress``)."""
-    import dataclasses
-
-    from gmi_drl.telemetry.progress import ProgressPrinter
-
-    if payload.progress is None or isinstance(payload.progress, ProgressPrinter):
-        return payload
-    if warn:
-        log.warning("on_progress is not called on Ray (GMI 0 may run on another host); GMI 0 "
-                    "prints the progress line instead")
-    return dataclasses.replace(payload, progress=ProgressPrinter())
-
-
 def _restarted(payload):
     """The payload a failed Ray run restarts with: resumed from its latest checkpoint."""
     import dataclasses
 
-    return dataclasses.replace(_printing(payload, warn=False), run=payload.run.restarted())
+    return dataclasses.replace(payload, progress=printed_here(payload.progress, warn=False),
+                               run=payload.run.restarted())
 
 
 def _nsys_prefixes(cfg: TrainConfig, run_dir, machine) -> dict[int, list[str]]:

@@ -1,6 +1,6 @@
-"""Checks that need the task or the checkpoint, made by the controller before a run writes
-anything: the algorithm built once on the CPU from the task's spaces (`preflight`), and a
-resumed checkpoint loaded into that build (`check_resumable`). `gmi_drl.config.validate` checks
+"""Checks that need the task, made by the controller before a run writes anything: the
+algorithm built once on the CPU from the task's spaces (`preflight`), which a resumed checkpoint
+is then loaded into (`gmi_drl.runner.resume.Resume.check`). `gmi_drl.config.validate` checks
 what the config alone can tell.
 """
 
@@ -9,10 +9,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from pathlib import Path
 
-from gmi_drl.checkpoint import run_dir_of
-from gmi_drl.config import ConfigError, TrainConfig, from_dict, resume_conflicts
+from gmi_drl.config import ConfigError, TrainConfig
 
 
 def build_on_cpu(cfg: TrainConfig, norms: bool = False):
@@ -143,97 +141,3 @@ def _mem_available() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def edited_config_json(ckpt: Path, stored: TrainConfig) -> Path | None:
-    """``RUN/config.json`` of the run that holds checkpoint ``ckpt`` when the config it holds
-    differs from ``stored`` (the checkpoint's own) in what the run does, not where it ran
-    (``run_dir``, ``resume``, ``config``); ``None`` where they agree or there is no such file
-    that loads."""
-    import dataclasses
-
-    run_dir = run_dir_of(ckpt)
-    on_disk = None if run_dir is None else _config_json(run_dir / "config.json", stored)
-    if on_disk is None:
-        return None
-    where = dict(run_dir=None, resume=None, config=None)
-    same = dataclasses.replace(on_disk, **where) == dataclasses.replace(stored, **where)
-    return None if same else run_dir / "config.json"
-
-
-def _config_json(path: Path, stored: TrainConfig | None = None) -> TrainConfig | None:
-    """The config of a run's ``config.json``, laid over ``stored`` (the checkpoint's config,
-    as a resume reads it: `gmi_drl.config.overlay`) where given; ``None`` where there is no
-    such file that loads."""
-    import json
-
-    from gmi_drl.config import overlay, to_dict
-
-    try:
-        data = json.loads(path.read_text())
-        return from_dict(data if stored is None else overlay(to_dict(stored), data))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return None  # (ConfigError is a ValueError)
-
-
-def check_resumable(cfg: TrainConfig, ckpt: Path, state: dict, algo=None) -> None:
-    """Refuse a resume that the checkpoint ``ckpt`` (loaded: ``state``) cannot serve: a config
-    that changes what it carries (`resume_conflicts`), a replay buffer of another size, a run
-    already at ``cfg``'s last iteration, or, where ``algo`` (`preflight`'s build) is given,
-    weights or optimizer state that do not load into it (a dry run of the GMIs' load; a saved
-    replay buffer is left out of it).
-
-    Raises:
-        ConfigError: what does not fit, and what to do instead.
-    """
-    try:
-        stored = from_dict(state["config"])
-    except (ConfigError, KeyError, TypeError) as e:
-        raise ConfigError(f"{ckpt}: its config does not load ({e})") from None
-    conflicts = resume_conflicts(stored, cfg)
-    saved = state.get("algo", {})
-    size = getattr(cfg.algo, "buffer_size", None)
-    if "replay" in saved and size != getattr(stored.algo, "buffer_size", None):
-        conflicts.append(f"algo.buffer_size={size} (the saved replay buffer holds "
-                         f"{stored.algo.buffer_size})")
-    if not conflicts and algo is not None:
-        try:
-            algo.load_state_dict({k: v for k, v in saved.items() if k != "replay"})
-        except (ValueError, KeyError, RuntimeError, TypeError) as e:
-            conflicts.append(f"its weights or optimizer state ({str(e).splitlines()[0]})")
-    run_dir = run_dir_of(ckpt)
-    if conflicts:
-        changed = edited_config_json(ckpt, stored)
-        on_disk = None if changed is None else _config_json(changed)
-        other = None if on_disk is None else on_disk.algo_name
-        if other is not None and other != stored.algo_name:
-            raise ConfigError(f"--resume {cfg.resume}: {ckpt} holds a {stored.algo_name} run, "
-                              f"but {changed} is a {other} run: the checkpoint came from "
-                              f"another run. Move it out of {ckpt.parent} (the newest "
-                              "checkpoint of this run is used then)")
-        edited = ("" if changed is None else
-                  f"; with no such flag given, {changed} differs from "
-                  "the checkpoint's own config: restore it, or delete it and the checkpoint's "
-                  "copy is used")
-        raise ConfigError(f"--resume {cfg.resume}: the checkpoint cannot continue with "
-                          + "; ".join(conflicts) + ". Drop the flags that changed them (a "
-                          "resumed run keeps its task, model, normalisers, optimizer and env "
-                          f"steps per iteration), or start a new run{edited}")
-    if int(state["iteration"]) >= cfg.num_iterations:
-        raise ConfigError(f"--resume {cfg.resume}: the run is already at "
-                          f"{int(state['global_step']):,} env steps, iteration "
-                          f"{int(state['iteration'])} of the {cfg.num_iterations} that "
-                          f"total_timesteps={cfg.total_timesteps:,} allows; raise "
-                          "--total-timesteps to train on"
-                          + (" (it was stopped after its last checkpoint, before summary.md; "
-                             "metrics.csv holds its whole learning curve)"
-                             if int(state["iteration"]) >= stored.num_iterations
-                             and run_dir is not None
-                             and not (run_dir / "summary.md").exists() else ""))
-    first = int(state["iteration"])
-    if cfg.profile.tool != "none" and max(cfg.profile.iterations, default=-1) < first:
-        # a warning, not a refusal: a profiled run resumed as it was keeps its old iterations
-        logging.getLogger(__name__).warning(
-            "profile.iterations %s all ran before this resume starts at iteration %d: this "
-            "invocation captures nothing; name later ones with --profile.iterations",
-            cfg.profile.iterations, first)

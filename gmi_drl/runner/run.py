@@ -1,8 +1,8 @@
 """The run: its directory (resolved once), its frozen config, checkpoints and ``summary.md``.
 
 The controller makes one `Run` per call of `gmi_drl.train.train`; it travels (pickled) to every
-GMI, which reads its config and writes through it: GMI 0 the metrics and checkpoints, every GMI
-its timeline. Only the controller writes ``config.json`` and ``summary.md``.
+GMI, which reads its config and writes through it: GMI 0 the metrics, and the checkpoints with
+``config.json`` beside them; every GMI its timeline. Only the controller writes ``summary.md``.
 
 Directory layout::
 
@@ -151,32 +151,16 @@ class Run:
         adopt(blob)
 
     @classmethod
-    def create(cls, cfg: TrainConfig, algo=None) -> "Run":
-        """Resolve the directory of ``cfg`` once: the resumed run's (``cfg.resume``, a run
-        directory or checkpoint file), ``cfg.run_dir``, or ``runs/<task>-<algo>-<stamp>``.
-
-        Every GMI resumes from one file: the newest of the run that loads. A resumed run stays
-        in its own directory (``cfg.run_dir`` is not used). A new directory is claimed when it
-        is made (``mkdir``), so two runs started in the same second get two directories.
-        ``algo``: `preflight`'s build of the algorithm, for the dry run of a resume's load.
-
-        Raises:
-            CheckpointError: ``cfg.resume`` names no checkpoint that loads.
-            ConfigError: a checkpoint outside a run directory, or one that cannot serve
-                ``cfg`` (`check_resumable`).
+    def create(cls, cfg: TrainConfig, resume=None) -> "Run":
+        """Resolve the directory of ``cfg`` once: the resumed run's (``resume``, a
+        `gmi_drl.runner.resume.Resume` of ``cfg.resume``: every GMI starts from its checkpoint),
+        ``cfg.run_dir``, or ``runs/<task>-<algo>-<stamp>``. A resumed run stays in its own
+        directory (``cfg.run_dir`` is not used). A new directory is claimed when it is made
+        (``mkdir``), so two runs started in the same second get two directories.
         """
-        from gmi_drl.runner.preflight import check_resumable
-
         cfg = copy.deepcopy(cfg)
-        if cfg.resume is not None:
-            ckpt, state = find_loadable(cfg.resume)
-            if ckpt.parent.name != "checkpoints":
-                raise ConfigError(f"--resume {cfg.resume}: {ckpt} is not in a run's "
-                                  "checkpoints/ folder, so there is no run to continue; put it "
-                                  "in RUN_DIR/checkpoints/ with the run's config.json, or start "
-                                  "a new run (gmi-drl eval reads it as it is)")
-            check_resumable(cfg, ckpt, state, algo)
-            return cls(ckpt.parent.parent, cfg, ckpt)
+        if resume is not None:
+            return cls(resume.run_dir, cfg, resume.checkpoint)
         if cfg.run_dir is not None:
             return cls(Path(cfg.run_dir), cfg)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -208,20 +192,17 @@ class Run:
         return self.run_dir / "profile" / f"gmi-{gmi_id}"
 
     def start(self) -> None:
-        """The controller, before any GMI starts: make the directories, check that checkpoints
-        can be written there (`ConfigError` if not), write config.json. A
-        fresh start in a directory that holds an attempt stopped before its first checkpoint
-        drops that attempt's metrics (`gmi_drl.config.validate` refuses one with checkpoints)."""
+        """The controller, before any GMI starts: make the directories and check that
+        checkpoints can be written there (`ConfigError` if not). A fresh start in a directory
+        that holds an attempt stopped before its first checkpoint drops that attempt's metrics
+        (`gmi_drl.config.validate` refuses one with checkpoints). ``config.json`` is written
+        with each checkpoint (`save_checkpoint`): an attempt that stops before its first one
+        leaves the run's config.json as it was."""
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         _check_writable(self.checkpoint_dir)
-        if self.resume_from is None and (self.run_dir / "config.json").exists():
+        if self.resume_from is None:
             for old in [self.run_dir / "metrics.csv", *self.run_dir.glob("events.out.tfevents.*")]:
                 old.unlink(missing_ok=True)
-        saved = to_dict(self.config)
-        saved["run_dir"], saved["resume"] = str(self.run_dir), None
-        # a kill leaves the old file or the new one
-        write_text_atomically(self.run_dir / "config.json",
-                              json.dumps(saved, indent=2, allow_nan=False) + "\n")
         log.info("run directory: %s", self.run_dir)
 
     @contextlib.contextmanager
@@ -279,13 +260,20 @@ class Run:
         return load_checkpoint(self.resume_from) if self.resume_from is not None else None
 
     def save_checkpoint(self, state: dict) -> Path:
-        """Write ``state`` (with the config) atomically to ``checkpoints/iteration-<k>.pt``
-        (``k = state["iteration"]``), then delete all but the newest ``checkpoint.keep``;
-        returns the file written.
+        """Write ``config.json`` (the run's config, the file a user edits between resumes),
+        then ``state`` with the config to ``checkpoints/iteration-<k>.pt`` (``k =
+        state["iteration"]``), each atomically, then delete all but the newest
+        ``checkpoint.keep``; returns the checkpoint written. (In this order a kill between the
+        two leaves a config.json that the newest checkpoint's config is overlaid with, which
+        is this attempt's own.)
 
         Raises:
             TrainingDiverged: a weight is NaN or infinite (nothing is written)."""
         check_finite(state["algo"]["modules"], int(state["global_step"]))
+        saved = to_dict(self.config)
+        saved["run_dir"], saved["resume"] = str(self.run_dir), None
+        write_text_atomically(self.run_dir / "config.json",
+                              json.dumps(saved, indent=2, allow_nan=False) + "\n")
         path = self.checkpoint_dir / checkpoint_name(int(state["iteration"]))
         save_checkpoint(path, {"config": to_dict(self.config), **state})
         prune_checkpoints(self.checkpoint_dir, self.config.checkpoint.keep)

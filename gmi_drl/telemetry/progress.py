@@ -159,3 +159,36 @@ class ProgressRelay:
         finally:
             self._listener.close()
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def relayed(progress: Callable[[Progress], None] | None):
+    """The progress callback for GMIs in other processes of this machine: a caller's
+    ``progress`` (``on_progress``) called here with what GMI 0 sends through a `ProgressRelay`;
+    ``None`` and a `ProgressPrinter` (which prints there) pass as they are. Where no relay can
+    be made (a TMPDIR too long for a Unix socket's path), GMI 0 prints the progress line."""
+    if progress is None or isinstance(progress, ProgressPrinter):
+        yield progress
+        return
+    try:
+        relay = ProgressRelay(progress)
+    except OSError as e:
+        log.warning("on_progress cannot be relayed from the GMI processes (%s); GMI 0 prints "
+                    "the progress line instead", e)
+        yield ProgressPrinter()
+        return
+    try:
+        yield relay.sender()
+    finally:
+        relay.close()
+
+
+def printed_here(progress: Callable[[Progress], None] | None, warn: bool = True):
+    """The progress callback for GMIs on Ray (possibly other hosts): the line printed where GMI
+    0 runs, a caller's ``on_progress`` not called back (``warn``: say so)."""
+    if progress is None or isinstance(progress, ProgressPrinter):
+        return progress
+    if warn:
+        log.warning("on_progress is not called on Ray (GMI 0 may run on another host); GMI 0 "
+                    "prints the progress line instead")
+    return ProgressPrinter()

@@ -43,7 +43,7 @@ class TimingTree:
             ``"torch"`` (``torch.profiler.record_function``) or ``"none"``.
         cpu: also total the process's CPU seconds (``time.process_time``: every thread of the
             process, env worker threads included) per path; a system call per section, so only
-            measurements that need a phase's resource share (`gmi_drl.gmi.tune`) switch it on.
+            measurements that need a phase's resource share (`gmi_drl.tune`) switch it on.
 
     Raises:
         RuntimeError: ``ranges="nvtx"`` without the ``nvtx`` package.

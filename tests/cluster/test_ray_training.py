@@ -76,13 +76,22 @@ def test_sigterm_stops_a_ray_run_as_ctrl_c_does(ray_cluster, tmp_path):
     assert_nothing_left(ray_cluster)
 
 
-def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, tmp_path):
+def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, tmp_path,
+                                                                   monkeypatch):
     """Same seed, same steps: the Ray run (one GMI per node, HAR over shared memory and a gloo
     ring of node leaders) and the local run (two emulated devices, one GMI each) produce
     bit-identical weights after every update, hence the same episodes and returns. With two
     GMIs every strategy forms the mean as (a + b) / 2 in float32, and addition of two numbers
-    is commutative, so exact equality is the right test."""
-    ray_run = train(_cfg(tmp_path, "ray", 8, address=ray_cluster.address))
+    is commutative, so exact equality is the right test. The Ray run's driver never builds
+    the task (its nodes may have dependencies the driver lacks): HAR's shared memory is sized
+    on GMI 0's node."""
+    def not_here(*args, **kwargs):
+        raise AssertionError("the Ray driver built the task")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("gmi_drl.train.build_on_cpu", not_here)
+        patched.setattr("gmi_drl.runner.preflight.build_on_cpu", not_here)
+        ray_run = train(_cfg(tmp_path, "ray", 8, address=ray_cluster.address))
     local_cfg = _cfg(tmp_path, "local", 8, placement="local")
     local_cfg.gmi.num_devices = 2
     local = train(local_cfg)

@@ -37,7 +37,7 @@ def sleep_long(ctx):
 
 
 def probe_that_lingers(argv):
-    """A probe (`gmi_drl.gmi.tune.run_probe`'s target) that writes its figures at once, then
+    """A probe (`gmi_drl.tune.run_probe`'s target) that writes its figures at once, then
     lingers with a child of its own, as a probe's teardown and leftover workers would."""
     import json
     import subprocess
@@ -48,27 +48,6 @@ def probe_that_lingers(argv):
     os.replace(argv[1] + ".tmp", argv[1])
     child.wait()
     return 0
-
-
-def listing1_roles(ctx):
-    from gmi_drl.gmi.manager import GMIManager
-
-    mgr = GMIManager(ctx)
-    mgr.add_gmi(ctx.gmi_id).set_device(ctx.gmi_id, ctx.layout.device_of(ctx.gmi_id))
-    trainers = mgr.get_group(0, 1)
-    out = {}
-    if trainers.member:
-        out["mean"] = mgr.allreduce(torch.full((3,), float(ctx.gmi_id + 1)), trainers).tolist()
-    if ctx.gmi_id == 2:
-        mgr.send({"from": 2, "data": [1, 2, 3]}, dst_gmi=0)
-    if ctx.gmi_id == 0:
-        out["got"] = mgr.recv(src_gmi=2)
-    try:
-        mgr.allreduce(torch.zeros(1), trainers)
-    except ValueError as e:
-        out["refused"] = str(e)
-    mgr.close()
-    return out
 
 
 def reduce_and_report_wrapper(ctx):

@@ -111,14 +111,6 @@ def test_a_killed_gmi_is_reported():
     assert not _children() - before
 
 
-def test_listing1_api_groups_allreduce_send_recv():
-    m = discover()
-    out = launch("tests.gmi.gmi_targets:listing1_roles", plan(3, m), m)
-    assert out[0]["mean"] == out[1]["mean"] == [1.5, 1.5, 1.5]
-    assert out[0]["got"] == {"from": 2, "data": [1, 2, 3]}
-    assert "mean" not in out[2] and "not in group (0, 1)" in out[2]["refused"]
-
-
 CTRL_C_SCRIPT = """
 import faulthandler, signal
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it stands, should it hang

@@ -48,21 +48,15 @@ def test_a_sender_whose_relay_is_gone_warns_once_and_training_goes_on(caplog):
 def test_a_relay_that_cannot_be_made_falls_back_to_printing(tmp_path, monkeypatch, caplog):
     """A TMPDIR too long for a Unix socket's path: the GMIs print the progress line, the run
     is not stopped, and no directory is left behind."""
-    import dataclasses
     import tempfile
 
-    from gmi_drl.runner.placement import relayed
-    from gmi_drl.telemetry.progress import ProgressPrinter
-
-    @dataclasses.dataclass
-    class Payload:
-        progress: object
+    from gmi_drl.telemetry.progress import ProgressPrinter, relayed
 
     long_dir = tmp_path / ("d" * 100)
     long_dir.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_dir))
     with caplog.at_level(logging.WARNING):
-        with relayed(Payload(print)) as payload:
-            assert isinstance(payload.progress, ProgressPrinter)
+        with relayed(print) as progress:
+            assert isinstance(progress, ProgressPrinter)
     assert "on_progress cannot be relayed from the GMI processes" in caplog.text
     assert list(long_dir.iterdir()) == []

@@ -5,6 +5,8 @@ Gym's task definitions (IsaacGymEnvs). Modules:
 
 - `pool`: `WarpPool`, the engine (the pool API over MuJoCo Warp; CUDA graphs; tensors out).
 - `worlds`: the per-world arrays every task kernel reads and writes, and the action kernel.
+- `assets`: where the tasks' MJCF files come from, and the quaternion rotation of their NumPy
+  references.
 - `locomotion`, `locomotion_kernels`: Ant and Humanoid (walk to a target).
 - `quadruped`, `quadruped_kernels`: Anymal (track a commanded base velocity).
 - `balance`, `balance_kernels`: BallBalance (a tray on three legs keeps a ball up).
@@ -23,35 +25,6 @@ has its kernel ``count`` something per episode (`gmi_drl.envs.warp.worlds.count`
 """
 
 from __future__ import annotations
-
-
-def robotics_asset(task_id: str, *parts: str) -> str:
-    """A path in gymnasium-robotics' MJCF assets (``envs/assets/<parts>``), found without
-    importing the package.
-
-    Raises:
-        RuntimeError: gymnasium-robotics is not installed (the message says how to install it).
-    """
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("gymnasium_robotics")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"{task_id} needs an MJCF of gymnasium-robotics; pip install "
-                           "-e '.[gpu]' in the checkout (or gymnasium-robotics)")
-    return os.path.join(spec.submodule_search_locations[0], "envs", "assets", *parts)
-
-
-def rotate(q, v, inverse: bool = False):
-    """``v (3,)`` rotated by the unit quaternion ``q = (w, x, y, z)`` (MuJoCo's order), or by its
-    inverse, in float64 through MuJoCo's ``mju_rotVecQuat``: the tasks' NumPy references."""
-    import mujoco
-    import numpy as np
-
-    q = np.asarray(q, np.float64) * ([1.0, -1.0, -1.0, -1.0] if inverse else 1.0)
-    out = np.zeros(3)
-    mujoco.mju_rotVecQuat(out, np.asarray(v, np.float64), q)
-    return out
 
 
 def tasks() -> dict:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from gmi_drl.envs.warp import robotics_asset, rotate
+from gmi_drl.envs.warp.assets import robotics_asset, rotate
 
 DEFAULT_DOF_POS = (1.157, -1.066, -0.155, -2.239, -1.841, 1.003, 0.469, 0.035, 0.035)
 """Isaac Gym's ``franka_default_dof_pos`` (rad; m for the fingers)"""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from gmi_drl.envs.warp import robotics_asset, rotate
+from gmi_drl.envs.warp.assets import robotics_asset, rotate
 
 FINGERTIPS = ("robot0:ffdistal", "robot0:mfdistal", "robot0:rfdistal", "robot0:lfdistal",
               "robot0:thdistal")

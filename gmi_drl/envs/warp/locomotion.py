@@ -252,7 +252,7 @@ def reference_observation(task: LocomotionTask, layout: ModelLayout, qpos: np.nd
                           actions: np.ndarray) -> np.ndarray:
     """The observation of one recorded state, in plain NumPy float64 (the tests' reference of
     the kernel), from the formulas of Isaac Gym's ``compute_*_observations``."""
-    from gmi_drl.envs.warp import rotate
+    from gmi_drl.envs.warp.assets import rotate
 
     pos, quat = qpos[:3], qpos[3:7]
     qw, x, y, z = quat

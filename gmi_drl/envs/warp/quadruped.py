@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
-from gmi_drl.envs.warp import rotate
+from gmi_drl.envs.warp.assets import rotate
 from gmi_drl.envs.warp.locomotion import ModelLayout, model_layout
 
 LEGS = {"LF": (1, 1), "RF": (1, -1), "LH": (-1, 1), "RH": (-1, -1)}

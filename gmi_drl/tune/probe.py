@@ -1,12 +1,12 @@
 """One profiled point of `gmi-drl tune`: a short real training run, in a process of its own.
 
-    python -m gmi_drl.gmi.probe REQUEST.json RESULT.json
+    python -m gmi_drl.tune.probe REQUEST.json RESULT.json
 
 ``REQUEST.json``: ``{"config": <to_dict of the run's config, num_envs and GMIs set>,
 "warmup": W, "iterations": K, "min_steps": N}``. The run trains ``W + K'`` iterations, ``K'`` the
 larger of ``K`` and the iterations that hold ``N`` env steps; throughput and the phase terms come
 from the last ``K'`` (the first ``W`` hold start-up: worker threads, torch.compile).
-``RESULT.json`` gets `measure`'s figures. `gmi_drl.gmi.tune` runs `main` in a process forked from
+``RESULT.json`` gets `measure`'s figures. `gmi_drl.tune` runs `main` in a process forked from
 multiprocessing's fork server, in a session of its own, and stops the whole process group when
 it has the figures or when it passes its time limit: SIGTERM, which unwinds
 the run here as Ctrl-C would (its GMIs stopped, its scratch run directory, the launcher's

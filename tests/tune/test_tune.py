@@ -9,9 +9,9 @@ import time
 import pytest
 
 from gmi_drl.config import ConfigError, load_config_file, preset, to_dict
-from gmi_drl.gmi import probe
-from gmi_drl.gmi import tune as tune_module
-from gmi_drl.gmi.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
+from gmi_drl.tune import probe
+from gmi_drl.tune import processes as tune_processes
+from gmi_drl.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
 from tests.procs import group_members, shm_entries, shm_left
 
@@ -86,7 +86,7 @@ def test_saturation_when_memory_does_not_grow():
 
 
 def test_the_gpu_grid_is_for_envs_that_step_on_the_gpu():
-    from gmi_drl.gmi.tune import envs_on_device
+    from gmi_drl.tune import envs_on_device
 
     hopper = preset("auto", "Hopper-v5", "ppo")
     hopper.device = "cuda"  # a GPU learner: Hopper's envs still step on CPU cores
@@ -179,13 +179,13 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
     started = []
-    real_forked = tune_module._Forked
+    real_forked = tune_processes._Forked
 
     def forked(process):  # remember the probe's process group
         started.append(process.pid)
         return real_forked(process)
 
-    monkeypatch.setattr("gmi_drl.gmi.tune._Forked", forked)
+    monkeypatch.setattr("gmi_drl.tune.processes._Forked", forked)
     most, done = [0], threading.Event()
 
     def watch():  # the probe's group while it runs: the probe and its second GMI's process
@@ -219,13 +219,13 @@ def test_a_probe_returns_once_its_result_is_written_and_leaves_no_process(monkey
     """The figures are whole once RESULT.json is there: `run_probe` takes them without waiting
     out the probe's teardown, and stops what is left of its group."""
     started = []
-    real_forked = tune_module._Forked
+    real_forked = tune_processes._Forked
 
     def forked(process):
         started.append(process.pid)
         return real_forked(process)
 
-    monkeypatch.setattr("gmi_drl.gmi.tune._Forked", forked)
+    monkeypatch.setattr("gmi_drl.tune.processes._Forked", forked)
     t0 = time.perf_counter()
     assert run_probe({}, warmup=1, iterations=1, timeout_s=30,
                      target="tests.gmi.gmi_targets:probe_that_lingers") == {"top": 7.0}
@@ -244,7 +244,7 @@ def test_a_probe_group_gets_sigterm_then_sigkill_after_the_grace(ignores_term):
     grace period, and nothing of the group is left either way."""
     import subprocess
 
-    from gmi_drl.gmi.tune import _kill_group
+    from gmi_drl.tune.processes import _kill_group
 
     trap = "trap '' TERM; " if ignores_term else ""
     proc = subprocess.Popen(["sh", "-c", trap + "sleep 60 & sleep 60 & wait"],
@@ -263,7 +263,7 @@ def test_a_probe_group_gets_sigterm_then_sigkill_after_the_grace(ignores_term):
 
 
 def test_a_dead_probes_reason_is_its_own_last_line_not_the_trackers_warning():
-    from gmi_drl.gmi.tune import _last_line
+    from gmi_drl.tune.processes import _last_line
 
     log = ("step 128/1,024 | 900 sps\nRuntimeError: CUDA error: out of memory\n"
            "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: "
@@ -274,7 +274,7 @@ def test_a_dead_probes_reason_is_its_own_last_line_not_the_trackers_warning():
 
 
 def test_a_killed_probe_says_how_far_it_got():
-    from gmi_drl.gmi.tune import _how_far
+    from gmi_drl.tune.processes import _how_far
 
     for log in ("", "W1126 a compiler warning\n"):
         assert _how_far(log).startswith("before its first update ended")
@@ -295,7 +295,7 @@ def test_a_probe_measures_min_seconds_at_the_previous_points_throughput(monkeypa
         asked.append((config["gmi"]["num_gmis"], config["env"]["num_envs"], min_steps))
         return {"top": 1000.0 * config["env"]["num_envs"], "mem": 1.0}
 
-    monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
+    monkeypatch.setattr("gmi_drl.tune.tuner.run_probe", probe)
     tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
     for gmis, n in ((2, 4), (2, 8), (2, 64), (1, 4), (1, 16), (1, 8)):
         tuner.profile(gmis, n)
@@ -314,7 +314,7 @@ def test_a_probe_without_a_point_of_its_envs_is_judged_by_the_nearest_num_envs(m
             raise ProbeFailed("exit status 1: out of memory")
         return {"top": 1000.0 * n, "mem": 1.0}
 
-    monkeypatch.setattr("gmi_drl.gmi.tune.run_probe", probe)
+    monkeypatch.setattr("gmi_drl.tune.tuner.run_probe", probe)
     tuner = Tuner(preset("classic", "CartPole-v1"), min_steps=500, min_seconds=2.0)
     for gmis, n in ((2, 4), (2, 8), (2, 32), (1, 4)):
         tuner.profile(gmis, n)
@@ -425,7 +425,7 @@ def test_timer_counts_process_cpu_seconds_per_phase():
 
 
 def test_probe_measure_splits_the_iteration_into_the_roles():
-    from gmi_drl.gmi.probe import measure
+    from gmi_drl.tune.probe import measure
 
     def row(k):  # the warm-up iteration ends at 2 s, each later one takes 1 s: 0.5 s rollout
         return {"global_step": 100.0 * k, "wall_s": 1.0 + k, "perf/rollout_s": 0.5,
@@ -535,7 +535,7 @@ def test_tune_refuses_an_algorithm_the_task_cannot_run_before_probing(tmp_path, 
 
 
 def test_estimate_projects_to_more_devices_with_the_allreduce_term():
-    from gmi_drl.gmi.tune import Tuner
+    from gmi_drl.tune import Tuner
 
     cfg = preset("auto", "CartPole-v1", "ppo")
     point = Point(2, 64, True, top=1000.0, mem=1.0,
@@ -557,7 +557,7 @@ def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
 
     script = tmp_path / "unguarded.py"
     script.write_text("from gmi_drl.config import preset, to_dict\n"
-                      "from gmi_drl.gmi.tune import ProbeFailed, run_probe\n"
+                      "from gmi_drl.tune import ProbeFailed, run_probe\n"
                       "try:\n"
                       "    run_probe(to_dict(preset('auto', 'CartPole-v1', 'ppo')), 1, 1, 60)\n"
                       "except ProbeFailed as e:\n"
