@@ -402,7 +402,7 @@ def _dqn_cartpole() -> TrainConfig:
     is unstable after them."""
     return TrainConfig(
         env=EnvConfig(task_id="CartPole-v1", num_envs=1),
-        algo=DQNConfig(learning_rate=5e-4, batch_size=64, buffer_size=50_000,
+        algo=DQNConfig(learning_rate=5e-4, minibatch_size=64, buffer_size=50_000,
                        learning_starts=1000, train_frequency=4, gradient_steps=4,
                        target_network_frequency=4, tau=0.02, exploration_fraction=0.1,
                        end_e=0.01),
@@ -414,7 +414,7 @@ def _dqn_cartpole_zoo() -> TrainConfig:
     """RL-Zoo's ``dqn.yml`` CartPole-v1 entry."""
     return TrainConfig(
         env=EnvConfig(task_id="CartPole-v1", num_envs=1),
-        algo=DQNConfig(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+        algo=DQNConfig(learning_rate=2.3e-3, minibatch_size=64, buffer_size=100_000,
                        learning_starts=1000, target_network_frequency=10, train_frequency=256,
                        gradient_steps=128, exploration_fraction=0.16, end_e=0.04),
         model=ModelConfig(critic_hidden="256:256", activation="relu"), total_timesteps=50_000)
@@ -426,7 +426,7 @@ def _dqn_atari() -> TrainConfig:
     clipping) with SB3's gradient-norm bound of 10 where CleanRL has squared error."""
     return TrainConfig(
         env=EnvConfig(task_id="Pong-v5", num_envs=1),
-        algo=DQNConfig(learning_rate=1e-4, buffer_size=100_000, batch_size=32, end_e=0.01,
+        algo=DQNConfig(learning_rate=1e-4, buffer_size=100_000, minibatch_size=32, end_e=0.01,
                        exploration_fraction=0.10, learning_starts=80_000, train_frequency=4,
                        target_network_frequency=1000),
         model=ModelConfig(encoder="nature_cnn"), total_timesteps=10_000_000,
@@ -622,7 +622,7 @@ def validate(cfg: TrainConfig) -> None:
     """
     from gmi_drl.checkpoint import list_checkpoints
     from gmi_drl.envs import engines, list_tasks
-    from gmi_drl.envs.native_tasks import mujoco_unavailable
+    from gmi_drl.envs.builtin_tasks import mujoco_unavailable
 
     if not isinstance(cfg, TrainConfig):
         raise InvalidConfig(f"invalid config: {cfg!r} is no TrainConfig (gmi_drl.config.preset "

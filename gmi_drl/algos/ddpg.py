@@ -51,7 +51,7 @@ class DeterministicPGConfig:
     """replay capacity of each GMI, transitions"""
     learning_starts: int = 100
     """env steps of a GMI taken with uniform random actions before the first gradient step"""
-    batch_size: int = 256
+    minibatch_size: int = 256
     """transitions per gradient step (each GMI samples its own)"""
     tau: float = 0.005
     """soft update rate of the target networks"""
@@ -94,7 +94,8 @@ class DeterministicPGConfig:
             (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
             (self.learning_starts >= 0,
              f"algo.learning_starts={self.learning_starts} must be >= 0"),
-            (self.batch_size >= 1, f"algo.batch_size={self.batch_size} must be >= 1"),
+            (self.minibatch_size >= 1,
+             f"algo.minibatch_size={self.minibatch_size} must be >= 1"),
             (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
             (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
             (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
@@ -113,7 +114,7 @@ class DeterministicPGConfig:
              f"algo.target_noise_clip={self.target_noise_clip} must be >= 0"),
         ]
         return [msg for ok, msg in checks if not ok] + replay_config_errors(
-            self.buffer_size, self.batch_size, self.n_step, num_envs)
+            self.buffer_size, self.minibatch_size, self.n_step, num_envs)
 
 
 @dataclass
@@ -372,7 +373,7 @@ class DDPG:
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
         for _ in range(cfg.gradient_steps):
-            batch = self.replay.sample(cfg.batch_size, self.generator)
+            batch = self.replay.sample(cfg.minibatch_size, self.generator)
             if smooth:
                 noise = torch.randn(batch.actions.shape, generator=self.generator)
                 batch = (*batch, noise.to(batch.actions.device))

@@ -54,7 +54,7 @@ class DQNConfig:
     """target update rate: 1 copies the online network, < 1 is a Polyak average"""
     target_network_frequency: int = 500
     """env steps of a GMI between target updates"""
-    batch_size: int = 128
+    minibatch_size: int = 128
     """transitions per gradient step (each GMI samples its own)"""
     start_e: float = 1.0
     """exploration epsilon at the start"""
@@ -96,7 +96,8 @@ class DQNConfig:
             (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
             (self.target_network_frequency >= 1,
              f"algo.target_network_frequency={self.target_network_frequency} must be >= 1"),
-            (self.batch_size >= 1, f"algo.batch_size={self.batch_size} must be >= 1"),
+            (self.minibatch_size >= 1,
+             f"algo.minibatch_size={self.minibatch_size} must be >= 1"),
             (0 <= self.end_e <= self.start_e <= 1,
              f"algo.start_e={self.start_e}, algo.end_e={self.end_e}: need 0 <= end_e <= "
              "start_e <= 1"),
@@ -112,7 +113,7 @@ class DQNConfig:
             (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
         ]
         return [msg for ok, msg in checks if not ok] + replay_config_errors(
-            self.buffer_size, self.batch_size, self.n_step, num_envs)
+            self.buffer_size, self.minibatch_size, self.n_step, num_envs)
 
 
 class QNetwork(nn.Module):
@@ -328,7 +329,7 @@ class DQN:
             self._update_target()
         aux = []
         for _ in range(cfg.gradient_steps):
-            loss, q = step(*self.replay.sample(cfg.batch_size, self.generator))
+            loss, q = step(*self.replay.sample(cfg.minibatch_size, self.generator))
             aux.append(torch.stack([loss, q]))
         means = torch.stack(aux).mean(0).tolist()
         return {**metrics, "losses/td_loss": means[0], "losses/q_values": means[1],

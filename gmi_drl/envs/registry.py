@@ -152,8 +152,8 @@ def _entry(task_id: str) -> TaskEntry | None:
 
 def _problem(task_id: str, entry: TaskEntry | None) -> str | None:
     """Why ``task_id`` cannot be made here: unknown, or a MuJoCo task where MuJoCo cannot be
-    imported (`native_tasks.mujoco_unavailable`); None where it can."""
-    from gmi_drl.envs.native_tasks import mujoco_unavailable
+    imported (`builtin_tasks.mujoco_unavailable`); None where it can."""
+    from gmi_drl.envs.builtin_tasks import mujoco_unavailable
 
     no_mujoco = mujoco_unavailable()
     if entry is None:
@@ -302,6 +302,6 @@ def _register_builtin() -> None:
     if _BUILTIN_DONE:
         return
     _BUILTIN_DONE = True
-    from gmi_drl.envs import native_tasks
+    from gmi_drl.envs import builtin_tasks
 
-    native_tasks.register_all(_add)
+    builtin_tasks.register_all(_add)

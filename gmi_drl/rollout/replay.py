@@ -55,15 +55,16 @@ def _check_n_step(n_step: int, gamma: float) -> None:
         raise ValueError(f"gamma={gamma} must be in [0, 1]")
 
 
-def replay_config_errors(buffer_size: int, batch_size: int, n_step: int,
+def replay_config_errors(buffer_size: int, minibatch_size: int, n_step: int,
                          num_envs: int) -> list[str]:
     """What an off-policy config (``algo.*`` fields) gets wrong about its `ReplayBuffer`,
     before one is built: a minibatch larger than the buffer (it would draw the same transitions
     over and over), an n-step buffer that cannot hold one step of every env."""
     errors = []
-    if 1 <= buffer_size < batch_size:
-        errors.append(f"algo.batch_size={batch_size} must be <= algo.buffer_size={buffer_size}: "
-                      "a minibatch would draw the same transitions again and again")
+    if 1 <= buffer_size < minibatch_size:
+        errors.append(f"algo.minibatch_size={minibatch_size} must be <= algo.buffer_size="
+                      f"{buffer_size}: a minibatch would draw the same transitions again and "
+                      "again")
     if n_step > 1 and 1 <= buffer_size < num_envs:
         errors.append(f"algo.buffer_size={buffer_size} must be >= env.num_envs={num_envs} with "
                       f"algo.n_step={n_step} (an n-step buffer holds a step of every env)")

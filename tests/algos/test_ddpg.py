@@ -84,7 +84,7 @@ def _learner(cls=TD3, cfg_cls=TD3Config, seed=0, **cfg):
                                            activation="relu"), 100, seed,
                       functools.partial(make_grad_step, compile=False),
                       torch.Generator().manual_seed(seed))
-    return cls(cfg_cls(**{"buffer_size": 256, "batch_size": 16, "learning_starts": 8, **cfg}),
+    return cls(cfg_cls(**{"buffer_size": 256, "minibatch_size": 16, "learning_starts": 8, **cfg}),
                ctx)
 
 
@@ -185,7 +185,7 @@ def test_updates_equal_stable_baselines3_on_the_same_batches(algo):
                   gamma=0.9, tau=0.05, policy_kwargs=dict(net_arch=[16]), seed=0,
                   device="cpu")
     ref.set_logger(Logger(None, []))
-    ours = _learner(cls, cfg_cls, batch_size=32, gamma=0.9, tau=0.05, learning_starts=0)
+    ours = _learner(cls, cfg_cls, minibatch_size=32, gamma=0.9, tau=0.05, learning_starts=0)
     pairs = [(ours.actor, ref.actor), (ours.actor_target, ref.actor_target),
              (ours.critics, ref.critic), (ours.critics_target, ref.critic_target)]
     with torch.no_grad():

@@ -110,7 +110,7 @@ def _dqn(seed=0, **cfg):
     ctx = AlgoContext(spec, 2, ModelConfig(critic_hidden="16", activation="relu"), 100, seed,
                       functools.partial(make_grad_step, compile=False),
                       torch.Generator().manual_seed(seed))
-    return DQN(DQNConfig(**{**dict(buffer_size=256, batch_size=16, learning_starts=32,
+    return DQN(DQNConfig(**{**dict(buffer_size=256, minibatch_size=16, learning_starts=32,
                                    train_frequency=8, target_network_frequency=16), **cfg}), ctx)
 
 
@@ -182,10 +182,10 @@ def test_dqn_refuses_what_it_cannot_learn():
     # the replay's own rules, checked before one is built (DDPG and TD3 share them)
     from gmi_drl.algos.td3 import TD3Config
 
-    for cfg in (DQNConfig(buffer_size=16, batch_size=64, n_step=3),
-                TD3Config(buffer_size=16, batch_size=64, n_step=3)):
+    for cfg in (DQNConfig(buffer_size=16, minibatch_size=64, n_step=3),
+                TD3Config(buffer_size=16, minibatch_size=64, n_step=3)):
         assert cfg.validate(32, 1) == [
-            "algo.batch_size=64 must be <= algo.buffer_size=16: a minibatch would draw the same "
+            "algo.minibatch_size=64 must be <= algo.buffer_size=16: a minibatch would draw the same "
             "transitions again and again",
             "algo.buffer_size=16 must be >= env.num_envs=32 with algo.n_step=3 (an n-step "
             "buffer holds a step of every env)"]

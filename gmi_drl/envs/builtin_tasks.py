@@ -1,4 +1,5 @@
-"""The native tasks gmi-drl ships, registered on first use of the registry."""
+"""The tasks gmi-drl ships (on its C++, NumPy, ALE and Warp engines), registered on first use
+of the registry."""
 
 from __future__ import annotations
 
