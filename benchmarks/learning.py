@@ -211,7 +211,7 @@ def _sb3_model(cfg: TrainConfig):
         if atari:
             kw = dict(features_extractor_kwargs=dict(features_dim=m.cnn_features))
         return sb3.DQN(policy, env, buffer_size=a.buffer_size, learning_starts=a.learning_starts,
-                       batch_size=a.batch_size, tau=a.tau, train_freq=a.train_frequency,
+                       batch_size=a.minibatch_size, tau=a.tau, train_freq=a.train_frequency,
                        gradient_steps=a.gradient_steps,
                        target_update_interval=a.target_network_frequency,
                        exploration_fraction=a.exploration_fraction,
@@ -240,7 +240,7 @@ def _sb3_model(cfg: TrainConfig):
     kw = dict(net_arch=dict(pi=_hidden(m.actor_hidden), qf=_hidden(m.critic_hidden)),
               activation_fn=act)
     off = dict(buffer_size=a.buffer_size, learning_starts=a.learning_starts,
-               batch_size=a.batch_size, tau=a.tau, train_freq=a.train_frequency,
+               batch_size=a.minibatch_size, tau=a.tau, train_freq=a.train_frequency,
                gradient_steps=a.gradient_steps, n_steps=a.n_step, policy_kwargs=kw,
                action_noise=NormalActionNoise(np.zeros(dim), a.exploration_noise * np.ones(dim)))
     if name == "td3":

@@ -21,7 +21,8 @@ from gmi_drl.config import TrainConfig, validate
 from gmi_drl.envs.workers import EnvWorkerError
 from gmi_drl.errors import TrainingDiverged, out_of_memory
 from gmi_drl.gmi.launcher import GMIError
-from gmi_drl.runner.loop import LoopResult, LoopSpec
+from gmi_drl.runner.loop import LoopSpec
+from gmi_drl.runner.shell import LoopResult
 from gmi_drl.runner.placement import make_placement
 from gmi_drl.runner.preflight import build_on_cpu, preflight
 from gmi_drl.runner.resume import Resume

@@ -53,8 +53,8 @@ def test_the_dqn_pong_preset_is_the_atari_one_with_n_step_returns():
     assert (p.n_step, p.learning_rate, p.learning_starts, p.exploration_fraction,
             pong.total_timesteps) == (3, 2.5e-4, 20_000, 0.2, 500_000)
     assert a.n_step == 1 and pong.env == atari.env and pong.model == atari.model
-    assert (p.batch_size, p.buffer_size, p.train_frequency, p.target_network_frequency) == (
-        a.batch_size, a.buffer_size, a.train_frequency, a.target_network_frequency)
+    assert (p.minibatch_size, p.buffer_size, p.train_frequency, p.target_network_frequency) == (
+        a.minibatch_size, a.buffer_size, a.train_frequency, a.target_network_frequency)
 
 
 def test_auto_preset_by_task_family():

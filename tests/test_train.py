@@ -11,7 +11,7 @@ from gmi_drl.checkpoint import CheckpointError, find_loadable, load_checkpoint, 
 from gmi_drl.comm.reducer import IdentityReducer
 from gmi_drl.config import ConfigError, preset
 from gmi_drl.rollout.storage import Rows
-from gmi_drl.runner.loop import Trainer
+from gmi_drl.runner.loop import HolisticGMI
 from gmi_drl.runner.resume import Resume
 from gmi_drl.runner.run import Run
 from gmi_drl.train import train
@@ -134,7 +134,7 @@ def _two_iterations(cfg):
     """A started run of ``cfg`` and its GMI 0, after two collect + update iterations."""
     run = Run.create(cfg)
     run.start()
-    gmi0 = Trainer(run, 0, IdentityReducer())
+    gmi0 = HolisticGMI(run, 0, IdentityReducer())
     for _ in range(2):
         gmi0.algo.collect(gmi0.pool)
         gmi0.algo.update()
@@ -153,7 +153,7 @@ def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
     assert "replay" in state["algo"]
     run.save_checkpoint(state)
     resumed = Run(run.run_dir, cfg, resolve_checkpoint(str(run.run_dir)))
-    gmis = [Trainer(resumed, rank, IdentityReducer()) for rank in (0, 1)]
+    gmis = [HolisticGMI(resumed, rank, IdentityReducer()) for rank in (0, 1)]
     assert all(t.algo.replay is None for t in gmis)  # made by the first collect
     for trains in (False, True):  # 16 env steps of the 24 to refill, then 32
         for t in gmis:
@@ -170,7 +170,7 @@ def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     saved = run.save_checkpoint(first.state_dict(global_step=2 * 128, iteration=2))
     other = copy.deepcopy(cfg)
     other.seed = 99  # different initial weights and envs on purpose
-    second = Trainer(Run(run.run_dir, other, saved), 0, IdentityReducer())
+    second = HolisticGMI(Run(run.run_dir, other, saved), 0, IdentityReducer())
     np.testing.assert_array_equal(second.obs_norm.rms.mean, first.obs_norm.rms.mean)
     np.testing.assert_array_equal(second.reward_norm.returns, first.reward_norm.returns)
     assert second.first_iteration == 2
@@ -357,7 +357,7 @@ def test_mismatched_or_corrupt_checkpoint_is_a_clear_error(tmp_path):
     # the GMIs' own check, what a Ray run (no dry run on its controller) relies on
     ckpt = resolve_checkpoint(tmp_path / "run")
     with pytest.raises(CheckpointError, match="(?s)does not match this run.*size mismatch"):
-        Trainer(Run(tmp_path / "run", narrow, ckpt), 0, IdentityReducer())
+        HolisticGMI(Run(tmp_path / "run", narrow, ckpt), 0, IdentityReducer())
 
 
 @pytest.mark.gpu

@@ -12,7 +12,6 @@ updates: it stops the channels, and the serving GMIs return.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -23,13 +22,11 @@ from threadpoolctl import threadpool_limits
 
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
-from gmi_drl.errors import check_finite
 from gmi_drl.rollout.collector import Episodes
-from gmi_drl.runner.loop import LoopResult, _digest, per_iteration, steady_sps
-from gmi_drl.runner.roles import ServingRole, TrainerRole, TrainStep
+from gmi_drl.runner.shell import GMIShell, LoopResult
+from gmi_drl.runner.roles import ServingRole, TrainerRole
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
-from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.timeline import Timeline
 from gmi_drl.telemetry.timer import SectionStats, TimingTree, set_tree
@@ -115,11 +112,13 @@ def _setup_threads(cfg) -> None:
     threadpool_limits(cfg.torch_threads, user_api="blas")
 
 
-class Trainer:
-    """Trainer GMI ``rank``: learner, batcher, weight store, sinks, timer."""
+class TrainerGMI(GMIShell):
+    """Trainer GMI ``rank``: learner, batcher and weight store in the `GMIShell`; one update
+    from one batch per iteration."""
 
     def __init__(self, spec: AsyncSpec, rank: int, fabric: Fabric, store: WeightStore,
-                 slot: int | None = None, group_store=None) -> None:
+                 slot: int | None = None, group_store=None,
+                 between: Callable[[], None] | None = None) -> None:
         import functools
 
         from gmi_drl.algos import AlgoContext, build_algorithm
@@ -128,8 +127,9 @@ class Trainer:
         from gmi_drl.rollout.arrays import arrays_for
         from gmi_drl.rollout.normalize import ObsNormalizer
 
-        run, cfg = spec.run, spec.run.config
-        self.run, self.cfg, self.rank, self.fabric = run, cfg, rank, fabric
+        super().__init__(spec.run, rank)
+        cfg = self.cfg
+        self.fabric, self.between = fabric, between
         _setup_threads(cfg)
         device = torch.device(cfg.device)
         task = _task_spec(cfg)
@@ -138,47 +138,65 @@ class Trainer:
         self.reducer = _trainer_reducer(spec, rank, group_store)
         steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile,
                                   cuda_graphs=cfg.cuda_graphs)
-        self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
-                                        process_name=f"gmi-{rank} trainer"))
-        set_tree(self.tree)
+        self.start_timing(f"gmi-{rank} trainer")
         torch.manual_seed(cfg.seed)
         self.learner = build_algorithm(cfg.algo, AlgoContext(
             task, cfg.env.num_envs, cfg.model, cfg.num_iterations, cfg.seed, steps,
             torch.Generator(device).manual_seed(cfg.seed + 1), device, self.obs_norm, None,
             cfg.compile))
-        self.first_iteration = 0
         self.env_steps_before = 0
         """env steps the serving GMIs collected before this run resumed (at its checkpoint)"""
-        self.episode_steps: list[int] = []
-        self.episode_returns: list[float] = []
-        state = run.load_resume()
-        if state is not None:
+        if self.resume_state is not None:
             try:
-                self._restore(state)
+                self._restore(self.resume_state)
             except (ValueError, KeyError) as err:
                 raise CheckpointError(f"checkpoint does not match this run: {err}") from None
-        self.episode_wall_s = [0.0] * len(self.episode_steps)
-        self.unlogged: list[Episodes] = []
-        """the episodes since the last logged update (its row summarises them all)"""
         self.batcher = Batcher(fabric, rank if slot is None else slot,
                                cfg.algo.fragments_per_batch, device)
         self.role = TrainerRole(self.learner, self.batcher, store, publish=rank == 0,
                                 max_policy_lag=cfg.async_.max_policy_lag)
         self.lags: list[np.ndarray] = []
-        self.gmi_dir = run.gmi_dir(rank)
-        self.gmi_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = (MetricsWriter(run.run_dir, cfg.log.tensorboard,
-                                     purge_step=self.first_iteration * cfg.batch_size or None)
-                       if rank == 0 else None)
+        self._env_steps0 = 0
+        self.open_writer()
+
+    @property
+    def global_batch(self) -> int:
+        """Samples one update trains on, over every trainer GMI."""
+        return self.cfg.batch_size
+
+    def step(self, k: int) -> tuple[Episodes, dict[str, float]]:
+        """One update; ``between()`` (serial mode: one serving fragment) runs before each
+        attempt that finds no batch, else the batch is waited for."""
+        timeout_s = self.cfg.async_.timeout_s
+        if self.between is None:
+            step = self.role.step(True, timeout_s)
+        else:
+            while (step := self.role.step(False)) is None:
+                self.between()
+        self.lags.append(step.lags)
+        return step.episodes, step.metrics
+
+    def trained_modules(self) -> dict:
+        return self.learner.state_dict()["modules"]
+
+    def started(self) -> None:
+        self._env_steps0 = self.fabric.env_steps()
+
+    def row(self, elapsed_s: float) -> dict[str, float]:
+        return {"perf/env_sps": (self.fabric.env_steps() - self._env_steps0) / elapsed_s,
+                "async/env_steps": float(self.env_steps()),  # collected so far (>= trained)
+                **self.fabric.stats()}
+
+    def finished(self) -> dict:
+        if self.rank == 0:
+            _write_lags(self)
+        return {"fragments_trained": sum(len(v) for v in self.lags),
+                "fragments_dropped": self.batcher.stale_dropped}
 
     def state_dict(self, global_step: int, iteration: int) -> dict:
-        return {"global_step": global_step, "iteration": iteration,
-                "algo": self.learner.state_dict(),
+        return {**self.shell_state(global_step, iteration), "algo": self.learner.state_dict(),
                 "obs_norm": self.obs_norm.state_dict() if self.obs_norm else None,
-                "reward_norm": None, "rng": torch.get_rng_state(),
-                "episode_steps": torch.tensor(self.episode_steps, dtype=torch.int64),
-                "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64),
-                "env_steps": self.env_steps()}
+                "reward_norm": None, "env_steps": self.env_steps()}
 
     def env_steps(self) -> int:
         """Env steps of every serving GMI over the whole run, resumes included."""
@@ -190,28 +208,13 @@ class Trainer:
             raise ValueError("obs_norm differs between this config and the checkpoint")
         if self.obs_norm is not None:
             self.obs_norm.load_state_dict(state["obs_norm"])
-        self.first_iteration = int(state["iteration"])
-        self.episode_steps = state["episode_steps"].tolist()
-        self.episode_returns = state["episode_returns"].tolist()
         self.env_steps_before = int(state.get("env_steps", 0))  # (not in older checkpoints)
-
-    def record(self, step: TrainStep, global_step: int, wall_s: float) -> None:
-        n = len(step.episodes.returns)
-        self.episode_steps += [global_step] * n
-        self.episode_returns += step.episodes.returns.tolist()
-        self.episode_wall_s += [wall_s] * n
-        self.lags.append(step.lags)
-        if n:
-            self.unlogged.append(step.episodes)
 
     def close(self) -> None:
         self.learner.close()
-        if self.writer is not None:
-            self.writer.close()
         if self.reducer is not None:
             self.reducer.close()
-        self.tree.timeline.write(self.gmi_dir / "timeline.json")
-        set_tree(TimingTree())
+        super().close()
 
 
 def _trainer_reducer(spec: AsyncSpec, rank: int, group_store=None):
@@ -266,8 +269,7 @@ def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None
             if rank > 0:
                 follower = WeightFollower(store, spec.weight_bytes, directory.lookup(1)[0],
                                           rank, timeout_s)
-        t = Trainer(spec, rank, fabric, store, slot, group_store)
-        result = _train(t, progress, lambda block: t.role.step(block, timeout_s), None)
+        result = TrainerGMI(spec, rank, fabric, store, slot, group_store).iterate(progress)
         if server is not None:  # every serving GMI learns of the end through its connection
             server.wait_greeted(spec.channels.num_serving, timeout_s)
         return result
@@ -280,75 +282,7 @@ def trainer_main(spec: AsyncSpec, rank: int, progress: Callable[[Progress], None
         store.close()
 
 
-def _train(t: Trainer, progress, step_fn, between: Callable[[], None] | None) -> LoopResult:
-    """The trainer's iterations; ``between()`` runs before each non-blocking step attempt
-    (serial mode: one serving fragment), else steps block."""
-    cfg, n_iter, first = t.cfg, t.cfg.num_iterations, t.first_iteration
-    batch, chain = cfg.batch_size, hashlib.sha256()
-    env_steps0, t0 = t.fabric.env_steps(), time.perf_counter()
-    before, logged_k = t.tree.snapshot_s(), first  # phase totals at the last metrics row
-    first_s = None  # seconds to the end of this loop's first iteration
-    try:
-        for k in range(first, n_iter):
-            with t.tree.iteration(k):
-                if between is None:
-                    step = step_fn(True)
-                else:
-                    while (step := step_fn(False)) is None:
-                        between()
-                global_step, last = (k + 1) * batch, k + 1 == n_iter
-                elapsed = time.perf_counter() - t0
-                first_s = elapsed if k == first else first_s
-                t.record(step, global_step, elapsed)
-                if (k + 1) % cfg.log.log_every == 0 or last:
-                    modules = t.learner.state_dict()["modules"]
-                    _digest(chain, modules)
-                    check_finite(modules, global_step, step.metrics)
-                    now = t.tree.snapshot_s()
-                    perf = per_iteration(now, before, k + 1 - logged_k)
-                    before, logged_k = now, k + 1
-                    if t.rank == 0:
-                        _log(t, global_step, step._replace(
-                                episodes=Episodes.merge(t.unlogged),
-                                metrics={**step.metrics, **perf}),
-                             (k + 1 - first) * batch / elapsed,
-                             (t.fabric.env_steps() - env_steps0) / elapsed, elapsed, progress)
-                    t.unlogged.clear()
-                every = cfg.checkpoint.every
-                if t.rank == 0 and ((every and (k + 1) % every == 0) or last):
-                    t.run.save_checkpoint(t.state_dict(global_step, k + 1))
-                    t.writer.flush()  # a GMI process may be killed: rows up to here survive
-    finally:
-        wall = time.perf_counter() - t0
-        t.close()
-    if t.rank == 0:
-        _write_lags(t)
-    return LoopResult(n_iter * batch, wall, (n_iter - first) * batch,
-                      np.array(t.episode_steps, np.int64), np.array(t.episode_returns),
-                      np.array(t.episode_wall_s), chain.hexdigest(), t.tree.stats(),
-                      peak_memory_bytes(cfg.device),
-                      steady_sps(n_iter - first, batch, wall, first_s),
-                      sum(len(v) for v in t.lags), t.batcher.stale_dropped)
-
-
-def _log(t: Trainer, global_step: int, step: TrainStep, sps: float, env_sps: float,
-         elapsed_s: float, progress) -> None:
-    metrics = dict(step.metrics)
-    if len(step.episodes.returns):
-        metrics["env/episodic_return"] = float(step.episodes.returns.mean())
-        metrics["env/episodic_length"] = float(step.episodes.lengths.mean())
-    metrics["perf/sps"] = sps  # trained samples per second (TTOP)
-    metrics["perf/env_sps"] = env_sps  # env steps of every serving GMI per second
-    metrics["async/env_steps"] = float(t.env_steps())  # collected so far (>= trained)
-    metrics.update(t.fabric.stats())
-    t.writer.log(global_step, metrics)
-    if progress is not None:
-        recent = np.mean(t.episode_returns[-20:]) if t.episode_returns else np.nan
-        progress(Progress(global_step, t.cfg.num_iterations * t.cfg.batch_size, sps,
-                          float(recent), elapsed_s))
-
-
-def _write_lags(t: Trainer) -> None:
+def _write_lags(t: TrainerGMI) -> None:
     """``policy_lag.csv``: how many fragments were trained on at each policy lag (a resumed
     run adds its counts to those of the runs before it)."""
     if not t.lags:
@@ -469,8 +403,7 @@ def serial_main(spec: AsyncSpec) -> list:
     server = None
     try:
         server = Server(spec, 0, fabric, store, in_process=True)
-        t = Trainer(spec, 0, fabric, store)
-        result = _train(t, spec.progress, t.role.step, server.collect)
+        result = TrainerGMI(spec, 0, fabric, store, between=server.collect).iterate(spec.progress)
         return [result, ServingResult(server.role.env_steps, server.fragments, result.wall_s,
                                       server.versions, {}, result.peak_memory_bytes)]
     finally:

@@ -21,7 +21,7 @@ def small_cfg(tmp_path, algo, num_gmis, name):
     cfg.gmi.num_gmis = num_gmis
     a = cfg.algo
     if algo in ("dqn", "ddpg", "td3"):
-        a.learning_starts, a.batch_size, a.train_frequency, a.gradient_steps = 8, 16, 4, 3
+        a.learning_starts, a.minibatch_size, a.train_frequency, a.gradient_steps = 8, 16, 4, 3
     if algo == "ppo":
         a.num_steps = 16
     cfg.total_timesteps = 6 * cfg.batch_size

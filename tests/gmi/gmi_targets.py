@@ -5,6 +5,9 @@ import time
 
 import torch
 
+IMPORTED_BY = os.getpid()
+"""the process that imported this module: a fork server that preloaded it, or the GMI itself"""
+
 
 def allreduce_rank(ctx):
     red = ctx.make_reducer()
@@ -14,13 +17,14 @@ def allreduce_rank(ctx):
 
 
 def started_with(ctx):
-    """What this GMI found at its start: whether the training loop was imported before the
-    target (the fork server's preload), the variables named in the payload, and inductor's
-    compile threads (``None`` where inductor was not imported) beside this GMI's core count."""
+    """What this GMI found at its start: whether its target's module was imported before it
+    started (the fork server's preload of the target's module), the variables named in the
+    payload, and inductor's compile threads (``None`` where inductor was not imported) beside
+    this GMI's core count."""
     import sys
 
     inductor = sys.modules.get("torch._inductor.config")
-    return ("gmi_drl.runner.loop" in sys.modules, {k: os.environ.get(k) for k in ctx.payload},
+    return (IMPORTED_BY != os.getpid(), {k: os.environ.get(k) for k in ctx.payload},
             None if inductor is None else inductor.compile_threads,
             len(os.sched_getaffinity(0)))
 

@@ -143,9 +143,9 @@ print(json.dumps([first, second]))
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_both_start_methods_give_gmis_the_controllers_environment_at_launch(method):
-    """Forked from the fork server, a GMI starts with the loops (and the compiler) already
-    imported; forked or spawned, it sees the controller's environment as it is at each launch
-    (the server's is the one of the first launch), and inductor compiles on its own cores
+    """Forked from the fork server, a GMI starts with its target's module (and the compiler)
+    already imported; forked or spawned, it sees the controller's environment as it is at each
+    launch (the server's is the one of the first launch), and inductor compiles on its own cores
     (the server set its compile threads from all of them). A GMI never renders: where the
     controller names no ``MUJOCO_GL`` it loads no OpenGL backend."""
     out = subprocess.run([sys.executable, "-c", START_SCRIPT, method], capture_output=True,
