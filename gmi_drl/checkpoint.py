@@ -117,25 +117,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"no checkpoint at {path} (give a run directory or a .pt file)")
 
 
-def stored_config(path: Path) -> dict:
-    """The config inside checkpoint file ``path`` (a `to_dict` dict), read without loading its
-    tensors (memory-mapped), so a checkpoint with a large replay buffer costs no copy.
-
-    Raises:
-        CheckpointError: as `load_checkpoint`, or it holds no config.
-    """
-    try:
-        state = _checked(path, torch.load(path, map_location="cpu", weights_only=True,
-                                          mmap=True))
-    except (FileNotFoundError, CheckpointError):
-        raise
-    except Exception:  # noqa: BLE001 - the full load names what is wrong
-        state = _load_file(path)
-    if not isinstance(state.get("config"), dict):
-        raise CheckpointError(f"{path} holds no config")
-    return state["config"]
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file, or the newest loadable checkpoint of a run directory (see
     `find_loadable`). ``torch.load(weights_only=True)``: no code in a file is executed.
