@@ -152,18 +152,27 @@ def shm_entries() -> set[str]:
 
 
 def shm_held(pids) -> set[str]:
-    """The ``/dev/shm`` names that processes ``pids`` hold open or mapped."""
-    held = set()
+    """The ``/dev/shm`` names that processes ``pids`` hold open or mapped. Matched by inode:
+    glibc makes a POSIX semaphore (multiprocessing's locks and queues) under a temporary name,
+    maps it, then links it to its own name and unlinks the temporary one, so a live
+    semaphore's mapping names a deleted file, not the ``sem.mp-...`` entry."""
+    inodes = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
-                held.update(line.rsplit("/dev/shm/", 1)[1].removesuffix(" (deleted)")
-                            for line in f.read().splitlines() if "/dev/shm/" in line)
+                inodes.update(int(line.split()[4]) for line in f.read().splitlines()
+                              if "/dev/shm/" in line)
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/"):
-                    held.add(target.removeprefix("/dev/shm/"))
-        except OSError:  # ended meanwhile, or not ours to read
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or not ours to read
+            continue
+    held = set()
+    for name in shm_entries():
+        try:
+            if os.stat(f"/dev/shm/{name}").st_ino in inodes:
+                held.add(name)
+        except OSError:  # unlinked meanwhile
             continue
     return held
 
