@@ -20,7 +20,7 @@ from gmi_drl.envs.spec import EnvSpec
 from gmi_drl.optim.grad_step import GradStep
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.arrays import Arrays, arrays_for
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.telemetry.timer import timer
 

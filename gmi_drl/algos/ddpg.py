@@ -32,7 +32,7 @@ from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
-from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
+from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
                                    refill_steps, replay_config_errors)
@@ -336,15 +336,21 @@ class DDPG:
                 self._start(pool)
             return self._collector.collect(self.cfg.train_frequency, self._policy)
 
-    def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        arrays, acting = self.ctx.arrays, self.acting
-        if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as SB3
+    def _policy(self, obs: Array) -> tuple[Array, Array]:
+        """`gmi_drl.rollout.collector.Policy`: uniform actions for ``learning_starts`` env
+        steps (as SB3), then the actor's with Gaussian noise; both in ``[-1, 1]`` (stored) and
+        rescaled to the bounds (stepped), arrays as the pool returns and takes them."""
+        arrays, acting = self._arrays, self.acting
+        if self.env_steps < self.cfg.learning_starts:
             g = self.ctx.action_generator
             u = torch.rand((len(obs), self.action_dim), generator=g, device=g.device)
-            scaled = u.cpu().numpy() * 2.0 - 1.0
+            scaled = (u * 2.0 - 1.0).to(arrays.device) if self._on_device else (
+                u.cpu().numpy() * 2.0 - 1.0)
         else:
             scaled = arrays.to_pool(acting.scaled(arrays.from_pool(obs)))
         self.env_steps += len(obs)
+        if self._on_device:  # the acting's bounds are tensors on the pool's device
+            return acting.to_env(scaled), scaled
         env_action = acting.low + (scaled + 1.0) * 0.5 * (acting.high - acting.low)
         return env_action.astype(acting.dtype, copy=False), scaled
 
@@ -354,6 +360,12 @@ class DDPG:
             self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device,
                                       n_step=cfg.n_step, gamma=cfg.gamma)
         self._collector = ReplayCollector(pool, self.replay)
+        self._arrays = pool_arrays(self.ctx.arrays, pool)
+        self._on_device = bool(getattr(pool, "tensors", False))
+        if self._on_device:  # a pool of tensors: act on them where they are, never in NumPy
+            self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
+                                              cfg.exploration_noise, self.ctx.action_generator,
+                                              self._arrays)
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none

@@ -29,7 +29,7 @@ from gmi_drl.models.cnn import NatureCNN
 from gmi_drl.models.mlp import MLP
 from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
 from gmi_drl.optim.flat import FlatParams, soft_update_
-from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
+from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
                                    refill_steps, replay_config_errors)
@@ -299,8 +299,8 @@ class DQN:
                 self._start(pool)
             return self._collector.collect(self.cfg.train_frequency, self._policy)
 
-    def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        arrays = self.ctx.arrays
+    def _policy(self, obs: Array) -> tuple[Array, Array]:
+        arrays = self._arrays
         self.acting.epsilon = self.epsilon()
         action = arrays.to_pool(self.acting.explore(arrays.from_pool(obs)))
         self.env_steps += len(action)
@@ -312,6 +312,11 @@ class DQN:
             self.replay = make_replay(cfg.buffer_size, spec, self.ctx.num_envs, self.ctx.device,
                                       n_step=cfg.n_step, gamma=cfg.gamma)
         self._collector = ReplayCollector(pool, self.replay)
+        self._arrays = pool_arrays(self.ctx.arrays, pool)
+        if getattr(pool, "tensors", False):
+            # a pool of tensors: act on them where they are, never through NumPy
+            self.acting = EpsilonGreedy(self.q_network, self.acting.num_actions,
+                                        self.ctx.action_generator, self._arrays)
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` gradient steps once ``learning_starts`` env steps were taken

@@ -124,3 +124,12 @@ def arrays_for(device: torch.device | str, pool_tensors: bool = False) -> Arrays
     if device.type == "cpu" and not pool_tensors:
         return HostArrays()
     return DeviceArrays(device, pool_tensors)
+
+
+def pool_arrays(arrays: Arrays, pool) -> Arrays:
+    """The arrays a collection over ``pool`` uses: ``arrays``, or for a pool whose outputs are
+    torch tensors (``pool.tensors``: the warp engine) its tensor-pool `DeviceArrays` on the
+    pool's ``device``, so that nothing of a step crosses to the host."""
+    if not getattr(pool, "tensors", False):
+        return arrays
+    return DeviceArrays(getattr(pool, "device", arrays.device), pool_tensors=True)

@@ -102,7 +102,9 @@ class ReplayBuffer:
 
     On a device other than the CPU, `add` gathers transitions on the host (up to
     `STAGE_ROWS`) and `flush` writes them; `sample`, `get` and `state_dict` flush first, but the
-    tensors themselves (``obs``, ``actions``, ...) lag behind until a `flush`.
+    tensors themselves (``obs``, ``actions``, ...) lag behind until a `flush`. Transitions whose
+    ``done`` is a device tensor (a pool of device tensors: the warp engine), or a CPU tensor
+    into a CPU buffer, are written at once with torch ops, never copied to the host.
 
     Raises:
         ValueError: ``capacity < 1``, ``num_envs < 1``, ``n_step < 1``, ``gamma`` outside
@@ -179,6 +181,10 @@ class ReplayBuffer:
                              f"per add, got {n}")
         if done is None:
             done = terminated
+        if isinstance(done, torch.Tensor) and (done.device.type != "cpu"
+                                               or self._host is not None):
+            self._add_tensors((obs, actions, rewards, next_obs, terminated, done), n)
+            return
         data = (obs, actions, rewards, next_obs, terminated,
                 np.asarray(done.cpu() if isinstance(done, torch.Tensor) else done).astype(bool))
         idx = (self.pos + np.arange(n)) % self.capacity
@@ -195,12 +201,27 @@ class ReplayBuffer:
             for dst, src in zip(self._stage, data):
                 dst[rows] = src.numpy() if isinstance(src, torch.Tensor) else src
             self._staged += n
-        else:  # device tensors (a GPU engine's) or more than the stage holds: straight in
+        else:  # more than the stage holds: straight in
             self.flush()
             index = torch.from_numpy(idx).to(self.device)
             for dst, src in zip(self._tensors, data):
                 src = torch.as_tensor(src).to(self.device, dst.dtype)
                 dst.index_copy_(0, index, src)
+        self._advance(n)
+
+    def _add_tensors(self, data: tuple, n: int) -> None:
+        """`add` of tensors (a tensor pool's step) on their device, or of CPU tensors into a CPU
+        buffer: torch ops only, no copy to the host (of ``n`` rows over ``capacity``, the
+        newest)."""
+        self.flush()
+        skip = max(n - self.capacity, 0)
+        index = (torch.arange(skip, n, device=self.device) + self.pos) % self.capacity
+        for dst, src in zip(self._tensors, data):
+            src = torch.as_tensor(src[skip:]).to(self.device, dst.dtype, non_blocking=True)
+            dst.index_copy_(0, index, src)
+        self._advance(n)
+
+    def _advance(self, n: int) -> None:
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
         self.added += n

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.runner.shell import GMIShell, LoopResult
 from gmi_drl.runner.roles import ServingRole, TrainerRole
 from gmi_drl.runner.run import Run

@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 from gmi_drl.algos import AlgoContext, build_algorithm
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import arrays_for
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.runner.run import Run
 from gmi_drl.runner.shell import GMIShell, LoopResult

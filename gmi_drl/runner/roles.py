@@ -20,7 +20,7 @@ import torch
 from gmi_drl.comm.channels import Batcher, Dispenser
 from gmi_drl.comm.weights import WeightStore
 from gmi_drl.rollout.acting import Acting
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.telemetry.timer import timer
 

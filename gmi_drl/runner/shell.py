@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gmi_drl.errors import check_finite
-from gmi_drl.rollout.collector import Episodes
+from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
 from gmi_drl.telemetry.metrics import MetricsWriter
