@@ -20,7 +20,9 @@ check it skips on a CUDA device, where its tensors would have to leave the devic
 @contextlib.contextmanager
 def host_transfers():
     """Counts, in the yielded list's one element, the calls of `_TO_HOST` methods on tensors
-    while the block runs, from any Python code but the warp pool's (`_WARP_POOL`)."""
+    and of ``torch.from_numpy`` (host memory as a tensor: what a copy between the device and
+    the host goes through) while the block runs, from any Python code but the warp pool's
+    (`_WARP_POOL`)."""
     count = [0]
     saved = {name: getattr(torch.Tensor, name) for name in _TO_HOST}
 
@@ -33,9 +35,12 @@ def host_transfers():
 
     for name, original in saved.items():
         setattr(torch.Tensor, name, counting(original))
+    from_numpy = torch.from_numpy
+    torch.from_numpy = counting(from_numpy)
     try:
         yield count
     finally:
+        torch.from_numpy = from_numpy
         for name, original in saved.items():
             setattr(torch.Tensor, name, original)
 

@@ -114,6 +114,12 @@ class PoolStepper:
         """Reset every env of the pool and take its first observations."""
         self._observe(self.pool.reset()[0])
 
+    def refresh(self) -> None:
+        """Recompute ``policy_obs`` from ``obs`` (the normaliser's statistics were replaced: a
+        serving GMI's newly published weights)."""
+        if self.obs is not None:
+            self._observe(self.obs)
+
     def _observe(self, obs) -> None:
         self.obs = obs
         if self.inputs:

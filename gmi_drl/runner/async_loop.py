@@ -309,7 +309,7 @@ class Server:
         from gmi_drl import envs
         from gmi_drl.algos import build_acting_model
         from gmi_drl.rollout.acting import make_acting
-        from gmi_drl.rollout.arrays import HostArrays
+        from gmi_drl.rollout.arrays import HostArrays, pool_arrays
         from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 
         cfg = spec.run.config
@@ -328,16 +328,20 @@ class Server:
                                          else max(1, e.num_workers // splits))
         self.pools = [envs.make(e.task_id, per, num_workers=workers,
                                 seed=cfg.seed + index * e.num_envs + s * per,
-                                autoreset="same_step", engine=e.engine) for s in range(splits)]
+                                autoreset="same_step", device=cfg.device, engine=e.engine)
+                      for s in range(splits)]
         task = self.pools[0].spec
+        # NumPy on the host, or the tensors of a warp pool on its device (nothing per step
+        # crosses to the host; ServingRole copies each fragment once)
+        arrays = pool_arrays(HostArrays(), self.pools[0])
         torch.manual_seed(cfg.seed)
-        model = build_acting_model(cfg.algo, task, cfg.model)
-        acting = make_acting(model, torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1)),
-                             HostArrays(), cfg.compile)
-        obs_norm = (ObsNormalizer(task.observation_space.shape, n.obs_clip) if n.obs
-                    else None)
-        reward_norm = (RewardNormalizer(e.num_envs, cfg.algo.gamma, n.reward_clip) if n.reward
-                       else None)
+        model = build_acting_model(cfg.algo, task, cfg.model).to(arrays.device)
+        generator = torch.Generator(arrays.device).manual_seed(cfg.seed + 7919 * (index + 1))
+        acting = make_acting(model, generator, arrays, cfg.compile)
+        obs_norm = (ObsNormalizer(task.observation_space.shape, n.obs_clip, arrays=arrays)
+                    if n.obs else None)
+        reward_norm = (RewardNormalizer(e.num_envs, cfg.algo.gamma, n.reward_clip,
+                                        arrays=arrays) if n.reward else None)
         self.role = ServingRole(self.pools, model, acting, obs_norm, reward_norm,
                                 Dispenser(fabric, self.slot), store)
         self.gmi_dir = spec.run.gmi_dir(trainers + index)

@@ -13,33 +13,44 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from gmi_drl.comm.channels import Batcher, Dispenser
 from gmi_drl.comm.weights import WeightStore
 from gmi_drl.rollout.acting import Acting
+from gmi_drl.rollout.arrays import Array, HostArrays
 from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
+from gmi_drl.rollout.stepper import PoolStepper, Step, collect_steps
 from gmi_drl.telemetry.timer import timer
 
 
 class ServingRole:
     """Serving GMI ``serving``: its pools, a copy of the policy, a dispenser.
 
-    With one pool, each step acts on every env and then steps them. With ``k`` pools (the
-    env splits; Sample Factory's double-buffered sampling), the role acts on one split while the
-    pools' threads step the others: ``send`` returns at once and ``recv`` collects a split's
-    results, so inference overlaps the physics of native engines. A fragment's columns are the
-    splits' envs in order, and every step of it is acted with one ``policy_version``: weights
-    are picked up only between fragments, when no split is in flight.
+    Each step is the collection core's (`gmi_drl.rollout.stepper.collect_steps`), with this
+    role as its sink: the fragment's rows. With one pool, each step acts on every env and then
+    steps them. With ``k`` pools (the env splits; Sample Factory's double-buffered sampling),
+    the role acts on one split while the pools' threads step the others: ``send`` returns at
+    once and ``recv`` collects a split's results, so inference overlaps the physics of native
+    engines. A fragment's columns are the splits' envs in order, and every step of it is acted
+    with one ``policy_version``: weights are picked up only between fragments, when no split is
+    in flight.
+
+    Pools of device tensors (the warp engine on a GPU: ``pool.tensors``) keep every per-step
+    array on their device: the role writes the fragment into tensors there and copies it into
+    the channel's host memory once per fragment, one copy per field (UCC, which sends every
+    step, copies each step's row as it is sent), and published weights are copied to the
+    device once per version. Fragments are host shared memory (`gmi_drl.comm.channels`: rings
+    that trainers of other processes read), so they cannot live on the device themselves.
 
     Args:
         pools: full-batch ``same_step`` pools whose envs together are the ``B`` columns of a
-            fragment, in order.
-        model: the policy's module (its tensors are overwritten by published weights).
-        acting: `make_acting` of ``model``.
+            fragment, in order (all NumPy, or all tensors on one device).
+        model: the policy's module (its tensors are overwritten by published weights), where
+            the pools' arrays are (`gmi_drl.rollout.arrays.pool_arrays`).
+        acting: `make_acting` of ``model`` for those arrays.
         obs_norm: the trainer's observation statistics (loaded with the weights, never
             updated here), or ``None``.
         reward_norm: this serving GMI's reward normaliser over the ``B`` envs, or ``None``.
@@ -51,16 +62,27 @@ class ServingRole:
                  dispenser: Dispenser, store: WeightStore) -> None:
         self.pools, self.acting, self.dispenser, self.store = pools, acting, dispenser, store
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
-        self.targets = [t.numpy() for t in model.state_dict().values()]
+        self._weights = list(model.state_dict().values())
         if obs_norm is not None:
-            self.targets += [obs_norm.rms.mean, obs_norm.rms.var]
+            self._weights += [obs_norm.rms.mean, obs_norm.rms.var]
+        self.targets = [_host_view(w) for w in self._weights]
+        """host arrays the store reads into: views of CPU weights, buffers for device ones"""
         self.policy_version = 0
         bounds = np.cumsum([0] + [p.num_envs for p in pools])
-        self._splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        space = pools[0].action_space
-        self._clip = (space.low, space.high, space.dtype) if isinstance(space, gym.spaces.Box) \
-            else None
-        self._obs: np.ndarray | None = None
+        splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.steppers = [PoolStepper(pool, HostArrays(), obs_norm, update_obs_stats=False,
+                                     reward_norm=reward_norm,
+                                     cols=cols if len(pools) > 1 else None)
+                         for pool, cols in zip(pools, splits)]
+        self.arrays = self.steppers[0].arrays
+        self._on_device = self.steppers[0].on_device
+        plan = dispenser.plan
+        self._device_frag = ({f.name: torch.zeros(f.shape, dtype=_torch_dtype(f.dtype),
+                                                  device=self.arrays.device)
+                              for f in plan.fields if f.name != "policy_version"}
+                             if self._on_device else None)
+        self._next_obs = None  # (B, *obs_shape): the observations after the latest step
+        self._frag: dict | None = None
         self.env_steps = 0
 
     def pull_weights(self) -> bool:
@@ -68,78 +90,92 @@ class ServingRole:
         version = self.store.read_into(self.targets, newer_than=self.policy_version)
         if version is None:
             return False
+        for w, host in zip(self._weights, self.targets):
+            if isinstance(w, torch.Tensor) and w.device.type != "cpu":
+                w.copy_(torch.from_numpy(host))
         self.policy_version = version
         return True
-
-    def _input(self, obs: np.ndarray) -> np.ndarray:
-        if self.obs_norm is not None:
-            return self.obs_norm(obs, update=False).astype(np.float32)
-        return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
 
     def collect(self) -> Episodes:
         """One fragment of ``T`` steps of every env into the dispenser (blocks only while its
         channel is full); returns the episodes that ended."""
         with timer("weights"):
-            self.pull_weights()
-        if self._obs is None:
-            self._obs = np.concatenate([pool.reset()[0] for pool in self.pools])
+            if self.pull_weights() and self.obs_norm is not None:
+                for s in self.steppers:  # the current observations, with the new statistics
+                    s.refresh()
         d = self.dispenser
-        frag = d.begin(self.policy_version)
-        T = d.plan.num_steps
-        returns, lengths = [], []
-        for s in range(len(self.pools)):
-            self._act(frag, 0, s)
-        for t in range(T):
-            for s, pool in enumerate(self.pools):
-                with timer("env_step"):
-                    result = pool.recv()
-                self._record(frag, t, s, result, returns, lengths)
-                if t + 1 < T:
-                    self._act(frag, t + 1, s)
-            with timer("dispense"):
-                d.step_done(t, self._obs)
+        self._frag = d.begin(self.policy_version)
+        if self._next_obs is None:
+            shape = self._frag["last_obs"].shape
+            self._next_obs = (self._device_frag["last_obs"] if self._on_device
+                              else np.zeros(shape, self._frag["last_obs"].dtype))
+        episodes = collect_steps(self.steppers, d.plan.num_steps, self)
         d.end()
-        self.env_steps += T * len(self._obs)
-        return Episodes.concat(returns, lengths)
+        self.env_steps += d.plan.num_steps * d.plan.num_envs
+        return episodes
 
-    def _act(self, frag: dict, t: int, s: int) -> None:
-        """Act on split ``s``'s observations (row ``t`` of the fragment) and send the actions."""
-        cols = self._splits[s]
-        obs = self._obs[cols]
-        frag["obs"][t, cols] = obs
-        with timer("inference"):
-            action, logprob, _ = self.acting.act(self._input(obs))
+    def act(self, t: int, stepper: PoolStepper) -> Array:
+        """(`gmi_drl.rollout.stepper.Sink`) Row ``t`` of the split's observations (raw),
+        actions and log-probabilities."""
+        frag, cols = self._rows(), stepper.cols
+        frag["obs"][t, cols] = stepper.arrays.from_pool(stepper.obs)
+        action, logprob, _ = self.acting.act(stepper.policy_obs)
         frag["actions"][t, cols] = action
         frag["logprobs"][t, cols] = logprob
-        if self._clip is not None:
-            low, high, dtype = self._clip
-            action = np.clip(action, low, high).astype(dtype, copy=False)
-        with timer("env_step"):
-            self.pools[s].send(action)
+        return action
 
-    def _record(self, frag: dict, t: int, s: int, result, returns: list,
-                lengths: list) -> None:
-        """Write split ``s``'s step result into row ``t``; its next observations into
-        ``self._obs``."""
-        obs, reward, terminated, truncated, info = result
-        cols = self._splits[s]
-        done = terminated | truncated
-        frag["rewards"][t, cols] = (reward if self.reward_norm is None
-                                    else self.reward_norm(reward, done, cols))
-        frag["terminated"][t, cols], frag["truncated"][t, cols] = terminated, truncated
-        frag["final_values"][t, cols] = 0.0
-        end = info["episode_end"]  # Atari with episodic life: whole games only
+    def record(self, t: int, stepper: PoolStepper, step: Step) -> None:
+        """(`gmi_drl.rollout.stepper.Sink`) Row ``t`` of the split's step; its observations
+        into the next ones."""
+        frag, cols, a = self._rows(), stepper.cols, stepper.arrays
+        info = step.info
+        frag["rewards"][t, cols] = step.reward
+        frag["terminated"][t, cols] = a.from_pool(step.terminated)
+        frag["truncated"][t, cols] = a.from_pool(step.truncated)
+        stepper.final_values(step, self.acting.value, frag["final_values"][t, cols])
+        end = a.from_pool(info["episode_end"])  # Atari with episodic life: whole games only
         frag["episode_end"][t, cols] = end
-        frag["episode_return"][t, cols] = np.where(end, info["episode_return"], 0.0)
-        frag["episode_length"][t, cols] = np.where(end, info["episode_length"], 0)
-        if done.any():
-            returns.append(info["episode_return"][end].copy())
-            lengths.append(info["episode_length"][end].copy())
-            cut = np.flatnonzero(truncated & ~terminated)
-            if len(cut):
-                frag["final_values"][t, cols.start + cut] = self.acting.value(
-                    self._input(info["final_obs"][cut]))
-        self._obs[cols] = obs
+        frag["episode_return"][t, cols] = _ended(end, a.from_pool(info["episode_return"]))
+        frag["episode_length"][t, cols] = _ended(end, a.from_pool(info["episode_length"]))
+        self._next_obs[cols] = a.from_pool(step.obs)
+
+    def step_done(self, t: int) -> None:
+        """(`gmi_drl.rollout.stepper.Sink`) Hand step ``t`` to the dispenser; a device
+        fragment is copied to the host first: whole after its last step, or (UCC) row ``t``."""
+        d, frag = self.dispenser, self._frag
+        with timer("dispense"):
+            if self._on_device:
+                last = t == d.plan.num_steps - 1
+                if last or d.plan.mode == "uni":
+                    for name, x in self._device_frag.items():
+                        rows = x if last or name == "last_obs" else x[t]
+                        host = frag[name] if last or name == "last_obs" else frag[name][t]
+                        torch.from_numpy(host).copy_(rows)
+                d.step_done(t, frag["last_obs"])
+            else:
+                d.step_done(t, self._next_obs)
+
+    def _rows(self) -> dict:
+        return self._device_frag if self._on_device else self._frag
+
+
+def _ended(end: Array, x: Array) -> Array:
+    """``x`` where an episode ended, 0 elsewhere."""
+    return x.where(end, 0) if isinstance(x, torch.Tensor) else np.where(end, x, 0)
+
+
+def _host_view(w: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A host array for the weight store to read ``w`` into: ``w`` itself (NumPy), its memory
+    (a CPU tensor), or a buffer that `ServingRole.pull_weights` copies to the device."""
+    if isinstance(w, np.ndarray):
+        return w
+    if w.device.type == "cpu":
+        return w.numpy()
+    return np.empty(tuple(w.shape), torch.empty(0, dtype=w.dtype).numpy().dtype)
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
 class TrainStep(NamedTuple):
