@@ -31,7 +31,7 @@ from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.optim.grad_step import StaleSyncGradStep
-from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.rollout.acting import mlp_forward
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
@@ -216,8 +216,8 @@ class GaussianExploration:
         self.actor, self.critics, self.noise, self.generator = actor, critics, noise, generator
         self.arrays = arrays
         self._host = isinstance(arrays, HostArrays)
-        self._numpy = (NumpyMLP(actor.mlp) if self._host and mlp_linears(actor.mlp) is not None
-                       else None)
+        self._mu = mlp_forward(actor, actor.mlp, arrays, post=np.tanh)
+        """``mu(obs) (N, A)`` in ``[-1, 1]``, arrays of ``arrays``' kind"""
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
         self.dtype = space.dtype
         self._bounds = (self.low, self.high) if self._host else tuple(
@@ -225,16 +225,7 @@ class GaussianExploration:
 
     def scaled(self, obs: Array, deterministic: bool = False) -> Array:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
-        if self._numpy is not None:
-            if self._numpy.stale():
-                self._numpy = NumpyMLP(self.actor.mlp)
-            action = np.tanh(self._numpy.forward(obs.reshape(len(obs), -1).astype(
-                np.float32, copy=False)))
-        else:
-            x = torch.from_numpy(obs) if self._host else obs
-            with torch.no_grad():
-                action = self.actor(x.float())
-            action = action.numpy() if self._host else action
+        action = self._mu(obs)
         if deterministic or self.noise == 0:
             return action
         g = self.generator  # drawn on its device (the runner's, a GPU's with --device cuda)

@@ -27,7 +27,7 @@ from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.cnn import NatureCNN
 from gmi_drl.models.mlp import MLP
-from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.rollout.acting import mlp_forward
 from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
@@ -182,33 +182,22 @@ def dqn_objective(q_network: nn.Module, obs: torch.Tensor, actions: torch.Tensor
 
 class EpsilonGreedy:
     """The agent role of DQN: ``argmax_a Q(obs, a)``, or with probability ``epsilon`` an action
-    drawn uniformly (Q of an MLP on the CPU computed in NumPy on views of its weights; the
-    `gmi_drl.rollout.acting.Acting` protocol: ``logprob`` is 0 and
-    ``value`` is ``max_a Q``). Draws from the runner's generator: per call one uniform per env
-    for the coin and one integer per env for the random action."""
+    drawn uniformly (Q computed as `gmi_drl.rollout.acting.mlp_forward` chooses: NumPy on
+    views of an MLP's weights on the CPU; the `gmi_drl.rollout.acting.Acting` protocol:
+    ``logprob`` is 0 and ``value`` is ``max_a Q``). Draws from the runner's generator: per call
+    one uniform per env for the coin and one integer per env for the random action."""
 
     def __init__(self, q_network: QNetwork, num_actions: int, generator: torch.Generator,
                  arrays: Arrays) -> None:
         self.q_network, self.num_actions, self.generator = q_network, num_actions, generator
         self._host = isinstance(arrays, HostArrays)
         self.epsilon = 1.0
-        mlp = q_network.net[-1]
-        self._numpy = NumpyMLP(mlp) if self._host and mlp_linears(mlp) is not None else None
-
-    def _q(self, obs: Array) -> torch.Tensor:
-        if self._numpy is not None:  # small MLPs on the CPU: NumPy's per-op cost is lower
-            if self._numpy.stale():
-                self._numpy = NumpyMLP(self.q_network.net[-1])
-            flat = obs.reshape(len(obs), -1).astype(np.float32, copy=False)
-            return torch.from_numpy(self._numpy.forward(flat))
-        x = torch.from_numpy(obs) if self._host else obs
-        with torch.no_grad():
-            return self.q_network(x if x.dtype in (torch.uint8, torch.float32) else x.float())
+        self._q = mlp_forward(q_network, q_network.net[-1], arrays)
+        """``Q(obs) (N, num_actions)``, arrays of ``arrays``' kind"""
 
     def act(self, obs: Array, deterministic: bool = False) -> ActResult:
         q = self._q(obs)
         if self._host:
-            q = q.numpy()
             action, value = q.argmax(1), q.max(1)
         else:
             value, action = q.max(1)
@@ -236,12 +225,12 @@ class EpsilonGreedy:
         action = torch.randint(self.num_actions, (n,), generator=g, device=g.device).cpu().numpy()
         greedy = np.flatnonzero(coin >= self.epsilon)
         if len(greedy):
-            action[greedy] = self._q(obs[greedy]).numpy().argmax(1)
+            action[greedy] = self._q(obs[greedy]).argmax(1)
         return action
 
     def value(self, obs: Array) -> Array:
-        v = self._q(obs).max(1).values
-        return v.numpy() if self._host else v
+        q = self._q(obs)
+        return q.max(1) if self._host else q.max(1).values
 
 
 class DQN:

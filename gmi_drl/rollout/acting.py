@@ -1,13 +1,20 @@
 """The agent role's one call: ``policy.act(obs) -> ActResult``, its implementation chosen once.
 
-A collector never asks how a policy runs. `make_acting` picks, at construction:
+A collector never asks how a policy runs. One choice (`implementation`) decides, at
+construction, for every network that acts: an actor-critic (`make_acting`), a Q network or a
+deterministic actor (`mlp_forward`, which `gmi_drl.algos.dqn.EpsilonGreedy` and
+`gmi_drl.algos.ddpg.GaussianExploration` act with):
 
-- `NumpyActing`: NumPy on views of the torch weights, for CPU actor-critics with separate tanh
-  MLPs. Small-network acting on a CPU is bound by the fixed cost per tensor op, which NumPy pays
-  several times less than torch; it samples with the same torch generator draws as the module.
-- `CompiledActing`: the module's `ActorCritic.act_with` as one `torch.compile` graph, the head's
-  random draws taken eagerly from the generator and passed in.
-- `TorchActing`: the module itself, under ``torch.inference_mode`` (the reference).
+- ``numpy``: NumPy on views of the torch weights (`NumpyMLP`), on host arrays for MLPs that
+  have a NumPy twin (`NumpyActing`: separate tanh MLPs of an actor-critic; `NumpyForward`: a
+  tanh or ReLU MLP). Small-network acting on a CPU is bound by the fixed cost per tensor op,
+  which NumPy pays several times less than torch; it samples with the same torch generator
+  draws as the module.
+- ``compiled``: one `torch.compile` graph (`CompiledActing`: `ActorCritic.act_with`, the head's
+  random draws taken eagerly from the generator and passed in; `TorchForward` of the compiled
+  module).
+- ``torch``: the module itself, under ``torch.inference_mode`` or ``torch.no_grad`` (the
+  reference: `TorchActing`, `TorchForward`).
 
 Every implementation takes and returns arrays of the collector's `Arrays` kind (NumPy on the
 CPU, tensors on a device) and reads the module's current weights on every call.
@@ -16,7 +23,7 @@ CPU, tensors on a device) and reads the module's current weights on every call.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 import torch
@@ -43,14 +50,76 @@ class Acting(Protocol):
         """``V(obs)``: ``(N,) float32``."""
 
 
+Implementation = Literal["numpy", "compiled", "torch"]
+
+
+def implementation(arrays: Arrays, numpy_twin: bool, compile: bool) -> Implementation:
+    """How a network acts on ``arrays`` (module doc): ``numpy`` on host arrays where it has a
+    NumPy twin (``numpy_twin``), else ``compiled`` with ``compile``, else ``torch``."""
+    if isinstance(arrays, HostArrays) and numpy_twin:
+        return "numpy"
+    return "compiled" if compile else "torch"
+
+
 def make_acting(model: ActorCritic, generator: torch.Generator, arrays: Arrays,
                 compile: bool = False) -> Acting:
     """The fastest `Acting` for ``model`` where the collector's arrays live (module doc)."""
-    if isinstance(arrays, HostArrays) and NumpyActing.supports(model):
+    kind = implementation(arrays, NumpyActing.supports(model), compile)
+    if kind == "numpy":
         return NumpyActing(model, generator)
-    if compile:
+    if kind == "compiled":
         return CompiledActing(model, generator, arrays)
     return TorchActing(model, generator, arrays)
+
+
+Forward = Callable[[Array], Array]
+"""``forward(obs (N, *obs_shape)) -> (N, out)``: a network's output, arrays of one kind"""
+
+
+def mlp_forward(module: nn.Module, mlp: nn.Module, arrays: Arrays,
+                post: Callable[[np.ndarray], np.ndarray] | None = None,
+                compile: bool = False) -> Forward:
+    """``module(obs)`` on ``arrays`` by `implementation`, for a ``module`` that is ``mlp`` on
+    flattened observations followed by ``post`` (its NumPy twin: ``np.tanh`` for a
+    deterministic actor; ``None``: nothing), e.g. a Q network or a deterministic actor: a
+    `NumpyForward` of ``mlp`` where it is a tanh or ReLU `MLP` (`mlp_linears`) and the arrays
+    are the host's, else a `TorchForward` of ``module`` (compiled with ``compile``)."""
+    kind = implementation(arrays, mlp_linears(mlp) is not None, compile)
+    if kind == "numpy":
+        return NumpyForward(mlp, post)
+    if kind == "compiled":
+        return TorchForward(compile_graph(module, arrays.device.type), arrays)
+    return TorchForward(module, arrays)
+
+
+class NumpyForward:
+    """``post(mlp(obs))`` in NumPy on views of ``mlp``'s weights (`NumpyMLP`, re-made when
+    the parameters were re-homed), on ``obs`` flattened to float32 rows."""
+
+    def __init__(self, mlp: nn.Module, post: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        self.mlp, self.post = mlp, post
+        self._net = NumpyMLP(mlp)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self._net.stale():
+            self._net = NumpyMLP(self.mlp)
+        out = self._net.forward(obs.reshape(len(obs), -1).astype(np.float32, copy=False))
+        return out if self.post is None else self.post(out)
+
+
+class TorchForward:
+    """``module(obs)`` under ``torch.no_grad`` on arrays of ``arrays``' kind; observations
+    other than float32 or uint8 are made float32 first."""
+
+    def __init__(self, module: Callable[[torch.Tensor], torch.Tensor], arrays: Arrays) -> None:
+        self.module = module
+        self._host = isinstance(arrays, HostArrays)
+
+    def __call__(self, obs: Array) -> Array:
+        x = torch.from_numpy(obs) if self._host else obs
+        with torch.no_grad():
+            out = self.module(x if x.dtype in (torch.uint8, torch.float32) else x.float())
+        return out.numpy() if self._host else out
 
 
 class TorchActing:

@@ -9,7 +9,8 @@ import torch
 
 import gmi_drl.envs as envs
 from gmi_drl.models import build_actor_critic
-from gmi_drl.rollout.acting import CompiledActing, NumpyActing, TorchActing, make_acting
+from gmi_drl.rollout.acting import (CompiledActing, NumpyActing, NumpyForward, TorchActing,
+                                    TorchForward, implementation, make_acting, mlp_forward)
 from gmi_drl.rollout.arrays import DeviceArrays, HostArrays
 from gmi_drl.rollout.collector import Collector
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
@@ -48,6 +49,31 @@ def test_make_acting_picks_numpy_on_the_cpu_only_where_it_runs():
     assert type(make_acting(relu, g, HostArrays())) is TorchActing
     assert type(make_acting(relu, g, HostArrays(), compile=True)) is CompiledActing
     assert type(make_acting(_model(gym.spaces.Discrete(2)), g, DeviceArrays("cpu"))) is TorchActing
+
+
+def test_one_choice_runs_q_networks_and_deterministic_actors_as_actor_critics():
+    """`mlp_forward` (DQN's Q, DDPG's actor) picks as `make_acting` does, and its NumPy twin
+    computes what the module does (ReLU MLPs included; a CNN has no twin)."""
+    from gmi_drl.algos.ddpg import DeterministicActor
+    from gmi_drl.algos.dqn import QNetwork
+
+    torch.manual_seed(0)
+    q = QNetwork(gym.spaces.Box(-1, 1, (5,)), 3, "mlp", "16:16", "relu")
+    actor = DeterministicActor(5, 2, "16", "tanh")
+    obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    for module, mlp, post in ((q, q.net[-1], None), (actor, actor.mlp, np.tanh)):
+        numpy = mlp_forward(module, mlp, HostArrays(), post)
+        assert isinstance(numpy, NumpyForward)
+        with torch.no_grad():
+            np.testing.assert_allclose(numpy(obs), module(torch.from_numpy(obs)).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+        on_device = mlp_forward(module, mlp, DeviceArrays("cpu"), post)
+        assert isinstance(on_device, TorchForward)
+        assert isinstance(on_device(torch.from_numpy(obs)), torch.Tensor)
+    cnn = QNetwork(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), 3, "nature_cnn", "", "relu")
+    assert isinstance(mlp_forward(cnn, cnn.net[-1], HostArrays()), TorchForward)
+    assert [implementation(HostArrays(), True, True), implementation(HostArrays(), False, True),
+            implementation(DeviceArrays("cpu"), True, False)] == ["numpy", "compiled", "torch"]
 
 
 @pytest.mark.parametrize("task", ["CartPole-v1", "Hopper-v5"])
