@@ -12,7 +12,7 @@ from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.rollout.replay import FrameReplayBuffer, ReplayBuffer
-from gmi_drl.rollout.stepper import PoolStepper, Step, collect_steps
+from gmi_drl.rollout.core import Step, StepCore, collect_steps
 from gmi_drl.rollout.storage import RolloutBuffer
 
 __all__ = ["Collector", "Episodes", "Policy", "ReplayCollector"]
@@ -26,7 +26,7 @@ class Collector:
     (statistics updated as data arrives, like Gymnasium's wrappers); Box actions are clipped to
     the action space before they are sent, while the unclipped sample is stored (its
     log-probability is the one the learner's ratio needs). Each step is the collection core's
-    (`gmi_drl.rollout.stepper`), written through ``arrays`` (`gmi_drl.rollout.arrays`): NumPy
+    (`gmi_drl.rollout.core`), written through ``arrays`` (`gmi_drl.rollout.arrays`): NumPy
     views of the buffer on the CPU, the tensors on a device, where the pool's outputs are copied
     each step, unless the pool's outputs are tensors already (``pool.tensors``: the warp engine),
     which pass through untouched and never cross to the host before the rollout ends. After
@@ -49,23 +49,23 @@ class Collector:
 
     def __init__(self, pool, acting: Acting, arrays: Arrays, obs_norm: ObsNormalizer | None,
                  reward_norm: RewardNormalizer | None) -> None:
-        self.stepper = PoolStepper(pool, arrays, obs_norm, reward_norm=reward_norm)
-        self.pool, self.acting, self.arrays = pool, acting, self.stepper.arrays
+        self.core = StepCore(pool, arrays, obs_norm, reward_norm=reward_norm)
+        self.pool, self.acting, self.arrays = pool, acting, self.core.arrays
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
         self._rows = None
 
     @property
     def _on_device(self) -> bool:
-        return self.stepper.on_device
+        return self.core.on_device
 
     @property
     def next_obs(self) -> Array | None:
         """The policy's input for the pool's current observations (``None`` before `reset`)."""
-        return self.stepper.policy_obs
+        return self.core.policy_obs
 
     def reset(self) -> None:
         """Reset every env of the pool and take its first observations."""
-        self.stepper.reset()
+        self.core.reset()
 
     def collect(self, buf: RolloutBuffer) -> Episodes:
         """Fill every row of ``buf`` with ``buf.num_steps`` steps of all envs (blocks).
@@ -73,31 +73,31 @@ class Collector:
         Returns the episodes that ended during this rollout.
         """
         self._rows = buf.rows(self.arrays)
-        episodes = collect_steps([self.stepper], buf.num_steps, self)
-        self._rows.last_values[...] = self.acting.value(self.stepper.policy_obs)
+        episodes = collect_steps([self.core], buf.num_steps, self)
+        self._rows.last_values[...] = self.acting.value(self.core.policy_obs)
         self.pool.check_limits()
         return episodes
 
-    def act(self, t: int, stepper: PoolStepper) -> Array:
-        """(`gmi_drl.rollout.stepper.Sink`) Row ``t``'s observations, action, log-probability
+    def act(self, t: int, core: StepCore) -> Array:
+        """(`gmi_drl.rollout.core.Sink`) Row ``t``'s observations, action, log-probability
         and value."""
         rows = self._rows
         obs = rows.obs[t]
-        obs[...] = stepper.policy_obs
+        obs[...] = core.policy_obs
         action, rows.logprobs[t], rows.values[t] = self.acting.act(obs)
         rows.actions[t] = action
         return action
 
-    def record(self, t: int, stepper: PoolStepper, step: Step) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Row ``t``'s rewards, ends and ``V(final_obs)``."""
+    def record(self, t: int, core: StepCore, step: Step) -> None:
+        """(`gmi_drl.rollout.core.Sink`) Row ``t``'s rewards, ends and ``V(final_obs)``."""
         rows, a = self._rows, self.arrays
         rows.rewards[t] = step.reward
         rows.terminated[t] = a.from_pool(step.terminated)
         rows.truncated[t] = a.from_pool(step.truncated)
-        stepper.final_values(step, self.acting.value, rows.final_values[t])
+        core.final_values(step, self.acting.value, rows.final_values[t])
 
     def step_done(self, t: int) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Nothing to do."""
+        """(`gmi_drl.rollout.core.Sink`) Nothing to do."""
 
 
 Policy = Callable[[Array], tuple[Array, Array]]
@@ -113,7 +113,7 @@ class ReplayCollector:
     Each transition is stored with the observation that followed it: the final observation
     where an episode ended (``info["final_obs"]`` of a ``same_step`` pool), so a truncated
     episode bootstraps from its real last state, and ``terminated`` marks the ends that do not.
-    Each step is the collection core's (`gmi_drl.rollout.stepper`): with a pool of device
+    Each step is the collection core's (`gmi_drl.rollout.core`): with a pool of device
     tensors (the warp engine) observations, actions, rewards, ends and the final-observation
     substitution stay tensors on the pool's device and go into the replay as such.
 
@@ -129,8 +129,8 @@ class ReplayCollector:
     """
 
     def __init__(self, pool, replay: ReplayBuffer | FrameReplayBuffer) -> None:
-        self.stepper = PoolStepper(pool, HostArrays(), clip=False, inputs=False)
-        self.pool, self.replay, self.arrays = pool, replay, self.stepper.arrays
+        self.core = StepCore(pool, HostArrays(), clip=False, inputs=False)
+        self.pool, self.replay, self.arrays = pool, replay, self.core.arrays
         self.obs: Array | None = None
         self._policy: Policy | None = None
         self._stored: Array | None = None
@@ -138,24 +138,24 @@ class ReplayCollector:
     def collect(self, num_steps: int, policy: Policy) -> Episodes:
         """``num_steps`` steps of every env (blocks); returns the episodes that ended."""
         if self.obs is None:
-            self.stepper.reset()
-            self.obs = _copy(self.stepper.obs)
+            self.core.reset()
+            self.obs = _copy(self.core.obs)
         self._policy = policy
-        return collect_steps([self.stepper], num_steps, self)
+        return collect_steps([self.core], num_steps, self)
 
-    def act(self, t: int, stepper: PoolStepper) -> Array:
-        """(`gmi_drl.rollout.stepper.Sink`) The policy's action; keeps the stored one."""
+    def act(self, t: int, core: StepCore) -> Array:
+        """(`gmi_drl.rollout.core.Sink`) The policy's action; keeps the stored one."""
         env_action, self._stored = self._policy(self.obs)
         return env_action
 
-    def record(self, t: int, stepper: PoolStepper, step: Step) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Append the transition."""
-        self.replay.add(self.obs, self._stored, step.reward, stepper.next_obs(step),
+    def record(self, t: int, core: StepCore, step: Step) -> None:
+        """(`gmi_drl.rollout.core.Sink`) Append the transition."""
+        self.replay.add(self.obs, self._stored, step.reward, core.next_obs(step),
                         step.terminated, step.done)
         self.obs[...] = step.obs
 
     def step_done(self, t: int) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Nothing to do."""
+        """(`gmi_drl.rollout.core.Sink`) Nothing to do."""
 
 
 def _copy(x: Array) -> Array:

@@ -22,14 +22,14 @@ from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.arrays import Array, HostArrays
 from gmi_drl.rollout.episodes import Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
-from gmi_drl.rollout.stepper import PoolStepper, Step, collect_steps
+from gmi_drl.rollout.core import Step, StepCore, collect_steps
 from gmi_drl.telemetry.timer import timer
 
 
 class ServingRole:
     """Serving GMI ``serving``: its pools, a copy of the policy, a dispenser.
 
-    Each step is the collection core's (`gmi_drl.rollout.stepper.collect_steps`), with this
+    Each step is the collection core's (`gmi_drl.rollout.core.collect_steps`), with this
     role as its sink: the fragment's rows. With one pool, each step acts on every env and then
     steps them. With ``k`` pools (the env splits; Sample Factory's double-buffered sampling),
     the role acts on one split while the pools' threads step the others: ``send`` returns at
@@ -70,12 +70,12 @@ class ServingRole:
         self.policy_version = 0
         bounds = np.cumsum([0] + [p.num_envs for p in pools])
         splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        self.steppers = [PoolStepper(pool, HostArrays(), obs_norm, update_obs_stats=False,
+        self.cores = [StepCore(pool, HostArrays(), obs_norm, update_obs_stats=False,
                                      reward_norm=reward_norm,
                                      cols=cols if len(pools) > 1 else None)
                          for pool, cols in zip(pools, splits)]
-        self.arrays = self.steppers[0].arrays
-        self._on_device = self.steppers[0].on_device
+        self.arrays = self.cores[0].arrays
+        self._on_device = self.cores[0].on_device
         plan = dispenser.plan
         self._device_frag = ({f.name: torch.zeros(f.shape, dtype=_torch_dtype(f.dtype),
                                                   device=self.arrays.device)
@@ -101,7 +101,7 @@ class ServingRole:
         channel is full); returns the episodes that ended."""
         with timer("weights"):
             if self.pull_weights() and self.obs_norm is not None:
-                for s in self.steppers:  # the current observations, with the new statistics
+                for s in self.cores:  # the current observations, with the new statistics
                     s.refresh()
         d = self.dispenser
         self._frag = d.begin(self.policy_version)
@@ -109,30 +109,30 @@ class ServingRole:
             shape = self._frag["last_obs"].shape
             self._next_obs = (self._device_frag["last_obs"] if self._on_device
                               else np.zeros(shape, self._frag["last_obs"].dtype))
-        episodes = collect_steps(self.steppers, d.plan.num_steps, self)
+        episodes = collect_steps(self.cores, d.plan.num_steps, self)
         d.end()
         self.env_steps += d.plan.num_steps * d.plan.num_envs
         return episodes
 
-    def act(self, t: int, stepper: PoolStepper) -> Array:
-        """(`gmi_drl.rollout.stepper.Sink`) Row ``t`` of the split's observations (raw),
+    def act(self, t: int, core: StepCore) -> Array:
+        """(`gmi_drl.rollout.core.Sink`) Row ``t`` of the split's observations (raw),
         actions and log-probabilities."""
-        frag, cols = self._rows(), stepper.cols
-        frag["obs"][t, cols] = stepper.arrays.from_pool(stepper.obs)
-        action, logprob, _ = self.acting.act(stepper.policy_obs)
+        frag, cols = self._rows(), core.cols
+        frag["obs"][t, cols] = core.arrays.from_pool(core.obs)
+        action, logprob, _ = self.acting.act(core.policy_obs)
         frag["actions"][t, cols] = action
         frag["logprobs"][t, cols] = logprob
         return action
 
-    def record(self, t: int, stepper: PoolStepper, step: Step) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Row ``t`` of the split's step; its observations
+    def record(self, t: int, core: StepCore, step: Step) -> None:
+        """(`gmi_drl.rollout.core.Sink`) Row ``t`` of the split's step; its observations
         into the next ones."""
-        frag, cols, a = self._rows(), stepper.cols, stepper.arrays
+        frag, cols, a = self._rows(), core.cols, core.arrays
         info = step.info
         frag["rewards"][t, cols] = step.reward
         frag["terminated"][t, cols] = a.from_pool(step.terminated)
         frag["truncated"][t, cols] = a.from_pool(step.truncated)
-        stepper.final_values(step, self.acting.value, frag["final_values"][t, cols])
+        core.final_values(step, self.acting.value, frag["final_values"][t, cols])
         end = a.from_pool(info["episode_end"])  # Atari with episodic life: whole games only
         frag["episode_end"][t, cols] = end
         frag["episode_return"][t, cols] = _ended(end, a.from_pool(info["episode_return"]))
@@ -140,7 +140,7 @@ class ServingRole:
         self._next_obs[cols] = a.from_pool(step.obs)
 
     def step_done(self, t: int) -> None:
-        """(`gmi_drl.rollout.stepper.Sink`) Hand step ``t`` to the dispenser; a device
+        """(`gmi_drl.rollout.core.Sink`) Hand step ``t`` to the dispenser; a device
         fragment is copied to the host first: whole after its last step, or (UCC) row ``t``."""
         d, frag = self.dispenser, self._frag
         with timer("dispense"):

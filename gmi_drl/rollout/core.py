@@ -3,12 +3,12 @@
 Every collection (`gmi_drl.rollout.collector.Collector`'s rollouts,
 `gmi_drl.rollout.collector.ReplayCollector`'s transitions, a serving GMI's fragments in
 `gmi_drl.runner.roles.ServingRole`) is the same sequence, written once here: the sink acts on
-the policy's input, the action is clipped to a Box space and sent (`PoolStepper.send`), the
+the policy's input, the action is clipped to a Box space and sent (`StepCore.send`), the
 step is received with its observations normalised and its rewards normalised
-(`PoolStepper.recv`), its episode ends recorded (`gmi_drl.rollout.episodes`), and the sink
+(`StepCore.recv`), its episode ends recorded (`gmi_drl.rollout.episodes`), and the sink
 writes the step where it keeps it, bootstrapping ``V(final_obs)`` where an episode was
-truncated (`PoolStepper.final_values`) or storing the final observation as the next one
-(`PoolStepper.next_obs`). `collect_steps` runs that loop over one pool or over the splits of a
+truncated (`StepCore.final_values`) or storing the final observation as the next one
+(`StepCore.next_obs`). `collect_steps` runs that loop over one pool or over the splits of a
 serving GMI (acting on one split while the others step).
 
 With a pool of device tensors (``pool.tensors``: the warp engine) every per-step array stays a
@@ -39,7 +39,7 @@ class Step(NamedTuple):
     """``(n, *obs_shape)``: the observations that follow (the next episode's first where one
     ended)"""
     reward: Array
-    """``(n,)``: the rewards, of the stepper's `Arrays` kind, normalised where the stepper
+    """``(n,)``: the rewards, of the core's `Arrays` kind, normalised where the core
     has a reward normaliser"""
     terminated: Array
     """``(n,) bool``"""
@@ -60,7 +60,7 @@ def check_pool(pool) -> None:
         raise ValueError(f"collection needs a full-batch pool in same_step mode, got {pool!r}")
 
 
-class PoolStepper:
+class StepCore:
     """Steps one pool for a collection: actions out, normalised observations and rewards in.
 
     Args:
@@ -210,29 +210,29 @@ class PoolStepper:
 class Sink(Protocol):
     """Where a collection's steps go (rollout rows, a replay buffer, a serving fragment)."""
 
-    def act(self, t: int, stepper: PoolStepper) -> Array:
-        """Step ``t``'s action for ``stepper``'s envs (on its current observations), of its
-        `Arrays` kind, as `PoolStepper.send` takes it; stores what the sink keeps of it."""
+    def act(self, t: int, core: StepCore) -> Array:
+        """Step ``t``'s action for ``core``'s envs (on its current observations), of its
+        `Arrays` kind, as `StepCore.send` takes it; stores what the sink keeps of it."""
 
-    def record(self, t: int, stepper: PoolStepper, step: Step) -> None:
-        """Write step ``t`` of ``stepper``'s envs."""
+    def record(self, t: int, core: StepCore, step: Step) -> None:
+        """Write step ``t`` of ``core``'s envs."""
 
     def step_done(self, t: int) -> None:
         """Step ``t`` of every pool is recorded."""
 
 
-def collect_steps(steppers: list[PoolStepper], num_steps: int, sink: Sink) -> Episodes:
-    """``num_steps`` steps of every stepper's envs into ``sink`` (blocks); returns the episodes
-    that ended. Each stepper's step ``t + 1`` is acted on as soon as its step ``t`` is recorded,
+def collect_steps(cores: list[StepCore], num_steps: int, sink: Sink) -> Episodes:
+    """``num_steps`` steps of every core's envs into ``sink`` (blocks); returns the episodes
+    that ended. Each core's step ``t + 1`` is acted on as soon as its step ``t`` is recorded,
     while the others' are in flight (a serving GMI's splits: Sample Factory's double-buffered
-    sampling); with one stepper, act, step and record, step after step."""
-    first = steppers[0]
-    ends = episode_ends(first.on_device, num_steps, sum(s.pool.num_envs for s in steppers),
+    sampling); with one core, act, step and record, step after step."""
+    first = cores[0]
+    ends = episode_ends(first.on_device, num_steps, sum(s.pool.num_envs for s in cores),
                         first.arrays.device)
-    for s in steppers:
+    for s in cores:
         if s.obs is None:
             s.reset()
-    if len(steppers) == 1:
+    if len(cores) == 1:
         for t in range(num_steps):
             with timer("inference"):
                 action = sink.act(t, first)
@@ -241,10 +241,10 @@ def collect_steps(steppers: list[PoolStepper], num_steps: int, sink: Sink) -> Ep
             sink.record(t, first, step)
             sink.step_done(t)
         return ends.episodes()
-    for s in steppers:
+    for s in cores:
         _act(sink, 0, s)
     for t in range(num_steps):
-        for s in steppers:
+        for s in cores:
             step = s.recv()
             ends.record(t, s.cols, step.info, step.ended)
             sink.record(t, s, step)
@@ -254,7 +254,7 @@ def collect_steps(steppers: list[PoolStepper], num_steps: int, sink: Sink) -> Ep
     return ends.episodes()
 
 
-def _act(sink: Sink, t: int, stepper: PoolStepper) -> None:
+def _act(sink: Sink, t: int, core: StepCore) -> None:
     with timer("inference"):
-        action = sink.act(t, stepper)
-    stepper.send(action)
+        action = sink.act(t, core)
+    core.send(action)
