@@ -119,10 +119,10 @@ def test_the_device_path_stores_what_the_host_path_stores():
 
 class _Serving:
     """A serving role over one warp Ant pool (6-step episodes) with the policy of ``algo``
-    acting in torch (the same ops on both paths), normalisers, and a channel of ``T``-step
-    fragments that a batcher reads."""
+    acting in torch (the same ops on both paths), normalisers, and a channel (``mode``: MCC
+    or UCC) of ``T``-step fragments that a batcher reads."""
 
-    def __init__(self, algo, tensors: bool, T: int, B: int = 2) -> None:
+    def __init__(self, algo, tensors: bool, T: int, B: int = 2, mode: str = "multi") -> None:
         import dataclasses
 
         from gmi_drl.algos import A3C, APPO
@@ -141,7 +141,7 @@ class _Serving:
                              tensors=tensors)
         spec = self.pool.spec
         fields = fragment_fields(spec.observation_space, spec.action_space, T, B)
-        self.fabric = Fabric.create(ChannelPlan(fields, T, B, 1, 1, "multi", 1, 8, "block"))
+        self.fabric = Fabric.create(ChannelPlan(fields, T, B, 1, 1, mode, 1, 8, "block"))
         self.store = WeightStore.create(8)
         torch.manual_seed(0)
         model = {"appo": APPO, "a3c": A3C}[algo].acting_model(spec, ModelConfig())
@@ -165,14 +165,14 @@ class _Serving:
 
 
 @warp
-@pytest.mark.parametrize("algo", ["appo", "a3c"])
-def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo):
+@pytest.mark.parametrize("algo,mode", [("appo", "multi"), ("a3c", "multi"), ("appo", "uni")])
+def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo, mode):
     """A serving GMI (APPO's, A3C's) over a pool of tensors writes the fragments its host path
-    writes (the device fragment copied to the channel once per fragment), and takes nothing
-    to the host per step."""
+    writes (the device fragment copied to the channel once per fragment; UCC: row by row, as
+    each step is sent), and over MCC takes nothing to the host per step."""
     runs = {}
     for tensors in (True, False):
-        serving = _Serving(algo, tensors, T=4)
+        serving = _Serving(algo, tensors, T=4, mode=mode)
         try:
             runs[tensors] = [serving.fragment() for _ in range(3)]
         finally:
@@ -190,7 +190,8 @@ def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo):
     assert any(f["truncated"].any() for f in frags) and any(
         (f["final_values"] != 0).any() for f in frags)
     assert sum(int(f["episode_end"].sum()) for f in frags) >= 2
-
+    if mode == "uni":
+        return
     roles = {k: _Serving(algo, True, T=k) for k in (2, 4)}
     try:
         assert per_step_transfers(lambda k: roles[k].role.collect()) == 0
