@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gmi_drl import envs
-from gmi_drl.algos import TD3, AlgoContext, ModelConfig, TD3Config
+from gmi_drl.algos import DDPG, TD3, AlgoContext, DDPGConfig, ModelConfig, TD3Config
 from gmi_drl.envs.warp.pool import warp_error
 from gmi_drl.optim.grad_step import make_grad_step
 from tests.host_sync import host_transfers, per_step_transfers
@@ -34,26 +34,32 @@ def test_the_check_counts_a_per_step_transfer():
 
 
 @warp
-def test_td3_trains_on_a_warp_pool_of_tensors():
+@pytest.mark.parametrize("algo", [TD3, DDPG])
+def test_td3_and_ddpg_train_on_a_warp_pool_of_tensors(algo):
+    """Uniform warm-up actions and then the actor's, each without a per-step host transfer;
+    the replay holds tensors from the pool's device."""
+    config = {TD3: TD3Config, DDPG: DDPGConfig}[algo]
     with envs.make("Ant-gmi-v0", 4, seed=0, autoreset="same_step", tensors=True) as pool:
         ctx = AlgoContext(pool.spec, 4, ModelConfig(actor_hidden="32", critic_hidden="32"), 10,
                           0, functools.partial(make_grad_step, compile=False),
                           torch.Generator().manual_seed(0))
         torch.manual_seed(0)
-        td3 = TD3(TD3Config(buffer_size=512, minibatch_size=16, learning_starts=8,
-                            train_frequency=4), ctx)
-        for _ in range(3):
-            td3.collect(pool)
-            metrics = td3.update()
-        assert np.isfinite(metrics["losses/critic_loss"])
-        replay = td3.replay
-        assert replay.size == 3 * 16 and replay.obs.abs().sum() > 0
-        assert isinstance(td3._collector.obs, torch.Tensor)
+        learner = algo(config(buffer_size=512, minibatch_size=16, learning_starts=64,
+                              train_frequency=8), ctx)
 
         def collect(k):
-            td3._collector.collect(k, td3._policy)
+            learner._collector.collect(k, learner._policy)
 
-        assert per_step_transfers(collect) == 0
+        learner.collect(pool)
+        assert per_step_transfers(collect) == 0  # warm-up: 32 + 32 env steps
+        for _ in range(3):
+            learner.collect(pool)
+            metrics = learner.update()
+        assert learner.env_steps > 64 and np.isfinite(metrics["losses/critic_loss"])
+        replay = learner.replay
+        assert replay.size == learner.env_steps and replay.obs.abs().sum() > 0
+        assert isinstance(learner._collector.obs, torch.Tensor)
+        assert per_step_transfers(collect) == 0  # the actor's actions
 
 
 def test_dqn_trains_on_a_discrete_pool_of_tensors():
