@@ -308,9 +308,7 @@ class DDPG:
         # Stale-sync steps compute on local copies that workers hold at different versions
         # until the drain; targets follow the drained weights, so they stay identical on all.
         self._stale_sync = isinstance(self.critic_step, StaleSyncGradStep)
-        self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
-                                          cfg.exploration_noise, ctx.action_generator,
-                                          ctx.arrays)
+        self.acting = self.make_acting(ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self._refill_until = 0
         """env steps at which a run resumed without its replay trains again (counted in env
@@ -354,9 +352,13 @@ class DDPG:
         self._arrays = pool_arrays(self.ctx.arrays, pool)
         self._on_device = bool(getattr(pool, "tensors", False))
         if self._on_device:  # a pool of tensors: act on them where they are, never in NumPy
-            self.acting = GaussianExploration(self.actor, self.critics, spec.action_space,
-                                              cfg.exploration_noise, self.ctx.action_generator,
-                                              self._arrays)
+            self.acting = self.make_acting(self._arrays)
+
+    def make_acting(self, arrays: Arrays) -> GaussianExploration:
+        """The policy as it acts on ``arrays`` (the runner's, or a pool of tensors' on its
+        device): the actor with Gaussian exploration noise."""
+        return GaussianExploration(self.actor, self.critics, self.ctx.spec.action_space,
+                                   self.cfg.exploration_noise, self.ctx.action_generator, arrays)
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none

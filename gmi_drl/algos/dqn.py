@@ -264,7 +264,7 @@ class DQN:
         self.grad_step = ctx.make_grad_step(self.q_network, loss, cfg.learning_rate,
                                             cfg.max_grad_norm, cfg.adam_eps)
         self._target = FlatParams(self.target_network)
-        self.acting = EpsilonGreedy(self.q_network, n, ctx.action_generator, ctx.arrays)
+        self.acting = self.make_acting(ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self._refill_until = 0
         """env steps at which a run resumed without its replay trains again (counted in env
@@ -304,8 +304,13 @@ class DQN:
         self._arrays = pool_arrays(self.ctx.arrays, pool)
         if getattr(pool, "tensors", False):
             # a pool of tensors: act on them where they are, never through NumPy
-            self.acting = EpsilonGreedy(self.q_network, self.acting.num_actions,
-                                        self.ctx.action_generator, self._arrays)
+            self.acting = self.make_acting(self._arrays)
+
+    def make_acting(self, arrays: Arrays) -> EpsilonGreedy:
+        """The policy as it acts on ``arrays`` (the runner's, or a pool of tensors' on its
+        device)."""
+        return EpsilonGreedy(self.q_network, int(self.ctx.spec.action_space.n),
+                             self.ctx.action_generator, arrays)
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` gradient steps once ``learning_starts`` env steps were taken
