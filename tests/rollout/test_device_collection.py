@@ -124,11 +124,12 @@ def test_the_device_path_stores_what_the_host_path_stores():
 
 
 class _Serving:
-    """A serving role over one warp Ant pool (6-step episodes) with the policy of ``algo``
-    acting in torch (the same ops on both paths), normalisers, and a channel (``mode``: MCC
-    or UCC) of ``T``-step fragments that a batcher reads."""
+    """A serving role over ``B`` envs of warp Ant (6-step episodes) in ``splits`` pools with
+    the policy of ``algo`` acting in torch (the same ops on both paths), normalisers, and a
+    channel (``mode``: MCC or UCC) of ``T``-step fragments that a batcher reads."""
 
-    def __init__(self, algo, tensors: bool, T: int, B: int = 2, mode: str = "multi") -> None:
+    def __init__(self, algo, tensors: bool, T: int, B: int = 2, mode: str = "multi",
+                 splits: int = 1) -> None:
         import dataclasses
 
         from gmi_drl.algos import A3C, APPO
@@ -143,18 +144,19 @@ class _Serving:
         from gmi_drl.rollout.trajectory import fragment_fields
         from gmi_drl.runner.roles import ServingRole
 
-        self.pool = WarpPool(dataclasses.replace(ANT, max_episode_steps=6), B, env_seeds(0, B),
-                             tensors=tensors)
-        spec = self.pool.spec
+        per, task = B // splits, dataclasses.replace(ANT, max_episode_steps=6)
+        self.pools = [WarpPool(task, per, env_seeds(s * per, per), tensors=tensors)
+                      for s in range(splits)]
+        spec = self.pools[0].spec
         fields = fragment_fields(spec.observation_space, spec.action_space, T, B)
         self.fabric = Fabric.create(ChannelPlan(fields, T, B, 1, 1, mode, 1, 8, "block"))
         self.store = WeightStore.create(8)
         torch.manual_seed(0)
         model = {"appo": APPO, "a3c": A3C}[algo].acting_model(spec, ModelConfig())
-        arrays = pool_arrays(HostArrays(), self.pool)
+        arrays = pool_arrays(HostArrays(), self.pools[0])
         acting = TorchActing(model, torch.Generator().manual_seed(1), arrays)
         obs_norm = ObsNormalizer(spec.observation_space.shape, arrays=arrays)
-        self.role = ServingRole([self.pool], model, acting, obs_norm,
+        self.role = ServingRole(self.pools, model, acting, obs_norm,
                                 RewardNormalizer(B, 0.99, arrays=arrays),
                                 Dispenser(self.fabric, 0), self.store)
         self.batcher = Batcher(self.fabric, 0, fragments_per_batch=1)
@@ -165,20 +167,23 @@ class _Serving:
         return {k: v.clone() for k, v in self.batcher.batch.items()}
 
     def close(self) -> None:
-        self.pool.close()
+        for pool in self.pools:
+            pool.close()
         self.fabric.close()
         self.store.close()
 
 
 @warp
-@pytest.mark.parametrize("algo,mode", [("appo", "multi"), ("a3c", "multi"), ("appo", "uni")])
-def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo, mode):
-    """A serving GMI (APPO's, A3C's) over a pool of tensors writes the fragments its host path
+@pytest.mark.parametrize("algo,mode,splits", [("appo", "multi", 1), ("a3c", "multi", 1),
+                                               ("appo", "uni", 1), ("appo", "multi", 2)])
+def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo, mode, splits):
+    """A serving GMI (APPO's, A3C's) over pools of tensors writes the fragments its host path
     writes (the device fragment copied to the channel once per fragment; UCC: row by row, as
-    each step is sent), and over MCC takes nothing to the host per step."""
+    each step is sent; two env splits: each its columns), and over MCC takes nothing to the
+    host per step."""
     runs = {}
     for tensors in (True, False):
-        serving = _Serving(algo, tensors, T=4, mode=mode)
+        serving = _Serving(algo, tensors, T=4, mode=mode, splits=splits)
         try:
             runs[tensors] = [serving.fragment() for _ in range(3)]
         finally:
@@ -196,7 +201,7 @@ def test_serving_keeps_a_warp_pool_of_tensors_on_its_device(algo, mode):
     assert any(f["truncated"].any() for f in frags) and any(
         (f["final_values"] != 0).any() for f in frags)
     assert sum(int(f["episode_end"].sum()) for f in frags) >= 2
-    if mode == "uni":
+    if mode == "uni" or splits > 1:
         return
     roles = {k: _Serving(algo, True, T=k) for k in (2, 4)}
     try:
