@@ -20,10 +20,11 @@ the collection ends. With NumPy pools the host path is NumPy throughout (no torc
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from gmi_drl.rollout.arrays import Array, Arrays, flatnonzero, pool_arrays
 from gmi_drl.rollout.episodes import Episodes, episode_ends
@@ -100,8 +101,6 @@ class StepCore:
         if self._clip:
             self._low, self._high, self._act_dtype = space.low, space.high, space.dtype
             if self.on_device:
-                import torch
-
                 self._low, self._high = (torch.as_tensor(x, device=self.arrays.device)
                                          for x in (space.low, space.high))
         self._images = pool.observation_space.dtype == np.uint8
@@ -173,7 +172,7 @@ class StepCore:
             reward = self.reward_norm(reward, self.arrays.from_pool(done), self._norm_rows)
         return Step(obs, reward, terminated, truncated, done, info, ended)
 
-    def final_values(self, step: Step, value, out: Array) -> None:
+    def final_values(self, step: Step, value: Callable[[Array], Array], out: Array) -> None:
         """``out (n,)`` (of `arrays`' kind) = ``value(input(final_obs))`` where the episode was
         truncated (bootstrapped: GAE and V-trace add ``gamma V(final_obs)``), 0 elsewhere. On
         the device every row is evaluated and masked (no host sync); on the host only the
