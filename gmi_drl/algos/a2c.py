@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from gmi_drl.algos.base import AlgoContext, load_modules
+from gmi_drl.algos.base import AlgoContext, actor_critic_state, load_actor_critic_state
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.optim.flat import OPTIMIZERS
 from gmi_drl.rollout.acting import make_acting
@@ -158,19 +158,11 @@ class A2C:
 
     def state_dict(self) -> dict:
         """Weights (``modules``), the optimizer's state and the update count."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "iteration": self.iteration}
+        return actor_critic_state(self.model, self.grad_step, self.iteration)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.iteration = int(state["iteration"])
+        """Restore `state_dict` output (`load_actor_critic_state`)."""
+        self.iteration = load_actor_critic_state(state, self.model, self.grad_step)
 
     def close(self) -> None:
         self.grad_step.close()

@@ -182,3 +182,30 @@ def load_modules(modules: dict[str, torch.nn.Module], stored: dict) -> None:
             module.load_state_dict(stored[name])
         except (RuntimeError, KeyError) as e:
             raise ValueError(f"checkpoint weights do not fit this model: {e!r}") from None
+
+
+def actor_critic_state(model: torch.nn.Module, grad_step, iteration: int,
+                       generator: torch.Generator | None = None) -> dict:
+    """The checkpoint state of a learner with one actor-critic and one `GradStep` (PPO, A2C,
+    APPO, A3C): weights (``modules``), optimizer moments, the update count and, where the
+    learner samples minibatches, its generator."""
+    state = {"modules": {"actor_critic": model.state_dict()},
+             "optimizers": {"actor_critic": grad_step.state_dict()}, "iteration": iteration}
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def load_actor_critic_state(state: dict, model: torch.nn.Module, grad_step,
+                            generator: torch.Generator | None = None) -> int:
+    """Restore `actor_critic_state` output; returns the update count.
+
+    Raises:
+        ValueError: the stored weights or optimizer do not fit this model.
+    """
+    load_modules({"actor_critic": model}, state["modules"])
+    grad_step.load_state_dict(state["optimizers"]["actor_critic"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+    return int(state["iteration"])
+

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from gmi_drl.algos.base import AlgoContext, load_modules
+from gmi_drl.algos.base import AlgoContext, actor_critic_state, load_actor_critic_state
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.rollout.acting import make_acting
 from gmi_drl.rollout.collector import Collector, Episodes
@@ -271,20 +271,12 @@ class PPO:
 
     def state_dict(self) -> dict:
         """Weights (``modules``), optimizer moments, the shuffling RNG and the update count."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "generator": self.generator.get_state(), "iteration": self.iteration}
+        return actor_critic_state(self.model, self.grad_step, self.iteration, self.generator)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.generator.set_state(state["generator"])
-        self.iteration = int(state["iteration"])
+        """Restore `state_dict` output (`load_actor_critic_state`)."""
+        self.iteration = load_actor_critic_state(state, self.model, self.grad_step,
+                                                 self.generator)
 
     def close(self) -> None:
         self.grad_step.close()

@@ -54,7 +54,7 @@ class ServingRole:
         self.targets = [t.numpy() for t in model.state_dict().values()]
         if obs_norm is not None:
             self.targets += [obs_norm.rms.mean, obs_norm.rms.var]
-        self.policy_version = 0
+        self.policy_version = -1  # none loaded: the first pull takes the first publication
         bounds = np.cumsum([0] + [p.num_envs for p in pools])
         self._splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         space = pools[0].action_space

@@ -189,8 +189,7 @@ def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cl
         assert resumed < cfg.num_iterations  # the trainer died mid-run
         assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
     summary = (result.run_dir / "summary.md").read_text()
-    assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
-        in summary
+    assert "restarts from the last checkpoint after a GMI failed: 1" in summary
     assert_nothing_left(ray_cluster, shm_before=shm_before)
 
 
@@ -235,7 +234,7 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     assert result.global_step == 30_720
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
     summary = (result.run_dir / "summary.md").read_text()
-    assert "one Ray actor per GMI; each trainer GMI's TCP bridge" in summary
+    assert "one actor per GMI" in summary and "each trainer GMI's TCP bridge" in summary
     assert summary.count("node ") >= 2 or summary.count("- node") >= 2, summary
     for gmi in (1, 2):
         line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))
