@@ -199,6 +199,11 @@ class AsyncConfig:
     """double-buffered sampling (Sample Factory's worker_num_splits): each serving GMI steps
     env.num_envs / env_splits envs per pool in this many pools, and acts on one split while the
     pools' threads step the others (send/recv); 1: one pool, stepped in turn with acting"""
+    lockstep: bool = False
+    """serving fragment f is acted with the weights of update f // fragments_per_batch exactly
+    (the serving GMI waits for them), so that a run of processes acts and learns as the serial
+    placement does, which always runs in lock-step (one serving and one trainer GMI; for
+    debugging and tests: the serving GMI waits for every update)"""
 
 
 @dataclass
@@ -878,6 +883,9 @@ def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> N
     need(g.reduction in ("auto", "mpr", "mrr", "har", "ring"),
          f"gmi.reduction={g.reduction!r}: trainer GMIs of an async_training run reduce with "
          "auto, mpr, mrr, har or ring")
+    need(not a.lockstep or g.serving_gmis == g.trainer_gmis == 1,
+         f"async.lockstep orders the fragments of one serving GMI for one trainer GMI, not "
+         f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")
     need(cfg.placement != "serial" or g.serving_gmis == g.trainer_gmis == 1,
          f"placement='serial' runs one serving and one trainer role in one process, not "
          f"gmi.serving_gmis={g.serving_gmis} and gmi.trainer_gmis={g.trainer_gmis}")

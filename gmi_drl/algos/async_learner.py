@@ -74,8 +74,8 @@ class AsyncLearner:
         """``(epochs, minibatches per epoch)`` over each batch."""
         return 1, 1
 
-    def update(self, batch: dict[str, torch.Tensor],
-               update_obs_stats: bool = True) -> dict[str, float]:
+    def learn(self, batch: dict[str, torch.Tensor],
+              update_obs_stats: bool = True) -> dict[str, float]:
         """`passes` of minibatch steps over ``batch`` (every trajectory whole);
         the observations are normalised first when the run normalises them, folding the batch
         into the statistics when ``update_obs_stats`` (the trainer that publishes: its

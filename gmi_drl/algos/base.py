@@ -135,8 +135,8 @@ class AsyncAlgorithm(Protocol):
         """The network serving GMIs act with, for task ``spec`` (`EnvSpec`) and ``model``,
         untrained (built after ``torch.manual_seed(seed)`` it equals the learner's first)."""
 
-    def update(self, batch: dict[str, torch.Tensor],
-               update_obs_stats: bool = True) -> dict[str, float]:
+    def learn(self, batch: dict[str, torch.Tensor],
+              update_obs_stats: bool = True) -> dict[str, float]:
         """Learn from one batch of fragments (``(T, M, ...)`` tensors and ``last_obs (M,
         *obs_shape)``); the next `weights` are ``policy_version + 1``. Returns metrics."""
 

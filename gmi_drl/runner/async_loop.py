@@ -203,9 +203,9 @@ class TrainerGMI(GMIShell):
         """Samples one update trains on, over every trainer GMI."""
         return self.cfg.batch_size
 
-    def step(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
         """One update from the next batch (waited for)."""
-        step = self.role.step(True, self.cfg.async_.timeout_s)
+        step = self.role.update(True, self.cfg.async_.timeout_s)
         self.lags.append(step.lags)
         return step.episodes, step.metrics
 

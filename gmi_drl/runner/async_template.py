@@ -61,7 +61,8 @@ class AsyncTemplate:
 
         self.placement, cfg = placement, self.cfg
         if placement == "ray":
-            yield AsyncSpec(payload.run, None, None, transport="tcp", progress=payload.progress)
+            yield AsyncSpec(payload.run, None, None, transport="tcp", progress=payload.progress,
+                            lockstep=cfg.async_.lockstep)
             return
         task = task_spec(cfg)
         with contextlib.ExitStack() as made:  # whatever happens, every segment is unlinked
@@ -80,7 +81,7 @@ class AsyncTemplate:
             group = ReductionGroup(tuple(groups), f"file://{tmp}/rendezvous")
             yield AsyncSpec(payload.run, fabric.plan, store.handle, store.handle.nbytes,
                             "shm", self.trainer_layout, group, payload.progress,
-                            lockstep=placement == "serial")
+                            lockstep=placement == "serial" or cfg.async_.lockstep)
 
     def trainer_reduction(self) -> str:
         """What the trainer GMIs reduce their gradients through, in words."""
@@ -97,11 +98,12 @@ class AsyncTemplate:
         cfg, g, a = self.cfg, self.cfg.gmi, self.cfg.async_
         n_tr = g.trainer_gmis
         text = (self.layout.describe(reduction=False)
-                + f"- roles: trainer GMIs {list(range(n_tr))}, serving GMIs "
-                f"{list(range(n_tr, n_tr + g.serving_gmis))} ({cfg.env.num_envs} envs each)\n")
-        if self.placement == "serial":
-            text += ("- lock-step: each serving fragment waited for the update before it, as "
-                     "a run of processes with async.lockstep\n")
+                + f"- trainer GMIs {list(range(n_tr))} (the trainer role), serving GMIs "
+                f"{list(range(n_tr, n_tr + g.serving_gmis))} (the simulator and agent roles, "
+                f"{cfg.env.num_envs} envs each)\n")
+        if self.placement == "serial" or a.lockstep:
+            text += ("- lock-step: each serving fragment waited for the update before it "
+                     "(async.lockstep; the serial placement always)\n")
         text += f"- gradient reduction among trainer GMIs: {self.trainer_reduction()}\n"
         how = "one per field (MCC)" if a.channel == "multi" else "one message per step (UCC)"
         text += (f"- experience channels: {a.channel} ({how}), "

@@ -142,8 +142,8 @@ class ServingRole:
         self._obs[cols] = obs
 
 
-class TrainStep(NamedTuple):
-    """What one `TrainerRole.step` did."""
+class TrainerUpdate(NamedTuple):
+    """What one `TrainerRole.update` did."""
 
     metrics: dict[str, float]
     episodes: Episodes
@@ -157,7 +157,7 @@ class TrainerRole:
     """Trainer GMI: batcher -> learner update -> publish.
 
     Args:
-        learner: `APPO` or `A3C` (``update(batch)``, ``policy_version``, ``weights()``).
+        learner: an `gmi_drl.algos.base.AsyncAlgorithm` (``learn(batch)``, ``policy_version``, ``weights()``).
         batcher: this trainer's batcher.
         store: where weights go (trainer 0 publishes; other trainers hold identical weights
             and normalise observations with the statistics trainer 0 published last).
@@ -175,7 +175,8 @@ class TrainerRole:
         if publish:
             store.publish(learner.weights(), learner.policy_version)
 
-    def step(self, block: bool = True, timeout_s: float | None = None) -> TrainStep | None:
+    def update(self, block: bool = True,
+               timeout_s: float | None = None) -> TrainerUpdate | None:
         """One update from the next batch; ``None`` when ``block`` is false and no whole
         batch is there yet.
 
@@ -202,11 +203,11 @@ class TrainerRole:
                 self._seen = version
                 self.learner.set_obs_stats(self._scratch[-2], self._scratch[-1])
         with timer("learn"):
-            metrics = self.learner.update(batch, update_obs_stats=not self._follow)
+            metrics = self.learner.learn(batch, update_obs_stats=not self._follow)
         if self.publish:
             with timer("publish"):
                 self.store.publish(self.learner.weights(), self.learner.policy_version)
         metrics["async/policy_lag_mean"] = float(lags.mean())
         metrics["async/policy_lag_max"] = float(lags.max())
         metrics["async/stale_dropped"] = float(b.stale_dropped)
-        return TrainStep(metrics, episodes, lags)
+        return TrainerUpdate(metrics, episodes, lags)
