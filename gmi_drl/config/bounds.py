@@ -15,7 +15,7 @@ import math
 import operator
 import types
 import typing
-from typing import Annotated, Callable, Literal, NamedTuple, Union
+from typing import Annotated, Literal, NamedTuple, Union
 
 from annotated_types import BaseMetadata, Ge, GroupedMetadata, Gt, Le, Lt
 from typeguard import CollectionCheckStrategy, TypeCheckError, check_type
@@ -25,19 +25,10 @@ _INF_MEANS_OFF = {"max_grad_norm"}
 default is ``inf``)"""
 
 
-class _Bound(NamedTuple):
-    """How `field_errors` reads one kind of bound: ``Gt(0)`` is ``value > b.gt``."""
-
-    attr: str
-    test: Callable[[object, object], bool]
-    symbol: str
-    bracket: str
-    """its side of an interval: ``(`` ``[`` ``)`` ``]``"""
-
-
-_BOUNDS = {Gt: _Bound("gt", operator.gt, ">", "("), Ge: _Bound("ge", operator.ge, ">=", "["),
-           Lt: _Bound("lt", operator.lt, "<", ")"), Le: _Bound("le", operator.le, "<=", "]")}
+_BOUNDS = {Gt: ">", Ge: ">=", Lt: "<", Le: "<="}
 """the bounds of `annotated_types` that fields declare (an `Interval` is two of them)"""
+
+_TESTS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
 class FieldError(NamedTuple):
@@ -104,9 +95,9 @@ def _members(hint) -> set:
     return {hint}
 
 
-def _bounds(hint) -> list[BaseMetadata]:
+def _bounds(hint) -> list[tuple[str, object]]:
     """The `annotated_types` bounds of ``hint`` (``Annotated[X, ...]``, or a union with such a
-    member), an `Interval` as its ends."""
+    member) as ``(symbol, bound)``: ``Interval(gt=0, le=1)`` is ``[(">", 0), ("<=", 1)]``."""
     if typing.get_origin(hint) in (Union, types.UnionType):
         return [b for arg in typing.get_args(hint) for b in _bounds(arg)]
     found = []
@@ -117,28 +108,22 @@ def _bounds(hint) -> list[BaseMetadata]:
     if unknown:
         raise TypeError(f"{unknown} declared on {hint}: gmi_drl.config.bounds checks the bounds "
                         "Gt, Ge, Lt, Le and Interval only")
-    return found
+    return [(_BOUNDS[type(b)], getattr(b, type(b).__name__.lower())) for b in found]
 
 
-def _within(value, bounds: list[BaseMetadata]) -> bool:
-    return all(kind.test(value, bound) for bound, kind in map(_end, bounds))
+def _within(value, bounds: list[tuple[str, object]]) -> bool:
+    return all(_TESTS[symbol](value, bound) for symbol, bound in bounds)
 
 
-def _bounds_text(bounds: list[BaseMetadata]) -> str:
+def _bounds_text(bounds: list[tuple[str, object]]) -> str:
     """``> 0``, ``>= 1``, ``in [0, 1]``, ``in (0, 1]``."""
-    ends = list(map(_end, bounds))
-    lower = [(bound, kind) for bound, kind in ends if kind.bracket in "(["]
-    upper = [(bound, kind) for bound, kind in ends if kind.bracket in ")]"]
-    if lower and upper:
-        (lo, lo_kind), (hi, hi_kind) = lower[0], upper[0]
-        return f"in {lo_kind.bracket}{lo}, {hi}{hi_kind.bracket}"
-    return " and ".join(f"{kind.symbol} {bound}" for bound, kind in ends)
-
-
-def _end(b: BaseMetadata) -> tuple[object, _Bound]:
-    """``Gt(0)`` as ``(0, _BOUNDS[Gt])``."""
-    kind = _BOUNDS[type(b)]
-    return getattr(b, kind.attr), kind
+    lower = [(s, b) for s, b in bounds if s.startswith(">")]
+    upper = [(s, b) for s, b in bounds if s.startswith("<")]
+    if len(lower) == len(upper) == 1:
+        (lo_symbol, lo), (hi_symbol, hi) = lower[0], upper[0]
+        return (f"in {'(' if lo_symbol == '>' else '['}{lo}, "
+                f"{hi}{')' if hi_symbol == '<' else ']'}")
+    return " and ".join(f"{symbol} {bound}" for symbol, bound in bounds)
 
 
 def _describe(hint) -> str:

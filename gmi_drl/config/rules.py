@@ -102,6 +102,17 @@ def _validate_task(cfg: TrainConfig, need: Callable[[bool, str], None]) -> list[
     return names
 
 
+def _nearest_task(task_id: str) -> str:
+    """`` (did you mean 'X'?)`` for the registered task nearest ``task_id``, else how to list
+    them."""
+    from gmi_drl.envs import list_tasks
+
+    names = {name.lower(): name for name in [*gym.registry, *list_tasks()]}
+    near = difflib.get_close_matches(task_id.lower(), names, n=1, cutoff=0.85)
+    return (f" (did you mean {names[near[0]]!r}?)" if near else
+            "; python -c 'import gmi_drl.envs as e; print(e.list_tasks())' lists gmi-drl's own")
+
+
 def _validate_model(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     m = cfg.model
     for name in ("actor_hidden", "critic_hidden"):
@@ -158,17 +169,6 @@ def _validate_machine(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
         files = [d for d in dirs if os.path.exists(d) and not os.path.isdir(d)]
         need(not files, f"{files[0] if files else ''} is a file where the run writes a "
              "directory: move it, or choose another --run-dir")
-
-
-def _nearest_task(task_id: str) -> str:
-    """`` (did you mean 'X'?)`` for the registered task nearest ``task_id``, else how to list
-    them."""
-    from gmi_drl.envs import list_tasks
-
-    names = {name.lower(): name for name in [*gym.registry, *list_tasks()]}
-    near = difflib.get_close_matches(task_id.lower(), names, n=1, cutoff=0.85)
-    return (f" (did you mean {names[near[0]]!r}?)" if near else
-            "; python -c 'import gmi_drl.envs as e; print(e.list_tasks())' lists gmi-drl's own")
 
 
 def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
