@@ -337,4 +337,3 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
     if task_id is not None:
         cfg.env.task_id = task_id
     return cfg
-

@@ -334,5 +334,3 @@ def _is_host_port(text: str) -> bool:
     host, _, port = text.rpartition(":")
     return (bool(host) and "/" not in host and port.isdigit()  # ("ray://h:p" is no HOST:PORT)
             and 0 < int(port) < 65536)
-
-

@@ -283,5 +283,3 @@ class ConfigError(ValueError):
 
 class InvalidConfig(ConfigError):
     """What `validate` raises: fields that cannot hold whatever the task or the machine."""
-
-
