@@ -125,7 +125,7 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert "gmi.num_gmis=2 is the holistic GMIs of sync_training" in str(err.value)
-    assert "placement='serial' runs one serving and one trainer role" in str(err.value)
+    assert "placement='serial' runs one serving and one trainer GMI" in str(err.value)
     cfg = _appo(tmp_path, "bad3")
     cfg.async_.env_splits = 3  # 8 envs
     with pytest.raises(ConfigError, match="async.env_splits=3 must be >= 1 and divide "

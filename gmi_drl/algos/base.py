@@ -11,10 +11,11 @@ through the `GradStep` s its context makes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Literal, Protocol
+from typing import Annotated, Callable, ContextManager, Literal, Protocol
 
 import numpy as np
 import torch
+from annotated_types import Ge
 
 from gmi_drl.envs.spec import EnvSpec
 from gmi_drl.optim.grad_step import GradStep
@@ -41,7 +42,7 @@ class ModelConfig:
     """hidden sizes of the critic MLP, ':'-joined"""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu"""
-    cnn_features: int = 512
+    cnn_features: Annotated[int, Ge(1)] = 512
     """width of the Nature CNN's last (fully connected) layer"""
 
 
@@ -167,7 +168,10 @@ class AlgoConfig(Protocol):
         """Env steps of one pool of ``num_envs`` envs per iteration."""
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule, one message each (``algo.<field>=...``); empty when valid."""
+        """Every broken rule between the hyper-parameters, and with pools of ``num_envs`` envs
+        and ``num_gmis`` GMIs, one message each (``algo.<field>=...``); empty when valid. A
+        field's own bounds are declared on it (``Annotated[float, Gt(0)]``) and checked with
+        its type by the run's config, not here."""
 
 
 def load_modules(modules: dict[str, torch.nn.Module], stored: dict) -> None:

@@ -20,10 +20,12 @@ import copy
 import functools
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
 import torch
+from annotated_types import Ge, Gt, Interval
 from torch import nn
 
 from gmi_drl.algos.base import AlgoContext, load_modules
@@ -45,31 +47,31 @@ class DeterministicPGConfig:
     `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
     always names its own algorithm."""
 
-    learning_rate: float = 1e-3
+    learning_rate: Annotated[float, Gt(0)] = 1e-3
     """Adam step size of the actor and the critic"""
-    buffer_size: int = 1_000_000
+    buffer_size: Annotated[int, Ge(1)] = 1_000_000
     """replay capacity of each GMI, transitions"""
-    learning_starts: int = 100
+    learning_starts: Annotated[int, Ge(0)] = 100
     """env steps of a GMI taken with uniform random actions before the first gradient step"""
-    minibatch_size: int = 256
+    minibatch_size: Annotated[int, Ge(1)] = 256
     """transitions per gradient step (each GMI samples its own)"""
-    tau: float = 0.005
+    tau: Annotated[float, Interval(gt=0, le=1)] = 0.005
     """soft update rate of the target networks"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    n_step: int = 1
+    n_step: Annotated[int, Ge(1)] = 1
     """rewards per critic target: n-step returns, cut where an episode ended (1: the papers'
     one-step target)"""
-    train_frequency: int = 1
+    train_frequency: Annotated[int, Ge(1)] = 1
     """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
-    gradient_steps: int = 1
+    gradient_steps: Annotated[int, Ge(1)] = 1
     """gradient steps of the critic per iteration"""
-    exploration_noise: float = 0.1
+    exploration_noise: Annotated[float, Ge(0)] = 0.1
     """std of the Gaussian noise added to the actor's action in [-1, 1] units (0.1: Fujimoto
     et al. 2018 §6.1 and RL-Zoo)"""
-    max_grad_norm: float = math.inf
+    max_grad_norm: Annotated[float, Gt(0)] = math.inf
     """global gradient norm bound of each network (inf: none, as Stable-Baselines3)"""
-    adam_eps: float = 1e-8
+    adam_eps: Annotated[float, Gt(0)] = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
@@ -88,33 +90,9 @@ class DeterministicPGConfig:
         return num_envs * self.train_frequency
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        checks = [
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
-            (self.learning_starts >= 0,
-             f"algo.learning_starts={self.learning_starts} must be >= 0"),
-            (self.minibatch_size >= 1,
-             f"algo.minibatch_size={self.minibatch_size} must be >= 1"),
-            (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
-            (self.train_frequency >= 1,
-             f"algo.train_frequency={self.train_frequency} must be >= 1"),
-            (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
-            (self.exploration_noise >= 0,
-             f"algo.exploration_noise={self.exploration_noise} must be >= 0"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
-            (self.n_critics >= 1, f"algo.n_critics={self.n_critics} must be >= 1"),
-            (self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay} must be >= 1"),
-            (self.target_policy_noise >= 0,
-             f"algo.target_policy_noise={self.target_policy_noise} must be >= 0"),
-            (self.target_noise_clip >= 0,
-             f"algo.target_noise_clip={self.target_noise_clip} must be >= 0"),
-        ]
-        return [msg for ok, msg in checks if not ok] + replay_config_errors(
-            self.buffer_size, self.minibatch_size, self.n_step, num_envs)
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs:
+        the replay's (`replay_config_errors`; each field's own bounds are declared on it)."""
+        return replay_config_errors(self.buffer_size, self.minibatch_size, self.n_step, num_envs)
 
 
 @dataclass
