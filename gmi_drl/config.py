@@ -5,8 +5,9 @@ Every field has a docstring (it becomes the ``--help`` text). Derived values (`b
 sizes and rules live in its config (`gmi_drl.algos.base.AlgoConfig`). PPO presets reproduce
 CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` = ``ppo_continuous_action.py``,
 ``atari`` = ``ppo_atari.py``; ``cartpole-zoo`` = RL-Zoo's ``CartPole-v1`` PPO entry (the
-Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG and TD3 presets are
-RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow CleanRL and RL-Zoo, except
+Stable-Baselines3 comparison); ``demo`` = a short Hopper run. A2C, DDPG, TD3 and SAC presets are
+RL-Zoo's entries (the Stable-Baselines3 references; SAC's ``cleanrl`` is CleanRL's
+``sac_continuous_action.py``); DQN's follow CleanRL and RL-Zoo, except
 ``cartpole`` and ``pong``, gmi-drl's settings that reach each issue target's return. Every
 algorithm of the iSwitch paper (§5.1) has an ``iswitch`` preset: its workload and a
 network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah). ``gmi-ant`` and
@@ -31,8 +32,8 @@ import gymnasium as gym
 import tyro
 
 from gmi_drl.algos import (ALGORITHMS, A2CConfig, A3CConfig, APPOConfig, DDPGConfig, DQNConfig,
-                           ModelConfig, PPOConfig, TD3Config, algo_name, is_async)
-from gmi_drl.algos.ddpg import DeterministicPGConfig
+                           ModelConfig, PPOConfig, SACConfig, TD3Config, algo_name, is_async)
+from gmi_drl.algos.ddpg import DeterministicPGConfig, OffPolicyConfig
 from gmi_drl.models.mlp import ACTIVATIONS, parse_layers
 from gmi_drl.telemetry.profiler import ROLES, ProfilerConfig
 
@@ -275,7 +276,7 @@ class TrainConfig:
     def is_async(self) -> bool:
         """Whether the run uses the async_training template (GMI-DRL §5.1: decoupled serving
         and trainer GMIs, experience through channels: APPO, A3C) rather than sync_training
-        (holistic GMIs: PPO, A2C, DQN, DDPG, TD3): its algorithm's."""
+        (holistic GMIs: PPO, A2C, DQN, DDPG, TD3, SAC): its algorithm's."""
         return is_async(self.algo)
 
     @property
@@ -485,7 +486,7 @@ def _a2c_iswitch() -> TrainConfig:
     return cfg
 
 
-def _continuous(algo: DeterministicPGConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
+def _continuous(algo: OffPolicyConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
     return TrainConfig(env=EnvConfig(task_id=task_id, num_envs=1), algo=algo,
                        model=ModelConfig(actor_hidden=hidden, critic_hidden=hidden,
                                          activation="relu"),
@@ -510,6 +511,28 @@ def _ddpg_iswitch() -> TrainConfig:
     cfg = _halfcheetah(DDPGConfig)()
     cfg.model.actor_hidden = cfg.model.critic_hidden = "128:128"
     return cfg
+
+
+# SAC: RL-Zoo's sac.yml (learning_starts at least the minibatch: SACConfig's rule) and CleanRL's
+# sac_continuous_action.py, 256:256 ReLU networks throughout
+def _sac_classic() -> TrainConfig:
+    """RL-Zoo's ``sac.yml`` Pendulum-v1 entry (lr 1e-3, 20k steps)."""
+    return _continuous(SACConfig(learning_rate=1e-3), "Pendulum-v1", "256:256", 20_000)
+
+
+def _sac_mujoco() -> TrainConfig:
+    """RL-Zoo's ``sac.yml`` MuJoCo entry (HalfCheetah: learning_starts 10,000, 1M steps)."""
+    return _continuous(SACConfig(learning_starts=10_000), "HalfCheetah-v5", "256:256",
+                       1_000_000)
+
+
+def _sac_cleanrl() -> TrainConfig:
+    """CleanRL's ``sac_continuous_action.py`` (Hopper): actor 3e-4, critics and alpha 1e-3,
+    two actor steps every second critic step, log std in [-5, 2] through tanh, 5,000 random
+    steps, 1M steps."""
+    return _continuous(SACConfig(learning_rate=1e-3, policy_learning_rate=3e-4,
+                                 learning_starts=5_000, policy_delay=2, log_std_min=-5.0,
+                                 log_std_tanh=True), "Hopper-v5", "256:256", 1_000_000)
 
 
 def _appo_classic() -> TrainConfig:
@@ -574,7 +597,8 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
              "iswitch": _ddpg_iswitch},
     "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)},
     "appo": {"classic": _appo_classic, "mujoco": _appo_mujoco, "atari": _appo_atari},
-    "a3c": {"classic": _a3c_classic, "atari": _a3c_atari}}
+    "a3c": {"classic": _a3c_classic, "atari": _a3c_atari},
+    "sac": {"classic": _sac_classic, "mujoco": _sac_mujoco, "cleanrl": _sac_cleanrl}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 
