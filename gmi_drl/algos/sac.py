@@ -84,13 +84,14 @@ class SACConfig(OffPolicyConfig):
             (self.alpha > 0, f"algo.alpha={self.alpha} must be > 0"),
             (self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay} must be >= 1"),
             (self.log_std_min < self.log_std_max,
-             f"algo.log_std_min={self.log_std_min} must be < algo.log_std_max="
-             f"{self.log_std_max}"),
+             (f"algo.log_std_min={self.log_std_min} must be < algo.log_std_max="
+              f"{self.log_std_max}")),
             (spi < 1 or self.minibatch_size <= warm,
-             f"algo.minibatch_size={self.minibatch_size} is more than the {warm} transitions "
-             f"the replay holds at the first gradient step (algo.learning_starts="
-             f"{self.learning_starts}, in whole iterations of {spi} env steps): raise "
-             f"--algo.learning-starts to {self.minibatch_size} or lower --algo.minibatch-size"),
+             (f"algo.minibatch_size={self.minibatch_size} is more than the {warm} transitions "
+              f"the replay holds at the first gradient step (algo.learning_starts="
+              f"{self.learning_starts}, in whole iterations of {spi} env steps): raise "
+              f"--algo.learning-starts to {self.minibatch_size} or lower "
+              "--algo.minibatch-size")),
         ]
 
 
@@ -157,7 +158,8 @@ def soft_critic_objective(critics: QCritics, obs: torch.Tensor, actions: torch.T
                           rewards: torch.Tensor, next_obs: torch.Tensor,
                           terminated: torch.Tensor, discount: torch.Tensor, noise: torch.Tensor,
                           alpha: torch.Tensor, *, actor: SquashedGaussianActor,
-                          critics_target: QCritics) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                          critics_target: QCritics
+                          ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The critics' loss on one replay minibatch in a `GradStep`'s shape: ``sum_i 0.5 mean (Q_i
     - y)^2`` with ``y = r + discount (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``,
     ``a' = tanh(mean(s') + std(s') noise)`` from the current policy (no gradient through ``y``;

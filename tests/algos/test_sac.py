@@ -185,7 +185,7 @@ def test_a_fixed_alpha_is_not_learned():
     assert metrics["losses/alpha"] == pytest.approx(0.2) and metrics["losses/alpha_loss"] == 0
 
 
-@pytest.mark.parametrize("cfg", [dict(), dict(autotune=False, n_step=3, policy_delay=2)])
+@pytest.mark.parametrize("cfg", [{}, {"autotune": False, "n_step": 3, "policy_delay": 2}])
 def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cfg):
     first = _learner(save_replay=True, gradient_steps=3, **cfg)
     with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
@@ -211,12 +211,13 @@ def test_sac_refuses_what_it_cannot_learn():
         "algo.alpha=0.0 must be > 0", "algo.policy_delay=0 must be >= 1",
         "algo.log_std_min=3.0 must be < algo.log_std_max=2.0"]
     # the replay holds 100 transitions at the first step: a 256 minibatch would repeat them
-    assert SACConfig(learning_starts=100).validate(1, 1) == [
+    assert SACConfig(learning_starts=100).validate(1, 1) == [(
         "algo.minibatch_size=256 is more than the 100 transitions the replay holds at the first "
         "gradient step (algo.learning_starts=100, in whole iterations of 1 env steps): raise "
-        "--algo.learning-starts to 256 or lower --algo.minibatch-size"]
+        "--algo.learning-starts to 256 or lower --algo.minibatch-size")]
     # 8 envs x 4 steps per iteration: learning_starts 100 is reached with 128 transitions
-    assert SACConfig(learning_starts=100, minibatch_size=128, train_frequency=4).validate(8, 1) == []
+    assert SACConfig(learning_starts=100, minibatch_size=128,
+                     train_frequency=4).validate(8, 1) == []
     for name in ("classic", "mujoco", "cleanrl"):
         cfg = preset(name, algo="sac")
         assert cfg.algo.validate(cfg.env.num_envs, 1) == [], name
@@ -232,3 +233,60 @@ def test_learns_pendulum(tmp_path):
     cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / "sac")
     returns = train(cfg).episode_returns
     assert len(returns) == 30 and np.mean(returns[-5:]) > -400, returns
+
+
+def test_updates_equal_stable_baselines3_on_the_same_batches():
+    """Same weights, the same minibatches and the same Gaussian draws: after 12 gradient steps
+    the actor, the critics, their targets and alpha equal SB3's ``SAC.train``'s to float32
+    rounding. SB3 draws the actor's sample, then the next action's, with ``normal_`` from
+    torch's global RNG; the learner the next action's, then the actor's: the test hands it the
+    same numbers in its order. SB3's ``log(1 - tanh^2 + 1e-6)`` against the exact correction
+    is within the tolerance here (no action near +-1)."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    ref = sb3.SAC("MlpPolicy", gym.make("Pendulum-v1"), learning_rate=1e-3, batch_size=32,
+                  gamma=0.9, tau=0.05, policy_kwargs=dict(net_arch=[16]), seed=0, device="cpu")
+    ref.set_logger(Logger(None, []))
+    ours = _learner(minibatch_size=32, gamma=0.9, tau=0.05, learning_rate=1e-3,
+                    learning_starts=0)
+    with torch.no_grad():
+        actor = list(ours.actor.parameters())
+        latent = [p for m in ref.actor.latent_pi for p in m.parameters()]
+        for p, q in zip(actor[:2], latent, strict=True):
+            p.copy_(q)
+        actor[2].copy_(torch.cat([ref.actor.mu.weight, ref.actor.log_std.weight]))
+        actor[3].copy_(torch.cat([ref.actor.mu.bias, ref.actor.log_std.bias]))
+        for mine, theirs in ((ours.critics, ref.critic), (ours.critics_target, ref.critic_target)):
+            for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+                p.copy_(q)
+    rng = np.random.default_rng(0)
+    batches = [[torch.as_tensor(x, dtype=torch.float32) for x in (
+        rng.normal(size=(32, 3)), rng.uniform(-1, 1, (32, 1)), rng.normal(size=32),
+        rng.normal(size=(32, 3)), rng.random(32) < 0.2)] for _ in range(12)]
+    theirs, mine = iter(batches), iter(batches)
+    ref.replay_buffer.sample = lambda *_, **__: (lambda o, a, r, n, t: ReplayBufferSamples(
+        o, a, n, t[:, None], r[:, None]))(*next(theirs))
+    ours.replay = type("Batches", (), {"sample": lambda self, *_: ReplayBatch(
+        *next(mine), torch.full((32,), 0.9))})()
+    ours.env_steps = 1
+    draws = []
+    ours._noise = lambda like: draws.pop()
+    for k in range(12):
+        torch.manual_seed(k)
+        ref.train(gradient_steps=1, batch_size=32)
+        g = torch.Generator().manual_seed(k)
+        actor_noise, next_noise = torch.randn(32, 1, generator=g), torch.randn(32, 1, generator=g)
+        draws[:] = [actor_noise, next_noise]  # popped: the next action's first
+        ours.update()
+    assert ours.critic_step.optimizer.steps == ours.alpha_step.optimizer.steps == 12
+    torch.testing.assert_close(ours.entropy.log_alpha, ref.log_ent_coef, rtol=0, atol=1e-5)
+    ref_actor = [*(p for m in ref.actor.latent_pi for p in m.parameters()),
+                 torch.cat([ref.actor.mu.weight, ref.actor.log_std.weight]),
+                 torch.cat([ref.actor.mu.bias, ref.actor.log_std.bias])]
+    for p, q in zip(ours.actor.parameters(), ref_actor, strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
+    for mine, theirs in ((ours.critics, ref.critic), (ours.critics_target, ref.critic_target)):
+        for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
