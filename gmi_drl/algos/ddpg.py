@@ -292,7 +292,8 @@ class ReplayActorCritic:
 
     A subclass's `_build` makes ``actor``, ``critics``, ``critic_step``, ``actor_step``,
     ``acting``, ``_targets`` (``(target FlatParams, online FlatParams)`` pairs), ``_steps``
-    (``{name: GradStep}``: the optimizers of the checkpoint, named as their modules) and
+    (``{name: GradStep}``, the critics' first: the optimizers of the checkpoint, named as their
+    modules, drained in that order) and
     ``_module_names`` (the checkpoint's modules, targets included).
 
     Raises:
@@ -492,7 +493,7 @@ class DDPG(ReplayActorCritic):
             cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
         self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
                          (FlatParams(self.critics_target), self.critic_step.params))
-        self._steps = {"actor": self.actor_step, "critics": self.critic_step}
+        self._steps = {"critics": self.critic_step, "actor": self.actor_step}
         self._module_names = ("actor", "critics", "actor_target", "critics_target")
         self.acting = GaussianExploration(self.actor, self.critics, ctx.spec.action_space,
                                           cfg.exploration_noise, ctx.action_generator,

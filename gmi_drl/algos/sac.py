@@ -72,7 +72,7 @@ class SACConfig(OffPolicyConfig):
     log_std_tanh: bool = False
     """map the log std into its bounds with tanh (CleanRL) rather than clamp it (SB3)"""
 
-    n_critics = 2
+    n_critics = 2  # the twin critics (not a field: SAC always has two)
 
     def _checks(self, num_envs: int) -> list[tuple[bool, str]]:
         spi = self.steps_per_iteration(num_envs)
@@ -302,7 +302,7 @@ class SAC(ReplayActorCritic):
         self.actor_step = ctx.make_grad_step(
             self.actor, functools.partial(soft_actor_objective, critics=self.critics),
             cfg.policy_learning_rate or cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
-        self._steps = {"actor": self.actor_step, "critics": self.critic_step}
+        self._steps = {"critics": self.critic_step, "actor": self.actor_step}
         self.alpha_step = None
         if cfg.autotune:
             self.alpha_step = ctx.make_grad_step(
