@@ -39,7 +39,7 @@ from gmi_drl.interrupts import noting_interrupts
 USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
 
   gmi-drl train ALGO [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
-      (ALGO: ppo a2c dqn ddpg td3 in holistic GMIs; appo a3c in serving + trainer GMIs)
+      (ALGO: ppo a2c dqn ddpg td3 sac in holistic GMIs; appo a3c in serving + trainer GMIs)
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl train ALGO --config tuned.json [flags]   (a run's config.json works too)
   gmi-drl tune [--algo ppo] --env.task-id ID [--budget-s S] [--max-gmis G] [training flags]

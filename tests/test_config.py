@@ -64,8 +64,8 @@ def test_auto_preset_by_task_family():
     assert cfg.preset == "mujoco" and cfg.env.task_id == "HalfCheetah-v5"
     with pytest.raises(ConfigError, match="preset='nope'"):
         preset("nope")
-    with pytest.raises(ConfigError, match="algo='sac' must be one of"):
-        preset("auto", "CartPole-v1", algo="sac")
+    with pytest.raises(ConfigError, match="algo='trpo' must be one of"):
+        preset("auto", "CartPole-v1", algo="trpo")
     # an algorithm without a preset of the task's family gets its general one
     for algo in ("a3c", "a2c"):
         cfg = preset("auto", "Hopper-v5", algo=algo)
@@ -86,8 +86,8 @@ def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
     assert from_dict(data) == cfg
     with pytest.raises(ConfigError, match="unknown field bogus"):
         from_dict({**data, "bogus": 1})
-    with pytest.raises(ConfigError, match="algo 'sac' is none of"):
-        from_dict({**data, "algo": {"sac": {}}})
+    with pytest.raises(ConfigError, match="algo 'trpo' is none of"):
+        from_dict({**data, "algo": {"trpo": {}}})
     with pytest.raises(ConfigError,
                        match=r"unknown field env.num_envz \(did you mean 'num_envs'\?\)"):
         from_dict({**data, "env": {"num_envz": 8}})

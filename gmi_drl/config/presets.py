@@ -3,8 +3,8 @@
 PPO presets reproduce CleanRL's hyper-parameters: ``classic`` = ``ppo.py``, ``mujoco`` =
 ``ppo_continuous_action.py``, ``atari`` = ``ppo_atari.py``; ``cartpole-zoo`` = RL-Zoo's
 ``CartPole-v1`` PPO entry (the Stable-Baselines3 comparison); ``demo`` = a short Hopper run.
-A2C, DDPG and TD3 presets are RL-Zoo's entries (the Stable-Baselines3 references); DQN's follow
-CleanRL and RL-Zoo, except ``cartpole`` and ``pong``, gmi-drl's settings that reach each issue
+A2C, DDPG, TD3 and SAC presets are RL-Zoo's entries (the Stable-Baselines3 references; SAC's
+``cleanrl`` is CleanRL's ``sac_continuous_action.py``); DQN's follow CleanRL and RL-Zoo, except ``cartpole`` and ``pong``, gmi-drl's settings that reach each issue
 target's return. Every algorithm of the iSwitch paper (§5.1) has an ``iswitch`` preset: its
 workload and a network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah).
 ``gmi-ant`` and ``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance``, ``gmi-frankacabinet``,
@@ -22,8 +22,8 @@ from typing import Callable
 import gymnasium as gym
 
 from gmi_drl.algos import (A2CConfig, A3CConfig, APPOConfig, DDPGConfig, DQNConfig, ModelConfig,
-                           PPOConfig, TD3Config)
-from gmi_drl.algos.ddpg import DeterministicPGConfig
+                           PPOConfig, SACConfig, TD3Config)
+from gmi_drl.algos.ddpg import DeterministicPGConfig, OffPolicyConfig
 from gmi_drl.config.schema import (CheckpointConfig, ConfigError, EnvConfig, LogConfig,
                                    NormConfig, TrainConfig)
 
@@ -210,7 +210,7 @@ def _a2c_iswitch() -> TrainConfig:
     return cfg
 
 
-def _continuous(algo: DeterministicPGConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
+def _continuous(algo: OffPolicyConfig, task_id: str, hidden: str, total: int) -> TrainConfig:
     return TrainConfig(env=EnvConfig(task_id=task_id, num_envs=1), algo=algo,
                        model=ModelConfig(actor_hidden=hidden, critic_hidden=hidden,
                                          activation="relu"),
@@ -235,6 +235,28 @@ def _ddpg_iswitch() -> TrainConfig:
     cfg = _halfcheetah(DDPGConfig)()
     cfg.model.actor_hidden = cfg.model.critic_hidden = "128:128"
     return cfg
+
+
+# SAC: RL-Zoo's sac.yml (learning_starts at least the minibatch: SACConfig's rule) and CleanRL's
+# sac_continuous_action.py, 256:256 ReLU networks throughout
+def _sac_classic() -> TrainConfig:
+    """RL-Zoo's ``sac.yml`` Pendulum-v1 entry (lr 1e-3, 20k steps)."""
+    return _continuous(SACConfig(learning_rate=1e-3), "Pendulum-v1", "256:256", 20_000)
+
+
+def _sac_mujoco() -> TrainConfig:
+    """RL-Zoo's ``sac.yml`` MuJoCo entry (HalfCheetah: learning_starts 10,000, 1M steps)."""
+    return _continuous(SACConfig(learning_starts=10_000), "HalfCheetah-v5", "256:256",
+                       1_000_000)
+
+
+def _sac_cleanrl() -> TrainConfig:
+    """CleanRL's ``sac_continuous_action.py`` (Hopper): actor 3e-4, critics and alpha 1e-3,
+    two actor steps every second critic step, log std in [-5, 2] through tanh, 5,000 random
+    steps, 1M steps."""
+    return _continuous(SACConfig(learning_rate=1e-3, policy_learning_rate=3e-4,
+                                 learning_starts=5_000, policy_delay=2, log_std_min=-5.0,
+                                 log_std_tanh=True), "Hopper-v5", "256:256", 1_000_000)
 
 
 def _appo_classic() -> TrainConfig:
@@ -299,7 +321,8 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
              "iswitch": _ddpg_iswitch},
     "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)},
     "appo": {"classic": _appo_classic, "mujoco": _appo_mujoco, "atari": _appo_atari},
-    "a3c": {"classic": _a3c_classic, "atari": _a3c_atari}}
+    "a3c": {"classic": _a3c_classic, "atari": _a3c_atari},
+    "sac": {"classic": _sac_classic, "mujoco": _sac_mujoco, "cleanrl": _sac_cleanrl}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 

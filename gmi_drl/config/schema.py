@@ -262,7 +262,7 @@ class TrainConfig:
     def is_async(self) -> bool:
         """Whether the run uses the async_training template (GMI-DRL §5.1: decoupled serving
         and trainer GMIs, experience through channels: APPO, A3C) rather than sync_training
-        (holistic GMIs: PPO, A2C, DQN, DDPG, TD3): its algorithm's."""
+        (holistic GMIs: PPO, A2C, DQN, DDPG, TD3, SAC): its algorithm's."""
         return is_async(self.algo)
 
     @property

@@ -107,15 +107,16 @@ def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, 
     assert_nothing_left(ray_cluster)
 
 
-@pytest.mark.parametrize("algo", ["dqn", "a2c", "td3"])
+@pytest.mark.parametrize("algo", ["dqn", "a2c", "td3", "sac"])
 def test_every_algorithm_across_two_nodes_learns_exactly_as_the_local_launcher(
         ray_cluster, tmp_path, algo):
     """As PPO above: one GMI per node (HAR) against two emulated devices; the same weights and
-    episodes, TD3's two gradient steps (actor and critics) included."""
+    episodes, TD3's two gradient steps (actor and critics) and SAC's three (with alpha)
+    included."""
     runs = {}
     for placement in ("ray", "local"):
         cfg = small_cfg(tmp_path, algo, 2, placement)
-        cfg.total_timesteps = (60 if algo == "td3" else 12) * cfg.batch_size
+        cfg.total_timesteps = (60 if algo in ("td3", "sac") else 12) * cfg.batch_size
         cfg.placement = placement
         if placement == "ray":
             cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, NODE_CPUS
