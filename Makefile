@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 TORCH_INDEX ?=
 # the optional dependencies the tests use (`make demo` needs none of them)
-TEST_EXTRAS := dev bench ray gpu
+TEST_EXTRAS := dev bench ray gpu dm
 # test processes (pytest-xdist): three keep two cores busy while tests wait on processes,
 # sockets and timers; the tests that share the Ray cluster run in one of them
 PYTEST := $(PY) -m pytest -q -n 3 --dist loadgroup --durations=10

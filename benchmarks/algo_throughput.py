@@ -3,6 +3,7 @@ hyper-parameters, one invocation.
 
     .venv/bin/python benchmarks/algo_throughput.py                     # dqn, a2c, ddpg; 3 repeats
     .venv/bin/python benchmarks/algo_throughput.py --algos td3 --repeats 5
+    .venv/bin/python benchmarks/algo_throughput.py --algos sac           # issue 49: >= 2x SB3
     python benchmarks/algo_throughput.py --device cuda --sb3-device cpu   # each side's device
 
 Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
@@ -12,6 +13,8 @@ Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
 - ``a2c``: CartPole-v1, 8 envs, 5 steps, 64:64 tanh actor and critic, RMSprop 7e-4; 50,000 steps.
 - ``ddpg`` / ``td3``: HalfCheetah-v5, 1 env, 400:300 ReLU, lr 1e-3, batch 256, learning starts
   1,000 (RL-Zoo: 10,000; fewer, so the run measures training), Gaussian noise 0.1; 3,000 steps.
+- ``sac``: HalfCheetah-v5, 1 env, 256:256 ReLU, lr 3e-4, batch 256, one gradient step per env
+  step, entropy coefficient tuned from 1.0, learning starts 1,000; 3,000 steps.
 
 Train steps/s = env steps / wall time of the training call. The *steady* steps/s count only
 training: gmi-drl's leaves out the iterations up to the end of the first logged iteration after
@@ -19,7 +22,8 @@ training: gmi-drl's leaves out the iterations up to the end of the first logged 
 its first env step past ``learning_starts`` to its last (a callback's clock). The steady ratio
 compares the two steady figures (the whole-run figures include the cheap steps before
 ``learning_starts``: a third of the DDPG/TD3 runs). Runs alternate (gmi-drl, SB3, ...), each
-in a fresh process; medians and their ratios are printed. Target (issue 13): >= 3x SB3.
+in a fresh process; medians and their ratios are printed. Targets: >= 3x SB3 (issue 13), SAC
+>= 2x (issue 49).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Case:
     """lines that set ``cfg`` from ``preset(...)``"""
     sb3: str
     """an SB3 model named ``m``"""
+    target: float = 3.0
+    """the steady ratio the issue asks for"""
 
 
 CASES = {
@@ -81,13 +87,19 @@ env = gym.make("HalfCheetah-v5")
 m = TD3("MlpPolicy", env, learning_starts=1000, learning_rate=1e-3, batch_size=256,
         action_noise=NormalActionNoise(np.zeros(6), 0.1 * np.ones(6)),
         policy_kwargs=dict(net_arch=[400, 300]), seed=SEED, device=DEVICE)"""),
+    "sac": Case("HalfCheetah-v5", 3_000, 1000, """cfg = preset("mujoco", algo="sac")
+cfg.algo.learning_starts = 1000""", """
+from stable_baselines3 import SAC
+m = SAC("MlpPolicy", gym.make("HalfCheetah-v5"), learning_starts=1000, learning_rate=3e-4,
+        batch_size=256, policy_kwargs=dict(net_arch=[256, 256]), seed=SEED, device=DEVICE)""",
+                2.0),
 }
 
 
 @dataclass
 class Args:
     algos: tuple[str, ...] = ("dqn", "a2c", "ddpg")
-    """cases to run (dqn, a2c, ddpg, td3)"""
+    """cases to run (dqn, a2c, ddpg, td3, sac)"""
     repeats: int = 3
     """runs per framework and case (median reported)"""
     scale: float = 1.0
@@ -224,10 +236,11 @@ def main(args: Args) -> None:
           + (f"; gmi-drl's CUDA graphs {'on' if args.cuda_graphs else 'off'}"
              if args.device == "cuda" else ""))
     print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
-          "steady ratio (target >= 3) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "steady ratio (target) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, case, g, gs, s, ss in rows:
         print(f"| {name} | {case.task_id} | {int(case.steps * args.scale):,} | {g:,.0f} | "
-              f"{s:,.0f} | {g / s:.2f} | {gs:,.0f} | {ss:,.0f} | {gs / ss:.2f} |")
+              f"{s:,.0f} | {g / s:.2f} | {gs:,.0f} | {ss:,.0f} | {gs / ss:.2f} "
+              f"(>= {case.target:g}) |")
 
 
 if __name__ == "__main__":

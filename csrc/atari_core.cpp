@@ -152,6 +152,12 @@ class AtariCore {
 
   ~AtariCore() { close(); }
 
+  // Pin the worker threads (`gmi_drl::WorkQueue::pin`).
+  void pin(const std::vector<int>& cores) const {
+    if (!queue_) throw std::runtime_error("the core is closed");
+    queue_->pin(cores);
+  }
+
   void close() {
     if (!queue_) return;
     queue_->stop();
@@ -284,6 +290,8 @@ PYBIND11_MODULE(_atari_core, mod) {
            py::arg("buffers"))
       .def("action_set", &AtariCore::action_set)
       .def("obs_bytes", &AtariCore::obs_bytes)
+      .def("pin", [](const AtariCore& self, const std::vector<int>& cores) { self.pin(cores); },
+           py::arg("cores"))
       .def("send", &AtariCore::send)
       .def("wait", &AtariCore::wait)
       .def("run_now", &AtariCore::run_now)

@@ -22,6 +22,7 @@
 #include <mujoco/mujoco.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cmath>
 #include <cstdint>
@@ -125,6 +126,12 @@ class MujocoCore {
   }
 
   ~MujocoCore() { close(); }
+
+  // Pin the worker threads (`gmi_drl::WorkQueue::pin`).
+  void pin(const std::vector<int>& cores) const {
+    if (!queue_) throw std::runtime_error("the core is closed");
+    queue_->pin(cores);
+  }
 
   void close() {
     if (!queue_) return;
@@ -397,6 +404,8 @@ PYBIND11_MODULE(_mujoco_core, mod) {
       .def(py::init<py::object, int, int, Task, int, int, py::dict>(), py::arg("model"),
            py::arg("num_envs"), py::arg("num_threads"), py::arg("task"), py::arg("autoreset"),
            py::arg("max_episode_steps"), py::arg("buffers"))
+      .def("pin", [](const MujocoCore& self, const std::vector<int>& cores) { self.pin(cores); },
+           py::arg("cores"))
       .def("send", &MujocoCore::send)
       .def("wait", &MujocoCore::wait)
       .def("reset", &MujocoCore::reset)

@@ -6,8 +6,10 @@
 
 #pragma once
 
+#include <pthread.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -41,6 +44,27 @@ class WorkQueue {
   }
 
   ~WorkQueue() { stop(); }
+
+  // Pin worker thread t to CPU cores[t % cores.size()] (EnvPool's thread affinity); the thread
+  // that waits is the caller's and keeps its own. Throws std::runtime_error naming the core the
+  // kernel refused.
+  void pin(const std::vector<int>& cores) {
+    if (cores.empty()) return;
+    for (std::size_t t = 0; t < workers_.size(); ++t) {
+      const int core = cores[t % cores.size()];
+      if (core < 0 || core >= CPU_SETSIZE)
+        throw std::runtime_error("core " + std::to_string(core) + " is out of range");
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(core, &set);
+      const int err = pthread_setaffinity_np(workers_[t].native_handle(), sizeof(set), &set);
+      if (err != 0)
+        throw std::runtime_error("pinning a worker thread to core " + std::to_string(core) +
+                                 " failed: " + std::strerror(err));
+    }
+  }
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
 
   // Joins every worker (an env being run finishes first), makes a `wait` in another thread
   // return with an error, and returns once no call between `enter` and `leave` is left, so the

@@ -34,10 +34,12 @@ from typing import Annotated
 
 import tyro
 
+from gmi_drl.interrupts import noting_interrupts
+
 USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
 
   gmi-drl train ALGO [--preset NAME] [--env.task-id ID] [--resume RUN_DIR] [flags]
-      (ALGO: ppo a2c dqn ddpg td3 in holistic GMIs; appo a3c in serving + trainer GMIs)
+      (ALGO: ppo a2c dqn ddpg td3 sac in holistic GMIs; appo a3c in serving + trainer GMIs)
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl train ALGO --config tuned.json [flags]   (a run's config.json works too)
   gmi-drl tune [--algo ppo] --env.task-id ID [--budget-s S] [--max-gmis G] [training flags]
@@ -529,6 +531,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    _sigterm.clear()
+    try:  # noted from here: a Ctrl-C inside the imports below is raised where a run starts
+        with noting_interrupts():
+            return _command(argv, debug)
+    except KeyboardInterrupt:  # before a run started (imports, set-up): nothing to clean up
+        if debug:
+            traceback.print_exc()
+        print(f"gmi-drl {argv[0] if argv else ''}: interrupted", file=sys.stderr)
+        return _stop_status(sys.exc_info()[1])
+
+
+def _command(argv: list[str], debug: bool) -> int:
+    """Logging set up, then the command ``argv[0]`` run with ``argv[1:]``."""
     # gmi-drl's own messages from INFO up; other libraries' only from WARNING up (matplotlib's
     # "generated new fontManager", Ray's and torch's INFO lines are not the user's business)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -551,17 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         from gmi_drl.gmi.launcher import NO_RENDERING
 
         os.environ.setdefault("MUJOCO_GL", NO_RENDERING)
-    from gmi_drl.gmi.launcher import noting_interrupts
-
-    _sigterm.clear()
-    try:
-        with noting_interrupts():
-            return commands[argv[0]](argv[1:], debug)
-    except KeyboardInterrupt:  # before a run started (imports, set-up): nothing to clean up
-        if debug:
-            traceback.print_exc()
-        print(f"gmi-drl {argv[0]}: interrupted", file=sys.stderr)
-        return _stop_status(sys.exc_info()[1])
+    return commands[argv[0]](argv[1:], debug)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,6 @@ from gmi_drl.telemetry.progress import Progress
 
 log = logging.getLogger(__name__)
 
-TARGET = "gmi_drl.runner.loop:gmi_main"
-"""the GMI target every placement runs"""
-
 STOPS = (GMIError, EnvWorkerError, SwitchError, TrainingDiverged, KeyboardInterrupt)
 """the failures a started run expects (a GMI or env worker that dies, hangs or raises, a switch
 that does not answer, weights gone NaN, Ctrl-C): `train` raises them as `RunStopped`"""
@@ -140,7 +137,7 @@ def _launched(run: Run, placement, on_progress) -> list:
             run.start()
             _reclaim_shared_memory()
             with run.telemetry():
-                return placement.launch(TARGET, LoopSpec(run, on_progress))
+                return placement.launch(LoopSpec(run, on_progress))
     except STOPS as e:
         raise RunStopped(run, e) from e
     except (MemoryError, RuntimeError) as e:  # (torch's allocators raise RuntimeErrors)

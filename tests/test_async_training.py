@@ -31,7 +31,7 @@ def test_serial_appo_learns_cartpole_and_writes_its_run(tmp_path):
     assert np.mean(result.episode_returns[-20:]) > 100
     run = result.run_dir
     summary = (run / "summary.md").read_text()
-    assert "roles: trainer GMIs [0], serving GMIs [1]" in summary
+    assert "trainer GMIs [0] (the trainer role), serving GMIs [1]" in summary
     assert "experience channels: multi" in summary
     names = {row.split(",")[2] for row in (run / "metrics.csv").read_text().splitlines()[1:]}
     assert {"async/policy_lag_mean", "async/stale_dropped", "perf/env_sps", "channels/dropped",
@@ -125,7 +125,7 @@ def test_templates_and_their_algorithms_must_match(tmp_path):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert "gmi.num_gmis=2 is the holistic GMIs of sync_training" in str(err.value)
-    assert "placement='serial' runs one serving and one trainer role" in str(err.value)
+    assert "placement='serial' runs one serving and one trainer GMI" in str(err.value)
     cfg = _appo(tmp_path, "bad3")
     cfg.async_.env_splits = 3  # 8 envs
     with pytest.raises(ConfigError, match="async.env_splits=3 must be >= 1 and divide "
@@ -263,7 +263,7 @@ def test_split_serving_fragments_replay_on_the_envs(splits):
                 np.testing.assert_array_equal(frag["truncated"][t], trunc)
                 ends += int(term.sum())
             np.testing.assert_array_equal(frag["last_obs"], obs.astype(np.float32))
-            assert (frag["policy_version"] == 0).all()
+            assert (frag["policy_version"] == -1).all()  # acted before any weights were published
     assert ends > 0  # the episodes ended and were reset inside the fragments
 
 
@@ -293,3 +293,26 @@ def test_trainers_wait_for_each_other_longer_than_for_their_batches():
             reducer.close()
     finally:
         ShmGroup.destroy(owner)
+
+
+@pytest.mark.parametrize("algo", ["appo", "a3c"])
+def test_gmi_processes_in_lockstep_learn_as_the_serial_placement(tmp_path, algo):
+    """The async serial twin: with ``async.lockstep`` (fragment f acted with the weights of
+    update f // fragments_per_batch), a trainer and a serving GMI process hold, after K
+    updates, the weights of the serial placement's threads bit for bit; at every logged
+    update (the digest chains them) and in the final checkpoint's modules."""
+    import torch
+
+    digests, modules = [], []
+    for placement in ("serial", "local"):
+        cfg = _appo(tmp_path, placement, algo, placement=placement, compile=False)
+        cfg.total_timesteps, cfg.log.log_every = 6 * cfg.batch_size, 2
+        cfg.async_.lockstep = placement == "local"  # (serial: always)
+        result = train(cfg)
+        digests.append(result.weight_digests[0])
+        last = sorted((result.run_dir / "checkpoints").glob("iteration-*.pt"))[-1]
+        modules.append(torch.load(last, weights_only=False)["algo"]["modules"])
+    assert digests[0] == digests[1]
+    for name, state in modules[0].items():
+        for key, value in state.items():
+            assert torch.equal(value, modules[1][name][key]), (name, key)

@@ -40,7 +40,7 @@ def test_invalid_input_exits_2_before_anything_starts(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "algo.gamma=2.0" in err and "must be a multiple of" in err
     assert not (tmp_path / "runs").exists()  # validated before anything started
-    assert main(["train", "sac"]) == 2 and "one of ['ppo', 'a2c', 'dqn', 'ddpg', 'td3', 'appo', 'a3c']" in capsys.readouterr().err
+    assert main(["train", "trpo"]) == 2 and "one of ['ppo', 'a2c', 'dqn', 'ddpg', 'td3', 'appo', 'a3c', 'sac']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
@@ -64,21 +64,25 @@ def test_dqn_through_the_cli_with_its_own_flags(tmp_path, capsys):
     assert "over 2 episodes" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("algo, task", [("td3", "Pendulum-v1"), ("a2c", "CartPole-v1")])
+@pytest.mark.parametrize("algo, task", [("td3", "Pendulum-v1"), ("sac", "Pendulum-v1"),
+                                        ("a2c", "CartPole-v1")])
 def test_off_policy_and_a2c_through_the_cli_resume_and_eval(tmp_path, capsys, algo, task):
     run = tmp_path / algo
     flags = ["--run-dir", str(run), "--log.no-tensorboard", "--no-compile",
              "--model.actor-hidden", "16", "--model.critic-hidden", "16"]
-    extra = ["--algo.learning-starts", "100", "--algo.save-replay"] if algo == "td3" else []
+    extra = {"td3": ["--algo.learning-starts", "100", "--algo.save-replay"],
+             "sac": ["--algo.learning-starts", "100", "--algo.minibatch-size", "64",
+                     "--algo.save-replay"]}.get(algo, [])
     assert main(["train", algo, "--env.task-id", task, "--total-timesteps", "400", *flags,
                  *extra]) == 0
     capsys.readouterr()
     assert main(["train", algo, "--resume", str(run), "--total-timesteps", "800"]) == 0
     assert "done: 800 steps" in capsys.readouterr().out
     saved = json.loads((run / "config.json").read_text())["algo"][algo]
-    assert saved["learning_rate"] == (1e-3 if algo == "td3" else 7e-4)
-    if algo == "td3":
-        assert saved["policy_delay"] == 2 and saved["save_replay"] is True
+    assert saved["learning_rate"] == {"td3": 1e-3, "sac": 1e-3}.get(algo, 7e-4)
+    if algo in ("td3", "sac"):
+        assert saved["policy_delay"] == (2 if algo == "td3" else 1)
+        assert saved["save_replay"] is True
         assert load_checkpoint(run)["algo"]["replay"]["size"] == 800
     assert main(["eval", str(run), "--episodes", "2"]) == 0
     assert "over 2 episodes" in capsys.readouterr().out
@@ -264,7 +268,11 @@ def test_a_task_the_algorithm_cannot_run_is_refused_before_the_run_dir(tmp_path,
             ("dqn", ["--env.task-id", "Pendulum-v1"], "needs a Discrete action space"),
             ("dqn", ["--env.task-id", "FrozenLake-v1"], "needs flat observations"),
             ("ddpg", ["--env.task-id", "Pendulum-v1", "--model.encoder", "nature_cnn"],
-             "builds MLP actor and critics")):
+             "builds MLP actor and critics"),
+            ("sac", ["--env.task-id", "CartPole-v1"], "SAC needs a Box action space"),
+            ("sac", ["--norm.obs"], "does not use the runner's normalisers"),
+            ("sac", ["--algo.learning-starts", "100"], "algo.minibatch_size=256 is more than "
+             "the 100 transitions the replay holds at the first gradient step")):
         run_dir = tmp_path / f"{algo}-{len(msg)}"
         assert main(["train", algo, *flags, "--run-dir", str(run_dir)]) == 2
         assert msg in capsys.readouterr().err

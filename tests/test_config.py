@@ -64,8 +64,8 @@ def test_auto_preset_by_task_family():
     assert cfg.preset == "mujoco" and cfg.env.task_id == "HalfCheetah-v5"
     with pytest.raises(ConfigError, match="preset='nope'"):
         preset("nope")
-    with pytest.raises(ConfigError, match="algo='sac' must be one of"):
-        preset("auto", "CartPole-v1", algo="sac")
+    with pytest.raises(ConfigError, match="algo='trpo' must be one of"):
+        preset("auto", "CartPole-v1", algo="trpo")
     # an algorithm without a preset of the task's family gets its general one
     for algo in ("a3c", "a2c"):
         cfg = preset("auto", "Hopper-v5", algo=algo)
@@ -86,8 +86,8 @@ def test_tyro_flags_override_preset_defaults_and_dict_round_trip():
     assert from_dict(data) == cfg
     with pytest.raises(ConfigError, match="unknown field bogus"):
         from_dict({**data, "bogus": 1})
-    with pytest.raises(ConfigError, match="algo 'sac' is none of"):
-        from_dict({**data, "algo": {"sac": {}}})
+    with pytest.raises(ConfigError, match="algo 'trpo' is none of"):
+        from_dict({**data, "algo": {"trpo": {}}})
     with pytest.raises(ConfigError,
                        match=r"unknown field env.num_envz \(did you mean 'num_envs'\?\)"):
         from_dict({**data, "env": {"num_envz": 8}})
@@ -375,10 +375,11 @@ def test_every_broken_rule_is_named_at_once_a_non_finite_field_once():
                               "--env.num-envs", "0", "--seed", str(2**64),
                               "--env.task-id", "cartpole-v1"])
     lines = str(err.value).splitlines()[1:]
+    # the fields that do not hold on their own first (in declaration order), then the rules
     assert [ln.split("=")[0].strip() for ln in lines] == [
-        "algo.learning_rate", "env.task_id", "env.num_envs", "algo.gamma", "seed"]
+        "algo.learning_rate", "algo.gamma", "env.num_envs", "env.task_id", "seed"]
     assert "algo.learning_rate=inf must be a finite number" in lines[0]  # not also "> 0"
-    assert "(did you mean 'CartPole-v1'?)" in lines[1]
+    assert "(did you mean 'CartPole-v1'?)" in lines[3]
     assert f"seed={2**64} must be in [0, 2**62 - 0]" in lines[4]  # (num_envs 0: no envs)
     # ALE's seeds are 31-bit: the last env of the run must get one
     _train_config("dqn", ["--env.task-id", "Pong-v5", "--preset", "atari", "--seed",
@@ -388,3 +389,82 @@ def test_every_broken_rule_is_named_at_once_a_non_finite_field_once():
                        r"below 2\*\*31\)"):
         _train_config("dqn", ["--env.task-id", "Pong-v5", "--preset", "atari", "--seed",
                               str(2**31 - 7), "--env.num-envs", "8"])
+
+
+def _outside(symbol: str, bound):
+    """A value just outside the bound ``value <symbol> bound``."""
+    return {">": bound, ">=": bound - 1, "<": bound, "<=": bound + 1}[symbol]
+
+
+def test_every_declared_bound_of_every_section_and_algorithm_is_checked():
+    """Each field's bounds are declared beside it and checked by one function: a value just
+    outside each bound is named (and only that field), the defaults are inside."""
+    import dataclasses
+    import typing
+
+    from gmi_drl.algos import ALGORITHMS
+    from gmi_drl.config import field_errors
+    from gmi_drl.config.bounds import _bounds
+
+    checked = 0
+    for name, (algo_cls, _) in ALGORITHMS.items():
+        cfg = preset("classic", algo=name)
+        assert field_errors(cfg) == []
+        sections = [(f"{s}.", getattr(cfg, s)) for s in
+                    ("algo", "env", "model", "norm", "log", "checkpoint", "gmi", "ray", "async_")]
+        for prefix, section in [("", cfg), *sections]:
+            hints = typing.get_type_hints(type(section), include_extras=True)
+            for f in dataclasses.fields(section):
+                for symbol, bound in _bounds(hints[f.name]):
+                    before = getattr(section, f.name)
+                    setattr(section, f.name, _outside(symbol, bound))
+                    errors = field_errors(cfg)
+                    setattr(section, f.name, before)
+                    field = prefix.replace("async_", "async") + f.name
+                    assert [(e.field, e.kind) for e in errors] == [(field, "bound")], errors
+                    checked += 1
+    assert checked > 150
+
+
+def test_bounds_read_as_the_messages_say():
+    from dataclasses import dataclass
+    from typing import Annotated
+
+    from annotated_types import Ge, Gt, Interval, MinLen
+
+    from gmi_drl.config import field_errors
+
+    @dataclass
+    class Section:
+        rate: Annotated[float, Gt(0)] = 1.0
+        count: Annotated[int, Ge(1)] = 1
+        share: Annotated[float, Interval(gt=0, lt=1)] | None = None
+        gamma: Annotated[float, Interval(ge=0, le=1)] = 0.5
+        tau: Annotated[float, Interval(gt=0, le=1)] = 0.5
+        flag: bool = False
+
+    assert field_errors(Section()) == [] and field_errors(Section(share=0.5)) == []
+    bad = Section(rate=0.0, count=0, share=1.0, gamma=-0.1, tau=0, flag=1)
+    assert [e.message for e in field_errors(bad, "x.")] == [
+        "x.rate=0.0 must be > 0", "x.count=0 must be >= 1",
+        "x.share=1.0 must be in (0, 1) or None", "x.gamma=-0.1 must be in [0, 1]",
+        "x.tau=0 must be in (0, 1]", "x.flag=1 must be true or false"]
+    assert [e.message for e in field_errors(Section(count=True, rate=float("nan")))] == [
+        "rate=nan must be a finite number", "count=True must be an int"]
+
+    @dataclass
+    class Unchecked:
+        name: Annotated[str, MinLen(1)] = "a"
+
+    with pytest.raises(TypeError, match="checks the bounds Gt, Ge, Lt, Le and Interval only"):
+        field_errors(Unchecked())
+
+
+def test_a_field_its_bound_names_is_not_named_again_by_a_rule():
+    cfg = preset("classic", algo="appo")
+    cfg.async_.fragments_per_transfer, cfg.async_.env_splits = 0, 0  # (the channels' rules too)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert [ln.strip() for ln in str(err.value).splitlines()[1:]] == [
+        "async.fragments_per_transfer=0 must be >= 1",
+        "async.env_splits=0 must be >= 1"]

@@ -329,10 +329,14 @@ def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run(to):
     from gmi_drl.gmi.devices import Machine
     from gmi_drl.gmi.layout import plan
     from gmi_drl.runner.placement import SerialPlacement
+    from gmi_drl.runner.template import SyncTemplate
     from tests.gmi import gmi_targets
 
     layout = plan(3, Machine((), tuple(sorted(os.sched_getaffinity(0))), "no GPU: test"))
-    placement = SerialPlacement(preset("classic", "CartPole-v1"), layout, 1024)
+    cfg = preset("classic", "CartPole-v1")
+    template = SyncTemplate(cfg, layout, 1024)
+    template.target = "tests.gmi.gmi_targets:spin_until_interrupted"
+    placement = SerialPlacement(cfg, template)
     gmi_targets.INTERRUPTED.clear()
 
     def ctrl_c():
@@ -350,8 +354,7 @@ def test_ctrl_c_stops_every_gmi_thread_of_a_serial_run(to):
     t0 = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            placement._threads("tests.gmi.gmi_targets:spin_until_interrupted", None,
-                               ReductionGroup())
+            placement._threads(None, ReductionGroup())
     finally:
         rescue.cancel()
     assert time.monotonic() - t0 < 5

@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "gmi_drl"
 
 LAYERS = [
-    ("base", {"gmi_drl", "files", "errors", "blocks", "checkpoint"}),
+    ("base", {"gmi_drl", "files", "errors", "blocks", "checkpoint", "interrupts"}),
     ("telemetry", {"telemetry"}),
     ("engines, models, communication", {"envs", "models", "comm"}),
     ("optimisation, rollouts", {"optim", "rollout"}),

@@ -381,7 +381,8 @@ def test_gpu_learner_matches_the_cpu_learner_closely(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU build of torch "
                     "or no driver here)")
 @pytest.mark.parametrize("algo,preset_name", [("dqn", "cartpole"), ("a2c", "classic"),
-                                              ("ddpg", "classic"), ("td3", "classic")])
+                                              ("ddpg", "classic"), ("td3", "classic"),
+                                              ("sac", "classic")])
 def test_every_algorithm_trains_on_cuda(tmp_path, algo, preset_name):
     """Acting (exploration draws from the runner's CUDA generator), replay and the update on
     CUDA, through the warm-up steps and past them."""
@@ -436,6 +437,7 @@ def test_a_checkpoint_directory_that_cannot_be_written_is_found_at_the_start(tmp
 @pytest.mark.parametrize("algo,preset_name,task,trained", [
     ("dqn", "cartpole-zoo", None, ["q_network"]),
     ("ddpg", "classic", "Pendulum-v1", ["actor", "critics"]),
+    ("sac", "classic", "Pendulum-v1", ["actor", "critics", "entropy"]),
     ("ppo", "classic", "CartPole-v1", ["actor_critic"])])
 def test_the_model_size_counts_the_trained_networks_not_their_targets(algo, preset_name, task,
                                                                       trained):

@@ -13,12 +13,13 @@ from gmi_drl.algos.base import AlgoConfig, AlgoContext, Algorithm, AsyncAlgorith
 from gmi_drl.algos.ddpg import DDPG, DDPGConfig
 from gmi_drl.algos.dqn import DQN, DQNConfig
 from gmi_drl.algos.ppo import PPO, PPOConfig
+from gmi_drl.algos.sac import SAC, SACConfig
 from gmi_drl.algos.td3 import TD3, TD3Config
 
 ALGORITHMS: dict[str, tuple[type, type]] = {
     "ppo": (PPOConfig, PPO), "a2c": (A2CConfig, A2C), "dqn": (DQNConfig, DQN),
     "ddpg": (DDPGConfig, DDPG), "td3": (TD3Config, TD3), "appo": (APPOConfig, APPO),
-    "a3c": (A3CConfig, A3C)}
+    "a3c": (A3CConfig, A3C), "sac": (SACConfig, SAC)}
 """``{name: (config class, learner class)}``; the learner is built as ``cls(config, ctx)``"""
 
 
@@ -58,5 +59,6 @@ def build_acting_model(cfg: AlgoConfig, spec, model: ModelConfig):
 
 
 __all__ = ["A2C", "A2CConfig", "A3C", "A3CConfig", "ALGORITHMS", "APPO", "APPOConfig", "AlgoConfig", "AlgoContext", "Algorithm", "DDPG",
-           "DDPGConfig", "DQN", "DQNConfig", "ModelConfig", "PPO", "PPOConfig", "TD3", "TD3Config",
+           "DDPGConfig", "DQN", "DQNConfig", "ModelConfig", "PPO", "PPOConfig", "SAC",
+           "SACConfig", "TD3", "TD3Config",
            "algo_name", "build_acting_model", "build_algorithm", "is_async", "AsyncAlgorithm"]

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Ge, Gt, Interval
 
-from gmi_drl.algos.base import AlgoContext, load_modules
+from gmi_drl.algos.base import AlgoContext, actor_critic_state, load_actor_critic_state
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
-from gmi_drl.optim.flat import OPTIMIZERS
 from gmi_drl.rollout.acting import make_acting
 from gmi_drl.rollout.collector import Collector, Episodes
 from gmi_drl.rollout.storage import RolloutBuffer
@@ -28,29 +28,29 @@ from gmi_drl.rollout.storage import RolloutBuffer
 class A2CConfig:
     """A2C hyper-parameters (defaults: Stable-Baselines3's A2C)."""
 
-    num_steps: int = 5
+    num_steps: Annotated[int, Ge(1)] = 5
     """steps per env per rollout (n of the n-step return); a GMI's batch is
     env.num_envs * num_steps samples, one gradient step"""
-    learning_rate: float = 7e-4
+    learning_rate: Annotated[float, Gt(0)] = 7e-4
     """optimizer step size (at the start, when annealed)"""
     anneal_lr: bool = False
     """decay the learning rate linearly to 0 over the run"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    gae_lambda: float = 1.0
+    gae_lambda: Annotated[float, Interval(ge=0, le=1)] = 1.0
     """GAE lambda (1: the n-step advantages of A2C)"""
-    ent_coef: float = 0.0
+    ent_coef: Annotated[float, Ge(0)] = 0.0
     """entropy bonus coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: Annotated[float, Ge(0)] = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Annotated[float, Gt(0)] = 0.5
     """global gradient norm bound"""
     normalize_advantage: bool = False
     """normalise the advantages of each batch (mean 0, std 1)"""
     optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = "rmsprop"
     """RMSprop (alpha 0.99, Mnih et al. 2016) in torch's form as SB3's A2C, rmsprop_tf: in
     TensorFlow's form (SB3's RMSpropTFLike, which RL-Zoo's Atari A2C sets), or Adam"""
-    optimizer_eps: float = 1e-5
+    optimizer_eps: Annotated[float, Gt(0)] = 1e-5
     """the optimizer's epsilon"""
 
     def steps_per_iteration(self, num_envs: int) -> int:
@@ -58,22 +58,11 @@ class A2CConfig:
         return num_envs * self.num_steps
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        checks = [
-            (self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1"),
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda} must be in [0, 1]"),
-            (self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0"),
-            (self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.optimizer in OPTIMIZERS,
-             f"algo.optimizer={self.optimizer!r} must be one of {OPTIMIZERS}"),
-            (self.optimizer_eps > 0, f"algo.optimizer_eps={self.optimizer_eps} must be > 0"),
-            (not self.normalize_advantage or num_envs * self.num_steps > 1,
-             "algo.normalize_advantage needs a batch of more than one sample"),
-        ]
-        return [msg for ok, msg in checks if not ok]
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs
+        (each field's own bounds are declared on it)."""
+        if self.normalize_advantage and num_envs * self.num_steps <= 1:
+            return ["algo.normalize_advantage needs a batch of more than one sample"]
+        return []
 
 
 def a2c_loss(logprob: torch.Tensor, advantages: torch.Tensor, value: torch.Tensor,
@@ -158,19 +147,11 @@ class A2C:
 
     def state_dict(self) -> dict:
         """Weights (``modules``), the optimizer's state and the update count."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "iteration": self.iteration}
+        return actor_critic_state(self.model, self.grad_step, self.iteration)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.iteration = int(state["iteration"])
+        """Restore `state_dict` output (`load_actor_critic_state`)."""
+        self.iteration = load_actor_critic_state(state, self.model, self.grad_step)
 
     def close(self) -> None:
         self.grad_step.close()

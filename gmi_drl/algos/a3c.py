@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Ge, Gt, Interval
 
 from gmi_drl.algos.a2c import a2c_loss
 from gmi_drl.algos.async_learner import AsyncLearner, evaluate, normalized
 from gmi_drl.models.actor_critic import ActorCritic
-from gmi_drl.optim.flat import OPTIMIZERS
 from gmi_drl.rollout.vtrace import vtrace
 
 
@@ -29,26 +29,26 @@ class A3CConfig:
     """A3C hyper-parameters (defaults: Mnih et al. 2016's t_max 5, RMSprop and entropy beta 0.01;
     the rest SB3's A2C values)."""
 
-    num_steps: int = 5
+    num_steps: Annotated[int, Ge(1)] = 5
     """T: steps per env in one fragment (t_max, the n of the n-step return)"""
-    fragments_per_batch: int = 4
+    fragments_per_batch: Annotated[int, Ge(1)] = 4
     """fragments in one trainer batch (F); one gradient step per batch"""
-    learning_rate: float = 7e-4
+    learning_rate: Annotated[float, Gt(0)] = 7e-4
     """optimizer step size"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    ent_coef: float = 0.01
+    ent_coef: Annotated[float, Ge(0)] = 0.01
     """entropy bonus coefficient (0.01: Mnih et al. 2016's beta)"""
-    vf_coef: float = 0.5
+    vf_coef: Annotated[float, Ge(0)] = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Annotated[float, Gt(0)] = 0.5
     """global gradient norm bound"""
     normalize_advantage: bool = False
     """normalise the advantages of each batch"""
     optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = "rmsprop"
     """RMSprop (alpha 0.99; torch's form), rmsprop_tf (TensorFlow's form, SB3's RMSpropTFLike)
     or Adam"""
-    optimizer_eps: float = 1e-5
+    optimizer_eps: Annotated[float, Gt(0)] = 1e-5
     """the optimizer's epsilon"""
 
     template = "async_training"
@@ -59,24 +59,12 @@ class A3CConfig:
         return self.fragments_per_batch * num_envs * self.num_steps
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        checks = [
-            (self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1"),
-            (self.fragments_per_batch >= 1,
-             f"algo.fragments_per_batch={self.fragments_per_batch} must be >= 1"),
-            (not self.normalize_advantage or self.steps_per_iteration(num_envs) != 1,
-             "algo.normalize_advantage needs a batch of more than one sample "
-             "(fragments_per_batch * env.num_envs * algo.num_steps); raise one of them"),
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0"),
-            (self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.optimizer in OPTIMIZERS,
-             f"algo.optimizer={self.optimizer!r} must be one of {OPTIMIZERS}"),
-            (self.optimizer_eps > 0, f"algo.optimizer_eps={self.optimizer_eps} must be > 0"),
-        ]
-        return [msg for ok, msg in checks if not ok]
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs
+        (each field's own bounds are declared on it)."""
+        if self.normalize_advantage and self.steps_per_iteration(num_envs) == 1:
+            return ["algo.normalize_advantage needs a batch of more than one sample "
+                    "(fragments_per_batch * env.num_envs * algo.num_steps); raise one of them"]
+        return []
 
 
 def a3c_objective(model: ActorCritic, obs, actions, logprobs, rewards, terminated, truncated,

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Gt, Interval
 
 from gmi_drl.algos.async_learner import AsyncLearner, evaluate, normalized
 from gmi_drl.models.actor_critic import ActorCritic
@@ -27,36 +29,36 @@ class APPOConfig:
     epoch of one minibatch and V-trace rho-bar and c-bar of 1; learning_rate, clip_coef,
     ent_coef and max_grad_norm are CleanRL's continuous-control PPO values)."""
 
-    num_steps: int = 32
+    num_steps: Annotated[int, Ge(1)] = 32
     """T: steps per env in one fragment (Sample Factory's rollout)"""
-    fragments_per_batch: int = 4
+    fragments_per_batch: Annotated[int, Ge(1)] = 4
     """fragments of one serving GMI's env.num_envs envs in one trainer batch (F); a trainer's
     batch is F * env.num_envs * num_steps samples"""
-    learning_rate: float = 3e-4
+    learning_rate: Annotated[float, Gt(0)] = 3e-4
     """Adam step size"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    vtrace_rho: float = 1.0
+    vtrace_rho: Annotated[float, Gt(0)] = 1.0
     """rho-bar of V-trace (truncation of the importance weight in the value target)"""
-    vtrace_c: float = 1.0
+    vtrace_c: Annotated[float, Gt(0)] = 1.0
     """c-bar of V-trace (truncation of the trace coefficients)"""
-    vtrace_lambda: float = 1.0
+    vtrace_lambda: Annotated[float, Interval(ge=0, le=1)] = 1.0
     """the trace's lambda (IMPALA Remark 2)"""
-    num_minibatches: int = 1
+    num_minibatches: Annotated[int, Ge(1)] = 1
     """minibatches per epoch, each of whole trajectories (env columns)"""
-    update_epochs: int = 1
+    update_epochs: Annotated[int, Ge(1)] = 1
     """passes over each batch"""
     norm_adv: bool = True
     """normalise the advantages of each minibatch (mean 0, std 1)"""
-    clip_coef: float = 0.2
+    clip_coef: Annotated[float, Gt(0)] = 0.2
     """surrogate clipping epsilon on the ratio to the behaviour policy"""
-    ent_coef: float = 0.0
+    ent_coef: Annotated[float, Ge(0)] = 0.0
     """entropy bonus coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: Annotated[float, Ge(0)] = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Annotated[float, Gt(0)] = 0.5
     """global gradient norm bound"""
-    adam_eps: float = 1e-6
+    adam_eps: Annotated[float, Gt(0)] = 1e-6
     """Adam epsilon"""
 
     template = "async_training"
@@ -67,32 +69,20 @@ class APPOConfig:
         return self.fragments_per_batch * num_envs * self.num_steps
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        F = self.fragments_per_batch
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs
+        (each field's own bounds are declared on it)."""
+        F, M = self.fragments_per_batch, self.num_minibatches
+        if M < 1 or F < 1:
+            return []
         checks = [
-            (self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1"),
-            (F >= 1, f"algo.fragments_per_batch={F} must be >= 1"),
-            (self.num_minibatches >= 1 and (F * num_envs) % self.num_minibatches == 0,
-             f"algo.num_minibatches={self.num_minibatches} must divide the "
-             f"{F * num_envs} trajectories of a batch (fragments_per_batch * env.num_envs)"),
-            (not self.norm_adv or self.num_minibatches < 1 or F < 1
-             or F * num_envs * self.num_steps >= 2 * self.num_minibatches,
-             f"algo.num_minibatches={self.num_minibatches} leaves minibatches of one sample "
+            ((F * num_envs) % M == 0,
+             f"algo.num_minibatches={M} must divide the {F * num_envs} trajectories of a batch "
+             "(fragments_per_batch * env.num_envs)"),
+            (not self.norm_adv or F * num_envs * self.num_steps >= 2 * M,
+             f"algo.num_minibatches={M} leaves minibatches of one sample "
              f"(a batch of {F * num_envs * self.num_steps}: fragments_per_batch * env.num_envs "
              "* algo.num_steps): normalising advantages needs 2 or more (their std); lower "
              "--algo.num-minibatches, raise the batch, or pass --algo.no-norm-adv"),
-            (self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs} must be >= 1"),
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (self.vtrace_rho > 0 and self.vtrace_c > 0,
-             f"algo.vtrace_rho={self.vtrace_rho} and algo.vtrace_c={self.vtrace_c} must be > 0"),
-            (0 <= self.vtrace_lambda <= 1,
-             f"algo.vtrace_lambda={self.vtrace_lambda} must be in [0, 1]"),
-            (self.clip_coef > 0, f"algo.clip_coef={self.clip_coef} must be > 0"),
-            (self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0"),
-            (self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
         ]
         return [msg for ok, msg in checks if not ok]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gmi_drl.algos.base import AlgoContext, load_modules
+from gmi_drl.algos.base import AlgoContext, actor_critic_state, load_actor_critic_state
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.rollout.acting import make_acting
 
@@ -74,8 +74,8 @@ class AsyncLearner:
         """``(epochs, minibatches per epoch)`` over each batch."""
         return 1, 1
 
-    def update(self, batch: dict[str, torch.Tensor],
-               update_obs_stats: bool = True) -> dict[str, float]:
+    def learn(self, batch: dict[str, torch.Tensor],
+              update_obs_stats: bool = True) -> dict[str, float]:
         """`passes` of minibatch steps over ``batch`` (every trajectory whole);
         the observations are normalised first when the run normalises them, folding the batch
         into the statistics when ``update_obs_stats`` (the trainer that publishes: its
@@ -133,21 +133,13 @@ class AsyncLearner:
     def state_dict(self) -> dict:
         """Weights (``modules``), optimizer moments, the shuffling RNG, the update count and
         the policy version."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "generator": self.generator.get_state(), "iteration": self.iteration,
-                "policy_version": self.policy_version}
+        return {**actor_critic_state(self.model, self.grad_step, self.iteration,
+                                     self.generator), "policy_version": self.policy_version}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.generator.set_state(state["generator"])
-        self.iteration = int(state["iteration"])
+        """Restore `state_dict` output (`load_actor_critic_state`)."""
+        self.iteration = load_actor_critic_state(state, self.model, self.grad_step,
+                                                 self.generator)
         self.policy_version = int(state["policy_version"])
 
     def close(self) -> None:

@@ -11,10 +11,11 @@ through the `GradStep` s its context makes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Literal, Protocol
+from typing import Annotated, Callable, ContextManager, Literal, Protocol
 
 import numpy as np
 import torch
+from annotated_types import Ge
 
 from gmi_drl.envs.spec import EnvSpec
 from gmi_drl.optim.grad_step import GradStep
@@ -41,7 +42,7 @@ class ModelConfig:
     """hidden sizes of the critic MLP, ':'-joined"""
     activation: str = "tanh"
     """MLP activation: tanh, relu or elu"""
-    cnn_features: int = 512
+    cnn_features: Annotated[int, Ge(1)] = 512
     """width of the Nature CNN's last (fully connected) layer"""
 
 
@@ -135,8 +136,8 @@ class AsyncAlgorithm(Protocol):
         """The network serving GMIs act with, for task ``spec`` (`EnvSpec`) and ``model``,
         untrained (built after ``torch.manual_seed(seed)`` it equals the learner's first)."""
 
-    def update(self, batch: dict[str, torch.Tensor],
-               update_obs_stats: bool = True) -> dict[str, float]:
+    def learn(self, batch: dict[str, torch.Tensor],
+              update_obs_stats: bool = True) -> dict[str, float]:
         """Learn from one batch of fragments (``(T, M, ...)`` tensors and ``last_obs (M,
         *obs_shape)``); the next `weights` are ``policy_version + 1``. Returns metrics."""
 
@@ -167,7 +168,10 @@ class AlgoConfig(Protocol):
         """Env steps of one pool of ``num_envs`` envs per iteration."""
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule, one message each (``algo.<field>=...``); empty when valid."""
+        """Every broken rule between the hyper-parameters, and with pools of ``num_envs`` envs
+        and ``num_gmis`` GMIs, one message each (``algo.<field>=...``); empty when valid. A
+        field's own bounds are declared on it (``Annotated[float, Gt(0)]``) and checked with
+        its type by the run's config, not here."""
 
 
 def load_modules(modules: dict[str, torch.nn.Module], stored: dict) -> None:
@@ -182,3 +186,30 @@ def load_modules(modules: dict[str, torch.nn.Module], stored: dict) -> None:
             module.load_state_dict(stored[name])
         except (RuntimeError, KeyError) as e:
             raise ValueError(f"checkpoint weights do not fit this model: {e!r}") from None
+
+
+def actor_critic_state(model: torch.nn.Module, grad_step, iteration: int,
+                       generator: torch.Generator | None = None) -> dict:
+    """The checkpoint state of a learner with one actor-critic and one `GradStep` (PPO, A2C,
+    APPO, A3C): weights (``modules``), optimizer moments, the update count and, where the
+    learner samples minibatches, its generator."""
+    state = {"modules": {"actor_critic": model.state_dict()},
+             "optimizers": {"actor_critic": grad_step.state_dict()}, "iteration": iteration}
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def load_actor_critic_state(state: dict, model: torch.nn.Module, grad_step,
+                            generator: torch.Generator | None = None) -> int:
+    """Restore `actor_critic_state` output; returns the update count.
+
+    Raises:
+        ValueError: the stored weights or optimizer do not fit this model.
+    """
+    load_modules({"actor_critic": model}, state["modules"])
+    grad_step.load_state_dict(state["optimizers"]["actor_critic"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+    return int(state["iteration"])
+

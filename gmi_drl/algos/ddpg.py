@@ -8,7 +8,8 @@ Algorithm 1 (the critic regressed on ``r + gamma Q'(s', mu'(s'))``, the actor as
 ``train_frequency`` env steps) as Stable-Baselines3's DDPG and TD3. `gmi_drl.algos.td3` adds the
 three changes of Fujimoto et al. 2018 on the same code: twin critics, target policy smoothing
 and delayed policy updates (DDPG is that learner with one critic, no smoothing and no delay,
-as in Stable-Baselines3).
+as in Stable-Baselines3). `ReplayActorCritic` and `OffPolicyConfig` are what they share with
+`gmi_drl.algos.sac` (collection, replay, schedule, targets, checkpoint).
 
 Actions are learned in ``[-1, 1]^A`` (the actor ends in tanh) and rescaled to the task's bounds
 when stepped; the replay stores the rescaled-to-``[-1, 1]`` action.
@@ -20,10 +21,12 @@ import copy
 import functools
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
 import torch
+from annotated_types import Ge, Gt, Interval
 from torch import nn
 
 from gmi_drl.algos.base import AlgoContext, load_modules
@@ -34,42 +37,38 @@ from gmi_drl.optim.grad_step import StaleSyncGradStep
 from gmi_drl.rollout.acting import mlp_forward
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
-from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
+from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBatch, ReplayBuffer, make_replay,
                                    refill_steps, replay_config_errors)
 
 
 @dataclass
-class DeterministicPGConfig:
-    """What DDPG and TD3 share (defaults: Stable-Baselines3's, but for the exploration noise,
-    which SB3 leaves off and RL-Zoo sets). `DDPGConfig` and
-    `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
-    always names its own algorithm."""
+class OffPolicyConfig:
+    """What the replay actor-critics (DDPG, TD3, SAC) share: the replay, the schedule, the
+    targets and the optimizer (defaults: Stable-Baselines3's DDPG/TD3). Each algorithm's config
+    derives from it and adds its own terms and rules (`_rules`)."""
 
-    learning_rate: float = 1e-3
+    learning_rate: Annotated[float, Gt(0)] = 1e-3
     """Adam step size of the actor and the critic"""
-    buffer_size: int = 1_000_000
+    buffer_size: Annotated[int, Ge(1)] = 1_000_000
     """replay capacity of each GMI, transitions"""
-    learning_starts: int = 100
+    learning_starts: Annotated[int, Ge(0)] = 100
     """env steps of a GMI taken with uniform random actions before the first gradient step"""
-    minibatch_size: int = 256
+    minibatch_size: Annotated[int, Ge(1)] = 256
     """transitions per gradient step (each GMI samples its own)"""
-    tau: float = 0.005
+    tau: Annotated[float, Interval(gt=0, le=1)] = 0.005
     """soft update rate of the target networks"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    n_step: int = 1
+    n_step: Annotated[int, Ge(1)] = 1
     """rewards per critic target: n-step returns, cut where an episode ended (1: the papers'
     one-step target)"""
-    train_frequency: int = 1
+    train_frequency: Annotated[int, Ge(1)] = 1
     """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
-    gradient_steps: int = 1
+    gradient_steps: Annotated[int, Ge(1)] = 1
     """gradient steps of the critic per iteration"""
-    exploration_noise: float = 0.1
-    """std of the Gaussian noise added to the actor's action in [-1, 1] units (0.1: Fujimoto
-    et al. 2018 §6.1 and RL-Zoo)"""
-    max_grad_norm: float = math.inf
+    max_grad_norm: Annotated[float, Gt(0)] = math.inf
     """global gradient norm bound of each network (inf: none, as Stable-Baselines3)"""
-    adam_eps: float = 1e-8
+    adam_eps: Annotated[float, Gt(0)] = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
@@ -77,44 +76,39 @@ class DeterministicPGConfig:
     resumed run refills its buffers for learning_starts env steps first, at most the buffer's
     size and half the steps left; the files grow by the buffer's size)"""
 
-    # DDPG's values of TD3's terms (TD3Config makes them fields)
-    n_critics = 1
-    policy_delay = 1
-    target_policy_noise = 0.0
-    target_noise_clip = 0.0
-
     def steps_per_iteration(self, num_envs: int) -> int:
         """``num_envs * train_frequency``."""
         return num_envs * self.train_frequency
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        checks = [
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
-            (self.learning_starts >= 0,
-             f"algo.learning_starts={self.learning_starts} must be >= 0"),
-            (self.minibatch_size >= 1,
-             f"algo.minibatch_size={self.minibatch_size} must be >= 1"),
-            (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
-            (self.train_frequency >= 1,
-             f"algo.train_frequency={self.train_frequency} must be >= 1"),
-            (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
-            (self.exploration_noise >= 0,
-             f"algo.exploration_noise={self.exploration_noise} must be >= 0"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
-            (self.n_critics >= 1, f"algo.n_critics={self.n_critics} must be >= 1"),
-            (self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay} must be >= 1"),
-            (self.target_policy_noise >= 0,
-             f"algo.target_policy_noise={self.target_policy_noise} must be >= 0"),
-            (self.target_noise_clip >= 0,
-             f"algo.target_noise_clip={self.target_noise_clip} must be >= 0"),
-        ]
-        return [msg for ok, msg in checks if not ok] + replay_config_errors(
-            self.buffer_size, self.minibatch_size, self.n_step, num_envs)
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs:
+        the replay's (`replay_config_errors`) and a subclass's (`_rules`); each field's own
+        bounds are declared on it."""
+        return self._rules(num_envs) + replay_config_errors(self.buffer_size,
+                                                            self.minibatch_size, self.n_step,
+                                                            num_envs)
+
+    def _rules(self, num_envs: int) -> list[str]:
+        """The broken rules between fields that a subclass adds (none here)."""
+        return []
+
+
+@dataclass
+class DeterministicPGConfig(OffPolicyConfig):
+    """What DDPG and TD3 share (defaults: Stable-Baselines3's, but for the exploration noise,
+    which SB3 leaves off and RL-Zoo sets). `DDPGConfig` and
+    `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
+    always names its own algorithm."""
+
+    exploration_noise: Annotated[float, Ge(0)] = 0.1
+    """std of the Gaussian noise added to the actor's action in [-1, 1] units (0.1: Fujimoto
+    et al. 2018 §6.1 and RL-Zoo)"""
+
+    # DDPG's values of TD3's terms (TD3Config makes them fields)
+    n_critics = 1
+    policy_delay = 1
+    target_policy_noise = 0.0
+    target_noise_clip = 0.0
 
 
 @dataclass
@@ -253,15 +247,23 @@ class GaussianExploration:
         return q.numpy() if self._host else q
 
 
-class DDPG:
-    """The DDPG learner (an `gmi_drl.algos.base.Algorithm`), and TD3's through the config's
-    ``n_critics``, ``policy_delay`` and target smoothing terms.
+class ReplayActorCritic:
+    """What the replay actor-critics (`DDPG`, TD3's, `gmi_drl.algos.sac.SAC`) share: the task
+    checks, the collection into the replay buffer, the schedule of critic and actor steps, the
+    soft target updates and the checkpoint (an `gmi_drl.algos.base.Algorithm`).
 
     ``collect`` steps every env ``train_frequency`` times into the replay buffer (uniform random
     actions for the first ``learning_starts`` env steps); ``update`` takes ``gradient_steps``
-    critic steps, and after every ``policy_delay``-th one an actor step and the soft update of
-    both target networks. Actor and critics each have their own `GradStep` (each a collective
-    over the trainers); the targets live beside them as flat vectors.
+    critic steps, after every ``policy_delay``-th one the actor's steps (`_actor_steps`) and
+    the soft update of the target networks (after every critic step where
+    ``targets_follow_critic``). Each network has its own `GradStep` (each a collective over the
+    trainers); the targets live beside them as flat vectors.
+
+    A subclass's `_build` makes ``actor``, ``critics``, ``critic_step``, ``actor_step``,
+    ``acting``, ``_targets`` (``(target FlatParams, online FlatParams)`` pairs), ``_steps``
+    (``{name: GradStep}``, the critics' first: the optimizers of the checkpoint, named as their
+    modules, drained in that order) and
+    ``_module_names`` (the checkpoint's modules, targets included).
 
     Raises:
         ValueError: a non-Box action space or one without finite bounds; observation or reward
@@ -269,7 +271,12 @@ class DDPG:
             are not a 1-d Box, or an encoder other than ``mlp``.
     """
 
-    def __init__(self, cfg: DeterministicPGConfig, ctx: AlgoContext) -> None:
+    targets_follow_critic = False
+    """soft-update the targets after every critic step (SAC) rather than after the actor's"""
+    actor_metrics: tuple[str, ...] = ("losses/actor_loss",)
+    """names of what `_actor_steps` returns, in its order"""
+
+    def __init__(self, cfg: OffPolicyConfig, ctx: AlgoContext) -> None:
         spec = ctx.spec
         if not isinstance(spec.action_space, gym.spaces.Box):
             raise ValueError(f"{type(self).__name__} needs a Box action space, {spec.task_id} "
@@ -286,37 +293,32 @@ class DDPG:
         self.cfg, self.ctx = cfg, ctx
         self.steps_per_iteration = cfg.steps_per_iteration(ctx.num_envs)
         obs_dim = int(np.prod(spec.observation_space.shape))
-        self.action_dim = act_dim = int(np.prod(spec.action_space.shape))
-        m = ctx.model
-        self.actor = DeterministicActor(obs_dim, act_dim, m.actor_hidden,
-                                        m.activation).to(ctx.device)
-        self.critics = QCritics(obs_dim, act_dim, m.critic_hidden, m.activation,
-                                cfg.n_critics).to(ctx.device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
-        critic_loss = functools.partial(
-            critic_objective, actor_target=self.actor_target,
-            critics_target=self.critics_target,
-            target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip)
-        self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
-                                              cfg.max_grad_norm, cfg.adam_eps)
-        self.actor_step = ctx.make_grad_step(
-            self.actor, functools.partial(actor_objective, critics=self.critics),
-            cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
-        self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
-                         (FlatParams(self.critics_target), self.critic_step.params))
+        self.action_dim = int(np.prod(spec.action_space.shape))
+        self._build(obs_dim, self.action_dim)
         # Stale-sync steps compute on local copies that workers hold at different versions
         # until the drain; targets follow the drained weights, so they stay identical on all.
         self._stale_sync = isinstance(self.critic_step, StaleSyncGradStep)
-        self.acting = self.make_acting(ctx.arrays)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self._refill_until = 0
         """env steps at which a run resumed without its replay trains again (counted in env
         steps, the same on every GMI, so that all GMIs take their first step together)"""
-        self._actor_loss: float | None = None  # of the latest iteration with actor steps
-        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, smoothing
+        self._actor_means: dict[str, float] = {}  # of the latest iteration with actor steps
+        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, noise
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
         self._collector: ReplayCollector | None = None
+
+    def _build(self, obs_dim: int, action_dim: int) -> None:
+        """Make the networks, their steps, the targets and the acting (see the class doc)."""
+        raise NotImplementedError
+
+    def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
+        """One critic step on ``batch``; returns ``(loss, mean Q_1)``."""
+        raise NotImplementedError
+
+    def _actor_steps(self, batch: ReplayBatch) -> torch.Tensor:
+        """The actor's steps after a ``policy_delay``-th critic step on ``batch``; returns
+        ``(len(actor_metrics),)``: their means."""
+        raise NotImplementedError
 
     def collect(self, pool) -> Episodes:
         """``train_frequency`` steps of every env (phase ``rollout``) into the replay buffer."""
@@ -327,8 +329,8 @@ class DDPG:
 
     def _policy(self, obs: Array) -> tuple[Array, Array]:
         """`gmi_drl.rollout.collector.Policy`: uniform actions for ``learning_starts`` env
-        steps (as SB3), then the actor's with Gaussian noise; both in ``[-1, 1]`` (stored) and
-        rescaled to the bounds (stepped), arrays as the pool returns and takes them."""
+        steps (as SB3), then the acting's (``acting.scaled``); both in ``[-1, 1]`` (stored)
+        and rescaled to the bounds (stepped), arrays as the pool returns and takes them."""
         arrays, acting = self._arrays, self.acting
         if self.env_steps < self.cfg.learning_starts:
             g = self.ctx.action_generator
@@ -354,19 +356,18 @@ class DDPG:
         if self._on_device:  # a pool of tensors: act on them where they are, never in NumPy
             self.acting = self.make_acting(self._arrays)
 
-    def make_acting(self, arrays: Arrays) -> GaussianExploration:
+    def make_acting(self, arrays: Arrays):
         """The policy as it acts on ``arrays`` (the runner's, or a pool of tensors' on its
-        device): the actor with Gaussian exploration noise."""
-        return GaussianExploration(self.actor, self.critics, self.ctx.spec.action_space,
-                                   self.cfg.exploration_noise, self.ctx.action_generator, arrays)
+        device; ``scaled`` / ``to_env`` / ``act`` / ``value``, as `GaussianExploration`)."""
+        raise NotImplementedError
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none
-        before), each ``policy_delay``-th followed by an actor step and the soft target updates
-        (stale-sync: the ``n`` of one update applied after its drain, as one with
+        before), each ``policy_delay``-th followed by the actor's steps, and the soft target
+        updates (stale-sync: the ``n`` of one update applied after its drain, as one with
         ``tau_n = 1 - (1 - tau)^n``, so every GMI's targets follow the same weights).
         Returns ``losses/critic_loss``, ``losses/q_values`` (means over the critic steps),
-        ``losses/actor_loss`` (mean over the actor steps of the latest iteration that had any:
+        the `actor_metrics` (means over the actor steps of the latest iteration that had any:
         with ``policy_delay`` an iteration may have none) and the steps' metrics."""
         cfg = self.cfg
         self.iteration += 1
@@ -374,32 +375,31 @@ class DDPG:
             return {}
         if self.env_steps < self._refill_until:  # resumed without its replay: refill first
             return {}
-        smooth = cfg.target_policy_noise > 0
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
         for _ in range(cfg.gradient_steps):
             batch = self.replay.sample(cfg.minibatch_size, self.generator)
-            if smooth:
-                noise = torch.randn(batch.actions.shape, generator=self.generator)
-                batch = (*batch, noise.to(batch.actions.device))
-            critic_aux.append(torch.stack(self.critic_step(*batch)))
+            critic_aux.append(torch.stack(self._critic_update(batch)))
             self.critic_updates += 1
-            if self.critic_updates % cfg.policy_delay == 0:
-                actor_aux.append(self.actor_step(batch[0])[0])
+            actor_turn = self.critic_updates % cfg.policy_delay == 0
+            if actor_turn:
+                actor_aux.append(self._actor_steps(batch))
+            if actor_turn or self.targets_follow_critic:
                 if self._stale_sync:
                     deferred += 1
                 else:
                     self._update_targets(cfg.tau)
         means = torch.stack(critic_aux).mean(0).tolist()
-        metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1],
-                   **self.critic_step.drain(), **self.actor_step.drain()}
+        metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1]}
+        for step in self._steps.values():
+            metrics.update(step.drain())
         if deferred:
             # n soft updates towards the drained weights, in one: tau_n = 1 - (1 - tau)^n
             self._update_targets(1.0 - (1.0 - cfg.tau) ** deferred)
         if actor_aux:
-            self._actor_loss = float(torch.stack(actor_aux).mean())
-        if self._actor_loss is not None:  # (delayed: a logged iteration may have no actor step)
-            metrics["losses/actor_loss"] = self._actor_loss
+            self._actor_means = dict(zip(self.actor_metrics,
+                                         torch.stack(actor_aux).mean(0).tolist()))
+        metrics.update(self._actor_means)  # (delayed: a logged iteration may have no actor step)
         return metrics
 
     def _update_targets(self, tau: float) -> None:
@@ -407,12 +407,11 @@ class DDPG:
             soft_update_(target, online, tau)
 
     def state_dict(self) -> dict:
-        """The four networks (``modules``), both optimizers, the sampling RNG, the counters and,
-        with ``save_replay``, the replay buffer."""
+        """The networks (``modules``, targets included), the optimizers, the sampling RNG, the
+        counters and, with ``save_replay``, the replay buffer."""
         state = {"modules": {name: module.state_dict()
                              for name, module in self._modules_by_name().items()},
-                 "optimizers": {"actor": self.actor_step.state_dict(),
-                                "critics": self.critic_step.state_dict()},
+                 "optimizers": {name: step.state_dict() for name, step in self._steps.items()},
                  "generator": self.generator.get_state(), "iteration": self.iteration,
                  "env_steps": self.env_steps, "critic_updates": self.critic_updates}
         if self.cfg.save_replay and self.replay is not None:
@@ -420,8 +419,7 @@ class DDPG:
         return state
 
     def _modules_by_name(self) -> dict:
-        return {name: getattr(self, name)
-                for name in ("actor", "critics", "actor_target", "critics_target")}
+        return {name: getattr(self, name) for name in self._module_names}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` output.
@@ -430,8 +428,8 @@ class DDPG:
             ValueError: the stored weights or optimizers do not fit this model.
         """
         load_modules(self._modules_by_name(), state["modules"])
-        self.actor_step.load_state_dict(state["optimizers"]["actor"])
-        self.critic_step.load_state_dict(state["optimizers"]["critics"])
+        for name, step in self._steps.items():
+            step.load_state_dict(state["optimizers"][name])
         self.generator.set_state(state["generator"])
         self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
         self.critic_updates = int(state["critic_updates"])
@@ -444,5 +442,55 @@ class DDPG:
                                       self.cfg.gamma)
 
     def close(self) -> None:
-        self.actor_step.close()
-        self.critic_step.close()
+        for step in self._steps.values():
+            step.close()
+
+
+class DDPG(ReplayActorCritic):
+    """The DDPG learner (a `ReplayActorCritic`: see there for the schedule), and TD3's through
+    the config's ``n_critics``, ``policy_delay`` and target smoothing terms: a deterministic
+    actor, ``n_critics`` critics, a target of each, one actor step per ``policy_delay`` critic
+    steps.
+
+    Raises:
+        ValueError: as `ReplayActorCritic`.
+    """
+
+    cfg: DeterministicPGConfig
+
+    def _build(self, obs_dim: int, act_dim: int) -> None:
+        cfg, ctx, m = self.cfg, self.ctx, self.ctx.model
+        self.actor = DeterministicActor(obs_dim, act_dim, m.actor_hidden,
+                                        m.activation).to(ctx.device)
+        self.critics = QCritics(obs_dim, act_dim, m.critic_hidden, m.activation,
+                                cfg.n_critics).to(ctx.device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        critic_loss = functools.partial(
+            critic_objective, actor_target=self.actor_target,
+            critics_target=self.critics_target,
+            target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip)
+        self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
+                                              cfg.max_grad_norm, cfg.adam_eps)
+        self.actor_step = ctx.make_grad_step(
+            self.actor, functools.partial(actor_objective, critics=self.critics),
+            cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
+        self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
+                         (FlatParams(self.critics_target), self.critic_step.params))
+        self._steps = {"critics": self.critic_step, "actor": self.actor_step}
+        self._module_names = ("actor", "critics", "actor_target", "critics_target")
+        self.acting = self.make_acting(ctx.arrays)
+
+    def make_acting(self, arrays: Arrays) -> GaussianExploration:
+        """The actor with Gaussian exploration noise, on ``arrays``."""
+        return GaussianExploration(self.actor, self.critics, self.ctx.spec.action_space,
+                                   self.cfg.exploration_noise, self.ctx.action_generator, arrays)
+
+    def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
+        if self.cfg.target_policy_noise > 0:  # TD3's smoothing noise, from the learner's RNG
+            noise = torch.randn(batch.actions.shape, generator=self.generator)
+            batch = (*batch, noise.to(batch.actions.device))
+        return self.critic_step(*batch)
+
+    def _actor_steps(self, batch: ReplayBatch) -> torch.Tensor:
+        return torch.stack(self.actor_step(batch[0]))

@@ -15,11 +15,12 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+from annotated_types import Ge, Gt, Interval
 from torch import nn
 from torch.nn import functional as F
 
@@ -41,40 +42,40 @@ class DQNConfig:
     gradient-norm bound of 10, which are Nature DQN's and Stable-Baselines3's; the ``classic``
     preset sets CleanRL's squared error and no bound)."""
 
-    learning_rate: float = 2.5e-4
+    learning_rate: Annotated[float, Gt(0)] = 2.5e-4
     """Adam step size"""
-    buffer_size: int = 10_000
+    buffer_size: Annotated[int, Ge(1)] = 10_000
     """replay capacity of each GMI, transitions"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    n_step: int = 1
+    n_step: Annotated[int, Ge(1)] = 1
     """rewards per TD target: n-step returns (Rainbow's multi-step, Hessel et al. 2018), cut
     where an episode ended; 1 is Nature DQN's one-step target"""
-    tau: float = 1.0
+    tau: Annotated[float, Interval(gt=0, le=1)] = 1.0
     """target update rate: 1 copies the online network, < 1 is a Polyak average"""
-    target_network_frequency: int = 500
+    target_network_frequency: Annotated[int, Ge(1)] = 500
     """env steps of a GMI between target updates"""
-    minibatch_size: int = 128
+    minibatch_size: Annotated[int, Ge(1)] = 128
     """transitions per gradient step (each GMI samples its own)"""
-    start_e: float = 1.0
+    start_e: Annotated[float, Interval(ge=0, le=1)] = 1.0
     """exploration epsilon at the start"""
-    end_e: float = 0.05
+    end_e: Annotated[float, Interval(ge=0, le=1)] = 0.05
     """exploration epsilon at the end of the schedule"""
-    exploration_fraction: float = 0.5
+    exploration_fraction: Annotated[float, Interval(gt=0, le=1)] = 0.5
     """fraction of the run over which epsilon falls linearly from start_e to end_e"""
-    learning_starts: int = 10_000
+    learning_starts: Annotated[int, Ge(0)] = 10_000
     """env steps of a GMI before the first gradient step (filling the buffer)"""
-    train_frequency: int = 10
+    train_frequency: Annotated[int, Ge(1)] = 10
     """steps of every env per iteration (an iteration is num_envs * train_frequency env steps)"""
-    gradient_steps: int = 1
+    gradient_steps: Annotated[int, Ge(1)] = 1
     """gradient steps per iteration"""
     double_q: bool = False
     """Double DQN target: the online network picks the next action, the target rates it"""
     loss: Literal["huber", "mse"] = "huber"
     """TD loss: Huber (Nature DQN, SB3) or squared error (CleanRL)"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: Annotated[float, Gt(0)] = 10.0
     """global gradient norm bound (SB3's default; inf: none, as CleanRL)"""
-    adam_eps: float = 1e-8
+    adam_eps: Annotated[float, Gt(0)] = 1e-8
     """Adam epsilon"""
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
@@ -87,33 +88,13 @@ class DQNConfig:
         return num_envs * self.train_frequency
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters."""
-        checks = [
-            (self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0"),
-            (self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size} must be >= 1"),
-            (0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]"),
-            (self.n_step >= 1, f"algo.n_step={self.n_step} must be >= 1"),
-            (0 < self.tau <= 1, f"algo.tau={self.tau} must be in (0, 1]"),
-            (self.target_network_frequency >= 1,
-             f"algo.target_network_frequency={self.target_network_frequency} must be >= 1"),
-            (self.minibatch_size >= 1,
-             f"algo.minibatch_size={self.minibatch_size} must be >= 1"),
-            (0 <= self.end_e <= self.start_e <= 1,
-             f"algo.start_e={self.start_e}, algo.end_e={self.end_e}: need 0 <= end_e <= "
-             "start_e <= 1"),
-            (0 < self.exploration_fraction <= 1,
-             f"algo.exploration_fraction={self.exploration_fraction} must be in (0, 1]"),
-            (self.learning_starts >= 0,
-             f"algo.learning_starts={self.learning_starts} must be >= 0"),
-            (self.train_frequency >= 1,
-             f"algo.train_frequency={self.train_frequency} must be >= 1"),
-            (self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps} must be >= 1"),
-            (self.loss in ("huber", "mse"), f"algo.loss={self.loss!r} must be huber or mse"),
-            (self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0"),
-            (self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0"),
-        ]
-        return [msg for ok, msg in checks if not ok] + replay_config_errors(
-            self.buffer_size, self.minibatch_size, self.n_step, num_envs)
+        """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs
+        (each field's own bounds are declared on it)."""
+        errors = [] if self.end_e <= self.start_e else [
+            f"algo.start_e={self.start_e}, algo.end_e={self.end_e}: need 0 <= end_e <= "
+            "start_e <= 1"]
+        return errors + replay_config_errors(self.buffer_size, self.minibatch_size, self.n_step,
+                                             num_envs)
 
 
 class QNetwork(nn.Module):

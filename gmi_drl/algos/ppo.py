@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
+from annotated_types import Ge, Gt, Interval
 
-from gmi_drl.algos.base import AlgoContext, load_modules
+from gmi_drl.algos.base import AlgoContext, actor_critic_state, load_actor_critic_state
 from gmi_drl.models.actor_critic import ActorCritic, build_actor_critic
 from gmi_drl.rollout.acting import make_acting
 from gmi_drl.rollout.collector import Collector, Episodes
@@ -26,35 +27,35 @@ from gmi_drl.rollout.storage import Batch, RolloutBuffer
 class PPOConfig:
     """PPO hyper-parameters (defaults: CleanRL ``ppo.py``)."""
 
-    num_steps: int = 128
+    num_steps: Annotated[int, Ge(1)] = 128
     """steps per env per rollout (T); a GMI's batch is env.num_envs * num_steps samples"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Annotated[float, Gt(0)] = 2.5e-4
     """Adam step size (at the start, when annealed)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the run"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Interval(ge=0, le=1)] = 0.99
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: Annotated[float, Interval(ge=0, le=1)] = 0.95
     """GAE lambda"""
-    num_minibatches: int = 4
+    num_minibatches: Annotated[int, Ge(1)] = 4
     """minibatches per epoch (every GMI cuts its batch into as many)"""
-    update_epochs: int = 4
+    update_epochs: Annotated[int, Ge(1)] = 4
     """passes over each batch"""
     norm_adv: bool = True
     """normalise advantages per minibatch (mean 0, std 1)"""
-    clip_coef: float = 0.2
+    clip_coef: Annotated[float, Gt(0)] = 0.2
     """surrogate clipping epsilon (PPO paper eq. 7), also the value clipping range"""
     clip_vloss: bool = True
     """clip the value loss around the old values"""
-    ent_coef: float = 0.01
+    ent_coef: Annotated[float, Ge(0)] = 0.01
     """entropy bonus coefficient (c2)"""
-    vf_coef: float = 0.5
+    vf_coef: Annotated[float, Ge(0)] = 0.5
     """value loss coefficient (c1)"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Annotated[float, Gt(0)] = 0.5
     """global gradient norm bound"""
-    target_kl: float | None = None
+    target_kl: Annotated[float, Gt(0)] | None = None
     """stop the epochs of an update once the approximate KL exceeds this (None: never)"""
-    adam_eps: float = 1e-5
+    adam_eps: Annotated[float, Gt(0)] = 1e-5
     """Adam epsilon"""
 
     def steps_per_iteration(self, num_envs: int) -> int:
@@ -62,16 +63,14 @@ class PPOConfig:
         return num_envs * self.num_steps
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
-        """Every broken rule of these hyper-parameters for pools of ``num_envs`` envs."""
+        """Every broken rule between these hyper-parameters, pools of ``num_envs`` envs and
+        ``num_gmis`` GMIs (each field's own bounds are declared on it)."""
         errors = []
 
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 errors.append(msg)
 
-        need(self.num_steps >= 1, f"algo.num_steps={self.num_steps} must be >= 1")
-        need(self.num_minibatches >= 1,
-             f"algo.num_minibatches={self.num_minibatches} must be >= 1")
         batch = self.steps_per_iteration(num_envs)
         if self.num_minibatches >= 1 and batch >= 1:
             need(batch % self.num_minibatches == 0,
@@ -86,17 +85,6 @@ class PPOConfig:
              f"algo.target_kl={self.target_kl} with gmi.num_gmis={num_gmis}: GMIs would stop "
              "their epochs at different points and break the gradient collective; use "
              "target_kl None")
-        need(self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0")
-        need(0 <= self.gamma <= 1, f"algo.gamma={self.gamma} must be in [0, 1]")
-        need(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda} must be in [0, 1]")
-        need(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs} must be >= 1")
-        need(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef} must be > 0")
-        need(self.ent_coef >= 0, f"algo.ent_coef={self.ent_coef} must be >= 0")
-        need(self.vf_coef >= 0, f"algo.vf_coef={self.vf_coef} must be >= 0")
-        need(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm} must be > 0")
-        need(self.target_kl is None or self.target_kl > 0,
-             f"algo.target_kl={self.target_kl} must be > 0 or None")
-        need(self.adam_eps > 0, f"algo.adam_eps={self.adam_eps} must be > 0")
         return errors
 
 
@@ -271,20 +259,12 @@ class PPO:
 
     def state_dict(self) -> dict:
         """Weights (``modules``), optimizer moments, the shuffling RNG and the update count."""
-        return {"modules": {"actor_critic": self.model.state_dict()},
-                "optimizers": {"actor_critic": self.grad_step.state_dict()},
-                "generator": self.generator.get_state(), "iteration": self.iteration}
+        return actor_critic_state(self.model, self.grad_step, self.iteration, self.generator)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict` output.
-
-        Raises:
-            ValueError: the stored weights or optimizer do not fit this model.
-        """
-        load_modules({"actor_critic": self.model}, state["modules"])
-        self.grad_step.load_state_dict(state["optimizers"]["actor_critic"])
-        self.generator.set_state(state["generator"])
-        self.iteration = int(state["iteration"])
+        """Restore `state_dict` output (`load_actor_critic_state`)."""
+        self.iteration = load_actor_critic_state(state, self.model, self.grad_step,
+                                                 self.generator)
 
     def close(self) -> None:
         self.grad_step.close()

@@ -11,6 +11,9 @@ Stable-Baselines3's TD3).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Ge
 
 from gmi_drl.algos.ddpg import DDPG, DeterministicPGConfig
 
@@ -19,13 +22,13 @@ from gmi_drl.algos.ddpg import DDPG, DeterministicPGConfig
 class TD3Config(DeterministicPGConfig):
     """TD3 hyper-parameters: DDPG's, and the three of Fujimoto et al. 2018."""
 
-    n_critics: int = 2
+    n_critics: Annotated[int, Ge(1)] = 2
     """critics whose minimum forms the target (clipped double-Q)"""
-    policy_delay: int = 2
+    policy_delay: Annotated[int, Ge(1)] = 2
     """critic steps per actor step and target update"""
-    target_policy_noise: float = 0.2
+    target_policy_noise: Annotated[float, Ge(0)] = 0.2
     """std of the noise on target actions, in [-1, 1] units"""
-    target_noise_clip: float = 0.5
+    target_noise_clip: Annotated[float, Ge(0)] = 0.5
     """bound of that noise"""
 
 

@@ -102,6 +102,15 @@ class NativeAtariEngine(AtariEngine):
             if len(ready):
                 return ready
 
+    def pin(self, cores: list[int]) -> None:
+        """Pin the core's worker thread ``k`` to CPU ``cores[k % len(cores)]`` (the thread
+        that waits in `recv` is the caller's and keeps its own).
+
+        Raises:
+            RuntimeError: the kernel refused a core (not in this process's CPU set).
+        """
+        self._core.pin(cores)
+
     def close(self) -> None:
         """Stop every emulator thread (a step in flight finishes first). Idempotent."""
         if getattr(self, "_core", None) is not None:

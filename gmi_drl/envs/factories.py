@@ -55,6 +55,8 @@ class PoolRequest:
         seeds: ``(num_envs,) int64``, each env's first-reset seed (`gmi_drl.envs.spec.env_seeds`).
         autoreset: the `AutoresetMode`.
         device: where a device engine simulates (``"cpu"``, ``"cuda:0"``); CPU engines ignore it.
+        thread_affinity: CPU cores for the engine's worker threads, thread ``k`` on
+            ``thread_affinity[k % len]`` (EnvPool's ``thread_affinity_offset``); ``()``: unpinned.
     """
 
     task_id: str
@@ -64,6 +66,7 @@ class PoolRequest:
     seeds: np.ndarray
     autoreset: AutoresetMode
     device: str = "cpu"
+    thread_affinity: tuple[int, ...] = ()
 
     @property
     def num_threads(self) -> int:
@@ -71,7 +74,25 @@ class PoolRequest:
         return max(self.num_workers, 1)
 
     def pool(self, spec: EnvSpec, engine: Engine) -> EnvPool:
-        """The Python `EnvPool` front end over ``engine``, sized as requested."""
+        """The Python `EnvPool` front end over ``engine``, sized as requested, its worker
+        threads pinned where ``thread_affinity`` asks.
+
+        Raises:
+            ValueError: ``thread_affinity`` for an engine without worker threads to pin (the
+                engine is closed first).
+        """
+        if self.thread_affinity:
+            pin = getattr(engine, "pin", None)
+            if pin is None:
+                engine.close()
+                raise ValueError(f"thread_affinity={list(self.thread_affinity)}: this engine of "
+                                 f"{self.task_id} has no worker threads to pin (the native "
+                                 "MuJoCo and Atari cores have)")
+            try:
+                pin(list(self.thread_affinity))
+            except RuntimeError as e:
+                engine.close()
+                raise ValueError(f"thread_affinity={list(self.thread_affinity)}: {e}") from None
         return EnvPool(spec, engine, self.num_envs, self.env_batch_size, self.autoreset)
 
 

@@ -151,6 +151,15 @@ class MujocoThreadEngine(Engine):
         self._core.reset(ids)
         self._draw(ids)
 
+    def pin(self, cores: list[int]) -> None:
+        """Pin the core's worker thread ``k`` to CPU ``cores[k % len(cores)]`` (the thread
+        that waits in `recv` is the caller's and keeps its own).
+
+        Raises:
+            RuntimeError: the kernel refused a core (not in this process's CPU set).
+        """
+        self._core.pin(cores)
+
     def close(self) -> None:
         if self._core is not None:
             self._core.close()

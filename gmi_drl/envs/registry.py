@@ -221,7 +221,8 @@ def cpu_budget() -> int:
 def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
          num_workers: int | None = None, seed: int | Sequence[int] = 0,
          autoreset: str | AutoresetMode | None = None, device: str | None = None,
-         engine: str = "auto", **task_kwargs: Any) -> EnvPool:
+         engine: str = "auto", thread_affinity: int | Sequence[int] | None = None,
+         **task_kwargs: Any) -> EnvPool:
     """Build an `EnvPool` of ``num_envs`` sub-environments of ``task_id`` (the warp engine: a
     `gmi_drl.envs.warp.pool.WarpPool`, the same API with full batches, ``same_step``
     autoreset only, and torch tensors on its device).
@@ -246,11 +247,16 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
             engine, ``None``: ``"cpu"``); the CPU engines ignore it and return NumPy.
         engine: which of the task's engines runs it (`engines(task_id)` lists them; names in
             `factories.ENGINE_ORDER`): ``"auto"`` takes the first that can run here.
+        thread_affinity: pin the engine's worker threads (the native MuJoCo and Atari cores):
+            an int ``k`` pins thread ``i`` to core ``k + i`` (EnvPool's
+            ``thread_affinity_offset``), a sequence of cores pins thread ``i`` to
+            ``cores[i % len(cores)]``; ``None``: the threads run where the OS puts them.
         **task_kwargs: passed to the engine's factory (the task's options, e.g. ``frame_skip``);
             ``max_episode_steps`` sets the time limit in steps, as in ``gymnasium.make``.
 
     Raises:
-        ValueError: unknown ``task_id``, an invalid size or mode (all named at once), an engine
+        ValueError: unknown ``task_id``, an invalid size or mode, or a ``thread_affinity`` naming
+            a core this process may not run on (all named at once), an engine
             the task does not have or that cannot run here (with the reason), a keyword a
             gmi-drl engine does not take, an action space other than Box, Discrete or
             MultiDiscrete, or observations that are no array.
@@ -282,6 +288,7 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         seeds = env_seeds(seed, num_envs)
     except ValueError as e:
         errors.append(str(e))
+    cores = _thread_cores(thread_affinity, workers, errors)
     if errors:
         raise ValueError("invalid pool: " + "; ".join(errors))
     kwargs = {**entry.kwargs, **task_kwargs}
@@ -289,8 +296,32 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
     if mode is None:
         mode = chosen.autoreset_modes[0]
     request = PoolRequest(task_id, int(num_envs), int(batch), int(workers), seeds, mode,
-                          device or "cpu")
+                          device or "cpu", cores)
     return chosen.build(request, **kwargs)
+
+
+def _thread_cores(affinity: int | Sequence[int] | None, workers: Any,
+                  errors: list[str]) -> tuple[int, ...]:
+    """The cores of `make`'s ``thread_affinity`` (``()``: unpinned); a problem goes to
+    ``errors``."""
+    if affinity is None:
+        return ()
+    allowed = sorted(os.sched_getaffinity(0))
+    if isinstance(affinity, (int, np.integer)) and not isinstance(affinity, bool):
+        n = max(int(workers), 1) if isinstance(workers, (int, np.integer)) else 1
+        cores = tuple(int(affinity) + i for i in range(n))
+    elif isinstance(affinity, (list, tuple)) and affinity and all(
+            isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in affinity):
+        cores = tuple(int(c) for c in affinity)
+    else:
+        errors.append(f"thread_affinity={affinity!r} must be an int (the first core) or a "
+                      "non-empty list of cores")
+        return ()
+    missing = sorted(set(cores) - set(allowed))
+    if missing:
+        errors.append(f"thread_affinity={affinity!r} names core(s) {missing} this process cannot "
+                      f"run on (its cores: {allowed})")
+    return cores
 
 
 _BUILTIN_DONE = False

@@ -26,7 +26,7 @@ ROLES = {Template.SERVING: ("simulator", "agent"),
          Template.SYNC_TRAINING: ("simulator", "agent", "trainer"),
          Template.ASYNC_TRAINING: ("simulator", "agent", "trainer")}
 """the roles a template's GMIs hold (async_training: each GMI holds the trainer role or the
-other two; `gmi_drl.runner.async_placement` says which)"""
+other two; `gmi_drl.runner.async_template` says which)"""
 
 
 _ALGORITHM_1 = {

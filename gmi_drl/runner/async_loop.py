@@ -2,8 +2,9 @@
 loop, joined by the experience channels and the weight store (GMI-DRL §4.2, §5.1).
 
 `async_main` is the GMI target: GMIs ``0 .. trainer_gmis - 1`` are trainers (`trainer_main`),
-the rest serve (`serving_main`). `serial_main` runs one trainer and one serving role in one
-thread, alternating, with the same objects (the serial mode: debugging and tests).
+the rest serve (`serving_main`). In lock-step (`AsyncSpec.lockstep`: the serial placement, or
+``async.lockstep``) each serving fragment waits for the updates before it, so that a run acts and
+learns the same wherever its GMIs run.
 
 A trainer's iteration is one update from one batch; ``global_step`` counts the env steps
 trained on (over every trainer). The run ends when trainer 0 has done ``num_iterations``
@@ -37,9 +38,10 @@ class AsyncSpec:
     """The payload every GMI of an async run receives (picklable).
 
     Attributes:
-        run: the run. channels: the experience channels' plan (``shm``: with the block's name).
+        run: the run. channels: the experience channels' plan (``shm``: with the block's name;
+            ``tcp``: ``None``, each GMI plans its own where it runs, `channel_plan`).
         weights: ``shm``: the weight store's handle; ``tcp``: ``None``.
-        weight_bytes: bytes of one weight publication.
+        weight_bytes: bytes of one weight publication (``tcp``: 0, `weight_bytes` in the GMI).
         transport: ``shm``: every GMI attaches to one block and one store the placement made
             (one host); ``tcp``: each GMI makes its own, and bridges join every trainer and
             every serving GMI (`gmi_drl.comm.channels.bridge`; GMI 0 hosts the run's
@@ -47,16 +49,20 @@ class AsyncSpec:
         trainer_layout: the trainer GMIs' own layout (their reduction), or ``None`` for one.
         trainer_group: the trainers' `gmi_drl.gmi.context.ReductionGroup`, or ``None``.
         progress: called by trainer 0 with a `Progress`, or ``None``.
+        lockstep: serving fragment ``f`` is acted with the weights of update
+            ``f // fragments_per_batch`` exactly (one serving and one trainer GMI): it waits for
+            them, so fragments and updates follow the order of one process alternating them.
     """
 
     run: Run
-    channels: ChannelPlan
+    channels: ChannelPlan | None
     weights: WeightStoreHandle | None
     weight_bytes: int = 0
     transport: str = "shm"
     trainer_layout: object = None
     trainer_group: object = None
     progress: Callable[[Progress], None] | None = None
+    lockstep: bool = False
 
 
 class ServingResult(NamedTuple):
@@ -77,11 +83,17 @@ class ServingResult(NamedTuple):
 def async_main(ctx) -> LoopResult | ServingResult:
     """One GMI of an async run (every placement's target): trainer or serving by id."""
     spec: AsyncSpec = ctx.payload
-    trainers = spec.run.config.gmi.trainer_gmis
+    cfg = spec.run.config
+    trainers = cfg.gmi.trainer_gmis
     directory = None
     if spec.transport == "tcp":
+        import dataclasses
+
         from gmi_drl.comm.channels.bridge import BridgeDirectory
 
+        task = task_spec(cfg)  # sized here: the controller need not have the task's needs
+        spec = dataclasses.replace(spec, channels=channel_plan(cfg, task),
+                                   weight_bytes=weight_bytes(cfg, task))
         directory = BridgeDirectory(ctx.reduction.init_method, is_host=ctx.gmi_id == 0,
                                     timeout_s=spec.run.config.async_.timeout_s)
     if ctx.gmi_id < trainers:
@@ -101,10 +113,38 @@ def _own_channels(spec: AsyncSpec, num_serving: int | None = None):
     return Fabric.create(plan), WeightStore.create(spec.weight_bytes)
 
 
-def _task_spec(cfg):
+def task_spec(cfg):
+    """The run's `gmi_drl.envs.spec.TaskSpec` (``cfg.env``'s task and engine)."""
     from gmi_drl import envs
 
     return envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
+
+
+def channel_plan(cfg, task) -> ChannelPlan:
+    """The experience channels of ``cfg`` for ``task``: fragments of ``algo.num_steps`` steps of
+    ``env.num_envs`` envs, from every serving GMI to the trainer GMIs (``async.*``)."""
+    from gmi_drl.rollout.trajectory import fragment_fields
+
+    a = cfg.async_
+    fields = fragment_fields(task.observation_space, task.action_space, cfg.algo.num_steps,
+                             cfg.env.num_envs)
+    return ChannelPlan(fields, cfg.algo.num_steps, cfg.env.num_envs, cfg.gmi.serving_gmis,
+                       cfg.gmi.trainer_gmis, a.channel, a.fragments_per_transfer,
+                       a.channel_slots, a.backpressure)
+
+
+def weight_bytes(cfg, task) -> int:
+    """Bytes one weight publication holds: the acting model's state and, with observation
+    normalisation, its mean and variance (float64)."""
+    import math
+
+    from gmi_drl.algos import build_acting_model
+
+    model = build_acting_model(cfg.algo, task, cfg.model)
+    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if cfg.norm.obs:
+        n += 2 * 8 * math.prod(task.observation_space.shape)
+    return n
 
 
 def _setup_threads(cfg) -> None:
@@ -117,8 +157,7 @@ class TrainerGMI(GMIShell):
     from one batch per iteration."""
 
     def __init__(self, spec: AsyncSpec, rank: int, fabric: Fabric, store: WeightStore,
-                 slot: int | None = None, group_store=None,
-                 between: Callable[[], None] | None = None) -> None:
+                 slot: int | None = None, group_store=None) -> None:
         import functools
 
         from gmi_drl.algos import AlgoContext, build_algorithm
@@ -129,10 +168,10 @@ class TrainerGMI(GMIShell):
 
         super().__init__(spec.run, rank)
         cfg = self.cfg
-        self.fabric, self.between = fabric, between
+        self.fabric = fabric
         _setup_threads(cfg)
         device = torch.device(cfg.device)
-        task = _task_spec(cfg)
+        task = task_spec(cfg)
         self.obs_norm = (ObsNormalizer(task.observation_space.shape, cfg.norm.obs_clip,
                                        arrays=arrays_for(device)) if cfg.norm.obs else None)
         self.reducer = _trainer_reducer(spec, rank, group_store)
@@ -164,15 +203,9 @@ class TrainerGMI(GMIShell):
         """Samples one update trains on, over every trainer GMI."""
         return self.cfg.batch_size
 
-    def step(self, k: int) -> tuple[Episodes, dict[str, float]]:
-        """One update; ``between()`` (serial mode: one serving fragment) runs before each
-        attempt that finds no batch, else the batch is waited for."""
-        timeout_s = self.cfg.async_.timeout_s
-        if self.between is None:
-            step = self.role.step(True, timeout_s)
-        else:
-            while (step := self.role.step(False)) is None:
-                self.between()
+    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
+        """One update from the next batch (waited for)."""
+        step = self.role.update(True, self.cfg.async_.timeout_s)
         self.lags.append(step.lags)
         return step.episodes, step.metrics
 
@@ -320,8 +353,7 @@ class Server:
         trainers = cfg.gmi.trainer_gmis
         self.tree = TimingTree(Timeline(cfg.log.timeline_detail_events,
                                         process_name=f"gmi-{trainers + index} serving"))
-        if not in_process:
-            set_tree(self.tree)
+        set_tree(self.tree)  # (this thread's)
         splits = cfg.async_.env_splits
         per = e.num_envs // splits
         workers = 0 if in_process else (None if e.num_workers is None
@@ -334,8 +366,11 @@ class Server:
         # NumPy on the host, or the tensors of a warp pool on its device (nothing per step
         # crosses to the host; ServingRole copies each fragment once)
         arrays = pool_arrays(HostArrays(), self.pools[0])
-        torch.manual_seed(cfg.seed)
-        model = build_acting_model(cfg.algo, task, cfg.model).to(arrays.device)
+        # uninitialised: its weights are the trainer's first publication, which serving_main
+        # waits for (and no draw from the global generator, which a trainer thread may use)
+        with torch.device("meta"):
+            model = build_acting_model(cfg.algo, task, cfg.model)
+        model = model.to_empty(device=arrays.device)
         generator = torch.Generator(arrays.device).manual_seed(cfg.seed + 7919 * (index + 1))
         acting = make_acting(model, generator, arrays, cfg.compile)
         obs_norm = (ObsNormalizer(task.observation_space.shape, n.obs_clip, arrays=arrays)
@@ -381,9 +416,19 @@ def serving_main(spec: AsyncSpec, index: int, directory=None) -> ServingResult:
             addresses = directory.lookup(spec.run.config.gmi.trainer_gmis)
             client = BridgeClient(fabric, store, spec.weight_bytes, index, addresses,
                                   spec.run.config.async_.timeout_s, local=slot)
-        server = Server(spec, index, fabric, store, slot=slot)
-        while not fabric.stopped():
+        cfg = spec.run.config
+        server = Server(spec, index, fabric, store, in_process=cfg.placement == "serial",
+                        slot=slot)
+        try:  # the trainer's first weights (a resumed run's: its version)
+            first = _await_version(store, fabric, 0, cfg.async_.timeout_s)
+        except ChannelClosed:
+            first = None
+        while first is not None and not fabric.stopped():
             try:
+                if spec.lockstep:
+                    _await_version(store, fabric,
+                                   first + server.fragments // cfg.algo.fragments_per_batch,
+                                   cfg.async_.timeout_s)
                 server.collect()
             except ChannelClosed:
                 break
@@ -400,19 +445,19 @@ def serving_main(spec: AsyncSpec, index: int, directory=None) -> ServingResult:
         store.close()
 
 
-def serial_main(spec: AsyncSpec) -> list:
-    """One trainer and one serving role in this thread: a fragment, then every update it
-    completes, until ``num_iterations`` updates; the same objects as the processes use."""
-    fabric, store = Fabric.attach(spec.channels), WeightStore.attach(spec.weights)
-    server = None
-    try:
-        server = Server(spec, 0, fabric, store, in_process=True)
-        result = TrainerGMI(spec, 0, fabric, store, between=server.collect).iterate(spec.progress)
-        return [result, ServingResult(server.role.env_steps, server.fragments, result.wall_s,
-                                      server.versions, {}, result.peak_memory_bytes)]
-    finally:
-        fabric.stop()
-        if server is not None:
-            server.close(write_timeline=False)
-        fabric.close()
-        store.close()
+def _await_version(store: WeightStore, fabric: Fabric, version: int, timeout_s: float) -> int:
+    """Wait until the trainer published weight ``version`` or a newer one (lock-step); returns
+    the newest version.
+
+    Raises:
+        ChannelClosed: the run stopped meanwhile. TimeoutError: none came in ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (newest := store.version) is None or newest < version:
+        if fabric.stopped():
+            raise ChannelClosed("the run stopped")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"lock-step: no weights of update {version} in {timeout_s:g} s "
+                               "(async.timeout_s): the trainer GMI is stuck or gone")
+        time.sleep(0.0002)
+    return newest

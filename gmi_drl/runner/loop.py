@@ -124,7 +124,7 @@ class HolisticGMI(GMIShell):
         """Env steps one iteration adds to global_step (every GMI's)."""
         return self.algo.steps_per_iteration * self.cfg.gmi.num_gmis
 
-    def step(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
         """Collect (the algorithm opens its phases), then update."""
         episodes = self.algo.collect(self.pool)
         with self.profiler.phase("update"):

@@ -1,4 +1,5 @@
-"""Placements: where a run's GMIs execute. One interface, three implementations.
+"""Placements: where a run's GMIs execute. One interface, three implementations, each
+launching any template (`gmi_drl.runner.template`: what the GMIs do and share).
 
 - `SerialPlacement`: every GMI a thread of this process (env workers in-process too), the
   reduction in its in-process form (the shared-memory block, or the switch). The twin of the
@@ -8,8 +9,9 @@
 - `RayPlacement`: one Ray actor per GMI (`gmi_drl.cluster.ray_launcher`), restarted from the last
   checkpoint after a failure when ``ray.max_restarts`` allows.
 
-Each runs the same target with the same `gmi_drl.gmi.context.GMIContext`, and describes where it
-put the GMIs (markdown lines for ``summary.md``).
+Each runs the template's target with the same `gmi_drl.gmi.context.GMIContext`, inside the
+template's shared resources, and describes where it put the GMIs (markdown lines for
+``summary.md``, the template's after its own).
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ from gmi_drl.comm.reduction import Reduction
 from gmi_drl.config import ConfigError, TrainConfig
 from gmi_drl.gmi.context import GMIContext, ReductionGroup, shm_group_sizes
 from gmi_drl.gmi.launcher import GMIError, run_target
-from gmi_drl.gmi.layout import Layout
+from gmi_drl.runner.template import SyncTemplate, Template
 from gmi_drl.telemetry.progress import printed_here, relayed
 
 log = logging.getLogger(__name__)
 
 
 class Placement(Protocol):
-    """Runs a target once per GMI of a run."""
+    """Runs a template's target once per GMI of a run."""
 
-    def launch(self, target: str, payload: Any) -> list[Any]:
-        """Run ``target(ctx)`` for every GMI; blocks; the results by GMI id.
+    template: Template
+
+    def launch(self, payload: Any) -> list[Any]:
+        """Run the template's target for every GMI, ``payload`` given to the template's
+        `Template.shared`; blocks; the results by GMI id.
 
         Raises:
             GMIError: a GMI raised, died or hung; the run was stopped.
@@ -56,25 +61,44 @@ def _warn_shared_cores(gmis: int, cores: int) -> None:
 
 
 def make_placement(cfg: TrainConfig, capacity: int | Callable[[], int]) -> Placement:
-    """The placement of ``cfg.placement`` for ``cfg.gmi``'s layout; ``capacity``: the most
-    float32 values one allreduce carries (shared-memory sizing), or on Ray a function that
-    computes it where GMI 0 runs.
+    """The placement of ``cfg.placement`` launching ``cfg``'s template for ``cfg.gmi``'s
+    layout; ``capacity``: the most float32 values one allreduce carries (shared-memory sizing),
+    or on Ray a function that computes it where GMI 0 runs.
 
     Raises:
         ConfigError: the layout does not fit this machine (a backend it lacks, fewer GMIs than
             devices, a forced reduction the layout cannot run).
     """
     from gmi_drl.gmi.devices import discover
-    from gmi_drl.gmi.layout import plan
 
     machine, g = discover(), cfg.gmi
     if cfg.placement == "local" and cfg.device == "cpu":  # a process per GMI, on these cores
         _warn_shared_cores(g.serving_gmis + g.trainer_gmis if cfg.is_async else g.num_gmis,
                            len(machine.cpu_cores))
-    if cfg.is_async:
-        from gmi_drl.runner.async_placement import AsyncPlacement
+    template = (_async_template(cfg, machine, capacity) if cfg.is_async
+                else _sync_template(cfg, machine, capacity))
+    if cfg.placement == "serial":
+        try:
+            return SerialPlacement(cfg, template)
+        except ValueError as e:  # (auto chose, for this layout, a reduction serial cannot run)
+            raise ConfigError(f"invalid config:\n  placement='serial': {e}; give "
+                              "--gmi.reduction mpr, or --placement local") from None
+    if cfg.placement == "ray":
+        return RayPlacement(cfg, template)
+    return LocalPlacement(cfg, template, machine)
 
-        return AsyncPlacement(cfg, machine, capacity)
+
+def _async_template(cfg: TrainConfig, machine, capacity) -> Template:
+    from gmi_drl.runner.async_template import AsyncTemplate
+
+    return AsyncTemplate(cfg, machine, capacity)
+
+
+def _sync_template(cfg: TrainConfig, machine, capacity) -> SyncTemplate:
+    """Holistic GMIs on the layout the planner picks for ``cfg.gmi`` on ``machine``."""
+    from gmi_drl.gmi.layout import plan
+
+    g = cfg.gmi
     backend = None if g.backend == "auto" else g.backend
     if backend is None and g.num_gmis == 1 and machine.gpus:
         backend = "cuda_shared"  # one GMI shares no GPU: no MPS
@@ -87,44 +111,24 @@ def make_placement(cfg: TrainConfig, capacity: int | Callable[[], int]) -> Place
              " | ".join(f"device {d}: GMI {', '.join(map(str, g))}"
                         for d, g in enumerate(layout.mpl)), layout.backend.value,
              layout.reduction.value if layout.num_gmis > 1 else "none (one GMI)")
-    if cfg.placement == "serial":
-        try:
-            return SerialPlacement(cfg, layout, capacity)
-        except ValueError as e:  # (auto chose, for this layout, a reduction serial cannot run)
-            raise ConfigError(f"invalid config:\n  placement='serial': {e}; give "
-                              "--gmi.reduction mpr, or --placement local") from None
-    if cfg.placement == "ray":
-        return RayPlacement(cfg, layout, capacity)
-    return LocalPlacement(cfg, layout, machine, capacity)
-
-
-def _notes(cfg: TrainConfig, num_gmis: int) -> str:
-    """The lines every placement adds: the switch's mode, namespaces, identical weights."""
-    g, text = cfg.gmi, ""
-    if g.reduction == "switch":
-        how = (f"stale-sync, staleness bound S = {g.staleness} (iSwitch §4.1)" if g.staleness
-               else "synchronous")
-        text += f"- gradients reduced through the aggregation switch at {g.switch_addr}, {how}\n"
-    if g.reduction == "ps":
-        text += f"- gradients reduced through the parameter server at {g.ps_addr}\n"
-    if g.netns is not None:
-        text += f"- GMI k in network namespace k of {g.netns}\n"
-    return text
+    return SyncTemplate(cfg, layout, capacity)
 
 
 class SerialPlacement:
-    """Every GMI as a thread of this process (one GMI: this thread), reducing in process.
+    """Every GMI as a thread of this process (one GMI: this thread), reducing in process,
+    env workers in process; the async template's GMIs in lock-step.
 
     Raises (at construction):
         ValueError: a reduction that needs a process per GMI (mrr, har, ring).
     """
 
-    def __init__(self, cfg: TrainConfig, layout: Layout, capacity: int) -> None:
-        if layout.num_gmis > 1 and layout.reduction not in (Reduction.MPR, Reduction.SWITCH,
-                                                            Reduction.PS):
+    def __init__(self, cfg: TrainConfig, template: Template) -> None:
+        layout = template.layout
+        if (not cfg.is_async and layout.num_gmis > 1
+                and layout.reduction not in (Reduction.MPR, Reduction.SWITCH, Reduction.PS)):
             raise ValueError(f"serial placement reduces in process (mpr, switch, ps), not "
                              f"{layout.reduction.value}")
-        self.cfg, self.layout, self.capacity = cfg, layout, capacity
+        self.cfg, self.template = cfg, template
         if cfg.profile.tool == "nsys":
             from gmi_drl.telemetry.profiler import NSYS_OPTIONS
 
@@ -132,31 +136,34 @@ class SerialPlacement:
                      "profile %s gmi-drl train ...",
                      " ".join(f"--{k}={v}" for k, v in NSYS_OPTIONS.items()))
 
-    def launch(self, target: str, payload: Any) -> list[Any]:
+    def launch(self, payload: Any) -> list[Any]:
         from gmi_drl.comm.shm import ShmGroup
 
-        lay, n = self.layout, self.layout.num_gmis
-        made = [ShmGroup.create(size, self.capacity) for size in shm_group_sizes(lay)]
+        t = self.template
+        lay = t.layout
+        made = [ShmGroup.create(size, t.reducer_capacity) for size in shm_group_sizes(lay)]
         gc = self.cfg.gmi
         group = ReductionGroup(tuple(g for g, _ in made), "", gc.service_addrs,
                                gc.switch_job or f"gmi-drl-serial-{id(self)}", gc.switch_token)
         try:
-            if n == 1:
-                return [run_target(target, GMIContext(0, lay, payload, group))]
-            return self._threads(target, payload, group)
+            with t.shared(payload, "serial") as shared:
+                if lay.num_gmis == 1:
+                    return [run_target(t.target, GMIContext(0, lay, shared, group))]
+                return self._threads(shared, group)
         finally:
             for _, owner in made:
                 ShmGroup.destroy(owner)
 
-    def _threads(self, target: str, payload: Any, group: ReductionGroup) -> list[Any]:
-        n = self.layout.num_gmis
+    def _threads(self, payload: Any, group: ReductionGroup) -> list[Any]:
+        target, layout = self.template.target, self.template.layout
+        n = layout.num_gmis
         results: list[Any] = [None] * n
         errors: dict[int, str] = {}
         done = [threading.Event() for _ in range(n)]
 
         def run(g: int) -> None:
             try:
-                results[g] = run_target(target, GMIContext(g, self.layout, payload, group))
+                results[g] = run_target(target, GMIContext(g, layout, payload, group))
             except BaseException:  # noqa: BLE001 - reported below with its traceback
                 errors[g] = traceback.format_exc()
             finally:
@@ -182,13 +189,14 @@ class SerialPlacement:
         if errors:
             g = min(errors)
             raise GMIError.raised(g, errors[g])
+        self.results = results
         return results
 
     def describe(self) -> str:
-        n = self.layout.num_gmis
+        n = self.template.layout.num_gmis
         where = "one GMI in this process" if n == 1 else f"{n} GMIs as threads of this process"
         return (f"- placement: serial: {where}, env workers in-process\n"
-                + self.layout.describe() + _notes(self.cfg, n))
+                + self.template.describe(getattr(self, "results", []), self.template.layout))
 
 
 def _interrupt(threads: list[threading.Thread], done: list[threading.Event],
@@ -220,39 +228,42 @@ def _interrupt(threads: list[threading.Thread], done: list[threading.Event],
 class LocalPlacement:
     """One process per GMI on this machine; a lone GMI without a profiler prefix runs here."""
 
-    def __init__(self, cfg: TrainConfig, layout: Layout, machine, capacity: int) -> None:
-        self.cfg, self.layout, self.machine, self.capacity = cfg, layout, machine, capacity
+    def __init__(self, cfg: TrainConfig, template: Template, machine) -> None:
+        self.cfg, self.template, self.machine = cfg, template, machine
         self.prefixes: dict[int, list[str]] = {}
+        self.results: list[Any] = []
 
-    def launch(self, target: str, payload: Any) -> list[Any]:
+    def launch(self, payload: Any) -> list[Any]:
         from gmi_drl.gmi.launcher import COMPILER, launch
 
+        t, g = self.template, self.cfg.gmi
         self.prefixes = _nsys_prefixes(self.cfg, payload.run.run_dir, self.machine)
-        if self.layout.num_gmis == 1 and not self.prefixes:
-            return [run_target(target, GMIContext(0, self.layout, payload))]
-        g = self.cfg.gmi
-        with relayed(payload.progress) as progress:
-            return launch(target, self.layout, self.machine,
-                          payload=dataclasses.replace(payload, progress=progress),
-                          reducer_capacity=self.capacity,
-                          service_addrs=g.service_addrs,
-                          netns=g.netns_list, prefixes=self.prefixes,
-                          job_id=g.switch_job, token=g.switch_token,
-                          start_method=g.start_method,
-                          preload=COMPILER if self.cfg.compile else (),
-                          exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys writes at exit
+        if t.layout.num_gmis == 1 and not self.prefixes:
+            with t.shared(payload, "local") as shared:
+                self.results = [run_target(t.target, GMIContext(0, t.layout, shared))]
+            return self.results
+        with relayed(payload.progress) as progress, \
+                t.shared(dataclasses.replace(payload, progress=progress), "local") as shared:
+            self.results = launch(t.target, t.layout, self.machine, payload=shared,
+                                  reducer_capacity=t.reducer_capacity,
+                                  service_addrs=g.service_addrs,
+                                  netns=g.netns_list, prefixes=self.prefixes,
+                                  job_id=g.switch_job, token=g.switch_token,
+                                  start_method=g.start_method, tolerate=t.tolerate,
+                                  preload=COMPILER if self.cfg.compile else (),
+                                  exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys: at exit
+        return self.results
 
     def describe(self) -> str:
-        n = self.layout.num_gmis
+        n = self.template.layout.num_gmis
         where = ("one GMI in this process" if n == 1 and not self.prefixes
                  else f"one process per GMI ({n}), {self._started()}")
-        return (f"- placement: local: {where}\n" + self.layout.describe()
-                + _notes(self.cfg, n))
-
+        return (f"- placement: local: {where}\n"
+                + self.template.describe(self.results, self.template.layout))
 
     def _started(self) -> str:
         """How the GMI processes were started: a GMI under a profiler is always spawned."""
-        n, profiled = self.layout.num_gmis, sorted(self.prefixes)
+        n, profiled = self.template.layout.num_gmis, sorted(self.prefixes)
         if self.cfg.gmi.start_method == "spawn" or len(profiled) == n:
             return "spawned"
         if not profiled:
@@ -264,39 +275,42 @@ class LocalPlacement:
 class RayPlacement:
     """One Ray actor per GMI, on the cluster of ``ray.address``."""
 
-    def __init__(self, cfg: TrainConfig, layout: Layout, capacity: int) -> None:
-        self.cfg, self.layout, self.capacity = cfg, layout, capacity
+    def __init__(self, cfg: TrainConfig, template: Template) -> None:
+        self.cfg, self.template = cfg, template
         self._run = None
 
-    def launch(self, target: str, payload: Any) -> list[Any]:
+    def launch(self, payload: Any) -> list[Any]:
         from gmi_drl.cluster.ray_launcher import launch
 
-        cfg, r = self.cfg, self.cfg.ray
+        cfg, r, t = self.cfg, self.cfg.ray, self.template
         switch = cfg.gmi.switch_addrs[0] if cfg.gmi.reduction == "switch" else None
         printing = dataclasses.replace(payload, progress=printed_here(payload.progress))
-        self._run = launch(target, self.layout, printing, address=r.address,
-                           max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
-                           placement_timeout_s=r.placement_timeout_s,
-                           reducer_capacity=self.capacity, switch_addr=switch,
-                           switch_job=cfg.gmi.switch_job, switch_token=cfg.gmi.switch_token,
-                           runtime_envs=_nsight_runtime_envs(cfg, payload.run.run_dir,
-                                                             self.layout.num_gmis),
-                           on_restart=lambda error: _restarted(payload))
+        with t.shared(printing, "ray") as shared:
+            self._run = launch(t.target, t.layout, shared, address=r.address,
+                               max_restarts=r.max_restarts, num_cpus_per_gmi=r.num_cpus_per_gmi,
+                               placement_timeout_s=r.placement_timeout_s,
+                               reducer_capacity=t.reducer_capacity, switch_addr=switch,
+                               switch_job=cfg.gmi.switch_job, switch_token=cfg.gmi.switch_token,
+                               runtime_envs=_nsight_runtime_envs(cfg, payload.run.run_dir,
+                                                                 t.layout.num_gmis),
+                               rendezvous=cfg.is_async,
+                               reduction_note=(t.trainer_reduction() if cfg.is_async
+                                               else None),
+                               on_restart=lambda error: _restarted(shared, payload.progress))
         return self._run.results
 
     def describe(self) -> str:
         from gmi_drl.cluster.membership import describe
 
         run = self._run
-        return (run.layout.describe() + describe(run.layout, run.nodes, run.restarts)
-                + _notes(self.cfg, self.layout.num_gmis))
+        return (describe(run.layout, run.nodes, run.restarts)
+                + self.template.describe(run.results, run.layout))
 
 
-def _restarted(payload):
-    """The payload a failed Ray run restarts with: resumed from its latest checkpoint."""
-    import dataclasses
-
-    return dataclasses.replace(payload, progress=printed_here(payload.progress, warn=False),
+def _restarted(payload, progress):
+    """The payload a failed Ray run restarts with: resumed from its latest checkpoint, its
+    progress printed without repeating the warning (``progress``: the caller's)."""
+    return dataclasses.replace(payload, progress=printed_here(progress, warn=False),
                                run=payload.run.restarted())
 
 

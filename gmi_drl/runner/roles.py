@@ -67,7 +67,7 @@ class ServingRole:
             self._weights += [obs_norm.rms.mean, obs_norm.rms.var]
         self.targets = [_host_view(w) for w in self._weights]
         """host arrays the store reads into: views of CPU weights, buffers for device ones"""
-        self.policy_version = 0
+        self.policy_version = -1  # none loaded: the first pull takes the first publication
         bounds = np.cumsum([0] + [p.num_envs for p in pools])
         splits = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self.cores = [StepCore(pool, HostArrays(), obs_norm, update_obs_stats=False,
@@ -178,8 +178,8 @@ def _torch_dtype(dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
-class TrainStep(NamedTuple):
-    """What one `TrainerRole.step` did."""
+class TrainerUpdate(NamedTuple):
+    """What one `TrainerRole.update` did."""
 
     metrics: dict[str, float]
     episodes: Episodes
@@ -193,7 +193,7 @@ class TrainerRole:
     """Trainer GMI: batcher -> learner update -> publish.
 
     Args:
-        learner: `APPO` or `A3C` (``update(batch)``, ``policy_version``, ``weights()``).
+        learner: an `gmi_drl.algos.base.AsyncAlgorithm` (``learn(batch)``, ``policy_version``, ``weights()``).
         batcher: this trainer's batcher.
         store: where weights go (trainer 0 publishes; other trainers hold identical weights
             and normalise observations with the statistics trainer 0 published last).
@@ -211,7 +211,8 @@ class TrainerRole:
         if publish:
             store.publish(learner.weights(), learner.policy_version)
 
-    def step(self, block: bool = True, timeout_s: float | None = None) -> TrainStep | None:
+    def update(self, block: bool = True,
+               timeout_s: float | None = None) -> TrainerUpdate | None:
         """One update from the next batch; ``None`` when ``block`` is false and no whole
         batch is there yet.
 
@@ -238,11 +239,11 @@ class TrainerRole:
                 self._seen = version
                 self.learner.set_obs_stats(self._scratch[-2], self._scratch[-1])
         with timer("learn"):
-            metrics = self.learner.update(batch, update_obs_stats=not self._follow)
+            metrics = self.learner.learn(batch, update_obs_stats=not self._follow)
         if self.publish:
             with timer("publish"):
                 self.store.publish(self.learner.weights(), self.learner.policy_version)
         metrics["async/policy_lag_mean"] = float(lags.mean())
         metrics["async/policy_lag_max"] = float(lags.max())
         metrics["async/stale_dropped"] = float(b.stale_dropped)
-        return TrainStep(metrics, episodes, lags)
+        return TrainerUpdate(metrics, episodes, lags)

@@ -5,8 +5,8 @@ A learning GMI is a holistic GMI of the ``sync_training`` template
 ``async_training`` template (`gmi_drl.runner.async_loop.TrainerGMI`: learner, batcher, weight
 store). Both are a `GMIShell`: the run and its checkpoint to resume from, the GMI's directory,
 its timing tree and timeline, the metrics writer (GMI 0), the episodes so far; and `iterate`,
-the loop they share: one `step` per iteration, a metrics row every ``log.log_every`` iterations
-and at the last (the weights digested and checked for NaN first), a checkpoint (GMI 0) every
+the loop they share: one `run_iteration` per iteration, a metrics row every ``log.log_every``
+iterations and at the last (the weights digested and checked for NaN first), a checkpoint (GMI 0) every
 ``checkpoint.every`` iterations and at the last.
 """
 
@@ -67,7 +67,7 @@ class GMIShell:
 
     A subclass builds its learner after ``super().__init__`` (``resume_state`` holds the
     checkpoint it continues from, or ``None``), opening its timing tree (`start_timing`) before
-    and its metrics writer (`open_writer`) after; it gives `global_batch`, `step`,
+    and its metrics writer (`open_writer`) after; it gives `global_batch`, `run_iteration`,
     `trained_modules` and `state_dict`, and may give `row`, `phase`, `iteration`, `started`
     and `finished`.
 
@@ -110,7 +110,7 @@ class GMIShell:
         """Env steps (async: samples trained on) one iteration adds to global_step."""
         raise NotImplementedError
 
-    def step(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
         """Iteration ``k``'s work: the episodes that ended in it and the learner's metrics."""
         raise NotImplementedError
 
@@ -177,7 +177,7 @@ class GMIShell:
         try:
             for k in range(first, n_iter):
                 with self.iteration(k), self.tree.iteration(k):
-                    episodes, metrics = self.step(k)
+                    episodes, metrics = self.run_iteration(k)
                     global_step, last = (k + 1) * batch, k + 1 == n_iter
                     with self.phase("log"):
                         elapsed = time.perf_counter() - t0

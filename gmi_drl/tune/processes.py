@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gmi_drl.gmi.launcher import COMPILER, mp_context, raise_if_interrupted, signals_deferred
+from gmi_drl.gmi.launcher import COMPILER, mp_context, signals_deferred
+from gmi_drl.interrupts import raise_if_interrupted
 
 
 PROBE_PRELOAD = ("gmi_drl.tune.probe", "gmi_drl.train", *COMPILER)

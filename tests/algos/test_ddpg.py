@@ -13,7 +13,7 @@ from gmi_drl import envs
 from gmi_drl.algos import DDPG, TD3, AlgoContext, DDPGConfig, ModelConfig, TD3Config
 from gmi_drl.algos.ddpg import (DeterministicActor, QCritics, actor_objective, critic_objective,
                                 critic_target, smoothed_target_action)
-from gmi_drl.config import preset
+from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import HostArrays
 from gmi_drl.train import train
@@ -149,9 +149,11 @@ def test_ddpg_refuses_what_it_cannot_learn():
     ctx = AlgoContext(spec, 1, ModelConfig(), 10, 0, make_grad_step, torch.Generator())
     with pytest.raises(ValueError, match="Box action space"):
         TD3(TD3Config(), ctx)
-    assert TD3Config(tau=0.0, policy_delay=0, n_step=-1).validate(1, 1) == [
+    cfg = TD3Config(tau=0.0, policy_delay=0, n_step=-1)  # (its bounds: declared on the fields)
+    assert [e.message for e in field_errors(cfg, "algo.")] == [
         "algo.tau=0.0 must be in (0, 1]", "algo.n_step=-1 must be >= 1",
         "algo.policy_delay=0 must be >= 1"]
+    assert cfg.validate(1, 1) == []  # no rule between fields broken
 
 
 @pytest.mark.slow

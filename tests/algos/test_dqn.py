@@ -12,7 +12,7 @@ import torch
 from gmi_drl import envs
 from gmi_drl.algos import AlgoContext, DQN, DQNConfig, ModelConfig
 from gmi_drl.algos.dqn import EpsilonGreedy, QNetwork, dqn_objective, td_target
-from gmi_drl.config import preset
+from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import HostArrays
 from gmi_drl.rollout.replay import ReplayBuffer
@@ -176,7 +176,8 @@ def test_dqn_refuses_what_it_cannot_learn():
     ctx = AlgoContext(spec, 1, ModelConfig(), 10, 0, make_grad_step, torch.Generator())
     with pytest.raises(ValueError, match="Discrete action space"):
         DQN(DQNConfig(), ctx)
-    assert DQNConfig(end_e=0.5, start_e=0.1, buffer_size=0, n_step=0).validate(1, 1) == [
+    cfg = DQNConfig(end_e=0.5, start_e=0.1, buffer_size=0, n_step=0)
+    assert [e.message for e in field_errors(cfg, "algo.")] + cfg.validate(1, 1) == [
         "algo.buffer_size=0 must be >= 1", "algo.n_step=0 must be >= 1",
         "algo.start_e=0.1, algo.end_e=0.5: need 0 <= end_e <= start_e <= 1"]
     # the replay's own rules, checked before one is built (DDPG and TD3 share them)

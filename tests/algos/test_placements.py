@@ -9,7 +9,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 
 TASKS = {"a2c": "CartPole-v1", "dqn": "CartPole-v1", "ddpg": "Pendulum-v1",
-         "td3": "Pendulum-v1", "ppo": "CartPole-v1"}
+         "td3": "Pendulum-v1", "sac": "Pendulum-v1", "ppo": "CartPole-v1"}
 
 
 def small_cfg(tmp_path, algo, num_gmis, name):
@@ -20,8 +20,10 @@ def small_cfg(tmp_path, algo, num_gmis, name):
     cfg.log.log_every, cfg.log.tensorboard = 1, False
     cfg.gmi.num_gmis = num_gmis
     a = cfg.algo
-    if algo in ("dqn", "ddpg", "td3"):
+    if algo in ("dqn", "ddpg", "td3", "sac"):
         a.learning_starts, a.minibatch_size, a.train_frequency, a.gradient_steps = 8, 16, 4, 3
+    if algo == "sac":  # (its minibatch must fit in what the replay holds after the warm-up)
+        a.minibatch_size = 8
     if algo == "ppo":
         a.num_steps = 16
     cfg.total_timesteps = 6 * cfg.batch_size
@@ -36,7 +38,7 @@ def _check(result, cfg):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo", ["a2c", "ddpg", "td3"])
+@pytest.mark.parametrize("algo", ["a2c", "ddpg", "td3", "sac"])
 def test_serial_gmis_hold_identical_weights(tmp_path, algo):
     cfg = small_cfg(tmp_path, algo, 2, "serial")
     cfg.placement = "serial"
@@ -44,16 +46,16 @@ def test_serial_gmis_hold_identical_weights(tmp_path, algo):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo", ["a2c", "dqn", "td3"])
+@pytest.mark.parametrize("algo", ["a2c", "dqn", "td3", "sac"])
 def test_serial_gmis_learn_exactly_as_gmi_processes(tmp_path, algo):
     """GMIs as threads and as processes, reducing through shared memory: the same final
     weights and the same episodes (with two GMIs the mean is (a + b) / 2 in float32 whichever
-    reducer forms it). Pendulum's episodes are 200 steps: TD3 runs 60 iterations."""
+    reducer forms it). Pendulum's episodes are 200 steps: TD3 and SAC run 60 iterations."""
     runs = {}
     for placement in ("serial", "local"):
         cfg = small_cfg(tmp_path, algo, 2, placement)
         cfg.placement = placement
-        cfg.total_timesteps = (60 if algo == "td3" else 6) * cfg.batch_size
+        cfg.total_timesteps = (60 if algo in ("td3", "sac") else 6) * cfg.batch_size
         runs[placement] = train(cfg)
         assert len(set(runs[placement].weight_digests)) == 1
     serial, local = runs["serial"], runs["local"]
@@ -66,7 +68,7 @@ def test_serial_gmis_learn_exactly_as_gmi_processes(tmp_path, algo):
 @pytest.mark.distributed
 @pytest.mark.parametrize("algo, num_gmis, num_devices, reduction", [
     ("a2c", 3, 2, "har"), ("td3", 2, 2, "mrr"), ("ddpg", 2, None, "ring"),
-    ("dqn", 2, None, "mpr")])
+    ("dqn", 2, None, "mpr"), ("sac", 2, None, "mpr"), ("sac", 3, 2, "har")])
 def test_gmi_processes_hold_identical_weights(tmp_path, algo, num_gmis, num_devices, reduction):
     cfg = small_cfg(tmp_path, algo, num_gmis, reduction)
     cfg.gmi.num_devices, cfg.gmi.reduction = num_devices, reduction
@@ -76,7 +78,8 @@ def test_gmi_processes_hold_identical_weights(tmp_path, algo, num_gmis, num_devi
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo, staleness", [("td3", 1), ("ddpg", 2), ("a2c", 1), ("dqn", 2)])
+@pytest.mark.parametrize("algo, staleness", [("td3", 1), ("ddpg", 2), ("a2c", 1), ("dqn", 2),
+                                             ("sac", 0), ("sac", 2)])
 def test_the_aggregation_switch_reduces_every_algorithm(tmp_path, algo, staleness):
     from tests.comm.switch.harness import Switch
 

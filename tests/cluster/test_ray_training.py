@@ -107,15 +107,16 @@ def test_ppo_across_two_nodes_learns_exactly_as_the_local_launcher(ray_cluster, 
     assert_nothing_left(ray_cluster)
 
 
-@pytest.mark.parametrize("algo", ["dqn", "a2c", "td3"])
+@pytest.mark.parametrize("algo", ["dqn", "a2c", "td3", "sac"])
 def test_every_algorithm_across_two_nodes_learns_exactly_as_the_local_launcher(
         ray_cluster, tmp_path, algo):
     """As PPO above: one GMI per node (HAR) against two emulated devices; the same weights and
-    episodes, TD3's two gradient steps (actor and critics) included."""
+    episodes, TD3's two gradient steps (actor and critics) and SAC's three (with alpha)
+    included."""
     runs = {}
     for placement in ("ray", "local"):
         cfg = small_cfg(tmp_path, algo, 2, placement)
-        cfg.total_timesteps = (60 if algo == "td3" else 12) * cfg.batch_size
+        cfg.total_timesteps = (60 if algo in ("td3", "sac") else 12) * cfg.batch_size
         cfg.placement = placement
         if placement == "ray":
             cfg.ray.address, cfg.ray.num_cpus_per_gmi = ray_cluster.address, NODE_CPUS
@@ -189,8 +190,7 @@ def test_a_killed_async_gmi_restarts_the_run_from_the_trainers_checkpoint(ray_cl
         assert resumed < cfg.num_iterations  # the trainer died mid-run
         assert (result.episode_wall_s == 0).any()  # episodes restored from the checkpoint
     summary = (result.run_dir / "summary.md").read_text()
-    assert "restarts of every GMI from the trainer's last checkpoint after a GMI failed: 1" \
-        in summary
+    assert "restarts from the last checkpoint after a GMI failed: 1" in summary
     assert_nothing_left(ray_cluster, shm_before=shm_before)
 
 
@@ -235,7 +235,7 @@ def test_async_appo_across_two_nodes_bridges_the_channels(ray_cluster, tmp_path)
     assert result.global_step == 30_720
     assert np.mean(result.episode_returns[-20:]) > 50  # random play: ~22
     summary = (result.run_dir / "summary.md").read_text()
-    assert "one Ray actor per GMI; each trainer GMI's TCP bridge" in summary
+    assert "one actor per GMI" in summary and "each trainer GMI's TCP bridge" in summary
     assert summary.count("node ") >= 2 or summary.count("- node") >= 2, summary
     for gmi in (1, 2):
         line = next(l for l in summary.splitlines() if l.startswith(f"- serving GMI {gmi}:"))

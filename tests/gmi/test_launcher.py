@@ -321,7 +321,7 @@ def test_a_ctrl_c_that_cpython_drops_in_a_callback_is_raised_where_a_run_starts(
     CLI's commands note it, and a run or a probe raises it again before it starts."""
     import weakref
 
-    from gmi_drl.gmi.launcher import noting_interrupts, raise_if_interrupted
+    from gmi_drl.interrupts import noting_interrupts, raise_if_interrupted
 
     class Anything:
         pass

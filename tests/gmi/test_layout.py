@@ -78,9 +78,10 @@ def test_async_layouts_give_each_role_its_own_device_set():
 def test_the_local_placement_says_how_it_started_its_gmis():
     from gmi_drl.config import preset
     from gmi_drl.runner.placement import LocalPlacement
+    from gmi_drl.runner.template import SyncTemplate
 
     cfg = preset("classic", "CartPole-v1", "ppo")
-    place = LocalPlacement(cfg, plan(2, CPU), CPU, 1)
+    place = LocalPlacement(cfg, SyncTemplate(cfg, plan(2, CPU), 1), CPU)
     assert "one process per GMI (2), forked by the fork server\n" in place.describe()
     place.prefixes = {1: ["nsys", "profile"]}
     assert ("one process per GMI (2), forked by the fork server, GMI 1 spawned under the "

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gmi_drl import envs
-from gmi_drl.algos import DDPG, TD3, AlgoContext, DDPGConfig, ModelConfig, TD3Config
+from gmi_drl.algos import (DDPG, SAC, TD3, AlgoContext, DDPGConfig, ModelConfig, SACConfig,
+                           TD3Config)
 from gmi_drl.envs.warp.pool import warp_error
 from gmi_drl.optim.grad_step import make_grad_step
 from tests.host_sync import host_transfers, per_step_transfers
@@ -34,11 +35,11 @@ def test_the_check_counts_a_per_step_transfer():
 
 
 @warp
-@pytest.mark.parametrize("algo", [TD3, DDPG])
-def test_td3_and_ddpg_train_on_a_warp_pool_of_tensors(algo):
-    """Uniform warm-up actions and then the actor's, each without a per-step host transfer;
-    the replay holds tensors from the pool's device."""
-    config = {TD3: TD3Config, DDPG: DDPGConfig}[algo]
+@pytest.mark.parametrize("algo", [TD3, DDPG, SAC])
+def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo):
+    """TD3, DDPG and SAC: uniform warm-up actions and then the actor's, each without a per-step
+    host transfer; the replay holds tensors from the pool's device."""
+    config = {TD3: TD3Config, DDPG: DDPGConfig, SAC: SACConfig}[algo]
     with envs.make("Ant-gmi-v0", 4, seed=0, autoreset="same_step", tensors=True) as pool:
         ctx = AlgoContext(pool.spec, 4, ModelConfig(actor_hidden="32", critic_hidden="32"), 10,
                           0, functools.partial(make_grad_step, compile=False),
