@@ -39,7 +39,7 @@ from gmi_drl.algos.ddpg import OffPolicyConfig, QCritics, ReplayActorCritic, cri
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams
-from gmi_drl.rollout.acting import NumpyMLP, mlp_linears
+from gmi_drl.rollout.acting import NumpyForward, mlp_forward
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
 from gmi_drl.rollout.replay import ReplayBatch
 
@@ -202,8 +202,8 @@ class SquashedGaussianActing:
     """The agent role of SAC: ``tanh(mean + std noise)`` (``deterministic``: ``tanh(mean)``)
     rescaled to the task's action bounds (the `gmi_drl.rollout.acting.Acting` protocol, the
     interface of `gmi_drl.algos.ddpg.GaussianExploration`; ``logprob`` and ``value`` of `act`
-    are 0, Q is only computed by `value`). The policy of an MLP on the CPU runs in NumPy on
-    views of its weights. Draws one standard normal per action dimension per env from the
+    are 0, Q is only computed by `value`). The actor's MLP runs as
+    `gmi_drl.rollout.acting.mlp_forward` chooses (NumPy on views of its weights on the CPU). Draws one standard normal per action dimension per env from the
     runner's generator.
 
     Raises:
@@ -216,8 +216,8 @@ class SquashedGaussianActing:
             raise ValueError(f"SAC needs finite action bounds, got {space}")
         self.actor, self.critics, self.generator, self.arrays = actor, critics, generator, arrays
         self._host = isinstance(arrays, HostArrays)
-        self._numpy = (NumpyMLP(actor.mlp) if self._host and mlp_linears(actor.mlp) is not None
-                       else None)
+        self._mlp = mlp_forward(actor.mlp, actor.mlp, arrays)
+        """the actor's MLP, ``(N, 2A)``: NumPy or torch as `mlp_forward` chooses"""
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
         self.dtype = space.dtype
         self._bounds = (self.low, self.high) if self._host else tuple(
@@ -225,11 +225,13 @@ class SquashedGaussianActing:
 
     def scaled(self, obs: Array, deterministic: bool = False) -> Array:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
-        if self._numpy is not None:
-            return self._scaled_numpy(obs, deterministic)
-        x = torch.from_numpy(obs) if self._host else obs
+        out = self._mlp(obs)
+        if isinstance(self._mlp, NumpyForward):
+            return self._squashed_numpy(out, deterministic)
+        out = torch.from_numpy(out) if self._host else out
         with torch.no_grad():
-            mean, log_std = self.actor(x.float())
+            mean, raw = out.chunk(2, -1)
+            log_std = bound_log_std(raw, self.actor.log_std_bounds, self.actor.log_std_tanh)
             if not deterministic:
                 g = self.generator  # drawn on its device (the runner's)
                 noise = torch.randn(mean.shape, generator=g, device=g.device)
@@ -237,10 +239,7 @@ class SquashedGaussianActing:
             action = torch.tanh(mean)
         return action.numpy() if self._host else action
 
-    def _scaled_numpy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        if self._numpy.stale():
-            self._numpy = NumpyMLP(self.actor.mlp)
-        out = self._numpy.forward(obs.reshape(len(obs), -1).astype(np.float32, copy=False))
+    def _squashed_numpy(self, out: np.ndarray, deterministic: bool) -> np.ndarray:
         mean, raw = np.split(out, 2, axis=1)
         if not deterministic:
             g = self.generator

@@ -16,6 +16,7 @@ from gmi_drl.algos import SAC, AlgoContext, ModelConfig, SACConfig
 from gmi_drl.algos.sac import SquashedGaussianActing, squashed_log_prob
 from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
+from gmi_drl.rollout.acting import NumpyForward, TorchForward
 from gmi_drl.rollout.arrays import HostArrays
 from gmi_drl.rollout.replay import ReplayBatch
 from gmi_drl.train import train
@@ -140,10 +141,10 @@ def test_acting_stays_in_the_bounds_and_numpy_acts_as_torch():
     assert stored.min() >= -1 and stored.max() <= 1 and stored.std() > 0.1
     obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     acting = algo.acting
-    assert acting._numpy is not None  # the CPU MLP's fast path
+    assert isinstance(acting._mlp, NumpyForward)  # the CPU MLP's fast path
     torch_acting = SquashedGaussianActing(algo.actor, algo.critics, gym.spaces.Box(-2, 2, (1,)),
                                           torch.Generator(), HostArrays())
-    torch_acting._numpy = None
+    torch_acting._mlp = TorchForward(algo.actor.mlp, HostArrays())
     for deterministic in (False, True):
         acting.generator.manual_seed(7)
         torch_acting.generator.manual_seed(7)
