@@ -269,6 +269,9 @@ def _train(args: list[str], debug: bool = False) -> int:
         print(f"gmi-drl train: first argument must be an algorithm, one of {list(ALGORITHMS)}",
               file=sys.stderr)
         return 2
+    runs, rest = _split_flags(args[1:], {"--seeds", "--sweep"})
+    if runs:
+        return _train_runs(args[0], runs, rest, debug)
     try:
         cfg, resume = _train_config(args[0], args[1:], validated=False)
     except (ConfigError, CheckpointError, OSError) as e:
@@ -296,6 +299,60 @@ def _train(args: list[str], debug: bool = False) -> int:
     print(f"done: {result.global_step:,} steps in {time.perf_counter() - start:.1f} s, "
           f"final return (last 20 episodes) {final}; run dir {result.run_dir}")
     return 0
+
+
+def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> int:
+    """``gmi-drl train ALGO --seeds S [--sweep FLAG=V1,V2 ...] REST``: every run of the grid
+    and seeds as a GMI (`gmi_drl.sweep`), each config validated before any run starts."""
+    from gmi_drl.checkpoint import CheckpointError
+    from gmi_drl.config import ConfigError
+    from gmi_drl.sweep import (PlannedRun, check_runs, grid_points, parse_seeds, parse_sweep,
+                               train_runs)
+
+    seeds, sweeps, i = "0", [], 0
+    while i < len(flags):
+        flag, eq, value = flags[i].partition("=")
+        if not eq:
+            value, i = (flags[i + 1] if i + 1 < len(flags) else ""), i + 1
+        i += 1
+        if flag == "--seeds":
+            seeds = value
+        else:
+            sweeps.append(value)
+    _, rest = _split_flags(rest, {"--seed", "--run-dir"})  # (each run gets its own)
+    parent_dir = _flag_value(_, "--run-dir")
+    try:
+        seed_list, grid = parse_seeds(seeds), parse_sweep(sweeps)
+        base, _ = _train_config(algo, rest)
+        parent = Path(parent_dir or f"runs/{base.env.task_id.replace('/', '_')}-{algo}-"
+                      f"runs-{time.strftime('%Y%m%d-%H%M%S')}")
+        planned = []
+        for point, point_flags in grid_points(grid):
+            for seed in seed_list:
+                run = PlannedRun(point, seed, base)
+                where = parent / run.name
+                try:
+                    cfg, _ = _train_config(algo, rest + point_flags + [
+                        "--seed", str(seed), "--run-dir", str(where)])
+                except (ConfigError, CheckpointError, OSError) as e:
+                    raise ConfigError(f"run {run.name}: {e}") from None
+                except SystemExit:  # (tyro printed what does not parse)
+                    raise ConfigError(f"run {run.name}: its flags do not parse (above); no run "
+                                      "started") from None
+                planned.append(PlannedRun(point, seed, cfg))
+        check_runs(planned)
+        print(f"{len(planned)} runs as GMIs under {parent}", flush=True)
+        with _stop_signals_as_ctrl_c():
+            outcomes, wall = train_runs(planned, parent)
+    except (ConfigError, CheckpointError, OSError) as e:
+        print(f"gmi-drl train: {e}", file=sys.stderr)
+        return 2
+    failed = [o for o in outcomes if o.error]
+    for o in failed:
+        print(f"gmi-drl train: run {o.name} stopped: {o.error}", file=sys.stderr)
+    print(f"done: {len(outcomes) - len(failed)} of {len(outcomes)} runs in {wall:.1f} s; "
+          f"summary {parent / 'summary.md'}")
+    return 1 if failed else 0
 
 
 def _split_flags(args: list[str], names: set[str]) -> tuple[list[str], list[str]]:
@@ -484,7 +541,7 @@ BENCHMARKS = {"env": "env_throughput", "engines": "mujoco_engines", "faces": "fa
               "switch-training": "switch_training", "gmi": "gmi_scaling",
               "async": "async_training", "gpu-sim": "gpu_sim", "learning": "learning",
               "profile": "profile_overhead", "tune": "tune", "probe-noise": "probe_noise",
-              "launch": "launch", "checkouts": "checkouts"}
+              "launch": "launch", "checkouts": "checkouts", "runs": "runs"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:

@@ -1,0 +1,244 @@
+"""Many runs as GMIs: the seeds (and a grid of flag values) of one training command, each run
+an independent GMI (no gradient reduction) that the GMI planner packs onto the machine: a set of
+CPU cores each on a CPU, MPS or time slicing on a GPU (GMI-DRL §3's multiplexing, applied to
+whole runs: one run of a moderate size leaves a device partly idle).
+
+    gmi-drl train ppo --env.task-id Hopper-v5 --seeds 1-5
+    gmi-drl train ppo --seeds 1-3 --sweep algo.learning-rate=1e-4,3e-4
+
+Each run has its own run directory under the parent (``PARENT/seed-3``, or
+``PARENT/algo.learning-rate=1e-4/seed-3`` in a sweep), its checkpoints and its ``--resume``; a run
+that fails is reported and the others go on. The parent's ``summary.md`` gives, per
+configuration, the final return's mean, interquartile mean (IQM) and 95% bootstrap confidence
+interval over seeds (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice";
+SciPy's ``bootstrap``), and the throughput of each run and of the whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from gmi_drl.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
+
+TARGET = "gmi_drl.sweep:run_gmi"
+FINAL_EPISODES = 10
+"""episodes whose mean is a run's final return (the iSwitch paper's metric)"""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-8"``, ``"1,3,5"`` or ``"1-3,7"`` -> the seeds, in order, each once.
+
+    Raises:
+        ConfigError: not such a list of ints >= 0.
+    """
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            first, last = int(low), int(high or low)
+            if first < 0 or last < first:
+                raise ValueError
+            seeds += [s for s in range(first, last + 1) if s not in seeds]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: give seeds as 1-8, 1,3,5 or 1-3,7 (ints >= 0)")
+    return seeds
+
+
+def parse_sweep(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``["algo.learning-rate=1e-4,3e-4", ...]`` -> ``[("algo.learning-rate", ["1e-4",
+    "3e-4"]), ...]``: each flag with its values (the grid is their product).
+
+    Raises:
+        ConfigError: an item without ``=`` or values, or a flag given twice.
+    """
+    grid: list[tuple[str, list[str]]] = []
+    for text in texts:
+        name, _, values = text.partition("=")
+        name = name.strip().removeprefix("--")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not name or not vals:
+            raise ConfigError(f"--sweep {text!r}: give FLAG=V1,V2 (for example "
+                              "algo.learning-rate=1e-4,3e-4)")
+        if any(name == n for n, _ in grid):
+            raise ConfigError(f"--sweep names {name} twice: give its values in one item")
+        grid.append((name, vals))
+    return grid
+
+
+def grid_points(grid: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Every point of ``grid``: ``(name, flags)``, the name ``"a=1,b=2"`` (``""`` for no
+    grid) and the flags ``["--a", "1", "--b", "2"]``."""
+    points = []
+    for values in itertools.product(*(vals for _, vals in grid)):
+        pairs = list(zip((n for n, _ in grid), values))
+        points.append((",".join(f"{n}={v}" for n, v in pairs),
+                       [x for n, v in pairs for x in (f"--{n}", v)]))
+    return points
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a sweep: its configuration's name (``""`` without a grid), seed and
+    validated config (``run_dir`` under the parent)."""
+
+    point: str
+    seed: int
+    cfg: TrainConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.point}/seed-{self.seed}" if self.point else f"seed-{self.seed}"
+
+
+def check_runs(runs: Sequence[PlannedRun]) -> None:
+    """Refuse what runs as GMIs cannot be (each run one GMI of its own, started here).
+
+    Raises:
+        ConfigError: naming the first run that cannot.
+    """
+    for r in runs:
+        c = r.cfg
+        if c.is_async or c.gmi.num_gmis != 1:
+            raise ConfigError(f"run {r.name}: --seeds runs each run as one GMI: give runs of "
+                              "one holistic GMI (gmi.num_gmis 1, a sync_training algorithm)")
+        if c.placement != "local":
+            raise ConfigError(f"run {r.name}: --seeds places its runs on this machine "
+                              f"(placement local), not placement={c.placement!r}")
+        if c.resume is not None:
+            raise ConfigError(f"run {r.name}: resume one run of a sweep alone: gmi-drl train "
+                              f"ALGO --resume {c.run_dir}")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What one run's GMI returns."""
+
+    name: str
+    run_dir: str
+    global_step: int = 0
+    wall_s: float = 0.0
+    steady_sps: float = float("nan")
+    final_return: float = float("nan")
+    """mean return of its last `FINAL_EPISODES` episodes (nan: none ended)"""
+    error: str = ""
+    """why the run stopped, or ``""``"""
+
+
+@dataclass(frozen=True)
+class RunsSpec:
+    """The payload of every run's GMI: the runs, by GMI id."""
+
+    runs: tuple[PlannedRun, ...] = field(default_factory=tuple)
+
+
+def run_gmi(ctx) -> RunOutcome:
+    """GMI ``ctx.gmi_id``: train its run (`gmi_drl.train.train`, one GMI in this process).
+    A run that stops on an expected failure returns its reason; the others go on."""
+    from gmi_drl.checkpoint import CheckpointError
+    from gmi_drl.runner.run import RunStopped
+    from gmi_drl.train import train
+
+    run = ctx.payload.runs[ctx.gmi_id]
+    try:
+        r = train(run.cfg)
+    except RunStopped as e:
+        return RunOutcome(run.name, str(run.cfg.run_dir), error=f"{e.reason} ({e.next_step})")
+    except (ConfigError, CheckpointError) as e:
+        return RunOutcome(run.name, str(run.cfg.run_dir), error=str(e))
+    last = r.episode_returns[-FINAL_EPISODES:]
+    return RunOutcome(run.name, str(r.run_dir), r.global_step, r.wall_s, r.steady_sps,
+                      float(last.mean()) if len(last) else float("nan"))
+
+
+def train_runs(runs: Sequence[PlannedRun], parent: Path) -> tuple[list[RunOutcome], float]:
+    """Every run as a GMI of one launch (blocks); writes ``parent/summary.md``. Returns the
+    outcomes (a run whose GMI died: an outcome with its error) and the wall seconds.
+
+    Raises:
+        ConfigError: a run that cannot run as a GMI (`check_runs`), or a layout this machine
+            cannot hold.
+    """
+    from gmi_drl.gmi.devices import discover
+    from gmi_drl.gmi.launcher import launch
+    from gmi_drl.gmi.layout import plan
+
+    check_runs(runs)
+    machine = discover()
+    g = runs[0].cfg.gmi
+    try:
+        layout = plan(len(runs), machine, backend=None if g.backend == "auto" else g.backend)
+    except ValueError as e:
+        raise ConfigError(f"invalid config:\n  gmi: {e}") from None
+    parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    results = launch(TARGET, layout, machine, payload=RunsSpec(tuple(runs)), reducer_capacity=1,
+                     tolerate=frozenset(range(len(runs))), start_method=g.start_method)
+    wall = time.perf_counter() - t0
+    outcomes = [r if r is not None else
+                RunOutcome(run.name, str(run.cfg.run_dir), error="its GMI died (see the log)")
+                for run, r in zip(runs, results)]
+    (parent / "summary.md").write_text(summary(runs, outcomes, wall,
+                                               layout.describe(reduction=False)))
+    return outcomes, wall
+
+
+def aggregate(returns: Sequence[float], seed: int = 0) -> dict[str, float]:
+    """``mean``, ``iqm`` (the mean of the middle 50%) and the 95% percentile-bootstrap
+    confidence interval of the IQM (``low``, ``high``; nan with fewer than 2 values) of the
+    final returns of one configuration's seeds (Agarwal et al. 2021)."""
+    from scipy import stats
+
+    x = np.asarray([v for v in returns if np.isfinite(v)], np.float64)
+    if len(x) == 0:
+        return {"mean": float("nan"), "iqm": float("nan"), "low": float("nan"),
+                "high": float("nan")}
+    iqm = float(stats.trim_mean(x, 0.25))
+    low = high = float("nan")
+    if len(x) >= 2 and np.ptp(x) > 0:
+        ci = stats.bootstrap((x,), lambda s, axis: stats.trim_mean(s, 0.25, axis=axis),
+                             confidence_level=0.95, n_resamples=2000, method="percentile",
+                             random_state=np.random.default_rng(seed)).confidence_interval
+        low, high = float(ci.low), float(ci.high)
+    return {"mean": float(x.mean()), "iqm": iqm, "low": low, "high": high}
+
+
+def summary(runs: Sequence[PlannedRun], outcomes: Sequence[RunOutcome], wall_s: float,
+            layout_text: str) -> str:
+    """The parent's ``summary.md``: per configuration the aggregate over seeds, then every
+    run, then how the runs were placed."""
+    points = list(dict.fromkeys(r.point for r in runs))
+    lines = [f"# {len(runs)} runs as GMIs: {runs[0].cfg.env.task_id}, "
+             f"{type(runs[0].cfg.algo).__name__.removesuffix('Config')}", "",
+             f"Final return: the mean of each run's last {FINAL_EPISODES} episodes; over seeds "
+             "the mean, the interquartile mean (IQM) and its 95% percentile-bootstrap confidence "
+             "interval (Agarwal et al. 2021).", "",
+             "| configuration | seeds | mean | IQM | 95% CI of the IQM |", "|---|---:|---:|---:|---|"]
+    for p in points:
+        mine = [o for r, o in zip(runs, outcomes) if r.point == p and not o.error]
+        a = aggregate([o.final_return for o in mine])
+        ci = "n/a" if np.isnan(a["low"]) else f"[{a['low']:.1f}, {a['high']:.1f}]"
+        lines.append(f"| {p or 'the command'} | {len(mine)} | {a['mean']:.1f} | {a['iqm']:.1f} "
+                     f"| {ci} |")
+    steps = sum(o.global_step for o in outcomes)
+    lines += ["", f"Whole: {steps:,} env steps in {wall_s:.1f} s, {steps / wall_s:,.0f} env "
+              "steps/s over every run.", "",
+              "| run | final return | env steps | s | steady env steps/s | run dir |",
+              "|---|---:|---:|---:|---:|---|"]
+    for o in outcomes:
+        if o.error:
+            lines.append(f"| {o.name} | failed: {o.error} | | | | {o.run_dir} |")
+        else:
+            lines.append(f"| {o.name} | {o.final_return:.1f} | {o.global_step:,} | "
+                         f"{o.wall_s:.1f} | {o.steady_sps:,.0f} | {o.run_dir} |")
+    lines += ["", "## Placement", "", "- one GMI per run, no gradient reduction between them",
+              layout_text.rstrip()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""Runs as GMIs (`gmi_drl.sweep`, ``gmi-drl train ALGO --seeds ... --sweep ...``): every run of
+a grid and its seeds in its own run directory, a run that fails reported while the others go
+on, the aggregate over seeds, and refusals before any run starts."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gmi_drl.config import ConfigError
+from gmi_drl.sweep import aggregate, grid_points, parse_seeds, parse_sweep
+
+FAST = ["--total-timesteps", "2048", "--log.no-tensorboard", "--no-compile"]
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "gmi_drl.cli", "train", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_seeds_and_grids_parse_and_refuse_what_is_not_one():
+    assert parse_seeds("1-3,7,2") == [1, 2, 3, 7]
+    assert parse_seeds("5") == [5]
+    for bad in ("3-1", "a", "-2", ""):
+        with pytest.raises(ConfigError, match="give seeds as"):
+            parse_seeds(bad)
+    grid = parse_sweep(["algo.learning-rate=1e-4,3e-4", "--algo.gamma=0.9"])
+    assert grid == [("algo.learning-rate", ["1e-4", "3e-4"]), ("algo.gamma", ["0.9"])]
+    assert grid_points(grid) == [
+        ("algo.learning-rate=1e-4,algo.gamma=0.9", ["--algo.learning-rate", "1e-4",
+                                                     "--algo.gamma", "0.9"]),
+        ("algo.learning-rate=3e-4,algo.gamma=0.9", ["--algo.learning-rate", "3e-4",
+                                                     "--algo.gamma", "0.9"])]
+    assert grid_points([]) == [("", [])]
+    with pytest.raises(ConfigError, match="give FLAG=V1,V2"):
+        parse_sweep(["algo.learning-rate"])
+    with pytest.raises(ConfigError, match="names algo.gamma twice"):
+        parse_sweep(["algo.gamma=0.9", "algo.gamma=0.99"])
+
+
+def test_the_aggregate_is_the_iqm_with_a_bootstrap_interval():
+    a = aggregate([1.0, 2.0, 3.0, 4.0, 100.0, float("nan")])  # (nan: a run without episodes)
+    assert a["mean"] == pytest.approx(22.0) and a["iqm"] == pytest.approx(3.0)
+    assert a["low"] <= a["iqm"] <= a["high"] and a["high"] < 100.0
+    one = aggregate([5.0])
+    assert one["iqm"] == 5.0 and np.isnan(one["low"])
+
+
+def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
+    parent = tmp_path / "sweep"
+    out = _cli("ppo", "--seeds", "1-2", "--sweep", "algo.learning-rate=1e-3,3e-4", *FAST,
+               "--run-dir", str(parent), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "done: 4 of 4 runs" in out.stdout
+    for lr in ("1e-3", "3e-4"):
+        for seed in (1, 2):
+            run = parent / f"algo.learning-rate={lr}" / f"seed-{seed}"
+            cfg = json.loads((run / "config.json").read_text())
+            assert cfg["seed"] == seed and cfg["algo"]["ppo"]["learning_rate"] == float(lr)
+            assert list((run / "checkpoints").glob("iteration-*.pt"))
+    summary = (parent / "summary.md").read_text()
+    assert "| algo.learning-rate=1e-3 | 2 |" in summary and "| algo.learning-rate=3e-4 | 2 |" \
+        in summary
+    assert summary.count("| algo.learning-rate=") == 2 + 4  # the aggregates, then every run
+    assert "one GMI per run" in summary
+
+
+def test_a_run_that_fails_is_reported_while_the_others_finish(tmp_path):
+    parent = tmp_path / "runs"
+    out = _cli("ppo", "--seeds", "1", "--sweep", "algo.learning-rate=1e-3,1e30", *FAST,
+               "--run-dir", str(parent), cwd=tmp_path)  # 1e30: weights NaN after one update
+    assert out.returncode == 1
+    assert "run algo.learning-rate=1e30/seed-1 stopped: TrainingDiverged" in out.stderr
+    assert "done: 1 of 2 runs" in out.stdout
+    summary = (parent / "summary.md").read_text()
+    assert "| algo.learning-rate=1e30/seed-1 | failed: TrainingDiverged" in summary
+    assert list((parent / "algo.learning-rate=1e-3" / "seed-1" / "checkpoints").glob(
+        "iteration-*.pt"))
+
+
+def test_bad_input_is_refused_before_any_run_starts(tmp_path):
+    out = _cli("ppo", "--seeds", "1", "--sweep", "algo.learning-rate=1e-3,-1", *FAST,
+               "--run-dir", str(tmp_path / "a"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "run algo.learning-rate=-1/seed-1: invalid config" in out.stderr
+    assert "algo.learning_rate=-1.0 must be > 0" in out.stderr
+    out = _cli("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"), cwd=tmp_path)
+    assert out.returncode == 2 and "runs each run as one GMI" in out.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
