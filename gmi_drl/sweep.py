@@ -131,6 +131,8 @@ class RunOutcome:
     """mean return of its last `FINAL_EPISODES` episodes (nan: none ended)"""
     error: str = ""
     """why the run stopped, or ``""``"""
+    curve: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
+    """``(episode_steps (k,) int64, episode_returns (k,) float64)``: its learning curve"""
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ def run_gmi(ctx) -> RunOutcome:
         return RunOutcome(run.name, str(run.cfg.run_dir), error=str(e))
     last = r.episode_returns[-FINAL_EPISODES:]
     return RunOutcome(run.name, str(r.run_dir), r.global_step, r.wall_s, r.steady_sps,
-                      float(last.mean()) if len(last) else float("nan"))
+                      float(last.mean()) if len(last) else float("nan"),
+                      curve=(r.episode_steps, r.episode_returns))
 
 
 def train_runs(runs: Sequence[PlannedRun], parent: Path) -> tuple[list[RunOutcome], float]:
@@ -188,6 +191,7 @@ def train_runs(runs: Sequence[PlannedRun], parent: Path) -> tuple[list[RunOutcom
                 for run, r in zip(runs, results)]
     (parent / "summary.md").write_text(summary(runs, outcomes, wall,
                                                layout.describe(reduction=False)))
+    plot_curves(runs, outcomes, parent / "learning_curves.png")
     return outcomes, wall
 
 
@@ -242,3 +246,44 @@ def summary(runs: Sequence[PlannedRun], outcomes: Sequence[RunOutcome], wall_s: 
     lines += ["", "## Placement", "", "- one GMI per run, no gradient reduction between them",
               layout_text.rstrip()]
     return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: Sequence[PlannedRun], outcomes: Sequence[RunOutcome], path: Path,
+                points: int = 100) -> None:
+    """``path``: per configuration, the mean over seeds of the episode return (each run's
+    episodes averaged in windows of ``points`` env-step bins, carried forward) with the band
+    from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [(r, o) for r, o in zip(runs, outcomes) if not o.error and len(o.curve[0])]
+    if not done:
+        return
+    grid = np.linspace(0, max(o.global_step for _, o in done), points + 1)[1:]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p in dict.fromkeys(r.point for r, _ in done):
+        ys = np.stack([_binned(o.curve, grid) for r, o in done if r.point == p])
+        line, = ax.plot(grid, np.nanmean(ys, 0), label=p or "mean over seeds")
+        ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), alpha=0.2,
+                        color=line.get_color())
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episode return")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _binned(curve: tuple[np.ndarray, np.ndarray], grid: np.ndarray) -> np.ndarray:
+    """The mean return of the episodes that ended in each bin up to ``grid[i]``, the last
+    bin's value carried forward where none ended (nan before the first episode)."""
+    steps, returns = curve
+    out = np.full(len(grid), np.nan)
+    bins = np.searchsorted(grid, steps)
+    for i in range(len(grid)):
+        mine = returns[bins == i]
+        out[i] = mine.mean() if len(mine) else (out[i - 1] if i else np.nan)
+    return out
+

@@ -65,6 +65,7 @@ def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
         in summary
     assert summary.count("| algo.learning-rate=") == 2 + 4  # the aggregates, then every run
     assert "one GMI per run" in summary
+    assert (parent / "learning_curves.png").stat().st_size > 0
 
 
 def test_a_run_that_fails_is_reported_while_the_others_finish(tmp_path):
