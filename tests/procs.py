@@ -91,15 +91,23 @@ def group_members(pgid: int, zombies: bool = True) -> list[int]:
 
 
 def confined_tmp(cwd: Path) -> dict[str, str]:
-    """An environment whose temporary directory is ``cwd/tmp`` (made), for a child whose
-    leftovers a test checks (`assert_group_gone`) or which is killed where nothing can clean
-    up; torch.compile's cache stays where it was."""
+    """An environment whose temporary directory is ``cwd/tmp``, for a child whose leftovers a
+    test checks (`assert_group_gone`) or which is killed where nothing can clean up;
+    torch.compile's cache stays where it was. ``cwd/tmp`` links to a short directory of the
+    system's (removed when this process exits): a fork server's socket path under pytest's
+    ``tmp_path`` could pass the 108 bytes of a UNIX socket's address."""
+    import atexit
+    import shutil
     import tempfile
 
-    (cwd / "tmp").mkdir(exist_ok=True)
+    link = cwd / "tmp"
+    if not link.exists():
+        short = tempfile.mkdtemp(prefix="gt-", dir="/tmp")
+        atexit.register(shutil.rmtree, short, True)
+        link.symlink_to(short)
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR",
                            os.path.join(tempfile.gettempdir(), "torchinductor_root"))
-    return {**os.environ, "TMPDIR": str(cwd / "tmp"), "TORCHINDUCTOR_CACHE_DIR": cache}
+    return {**os.environ, "TMPDIR": os.path.realpath(link), "TORCHINDUCTOR_CACHE_DIR": cache}
 
 
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:

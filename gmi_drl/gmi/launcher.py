@@ -92,10 +92,17 @@ def _start_fork_server() -> None:
     SIGTERM handlers first thing (`_gmi_main`). The server is this process's for good: any
     other child it forks later (multiprocessing's forkserver context, used outside gmi-drl)
     starts with both ignored too."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, util
 
     with signals_ignored(signal.SIGINT, signal.SIGHUP):
-        forkserver.ensure_running()
+        try:
+            forkserver.ensure_running()
+        except OSError as e:
+            if "AF_UNIX path too long" not in str(e):
+                raise
+            raise OSError(f"the GMIs' fork server listens on a socket in {util.get_temp_dir()}, "
+                          "a path too long for a UNIX socket (108 bytes): set TMPDIR to a "
+                          "shorter directory (TMPDIR=/tmp)") from None
 
 
 @contextlib.contextmanager

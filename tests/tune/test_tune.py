@@ -5,6 +5,7 @@ import math
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from gmi_drl.tune import probe
 from gmi_drl.tune import processes as tune_processes
 from gmi_drl.tune import (Point, PointCache, ProbeFailed, Tuner, TuneOptions, envs_grid,
                               run_probe, saturation, search, tune)
-from tests.procs import group_members, shm_entries, shm_left
+from tests.procs import confined_tmp, group_members, shm_entries, shm_left
 
 
 class Profile:
@@ -167,15 +168,12 @@ def test_a_probe_that_hangs_is_killed_at_its_limit_and_leaves_no_process(tmp_pat
     """... nor its GMIs' shared memory and semaphores in /dev/shm (SIGKILL to the whole group
     took the resource tracker that unlinks them), nor its temporary directories (the scratch
     run directory, the launcher's, multiprocessing's)."""
-    import tempfile
-
     shm_before = shm_entries()
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     # the probe's temporary directories go here; torch.compile's caches stay where they were
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get(
-        "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_root")))
-    monkeypatch.setenv("TMPDIR", str(scratch))
+    confined = confined_tmp(tmp_path)
+    scratch = Path(confined["TMPDIR"])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", confined["TORCHINDUCTOR_CACHE_DIR"])
+    monkeypatch.setenv("TMPDIR", confined["TMPDIR"])
     cfg = preset("auto", "CartPole-v1", "ppo")
     cfg.gmi.num_gmis, cfg.env.num_envs = 2, 2
     started = []
@@ -592,10 +590,8 @@ def test_sigterm_or_a_hangup_to_tune_stops_its_probe_and_keeps_the_cache(tmp_pat
     import subprocess
     import sys
 
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
-        "TORCHINDUCTOR_CACHE_DIR", os.path.join("/tmp", "torchinductor_root"))}
+    env = confined_tmp(tmp_path)
+    scratch = Path(env["TMPDIR"])  # (what the processes' environment says)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
            "--max-gmis", "1", "--envs-min", "2", "--envs-max", "4", "--min-steps", "2000",
@@ -643,9 +639,8 @@ def test_ctrl_c_while_the_first_probe_starts_leaves_no_probe_and_prints_no_trace
     import subprocess
     import sys
 
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch)}
+    env = confined_tmp(tmp_path)
+    scratch = Path(env["TMPDIR"])  # (what the processes' environment says)
     for delay in (0.5, 1.5):  # after tune printed its table's head: the first probe starting
         tuner = subprocess.Popen(
             [sys.executable, "-m", "gmi_drl.cli", "tune", "--env.task-id", "CartPole-v1",
