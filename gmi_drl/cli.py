@@ -42,12 +42,13 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (ALGO: ppo a2c dqn ddpg td3 sac in holistic GMIs; appo a3c in serving + trainer GMIs)
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl train ALGO --config tuned.json [flags]   (a run's config.json works too)
+  gmi-drl train ALGO --seeds 1-5 [--sweep FLAG=V1,V2 ...] [flags]   (every run a GMI of its own)
   gmi-drl tune [--algo ppo] --env.task-id ID [--budget-s S] [--max-gmis G] [training flags]
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,engines,faces,train,algos,update,grad-step,reduce,switch,switch-training,
-                 gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch,checkouts} [flags]
+                 gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch,checkouts,runs} [flags]
       (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
