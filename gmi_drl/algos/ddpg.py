@@ -192,12 +192,60 @@ def actor_objective(actor: DeterministicActor, obs: torch.Tensor, *,
     return loss, (loss.detach(),)
 
 
-class GaussianExploration:
+class BoundedActing:
+    """What the agent roles of the replay actor-critics share (the
+    `gmi_drl.rollout.acting.Acting` protocol over a policy in ``[-1, 1]^A``): actions rescaled
+    to the task's bounds (`to_env`), ``act`` with ``logprob`` and ``value`` 0 (a policy without
+    a state value; Q is only computed by `value`), and ``value = Q_1(obs, greedy(obs))``. A
+    subclass gives `scaled` (the action the replay stores) and `_greedy`.
+
+    Raises:
+        ValueError: an action space without finite bounds (``who``: the algorithm, named).
+    """
+
+    def __init__(self, critics: QCritics, space: gym.spaces.Box, generator: torch.Generator,
+                 arrays: Arrays, who: str) -> None:
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise ValueError(f"{who} finite action bounds, got {space}")
+        self.critics, self.generator, self.arrays = critics, generator, arrays
+        self._host = isinstance(arrays, HostArrays)
+        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.dtype = space.dtype
+        self._bounds = (self.low, self.high) if self._host else tuple(
+            torch.as_tensor(x, device=arrays.device) for x in (self.low, self.high))
+
+    def scaled(self, obs: Array, deterministic: bool = False) -> Array:
+        """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
+        raise NotImplementedError
+
+    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's action without exploration, ``(N, A)`` in ``[-1, 1]`` (no grad)."""
+        raise NotImplementedError
+
+    def to_env(self, scaled: Array) -> Array:
+        """``[-1, 1]`` actions rescaled to ``[low, high]`` (arrays of `arrays`' kind)."""
+        low, high = self._bounds
+        return low + (scaled + 1.0) * 0.5 * (high - low)
+
+    def act(self, obs: Array, deterministic: bool = False) -> ActResult:
+        action = self.to_env(self.scaled(obs, deterministic))
+        zeros = self.arrays.full((len(action),), 0.0)
+        return ActResult(action, zeros, zeros)
+
+    def value(self, obs: Array) -> Array:
+        """``Q_1(obs, greedy(obs))`` ``(N,)``."""
+        x = torch.from_numpy(obs) if self._host else obs
+        with torch.no_grad():
+            x = x.float()
+            q = self.critics.q1(x, self._greedy(x))
+        return q.numpy() if self._host else q
+
+
+class GaussianExploration(BoundedActing):
     """The agent role of DDPG/TD3: ``clip(mu(obs) + exploration_noise N(0, 1), -1, 1)``
-    rescaled to the task's action bounds (the `gmi_drl.rollout.acting.Acting` protocol;
-    ``logprob`` and ``value`` of `act` are 0: a deterministic policy has neither, and Q is only
-    computed by `value`). The actor of an MLP on the CPU runs in NumPy on views of its weights.
-    Draws one standard normal per action dimension per env from the runner's generator.
+    rescaled to the task's action bounds (`BoundedActing`). The actor of an MLP on the CPU runs
+    in NumPy on views of its weights. Draws one standard normal per action dimension per env
+    from the runner's generator.
 
     Raises:
         ValueError: an action space without finite bounds.
@@ -205,17 +253,10 @@ class GaussianExploration:
 
     def __init__(self, actor: DeterministicActor, critics: QCritics, space: gym.spaces.Box,
                  noise: float, generator: torch.Generator, arrays: Arrays) -> None:
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise ValueError(f"DDPG/TD3 need finite action bounds, got {space}")
-        self.actor, self.critics, self.noise, self.generator = actor, critics, noise, generator
-        self.arrays = arrays
-        self._host = isinstance(arrays, HostArrays)
+        super().__init__(critics, space, generator, arrays, "DDPG/TD3 need")
+        self.actor, self.noise = actor, noise
         self._mu = mlp_forward(actor, actor.mlp, arrays, post=np.tanh)
         """``mu(obs) (N, A)`` in ``[-1, 1]``, arrays of ``arrays``' kind"""
-        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
-        self.dtype = space.dtype
-        self._bounds = (self.low, self.high) if self._host else tuple(
-            torch.as_tensor(x, device=arrays.device) for x in (self.low, self.high))
 
     def scaled(self, obs: Array, deterministic: bool = False) -> Array:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
@@ -229,22 +270,8 @@ class GaussianExploration:
             return np.clip(action, -1.0, 1.0, out=action)
         return (action + self.noise * noise.to(action.device)).clamp_(-1.0, 1.0)
 
-    def to_env(self, scaled: Array) -> Array:
-        """``[-1, 1]`` actions rescaled to ``[low, high]`` (arrays of `arrays`' kind)."""
-        low, high = self._bounds
-        return low + (scaled + 1.0) * 0.5 * (high - low)
-
-    def act(self, obs: Array, deterministic: bool = False) -> ActResult:
-        action = self.to_env(self.scaled(obs, deterministic))
-        zeros = self.arrays.full((len(action),), 0.0)
-        return ActResult(action, zeros, zeros)
-
-    def value(self, obs: Array) -> Array:
-        x = torch.from_numpy(obs) if self._host else obs
-        with torch.no_grad():
-            x = x.float()
-            q = self.critics.q1(x, self.actor(x))
-        return q.numpy() if self._host else q
+    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)
 
 
 class ReplayActorCritic:

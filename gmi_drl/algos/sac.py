@@ -35,12 +35,12 @@ import torch.nn.functional as F
 from annotated_types import Ge, Gt
 from torch import nn
 
-from gmi_drl.algos.ddpg import OffPolicyConfig, QCritics, ReplayActorCritic, critic_target
-from gmi_drl.models.actor_critic import ActResult
+from gmi_drl.algos.ddpg import (BoundedActing, OffPolicyConfig, QCritics, ReplayActorCritic,
+                               critic_target)
 from gmi_drl.models.mlp import MLP
 from gmi_drl.optim.flat import FlatParams
 from gmi_drl.rollout.acting import NumpyForward, mlp_forward
-from gmi_drl.rollout.arrays import Array, Arrays, HostArrays
+from gmi_drl.rollout.arrays import Array, Arrays
 from gmi_drl.rollout.replay import ReplayBatch
 
 
@@ -198,13 +198,11 @@ def alpha_objective(coef: EntropyCoefficient, logp: torch.Tensor, *,
     return loss, (loss.detach(),)
 
 
-class SquashedGaussianActing:
+class SquashedGaussianActing(BoundedActing):
     """The agent role of SAC: ``tanh(mean + std noise)`` (``deterministic``: ``tanh(mean)``)
-    rescaled to the task's action bounds (the `gmi_drl.rollout.acting.Acting` protocol, the
-    interface of `gmi_drl.algos.ddpg.GaussianExploration`; ``logprob`` and ``value`` of `act`
-    are 0, Q is only computed by `value`). The actor's MLP runs as
-    `gmi_drl.rollout.acting.mlp_forward` chooses (NumPy on views of its weights on the CPU). Draws one standard normal per action dimension per env from the
-    runner's generator.
+    rescaled to the task's action bounds (`gmi_drl.algos.ddpg.BoundedActing`). The actor's MLP
+    runs as `gmi_drl.rollout.acting.mlp_forward` chooses (NumPy on views of its weights on the
+    CPU). Draws one standard normal per action dimension per env from the runner's generator.
 
     Raises:
         ValueError: an action space without finite bounds.
@@ -212,16 +210,10 @@ class SquashedGaussianActing:
 
     def __init__(self, actor: SquashedGaussianActor, critics: QCritics, space: gym.spaces.Box,
                  generator: torch.Generator, arrays: Arrays) -> None:
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise ValueError(f"SAC needs finite action bounds, got {space}")
-        self.actor, self.critics, self.generator, self.arrays = actor, critics, generator, arrays
-        self._host = isinstance(arrays, HostArrays)
+        super().__init__(critics, space, generator, arrays, "SAC needs")
+        self.actor = actor
         self._mlp = mlp_forward(actor.mlp, actor.mlp, arrays)
         """the actor's MLP, ``(N, 2A)``: NumPy or torch as `mlp_forward` chooses"""
-        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
-        self.dtype = space.dtype
-        self._bounds = (self.low, self.high) if self._host else tuple(
-            torch.as_tensor(x, device=arrays.device) for x in (self.low, self.high))
 
     def scaled(self, obs: Array, deterministic: bool = False) -> Array:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
@@ -248,23 +240,8 @@ class SquashedGaussianActing:
             mean = mean + std * noise
         return np.tanh(mean, dtype=np.float32)
 
-    def to_env(self, scaled: Array) -> Array:
-        """``[-1, 1]`` actions rescaled to ``[low, high]`` (arrays of `arrays`' kind)."""
-        low, high = self._bounds
-        return low + (scaled + 1.0) * 0.5 * (high - low)
-
-    def act(self, obs: Array, deterministic: bool = False) -> ActResult:
-        action = self.to_env(self.scaled(obs, deterministic))
-        zeros = self.arrays.full((len(action),), 0.0)
-        return ActResult(action, zeros, zeros)
-
-    def value(self, obs: Array) -> Array:
-        """``Q_1(obs, tanh(mean(obs)))`` ``(N,)``."""
-        x = torch.from_numpy(obs) if self._host else obs
-        with torch.no_grad():
-            x = x.float()
-            q = self.critics.q1(x, torch.tanh(self.actor(x)[0]))
-        return q.numpy() if self._host else q
+    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.actor(obs)[0])
 
 
 class SAC(ReplayActorCritic):
