@@ -30,7 +30,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 
@@ -60,10 +60,12 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
 
 @dataclass
 class EvalArgs:
-    """Evaluate a checkpoint: mean and std of the episode return."""
+    """Evaluate a checkpoint: mean and std of the episode return; or every run of a sweep's
+    parent directory (gmi-drl train ALGO --seeds ...) as serving GMIs: PARENT/eval.md."""
 
     path: Annotated[str, tyro.conf.Positional]
-    """run directory (its newest checkpoint that loads) or a checkpoint file"""
+    """run directory (its newest checkpoint that loads), a checkpoint file, or a sweep's parent
+    directory (every run in it)"""
     episodes: int = 10
     """episodes to run"""
     deterministic: bool = True
@@ -74,6 +76,26 @@ class EvalArgs:
     """env seed (env i gets seed + i)"""
     video: bool = False
     """also render one episode to eval.mp4 / eval.gif in the run directory, if the task renders"""
+    placement: Literal["local", "ray"] = "local"
+    """a sweep's parent: where its serving GMIs run (this machine, or the Ray cluster of
+    --ray.address)"""
+
+
+@functools.cache
+def _with_budget(base: type | None, name: str) -> type:
+    """``base`` (``None``: no fields) with ``budget`` (`gmi_drl.gmi.budget.Budget`: each GMI's
+    budget, ``--budget.*``) and, for eval, ``ray`` (the cluster of ``--placement ray``): made at
+    first use, since their types import the config package, which ``gmi-drl --help`` needs
+    not."""
+    from gmi_drl.config import RayConfig
+    from gmi_drl.gmi.budget import Budget
+
+    fields = [("budget", Budget, dataclasses.field(default_factory=Budget))]
+    if base is not None:
+        fields.append(("ray", RayConfig, dataclasses.field(default_factory=RayConfig)))
+    cls = dataclasses.make_dataclass(name, fields, bases=(base,) if base else ())
+    cls.__doc__ = base.__doc__ if base else "Flags of gmi-drl train ALGO --seeds."
+    return cls
 
 
 @dataclass
@@ -322,6 +344,10 @@ def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> in
             sweeps.append(value)
     _, rest = _split_flags(rest, {"--seed", "--run-dir"})  # (each run gets its own)
     parent_dir = _flag_value(_, "--run-dir")
+    budget_flags, rest = _split_flags(rest, {"--budget." + f.replace("_", "-")
+                                             for f in ("threads_pct", "mem_mib", "cores")})
+    options = tyro.cli(_with_budget(None, "RunsArgs"), args=budget_flags,
+                       prog=f"gmi-drl train {algo} --seeds")
     try:
         seed_list, grid = parse_seeds(seeds), parse_sweep(sweeps)
         base, _ = _train_config(algo, rest)
@@ -344,7 +370,7 @@ def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> in
         check_runs(planned)
         print(f"{len(planned)} runs as GMIs under {parent}", flush=True)
         with _stop_signals_as_ctrl_c():
-            outcomes, wall = train_runs(planned, parent)
+            outcomes, wall = train_runs(planned, parent, options.budget)
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"gmi-drl train: {e}", file=sys.stderr)
         return 2
@@ -489,8 +515,11 @@ def _print_tune(report, algo: str, gmis: str, unit: str) -> int:
 def _eval(args: list[str], debug: bool = False) -> int:
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.evaluate import evaluate
+    from gmi_drl.serving import find_runs
 
-    a = tyro.cli(EvalArgs, args=args, prog="gmi-drl eval")
+    a = tyro.cli(_with_budget(EvalArgs, "EvalArgs"), args=args, prog="gmi-drl eval")
+    if find_runs(a.path):
+        return _eval_runs(a, debug)
     try:
         report = evaluate(a.path, a.episodes, a.deterministic, a.seed, a.num_envs, a.video)
     except (CheckpointError, ValueError) as e:
@@ -504,6 +533,37 @@ def _eval(args: list[str], debug: bool = False) -> int:
     if report.video_path is not None:
         print(f"video: {report.video_path}")
     return 0
+
+
+def _eval_runs(a, debug: bool) -> int:
+    """``gmi-drl eval PARENT``: every run of a sweep's parent directory as a serving GMI
+    (`gmi_drl.serving`); the table on stdout and in PARENT/eval.md."""
+    from gmi_drl.config import ConfigError
+    from gmi_drl.serving import ServingSpec, eval_runs, find_runs
+
+    runs = find_runs(a.path)
+    try:
+        if a.video:
+            raise ConfigError("--video records one run's episode: give that run's directory "
+                              f"(e.g. {runs[0].run_dir}), not the sweep's parent")
+        if a.episodes < 1 or a.num_envs < 1 or not 0 <= a.seed < 2**31:
+            raise ConfigError(f"--episodes {a.episodes} and --num-envs {a.num_envs} must be >= 1"
+                              f", --seed {a.seed} in [0, 2**31)")
+        spec = ServingSpec(tuple(runs), a.episodes, a.deterministic, a.seed, a.num_envs)
+        print(f"{len(runs)} runs of {a.path} as serving GMIs", flush=True)
+        with _stop_signals_as_ctrl_c():
+            outcomes, text = eval_runs(a.path, spec, a.budget, a.placement, a.ray)
+    except (ConfigError, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        print(f"gmi-drl eval: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    failed = [o for o in outcomes if o.error]
+    for o in failed:
+        print(f"gmi-drl eval: run {o.name} not evaluated: {o.error}", file=sys.stderr)
+    print(f"wrote {Path(a.path) / 'eval.md'}")
+    return 1 if failed else 0
 
 
 def _profile(args: list[str], debug: bool = False) -> int:

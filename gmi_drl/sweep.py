@@ -16,6 +16,7 @@ SciPy's ``bootstrap``), and the throughput of each run and of the whole.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -25,11 +26,16 @@ from typing import Sequence
 
 import numpy as np
 
-from gmi_drl.config import ConfigError, TrainConfig
+from gmi_drl.config import ConfigError, RayConfig, TrainConfig
+from gmi_drl.gmi.budget import Budget, plan_runs
+from gmi_drl.gmi.budget import describe as describe_budget
+from gmi_drl.gmi.layout import Layout, Template
 
 log = logging.getLogger(__name__)
 
 TARGET = "gmi_drl.sweep:run_gmi"
+PLACEMENTS = ("local", "ray")
+"""where a sweep's GMIs run: processes on this machine, or Ray actors over the cluster"""
 FINAL_EPISODES = 10
 """episodes whose mean is a run's final return (the iSwitch paper's metric)"""
 
@@ -100,7 +106,8 @@ class PlannedRun:
 
 
 def check_runs(runs: Sequence[PlannedRun]) -> None:
-    """Refuse what runs as GMIs cannot be (each run one GMI of its own, started here).
+    """Refuse what runs as GMIs cannot be (each run one GMI of its own, started here or, with
+    ``--placement ray``, as a Ray actor).
 
     Raises:
         ConfigError: naming the first run that cannot.
@@ -110,12 +117,21 @@ def check_runs(runs: Sequence[PlannedRun]) -> None:
         if c.is_async or c.gmi.num_gmis != 1:
             raise ConfigError(f"run {r.name}: --seeds runs each run as one GMI: give runs of "
                               "one holistic GMI (gmi.num_gmis 1, a sync_training algorithm)")
-        if c.placement != "local":
-            raise ConfigError(f"run {r.name}: --seeds places its runs on this machine "
-                              f"(placement local), not placement={c.placement!r}")
+        if c.placement not in PLACEMENTS:
+            raise ConfigError(f"run {r.name}: --seeds places its runs with placement local "
+                              f"(this machine) or ray (the cluster), not {c.placement!r}")
         if c.resume is not None:
             raise ConfigError(f"run {r.name}: resume one run of a sweep alone: gmi-drl train "
                               f"ALGO --resume {c.run_dir}")
+
+
+def as_gmi(run: PlannedRun) -> PlannedRun:
+    """``run`` as it trains inside its GMI: its one GMI in that process (placement local; the
+    sweep placed it), its run directory absolute (a Ray worker's working directory is not the
+    driver's)."""
+    cfg = dataclasses.replace(run.cfg, placement="local",
+                              run_dir=str(Path(run.cfg.run_dir).resolve()))
+    return dataclasses.replace(run, cfg=cfg)
 
 
 @dataclass(frozen=True)
@@ -162,37 +178,75 @@ def run_gmi(ctx) -> RunOutcome:
                       curve=(r.episode_steps, r.episode_returns))
 
 
-def train_runs(runs: Sequence[PlannedRun], parent: Path) -> tuple[list[RunOutcome], float]:
-    """Every run as a GMI of one launch (blocks); writes ``parent/summary.md``. Returns the
-    outcomes (a run whose GMI died: an outcome with its error) and the wall seconds.
+def train_runs(runs: Sequence[PlannedRun], parent: Path, budget: Budget = Budget()
+               ) -> tuple[list[RunOutcome], float]:
+    """Every run as a GMI of one launch (blocks), each within ``budget`` (`gmi_drl.gmi.budget`),
+    on this machine or (the runs' ``placement`` ray) over the Ray cluster of their ``ray``
+    settings; writes ``parent/summary.md``. Returns the outcomes (a run whose GMI died: an
+    outcome with its error) and the wall seconds.
 
     Raises:
-        ConfigError: a run that cannot run as a GMI (`check_runs`), or a layout this machine
-            cannot hold.
+        ConfigError: a run that cannot run as a GMI (`check_runs`), a layout this machine
+            cannot hold or a budget that does not fit it, before any run starts.
     """
     from gmi_drl.gmi.devices import discover
-    from gmi_drl.gmi.launcher import launch
-    from gmi_drl.gmi.layout import plan
 
     check_runs(runs)
     machine = discover()
-    g = runs[0].cfg.gmi
-    try:
-        layout = plan(len(runs), machine, backend=None if g.backend == "auto" else g.backend)
-    except ValueError as e:
-        raise ConfigError(f"invalid config:\n  gmi: {e}") from None
+    layout = plan_runs(len(runs), machine, Template.SYNC_TRAINING, budget,
+                       _backend(runs[0].cfg))
     parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results = launch(TARGET, layout, machine, payload=RunsSpec(tuple(runs)), reducer_capacity=1,
-                     tolerate=frozenset(range(len(runs))), start_method=g.start_method)
+    c = runs[0].cfg
+    results, where = launch_runs(TARGET, layout, machine, RunsSpec(tuple(map(as_gmi, runs))),
+                                 c.placement, c.ray, c.gmi.start_method)
     wall = time.perf_counter() - t0
-    outcomes = [r if r is not None else
-                RunOutcome(run.name, str(run.cfg.run_dir), error="its GMI died (see the log)")
+    outcomes = [r if isinstance(r, RunOutcome) else
+                RunOutcome(run.name, str(run.cfg.run_dir), error=r or "its GMI died (see the log)")
                 for run, r in zip(runs, results)]
-    (parent / "summary.md").write_text(summary(runs, outcomes, wall,
-                                               layout.describe(reduction=False)))
+    (parent / "summary.md").write_text(summary(
+        runs, outcomes, wall, layout.describe(reduction=False) + describe_budget(layout, machine)
+        + where))
     plot_curves(runs, outcomes, parent / "learning_curves.png")
     return outcomes, wall
+
+
+def _backend(cfg: TrainConfig) -> str | None:
+    return None if cfg.gmi.backend == "auto" else cfg.gmi.backend
+
+
+def launch_runs(target: str, layout: Layout, machine, payload, placement: str, ray: RayConfig,
+                start_method: str = "forkserver") -> tuple[list, str]:
+    """Run ``target`` once per GMI of ``layout`` (independent GMIs: no reduction between them)
+    with ``placement``: ``local`` processes started by ``start_method`` (a GMI that dies is
+    ``None``, the others go on) or ``ray`` actors on ``ray``'s cluster (a GMI actor that dies
+    stops the others: each GMI's result is then the error, a string). Returns the results by
+    GMI id and markdown lines of where they ran.
+
+    Raises:
+        ConfigError: the Ray cluster cannot place the GMIs (too few resources, no cluster).
+    """
+    if placement == "ray":
+        from gmi_drl.cluster.membership import describe
+        from gmi_drl.cluster.ray_launcher import PlacementError
+        from gmi_drl.cluster.ray_launcher import launch as ray_launch
+        from gmi_drl.gmi.launcher import GMIError
+
+        try:
+            run = ray_launch(target, layout, payload, address=ray.address,
+                             num_cpus_per_gmi=ray.num_cpus_per_gmi,
+                             placement_timeout_s=ray.placement_timeout_s, reducer_capacity=1)
+        except PlacementError as e:
+            raise ConfigError(f"--placement ray: {e.summary}") from None
+        except GMIError as e:
+            log.warning("%s", e.summary)
+            return [f"the Ray launch stopped: {e.summary}"] * layout.num_gmis, ""
+        return run.results, describe(run.layout, run.nodes, run.restarts)
+    from gmi_drl.gmi.launcher import launch
+
+    results = launch(target, layout, machine, payload=payload, reducer_capacity=1,
+                     tolerate=frozenset(range(layout.num_gmis)), start_method=start_method)
+    return results, f"- placement: local, one process per GMI ({layout.num_gmis})\n"
 
 
 def aggregate(returns: Sequence[float], seed: int = 0) -> dict[str, float]:

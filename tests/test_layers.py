@@ -21,7 +21,7 @@ LAYERS = [
     ("GMIs", {"gmi"}),
     ("Ray", {"cluster"}),
     ("runner", {"runner"}),
-    ("training, evaluation", {"train", "evaluate", "sweep"}),
+    ("training, evaluation", {"train", "evaluate", "sweep", "serving"}),
     ("tune (Algorithm 2)", {"tune"}),
     ("command line", {"cli"}),
 ]

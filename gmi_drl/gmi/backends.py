@@ -38,7 +38,7 @@ class GMISpec:
         roles: subset of ``("simulator", "agent", "trainer")``.
         mig_uuid: ``MIG-<uuid>`` for the ``mig`` backend.
         cpu_cores: for ``cpu``, the cores this GMI is pinned to, chosen by the layout (``None``:
-            an even share of the machine's cores by ``gmi_id``).
+            an even share of the machine's cores by ``gmi_id``; ``()``: not pinned).
     """
 
     gmi_id: int
@@ -100,6 +100,9 @@ def process_env(spec: GMISpec, machine: Machine, gmis_on_device: int,
         raise ValueError(f"GMI {spec.gmi_id}: compute_share={spec.compute_share} not in (0, 1]")
     cores = list(machine.cpu_cores)
     if spec.backend is BackendKind.CPU:
+        if spec.cpu_cores == ():  # not pinned: the OS places it, its threads an even share
+            threads = max(1, len(cores) // max(1, gmis_on_device))
+            return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}, None, threads
         if spec.cpu_cores:  # the layout chose them
             mine = set(spec.cpu_cores)
         else:  # an even split of the machine among the GMIs of its "device"
