@@ -74,7 +74,8 @@ class EvalOutcome:
 
 def find_runs(parent: str | Path) -> list[ServedRun]:
     """The runs of a sweep's parent directory: ``PARENT/seed-K`` and ``PARENT/POINT/seed-K``
-    directories, by configuration, then seed (``[]``: not a sweep's parent; a run directory,
+    directories, by configuration, then seed, each run directory absolute (a Ray worker's
+    working directory is not the driver's); ``[]``: not a sweep's parent (a run directory,
     which has ``checkpoints/`` of its own, is not one)."""
     parent = Path(parent)
     if not parent.is_dir() or (parent / "checkpoints").is_dir():
@@ -84,7 +85,7 @@ def find_runs(parent: str | Path) -> list[ServedRun]:
         m = _SEED_DIR.match(d.name)
         if m and d.is_dir():
             point = "" if d.parent == parent else d.parent.name
-            runs.append(ServedRun(point, int(m[1]), str(d)))
+            runs.append(ServedRun(point, int(m[1]), str(d.resolve())))
     return sorted(runs, key=lambda r: (r.point, r.seed))
 
 

@@ -126,10 +126,10 @@ def check_runs(runs: Sequence[PlannedRun]) -> None:
 
 
 def as_gmi(run: PlannedRun) -> PlannedRun:
-    """``run`` as it trains inside its GMI: its one GMI in that process (placement local; the
-    sweep placed it), its run directory absolute (a Ray worker's working directory is not the
-    driver's)."""
-    cfg = dataclasses.replace(run.cfg, placement="local",
+    """``run`` as it trains inside its GMI: its one GMI in that process (placement local, no
+    Ray settings: the sweep placed it), its run directory absolute (a Ray worker's working
+    directory is not the driver's)."""
+    cfg = dataclasses.replace(run.cfg, placement="local", ray=RayConfig(),
                               run_dir=str(Path(run.cfg.run_dir).resolve()))
     return dataclasses.replace(run, cfg=cfg)
 

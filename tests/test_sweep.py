@@ -1,8 +1,10 @@
 """Runs as GMIs (`gmi_drl.sweep`, ``gmi-drl train ALGO --seeds ... --sweep ...``): every run of
 a grid and its seeds in its own run directory, a run that fails reported while the others go
-on, the aggregate over seeds, and refusals before any run starts."""
+on, the aggregate over seeds, refusals before any run starts (a flag value, a budget), and the
+sweep's parent evaluated as serving GMIs (`gmi_drl.serving`, ``gmi-drl eval PARENT``)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,8 +17,8 @@ from gmi_drl.sweep import aggregate, grid_points, parse_seeds, parse_sweep
 FAST = ["--total-timesteps", "2048", "--log.no-tensorboard", "--no-compile"]
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "gmi_drl.cli", "train", *args], cwd=cwd,
+def _cli(*args, cwd, command="train"):
+    return subprocess.run([sys.executable, "-m", "gmi_drl.cli", command, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=240)
 
 
@@ -48,6 +50,7 @@ def test_the_aggregate_is_the_iqm_with_a_bootstrap_interval():
     assert one["iqm"] == 5.0 and np.isnan(one["low"])
 
 
+@pytest.mark.slow
 def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
     parent = tmp_path / "sweep"
     out = _cli("ppo", "--seeds", "1-2", "--sweep", "algo.learning-rate=1e-3,3e-4", *FAST,
@@ -64,8 +67,34 @@ def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
     assert "| algo.learning-rate=1e-3 | 2 |" in summary and "| algo.learning-rate=3e-4 | 2 |" \
         in summary
     assert summary.count("| algo.learning-rate=") == 2 + 4  # the aggregates, then every run
-    assert "one GMI per run" in summary
+    assert "one GMI per run" in summary and "- budget on the CPU: GMI 0: cores [" in summary
     assert (parent / "learning_curves.png").stat().st_size > 0
+    _the_parent_evaluates_as_serving_gmis(parent, tmp_path)
+
+
+def _the_parent_evaluates_as_serving_gmis(parent, tmp_path):
+    """``gmi-drl eval PARENT``: every run's checkpoint in a serving GMI, the same returns as
+    ``gmi-drl eval RUN`` alone, one table on stdout and in PARENT/eval.md; a run whose
+    checkpoint does not load is reported and the others are evaluated."""
+    from gmi_drl.evaluate import evaluate
+
+    out = _cli(str(parent), "--episodes", "2", cwd=tmp_path, command="eval")
+    assert out.returncode == 0, out.stderr
+    table = (parent / "eval.md").read_text()
+    assert table in out.stdout and "4 runs of" in out.stdout
+    assert "| algo.learning-rate=1e-3 | 2 |" in table and "| algo.learning-rate=3e-4 | 2 |" in table
+    assert "template: `serving` (roles simulator, agent)" in table
+    alone = evaluate(parent / "algo.learning-rate=3e-4" / "seed-2", episodes=2).returns
+    assert f"| algo.learning-rate=3e-4/seed-2 | {alone.mean():.1f} | {alone.std():.1f} | 2 |" \
+        in table
+    one = _cli(str(parent / "algo.learning-rate=3e-4" / "seed-2"), "--episodes", "2",
+               cwd=tmp_path, command="eval")  # a run directory: as before
+    assert one.returncode == 0 and f"return {alone.mean():.2f} +/- " in one.stdout
+    (parent / "broken" / "seed-1" / "checkpoints").mkdir(parents=True)
+    out = _cli(str(parent), "--episodes", "2", cwd=tmp_path, command="eval")
+    assert out.returncode == 1
+    assert "run broken/seed-1 not evaluated: " in out.stderr
+    assert (parent / "eval.md").read_text().count("| algo.learning-rate=") == 2 + 4
 
 
 def test_a_run_that_fails_is_reported_while_the_others_finish(tmp_path):
@@ -89,4 +118,13 @@ def test_bad_input_is_refused_before_any_run_starts(tmp_path):
     assert "algo.learning_rate=-1.0 must be > 0" in out.stderr
     out = _cli("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"), cwd=tmp_path)
     assert out.returncode == 2 and "runs each run as one GMI" in out.stderr
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    cores = len(os.sched_getaffinity(0))  # two runs of every core each: more than there are
+    out = _cli("ppo", "--seeds", "1-2", "--budget.cores", str(cores), *FAST,
+               "--run-dir", str(tmp_path / "c"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert (f"budget does not fit the CPU: 2 GMIs x {cores} cores = {2 * cores} cores"
+            in out.stderr)
+    out = _cli("ppo", "--seeds", "1", "--placement", "serial", *FAST,
+               "--run-dir", str(tmp_path / "d"), cwd=tmp_path)
+    assert out.returncode == 2 and "run seed-1: --seeds places its runs" in out.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name in "abcd"]
