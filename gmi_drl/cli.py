@@ -7,6 +7,8 @@
     gmi-drl tune --env.task-id Hopper-v5 --algo.num-steps 64 --budget-s 600
     gmi-drl train ppo --config tune/Hopper-v5-ppo/tuned.json --total-timesteps 1000000
     gmi-drl eval runs/Hopper-v5-ppo-20260101-120000 --episodes 10 --video
+    gmi-drl train ppo --seeds 1-5 --budget.threads-pct 20 [--placement ray]
+    gmi-drl eval runs/CartPole-v1-ppo-runs-20260101-120000 --episodes 10
     gmi-drl switch serve --bind 127.0.0.1:9999 [--parent HOST:PORT] [--threshold H]
     gmi-drl bench NAME [benchmark flags]     (gmi-drl bench --help: the names)
     gmi-drl profile report runs/Hopper-v5-ppo-20260101-120000
@@ -42,10 +44,12 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
       (ALGO: ppo a2c dqn ddpg td3 sac in holistic GMIs; appo a3c in serving + trainer GMIs)
   gmi-drl train ppo --gmi.num-gmis N --placement ray [--ray.address auto|HOST:PORT] [flags]
   gmi-drl train ALGO --config tuned.json [flags]   (a run's config.json works too)
-  gmi-drl train ALGO --seeds 1-5 [--sweep FLAG=V1,V2 ...] [flags]   (every run a GMI of its own)
+  gmi-drl train ALGO --seeds 1-5 [--sweep FLAG=V1,V2 ...] [--budget.threads-pct P]
+      [--budget.mem-mib M] [--budget.cores K] [--placement ray] [flags]   (every run a GMI)
   gmi-drl tune [--algo ppo] --env.task-id ID [--budget-s S] [--max-gmis G] [training flags]
       (GMI-DRL Algorithm 2: num_envs and GMIs per device from short real runs -> tuned.json)
   gmi-drl eval RUN_DIR_OR_CHECKPOINT [--episodes 10] [--video]
+  gmi-drl eval SWEEP_PARENT [--episodes 10] [--budget.* ...] [--placement ray]   (eval.md)
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,engines,faces,train,algos,update,grad-step,reduce,switch,switch-training,
                  gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch,checkouts,runs} [flags]

@@ -140,7 +140,8 @@ def table(spec: ServingSpec, outcomes: list[EvalOutcome], wall_s: float, layout_
              f"env seed {spec.seed}); over seeds the mean of the runs' mean returns, their "
              "interquartile mean (IQM) and its 95% percentile-bootstrap confidence interval "
              f"(Agarwal et al. 2021). {wall_s:.1f} s.", "",
-             "| configuration | seeds | mean | IQM | 95% CI of the IQM |", "|---|---:|---:|---:|---|"]
+             "| configuration | seeds | mean | IQM | 95% CI of the IQM |",
+             "|---|---:|---:|---:|---|"]
     for p in dict.fromkeys(r.point for r in spec.runs):
         mine = [o for r, o in zip(spec.runs, outcomes) if r.point == p and not o.error]
         a = aggregate([o.mean for o in mine])

@@ -120,6 +120,10 @@ def check_runs(runs: Sequence[PlannedRun]) -> None:
         if c.placement not in PLACEMENTS:
             raise ConfigError(f"run {r.name}: --seeds places its runs with placement local "
                               f"(this machine) or ray (the cluster), not {c.placement!r}")
+        if c.placement == "ray" and c.ray.max_restarts:
+            raise ConfigError(f"run {r.name}: --seeds does not restart runs on Ray (a run that "
+                              "fails is reported while the others go on): drop "
+                              "--ray.max-restarts, and resume a failed run alone")
         if c.resume is not None:
             raise ConfigError(f"run {r.name}: resume one run of a sweep alone: gmi-drl train "
                               f"ALGO --resume {c.run_dir}")

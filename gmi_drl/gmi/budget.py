@@ -170,8 +170,9 @@ def with_budget(layout: Layout, machine: Machine, budget: Budget) -> Layout:
             pct = budget.threads_pct if budget.threads_pct is not None else even_percentage(k)
             mib = (budget.mem_mib if budget.mem_mib is not None
                    else even_memory_mib(machine.gpus[s.device].memory_bytes, k))
-            specs.append(dataclasses.replace(
-                s, compute_share=pct / 100, memory_limit_bytes=None if mib is None else mib * 2**20))
+            limit = None if mib is None else mib * 2**20
+            specs.append(dataclasses.replace(s, compute_share=pct / 100,
+                                             memory_limit_bytes=limit))
     return dataclasses.replace(layout, specs=tuple(specs))
 
 
