@@ -3,8 +3,9 @@ directory of ``gmi-drl train ALGO --seeds ...`` (`gmi_drl.sweep`).
 
 Every run's checkpoint is evaluated (`gmi_drl.evaluate.evaluate`) in a GMI of the ``serving``
 template (GMI-DRL §5.1, Fig. 6: TCG, simulator and agent in one GMI, no traffic between GMIs),
-the GMIs planned and budgeted as the sweep's runs are (`gmi_drl.gmi.budget.plan_runs`) and
-started on this machine or over a Ray cluster. The table (``PARENT/eval.md``) gives each run's
+the GMIs planned and budgeted by the planner of the sweep's runs (`gmi_drl.gmi.budget.plan_runs`;
+CPU core sets, since the evaluation acts on the CPU) and started on this machine or over a Ray
+cluster. The table (``PARENT/eval.md``) gives each run's
 mean return over its episodes, and per configuration the mean, IQM and 95% bootstrap confidence
 interval of those over seeds (Agarwal et al. 2021; `gmi_drl.sweep.aggregate`).
 """
@@ -105,20 +106,21 @@ def serve_gmi(ctx) -> EvalOutcome:
 
 
 def eval_runs(parent: str | Path, spec: ServingSpec, budget: Budget = Budget(),
-              placement: str = "local", ray: RayConfig = RayConfig(),
-              backend: str | None = None) -> tuple[list[EvalOutcome], str]:
+              placement: str = "local", ray: RayConfig = RayConfig()
+              ) -> tuple[list[EvalOutcome], str]:
     """Evaluate every run of ``spec`` (`find_runs` of ``parent``) in a serving GMI of its own
     (blocks); writes ``parent/eval.md`` and returns the outcomes (a GMI that died: an outcome
-    with its error) with the table.
+    with its error) with the table. The serving GMIs are CPU core sets on any machine:
+    `gmi_drl.evaluate` builds the policy and steps the task on the CPU.
 
     Raises:
-        ConfigError: a layout this machine cannot hold or a budget that does not fit it, before
-            any GMI starts; a Ray cluster that cannot place them.
+        ConfigError: a budget that does not fit this machine (or an MPS budget), before any GMI
+            starts; a Ray cluster that cannot place them.
     """
     from gmi_drl.gmi.devices import discover
 
     machine = discover()
-    layout = plan_runs(len(spec.runs), machine, Template.SERVING, budget, backend)
+    layout = plan_runs(len(spec.runs), machine, Template.SERVING, budget, "cpu")
     t0 = time.perf_counter()
     results, where = launch_runs(TARGET, layout, machine, spec, placement, ray)
     wall = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from gmi_drl.config import ConfigError, RayConfig, TrainConfig
+from gmi_drl.gmi.backends import BackendKind, MPSDaemon
 from gmi_drl.gmi.budget import Budget, plan_runs
 from gmi_drl.gmi.budget import describe as describe_budget
 from gmi_drl.gmi.layout import Layout, Template
@@ -199,6 +200,11 @@ def train_runs(runs: Sequence[PlannedRun], parent: Path, budget: Budget = Budget
     machine = discover()
     layout = plan_runs(len(runs), machine, Template.SYNC_TRAINING, budget,
                        _backend(runs[0].cfg))
+    if (layout.backend is BackendKind.CUDA_MPS and runs[0].cfg.placement == "local"
+            and not MPSDaemon.available()):
+        raise ConfigError(f"the runs share each GPU through MPS, but {MPSDaemon.BINARY} is not "
+                          "on PATH: install the NVIDIA driver utilities, or give --gmi.backend "
+                          "cuda_shared (time slicing, no budgets)")
     parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     c = runs[0].cfg

@@ -100,11 +100,12 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
     on GPUs that all have MIG enabled with instances, one instance each (`assign_mig`);
     otherwise MPS (the plan says which GPUs have MIG off), the GMIs spread evenly over the GPUs
     (at most one GPU per GMI); on the CPU, core sets (`core_sets`). ``backend`` forces a
-    `BackendKind` value.
+    `BackendKind` value (``"cpu"``: core sets on a machine with GPUs too).
 
     Raises:
         ConfigError: a budget that does not fit its device (`check_fits`), more GMIs than MIG
-            instances, a budget MIG does not take, or a backend this machine lacks.
+            instances, a budget the backend does not take (MPS budgets on MIG, time slicing
+            or the CPU), or a backend this machine lacks.
     """
     gpus = machine.gpus
     use_mig = (backend == BackendKind.MIG.value or
@@ -119,16 +120,21 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
         if backend is None and gpus:
             backend = BackendKind.CUDA_MPS.value
         try:
-            layout = plan(n, machine, template, num_devices=min(n, len(gpus)) or None,
+            on_gpu = gpus and backend != BackendKind.CPU.value
+            layout = plan(n, machine, template, num_devices=min(n, len(gpus)) if on_gpu else 1,
                           backend=backend)
         except ValueError as e:
             raise ConfigError(f"invalid config:\n  gmi: {e}") from None
         if backend == BackendKind.CUDA_MPS.value and layout.backend_reason.startswith("forced"):
             layout = dataclasses.replace(layout, backend_reason=_mps_reason(gpus))
-    if layout.backend is BackendKind.CUDA_SHARED and (budget.threads_pct is not None or
-                                                     budget.mem_mib is not None):
+    mps_budget = budget.threads_pct is not None or budget.mem_mib is not None
+    if layout.backend is BackendKind.CUDA_SHARED and mps_budget:
         raise ConfigError("--budget.threads-pct and --budget.mem-mib are MPS budgets: drop them, "
                           "or leave --gmi.backend to the planner (cuda_mps)")
+    if layout.backend is BackendKind.CPU and mps_budget:
+        raise ConfigError("--budget.threads-pct and --budget.mem-mib are MPS budgets of GMIs on "
+                          f"a GPU; these GMIs are CPU core sets ({layout.backend_reason}): give "
+                          "--budget.cores")
     layout = with_budget(layout, machine, budget)
     check_fits(layout, machine)
     return layout

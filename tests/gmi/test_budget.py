@@ -48,6 +48,11 @@ def test_cpu_gmis_get_core_sets_an_even_share_by_default():
         plan_runs(2, two, budget=Budget(cores=2))
     with pytest.raises(ConfigError, match="cores per GMI >= 0"):
         plan_runs(2, two, budget=Budget(cores=-1))
+    with pytest.raises(ConfigError, match="MPS budgets of GMIs on a GPU; these GMIs are CPU"):
+        plan_runs(2, two, budget=Budget(threads_pct=50))
+    gpus = _machine(H100 + H100.replace("GPU 0", "GPU 1"), cores=(0, 1, 2, 3))
+    serving = plan_runs(2, gpus, Template.SERVING, backend="cpu")  # (eval's: on the CPU)
+    assert serving.mpl == ((0, 1),) and [s.cpu_cores for s in serving.specs] == [(0, 1), (2, 3)]
 
 
 def test_gpu_gmis_share_by_mps_an_even_share_where_mig_is_off():
