@@ -12,6 +12,7 @@ interval of those over seeds (Agarwal et al. 2021; `gmi_drl.sweep.aggregate`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -120,7 +121,9 @@ def eval_runs(parent: str | Path, spec: ServingSpec, budget: Budget = Budget(),
     from gmi_drl.gmi.devices import discover
 
     machine = discover()
-    layout = plan_runs(len(spec.runs), machine, Template.SERVING, budget, "cpu")
+    layout = dataclasses.replace(
+        plan_runs(len(spec.runs), machine, Template.SERVING, budget, "cpu"),
+        backend_reason="the evaluation acts on the CPU (gmi_drl.evaluate): GMIs are CPU core sets")
     t0 = time.perf_counter()
     results, where = launch_runs(TARGET, layout, machine, spec, placement, ray)
     wall = time.perf_counter() - t0
