@@ -118,6 +118,10 @@ def test_bad_input_is_refused_before_any_run_starts(tmp_path):
     assert "algo.learning_rate=-1.0 must be > 0" in out.stderr
     out = _cli("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"), cwd=tmp_path)
     assert out.returncode == 2 and "runs each run as one GMI" in out.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_budget_or_placement_runs_cannot_have_is_refused_before_any_run_starts(tmp_path):
     cores = len(os.sched_getaffinity(0))  # two runs of every core each: more than there are
     out = _cli("ppo", "--seeds", "1-2", "--budget.cores", str(cores), *FAST,
                "--run-dir", str(tmp_path / "c"), cwd=tmp_path)
@@ -127,4 +131,4 @@ def test_bad_input_is_refused_before_any_run_starts(tmp_path):
     out = _cli("ppo", "--seeds", "1", "--placement", "serial", *FAST,
                "--run-dir", str(tmp_path / "d"), cwd=tmp_path)
     assert out.returncode == 2 and "run seed-1: --seeds places its runs" in out.stderr
-    assert not [p.name for p in tmp_path.iterdir() if p.name in "abcd"]
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
