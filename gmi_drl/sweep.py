@@ -5,6 +5,11 @@ whole runs: one run of a moderate size leaves a device partly idle).
 
     gmi-drl train ppo --env.task-id Hopper-v5 --seeds 1-5
     gmi-drl train ppo --seeds 1-3 --sweep algo.learning-rate=1e-4,3e-4
+    gmi-drl train ppo --seeds 1-8 --budget.threads-pct 12 --placement ray
+
+Each run's GMI has a budget (`gmi_drl.gmi.budget`: MPS active threads and pinned memory, a MIG
+instance, or CPU cores), checked against its device before any run starts; ``--placement ray``
+starts the runs as Ray actors over a cluster instead of processes here.
 
 Each run has its own run directory under the parent (``PARENT/seed-3``, or
 ``PARENT/algo.learning-rate=1e-4/seed-3`` in a sweep), its checkpoints and its ``--resume``; a run
