@@ -275,10 +275,12 @@ class SAC(ReplayActorCritic):
         critic_loss = functools.partial(soft_critic_objective, actor=self.actor,
                                         critics_target=self.critics_target)
         self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
-                                              cfg.max_grad_norm, cfg.adam_eps)
+                                              cfg.max_grad_norm, cfg.adam_eps,
+                                              weight_decay=cfg.weight_decay)
         self.actor_step = ctx.make_grad_step(
             self.actor, functools.partial(soft_actor_objective, critics=self.critics),
-            cfg.policy_learning_rate or cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
+            cfg.policy_learning_rate or cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps,
+            weight_decay=cfg.weight_decay)
         self._steps = {"critics": self.critic_step, "actor": self.actor_step}
         self.alpha_step = None
         if cfg.autotune:
