@@ -21,7 +21,7 @@ import copy
 import functools
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -347,10 +347,16 @@ class ReplayActorCritic:
     modules, drained in that order) and
     ``_module_names`` (the checkpoint's modules, targets included).
 
+    With observation normalisation (``--norm.obs``; FastTD3 and FastSAC use it) the replay
+    keeps the observations as the pool returned them; every collected step folds into the
+    runner's statistics, the actor acts on the normalised observations, and each sampled
+    minibatch's ``obs`` and ``next_obs`` are normalised with the statistics of the moment (as
+    FastTD3 does), on the replay's device.
+
     Raises:
-        ValueError: a non-Box action space or one without finite bounds; observation or reward
-            normalisation (off-policy learners here learn from raw values); observations that
-            are not a 1-d Box, or an encoder other than ``mlp``.
+        ValueError: a non-Box action space or one without finite bounds; reward normalisation
+            (the replay stores the rewards); observations that are not a 1-d Box, or an encoder
+            other than ``mlp``.
     """
 
     targets_follow_critic = False
@@ -363,9 +369,9 @@ class ReplayActorCritic:
         if not isinstance(spec.action_space, gym.spaces.Box):
             raise ValueError(f"{type(self).__name__} needs a Box action space, {spec.task_id} "
                              f"has {spec.action_space}")
-        if ctx.obs_norm is not None or ctx.reward_norm is not None:
-            raise ValueError(f"{type(self).__name__} does not use the runner's normalisers: run "
-                             "without --norm.obs / --norm.reward")
+        if ctx.reward_norm is not None:
+            raise ValueError(f"{type(self).__name__} learns from the rewards as stored in its "
+                             "replay: run without --norm.reward")
         shape = spec.observation_space.shape
         if ctx.model.encoder != "mlp" or not isinstance(
                 spec.observation_space, gym.spaces.Box) or len(shape or ()) != 1:
@@ -414,14 +420,17 @@ class ReplayActorCritic:
         """`gmi_drl.rollout.collector.Policy`: uniform actions for ``learning_starts`` env
         steps (as SB3), then the acting's (``acting.scaled``); both in ``[-1, 1]`` (stored)
         and rescaled to the bounds (stepped), arrays as the pool returns and takes them."""
-        arrays, acting = self._arrays, self.acting
+        arrays, acting, norm = self._arrays, self.acting, self.ctx.obs_norm
+        x = arrays.from_pool(obs)
+        if norm is not None:  # (folded in during the warm-up too: ready when learning starts)
+            x = arrays.float32(norm(x, update=True))
         if self.env_steps < self.cfg.learning_starts:
             g = self.ctx.action_generator
             u = torch.rand((len(obs), self.action_dim), generator=g, device=g.device)
             scaled = (u * 2.0 - 1.0).to(arrays.device) if self._on_device else (
                 u.cpu().numpy() * 2.0 - 1.0)
         else:
-            scaled = arrays.to_pool(acting.scaled(arrays.from_pool(obs)))
+            scaled = arrays.to_pool(acting.scaled(x))
         self.env_steps += len(obs)
         if self._on_device:  # the acting's bounds are tensors on the pool's device
             return acting.to_env(scaled), scaled
@@ -463,8 +472,9 @@ class ReplayActorCritic:
             return {}
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
+        normalize = self._batch_normalizer()
         for _ in range(cfg.gradient_steps):
-            batch = self.replay.sample(cfg.minibatch_size, self.generator)
+            batch = normalize(self.replay.sample(cfg.minibatch_size, self.generator))
             critic_aux.append(torch.stack(self._critic_update(batch)))
             self.critic_updates += 1
             actor_turn = self.critic_updates % cfg.policy_delay == 0
@@ -487,6 +497,24 @@ class ReplayActorCritic:
                                          torch.stack(actor_aux).mean(0).tolist()))
         metrics.update(self._actor_means)  # (delayed: a logged iteration may have no actor step)
         return metrics
+
+    def _batch_normalizer(self) -> Callable[[ReplayBatch], ReplayBatch]:
+        """A minibatch with ``obs`` and ``next_obs`` normalised by the runner's statistics of
+        now (float32 on the replay's device; the same clip as acting), or as sampled without
+        observation normalisation."""
+        norm = self.ctx.obs_norm
+        if norm is None:
+            return lambda batch: batch
+        device = self.replay.obs.device
+        mean, var = (torch.as_tensor(x).to(device, torch.float32)
+                     for x in (norm.rms.mean, norm.rms.var))
+        std = (var + norm.eps).sqrt()
+
+        def normalize(batch: ReplayBatch) -> ReplayBatch:
+            return batch._replace(obs=((batch.obs - mean) / std).clamp(-norm.clip, norm.clip),
+                                  next_obs=((batch.next_obs - mean) / std).clamp(-norm.clip,
+                                                                                 norm.clip))
+        return normalize
 
     def _update_targets(self, tau: float) -> None:
         for target, online in self._targets:

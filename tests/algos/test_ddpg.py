@@ -2,6 +2,7 @@
 update, exploration in the task's bounds, checkpoints, and learning Pendulum."""
 
 import copy
+import dataclasses
 import functools
 
 import gymnasium as gym
@@ -184,6 +185,47 @@ def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cls, cfg_cls, n
     for name in ("actor", "critics", "actor_target", "critics_target"):
         for key, t in getattr(first, name).state_dict().items():
             torch.testing.assert_close(t, getattr(second, name).state_dict()[key], rtol=0, atol=0)
+
+
+def test_observation_normalisation_keeps_raw_replays_and_normalises_acting_and_minibatches():
+    """``--norm.obs``: the replay holds the pool's observations; every collected step (the
+    warm-up's too) folds into the statistics; minibatches are normalised with the statistics of
+    the update."""
+    from gmi_drl.rollout.normalize import ObsNormalizer
+
+    algo = _learner(learning_starts=8)
+    norm = ObsNormalizer((3,), clip=5.0)
+    algo.ctx = dataclasses.replace(algo.ctx, obs_norm=norm)
+    with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as twin:
+        first = twin.reset()[0].copy()
+    with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
+        for _ in range(6):
+            algo.collect(pool)
+            algo.update()
+    assert norm.rms.count == pytest.approx(12 + 1e-4)  # 6 steps of 2 envs
+    np.testing.assert_array_equal(algo.replay.obs[:2].numpy(), first)  # raw
+    batch = algo.replay.sample(16, torch.Generator().manual_seed(0))
+    got = algo._batch_normalizer()(batch)
+    expected = np.clip((batch.obs.numpy() - norm.rms.mean) / np.sqrt(norm.rms.var + norm.eps),
+                       -5, 5)
+    np.testing.assert_allclose(got.obs.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert got.rewards is batch.rewards and not torch.equal(got.next_obs, batch.next_obs)
+
+
+def test_td3_trains_and_evaluates_with_observation_normalisation(tmp_path):
+    from gmi_drl.evaluate import evaluate
+
+    cfg = preset("classic", algo="td3")
+    cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
+    cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 400, 200, "serial"
+    cfg.norm.obs, cfg.log.tensorboard, cfg.run_dir = True, False, str(tmp_path / "td3")
+    cfg.checkpoint.every = 400
+    result = train(cfg)
+    assert result.global_step == 400
+    path = tmp_path / "td3" / "checkpoints" / "iteration-0000400.pt"
+    state = torch.load(path, weights_only=False)
+    assert state["obs_norm"] is not None and state["obs_norm"]["count"] >= 400
+    assert len(evaluate(path, episodes=1).returns) == 1
 
 
 def test_ddpg_refuses_what_it_cannot_learn():
