@@ -267,9 +267,9 @@ def _offpolicy_gmi(cls: type[OffPolicyConfig], task_id: str,
     each, 10 steps of every world before the first update, two gradient steps per env step of
     the batch with minibatches of 32,768, 3-step returns, clipped double Q, soft targets with
     tau 0.1, AdamW (3e-4, weight decay 0.1), critics of 1024:512:256 and actors of 512:256:128
-    (ReLU); TD3 with mixed exploration noise (each world's std in [0.001, 0.4]) and target
-    smoothing noise 0.001. FastTD3's distributional critic, observation normalisation and
-    bf16 autocast are not part of it (gmi-drl's critics regress the n-step target directly)."""
+    (ReLU), normalised observations; TD3 with mixed exploration noise (each world's std in
+    [0.001, 0.4]) and target smoothing noise 0.001. FastTD3's distributional critic and bf16
+    autocast are not part of it (gmi-drl's critics regress the n-step target directly)."""
     def factory() -> TrainConfig:
         common = dict(learning_rate=3e-4, buffer_size=num_envs * 1024,
                       learning_starts=num_envs * 10, minibatch_size=32768, tau=0.1, gamma=0.99,
@@ -283,7 +283,8 @@ def _offpolicy_gmi(cls: type[OffPolicyConfig], task_id: str,
                            algo=algo,
                            model=ModelConfig(actor_hidden="512:256:128",
                                              critic_hidden="1024:512:256", activation="relu"),
-                           total_timesteps=50_000_000, **_few_steps_per_iteration())
+                           norm=NormConfig(obs=True), total_timesteps=50_000_000,
+                           **_few_steps_per_iteration())
     return factory
 
 

@@ -15,6 +15,8 @@ from gmi_drl.algos import (DDPG, SAC, TD3, AlgoContext, DDPGConfig, ModelConfig,
 from gmi_drl.config import preset
 from gmi_drl.envs.warp.pool import warp_error
 from gmi_drl.optim.grad_step import make_grad_step
+from gmi_drl.rollout.arrays import arrays_for
+from gmi_drl.rollout.normalize import ObsNormalizer
 from tests.host_sync import host_transfers, per_step_transfers
 
 warp = pytest.mark.skipif(warp_error() is not None, reason=str(warp_error()))
@@ -56,9 +58,12 @@ def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo, gpu_scale):
     cfg = _gpu_scale(algo) if gpu_scale else config(buffer_size=512, minibatch_size=16,
                                                     learning_starts=64, train_frequency=8)
     with envs.make("Ant-gmi-v0", 4, seed=0, autoreset="same_step", tensors=True) as pool:
+        obs_norm = (ObsNormalizer(pool.spec.observation_space.shape,
+                                  arrays=arrays_for("cpu", pool_tensors=True))
+                    if gpu_scale else None)  # (the presets normalise observations)
         ctx = AlgoContext(pool.spec, 4, ModelConfig(actor_hidden="32", critic_hidden="32"), 10,
                           0, functools.partial(make_grad_step, compile=False),
-                          torch.Generator().manual_seed(0))
+                          torch.Generator().manual_seed(0), obs_norm=obs_norm)
         torch.manual_seed(0)
         learner = algo(cfg, ctx)
 
@@ -75,6 +80,8 @@ def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo, gpu_scale):
         assert replay.size == learner.env_steps and replay.obs.abs().sum() > 0
         assert isinstance(learner._collector.obs, torch.Tensor)
         assert per_step_transfers(collect) == 0  # the actor's actions
+        if gpu_scale:
+            assert obs_norm.rms.count == pytest.approx(learner.env_steps + 1e-4)
         if gpu_scale and algo is TD3:
             stds = learner.acting.stds
             assert isinstance(stds, torch.Tensor) and stds.shape == (4, 1)
