@@ -391,7 +391,9 @@ class ReplayActorCritic:
         """env steps at which a run resumed without its replay trains again (counted in env
         steps, the same on every GMI, so that all GMIs take their first step together)"""
         self._actor_means: dict[str, float] = {}  # of the latest iteration with actor steps
-        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, noise
+        # replay sampling and the update's noise, drawn on the learner's device: no per-step
+        # host-to-device copy of minibatch indices or noise on a GPU
+        self.generator = torch.Generator(ctx.device).manual_seed(ctx.seed)
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
         self._collector: ReplayCollector | None = None
 
@@ -604,7 +606,8 @@ class DDPG(ReplayActorCritic):
 
     def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
         if self.cfg.target_policy_noise > 0:  # TD3's smoothing noise, from the learner's RNG
-            noise = torch.randn(batch.actions.shape, generator=self.generator)
+            g = self.generator
+            noise = torch.randn(batch.actions.shape, generator=g, device=g.device)
             batch = (*batch, noise.to(batch.actions.device))
         return self.critic_step(*batch)
 

@@ -300,7 +300,8 @@ class SAC(ReplayActorCritic):
 
     def _noise(self, like: torch.Tensor) -> torch.Tensor:
         """``(B, A)`` standard normal from the learner's generator, on ``like``'s device."""
-        return torch.randn(like.shape, generator=self.generator).to(like.device)
+        g = self.generator
+        return torch.randn(like.shape, generator=g, device=g.device).to(like.device)
 
     def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
         return self.critic_step(*batch, self._noise(batch.actions), self.entropy.alpha())
