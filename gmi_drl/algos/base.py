@@ -57,9 +57,9 @@ class AlgoContext:
         num_iterations: iterations (collect + update) of the whole run, for schedules.
         seed: the run's torch seed (the same on every GMI: minibatch order, initial weights).
         device: where the learner, its storage and normalisers live.
-        make_grad_step: ``(module, loss, lr, max_grad_norm, eps, optimizer="adam") -> GradStep``
-            with the run's reducer, staleness bound and compile setting bound
-            (`gmi_drl.optim.grad_step`); one per optimised module.
+        make_grad_step: ``(module, loss, lr, max_grad_norm, eps, optimizer="adam",
+            weight_decay=0.0) -> GradStep`` with the run's reducer, staleness bound and compile
+            setting bound (`gmi_drl.optim.grad_step`); one per optimised module.
         action_generator: the RNG acting samples with (this GMI's own; the runner saves it).
         obs_norm, reward_norm: the runner's normalisers, or ``None``.
         compile: compile acting where that helps (`gmi_drl.rollout.acting.make_acting`).

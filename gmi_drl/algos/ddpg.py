@@ -21,7 +21,7 @@ import copy
 import functools
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -70,6 +70,9 @@ class OffPolicyConfig:
     """global gradient norm bound of each network (inf: none, as Stable-Baselines3)"""
     adam_eps: Annotated[float, Gt(0)] = 1e-8
     """Adam epsilon"""
+    weight_decay: Annotated[float, Ge(0)] = 0.0
+    """decoupled weight decay of the actor's and the critics' Adam (AdamW; FastTD3 uses 0.1
+    with its large critics); 0: Adam"""
     save_replay: bool = False
     """put the replay buffer in checkpoints (a resumed run of one GMI then trains on it at
     once; without it, and with several GMIs, whose checkpoint would hold GMI 0's alone, a
@@ -102,7 +105,21 @@ class DeterministicPGConfig(OffPolicyConfig):
 
     exploration_noise: Annotated[float, Ge(0)] = 0.1
     """std of the Gaussian noise added to the actor's action in [-1, 1] units (0.1: Fujimoto
-    et al. 2018 §6.1 and RL-Zoo)"""
+    et al. 2018 §6.1 and RL-Zoo); with ``exploration_noise_max``, the least std of mixed
+    noise"""
+    exploration_noise_max: Annotated[float, Ge(0)] = 0.0
+    """0: every env explores with std ``exploration_noise``. Above it: mixed noise, each env's
+    std drawn uniformly from ``[exploration_noise, exploration_noise_max]`` and drawn again
+    when its episode ends, so thousands of parallel worlds explore at many scales at once
+    (FastTD3, Seo et al. 2025, §3: 0.001 to 0.4)"""
+
+    def _rules(self, num_envs: int) -> list[str]:
+        """Mixed noise's range in order."""
+        hi, lo = self.exploration_noise_max, self.exploration_noise
+        if 0 < hi < lo:
+            return [f"algo.exploration_noise_max={hi} must be 0 (one std for every env) or >= "
+                    f"algo.exploration_noise={lo} (the least std of mixed noise)"]
+        return []
 
     # DDPG's values of TD3's terms (TD3Config makes them fields)
     n_critics = 1
@@ -218,6 +235,10 @@ class BoundedActing:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
         raise NotImplementedError
 
+    def episodes_ended(self, done: Array) -> None:
+        """Where the envs whose episode ended (``done (N,) bool``, as `arrays`') change how they
+        explore (nothing here)."""
+
     def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The policy's action without exploration, ``(N, A)`` in ``[-1, 1]`` (no grad)."""
         raise NotImplementedError
@@ -242,33 +263,67 @@ class BoundedActing:
 
 
 class GaussianExploration(BoundedActing):
-    """The agent role of DDPG/TD3: ``clip(mu(obs) + exploration_noise N(0, 1), -1, 1)``
-    rescaled to the task's action bounds (`BoundedActing`). The actor of an MLP on the CPU runs
-    in NumPy on views of its weights. Draws one standard normal per action dimension per env
-    from the runner's generator.
+    """The agent role of DDPG/TD3: ``clip(mu(obs) + std N(0, 1), -1, 1)`` rescaled to the
+    task's action bounds (`BoundedActing`). ``std`` is ``noise`` for every env, or with
+    ``noise_max > noise`` each env's own, uniform in ``[noise, noise_max]`` and drawn again
+    where an episode ended (`episodes_ended`; FastTD3's mixed noise, Seo et al. 2025 §3).
+    The actor of an MLP on the CPU runs in NumPy on views of its weights. Draws one standard
+    normal per action dimension per env (and one uniform per env at each end) from the
+    runner's generator.
 
     Raises:
         ValueError: an action space without finite bounds.
     """
 
     def __init__(self, actor: DeterministicActor, critics: QCritics, space: gym.spaces.Box,
-                 noise: float, generator: torch.Generator, arrays: Arrays) -> None:
+                 noise: float, generator: torch.Generator, arrays: Arrays,
+                 noise_max: float = 0.0) -> None:
         super().__init__(critics, space, generator, arrays, "DDPG/TD3 need")
-        self.actor, self.noise = actor, noise
+        self.actor, self.noise, self.noise_max = actor, noise, max(noise_max, noise)
         self._mu = mlp_forward(actor, actor.mlp, arrays, post=np.tanh)
         """``mu(obs) (N, A)`` in ``[-1, 1]``, arrays of ``arrays``' kind"""
+        self.stds: Array | None = None
+        """mixed noise: ``(N, 1)`` each env's std (drawn at the first action), else ``None``"""
+
+    @property
+    def mixed(self) -> bool:
+        return self.noise_max > self.noise
+
+    def _draw(self, shape: tuple[int, ...], uniform: bool = False) -> Array:
+        """Standard normal (or uniform in [0, 1)) draws from the generator, as `arrays`'."""
+        g = self.generator  # drawn on its device (the runner's, a GPU's with --device cuda)
+        x = (torch.rand if uniform else torch.randn)(shape, generator=g, device=g.device)
+        return x.cpu().numpy() if self._host else x.to(self.arrays.device)
+
+    def _new_stds(self, n: int) -> Array:
+        return self.noise + (self.noise_max - self.noise) * self._draw((n, 1), uniform=True)
 
     def scaled(self, obs: Array, deterministic: bool = False) -> Array:
         """``(N, A) float32`` actions in ``[-1, 1]`` (what the replay stores)."""
         action = self._mu(obs)
-        if deterministic or self.noise == 0:
+        if deterministic or self.noise_max == 0:
             return action
-        g = self.generator  # drawn on its device (the runner's, a GPU's with --device cuda)
-        noise = torch.randn(action.shape, generator=g, device=g.device)
+        std = self.noise
+        if self.mixed:
+            if self.stds is None or len(self.stds) != len(action):
+                self.stds = self._new_stds(len(action))
+            std = self.stds
+        noise = self._draw(tuple(action.shape))
         if self._host:
-            action += self.noise * noise.cpu().numpy()
+            action += std * noise
             return np.clip(action, -1.0, 1.0, out=action)
-        return (action + self.noise * noise.to(action.device)).clamp_(-1.0, 1.0)
+        return (action + std * noise).clamp_(-1.0, 1.0)
+
+    def episodes_ended(self, done: Array) -> None:
+        """Mixed noise: a new std for each env whose episode ended (``done (N,) bool``, as
+        `arrays`'; on a device without reading it on the host). Otherwise nothing."""
+        if not self.mixed or self.stds is None:
+            return
+        fresh = self._new_stds(len(self.stds))
+        if self._host:
+            np.copyto(self.stds, fresh, where=np.asarray(done)[:, None])
+        else:
+            self.stds = torch.where(done.reshape(-1, 1), fresh, self.stds)
 
     def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor(obs)
@@ -292,10 +347,16 @@ class ReplayActorCritic:
     modules, drained in that order) and
     ``_module_names`` (the checkpoint's modules, targets included).
 
+    With observation normalisation (``--norm.obs``; FastTD3 and FastSAC use it) the replay
+    keeps the observations as the pool returned them; every collected step folds into the
+    runner's statistics, the actor acts on the normalised observations, and each sampled
+    minibatch's ``obs`` and ``next_obs`` are normalised with the statistics of the moment (as
+    FastTD3 does), on the replay's device.
+
     Raises:
-        ValueError: a non-Box action space or one without finite bounds; observation or reward
-            normalisation (off-policy learners here learn from raw values); observations that
-            are not a 1-d Box, or an encoder other than ``mlp``.
+        ValueError: a non-Box action space or one without finite bounds; reward normalisation
+            (the replay stores the rewards); observations that are not a 1-d Box, or an encoder
+            other than ``mlp``.
     """
 
     targets_follow_critic = False
@@ -308,9 +369,9 @@ class ReplayActorCritic:
         if not isinstance(spec.action_space, gym.spaces.Box):
             raise ValueError(f"{type(self).__name__} needs a Box action space, {spec.task_id} "
                              f"has {spec.action_space}")
-        if ctx.obs_norm is not None or ctx.reward_norm is not None:
-            raise ValueError(f"{type(self).__name__} does not use the runner's normalisers: run "
-                             "without --norm.obs / --norm.reward")
+        if ctx.reward_norm is not None:
+            raise ValueError(f"{type(self).__name__} learns from the rewards as stored in its "
+                             "replay: run without --norm.reward")
         shape = spec.observation_space.shape
         if ctx.model.encoder != "mlp" or not isinstance(
                 spec.observation_space, gym.spaces.Box) or len(shape or ()) != 1:
@@ -330,7 +391,9 @@ class ReplayActorCritic:
         """env steps at which a run resumed without its replay trains again (counted in env
         steps, the same on every GMI, so that all GMIs take their first step together)"""
         self._actor_means: dict[str, float] = {}  # of the latest iteration with actor steps
-        self.generator = torch.Generator().manual_seed(ctx.seed)  # replay sampling, noise
+        # replay sampling and the update's noise, drawn on the learner's device: no per-step
+        # host-to-device copy of minibatch indices or noise on a GPU
+        self.generator = torch.Generator(ctx.device).manual_seed(ctx.seed)
         self.env_steps, self.critic_updates, self.iteration = 0, 0, 0
         self._collector: ReplayCollector | None = None
 
@@ -352,25 +415,32 @@ class ReplayActorCritic:
         with self.ctx.phase("rollout"):
             if self._collector is None:
                 self._start(pool)
-            return self._collector.collect(self.cfg.train_frequency, self._policy)
+            return self._collector.collect(self.cfg.train_frequency, self._policy,
+                                           self._episodes_ended)
 
     def _policy(self, obs: Array) -> tuple[Array, Array]:
         """`gmi_drl.rollout.collector.Policy`: uniform actions for ``learning_starts`` env
         steps (as SB3), then the acting's (``acting.scaled``); both in ``[-1, 1]`` (stored)
         and rescaled to the bounds (stepped), arrays as the pool returns and takes them."""
-        arrays, acting = self._arrays, self.acting
+        arrays, acting, norm = self._arrays, self.acting, self.ctx.obs_norm
+        x = arrays.from_pool(obs)
+        if norm is not None:  # (folded in during the warm-up too: ready when learning starts)
+            x = arrays.float32(norm(x, update=True))
         if self.env_steps < self.cfg.learning_starts:
             g = self.ctx.action_generator
             u = torch.rand((len(obs), self.action_dim), generator=g, device=g.device)
             scaled = (u * 2.0 - 1.0).to(arrays.device) if self._on_device else (
                 u.cpu().numpy() * 2.0 - 1.0)
         else:
-            scaled = arrays.to_pool(acting.scaled(arrays.from_pool(obs)))
+            scaled = arrays.to_pool(acting.scaled(x))
         self.env_steps += len(obs)
         if self._on_device:  # the acting's bounds are tensors on the pool's device
             return acting.to_env(scaled), scaled
         env_action = acting.low + (scaled + 1.0) * 0.5 * (acting.high - acting.low)
         return env_action.astype(acting.dtype, copy=False), scaled
+
+    def _episodes_ended(self, done: Array) -> None:
+        self.acting.episodes_ended(self._arrays.from_pool(done))
 
     def _start(self, pool) -> None:
         spec, cfg = self.ctx.spec, self.cfg
@@ -404,8 +474,9 @@ class ReplayActorCritic:
             return {}
         critic_aux, actor_aux = [], []
         deferred = 0  # stale-sync: soft target updates applied after the drain
+        normalize = self._batch_normalizer()
         for _ in range(cfg.gradient_steps):
-            batch = self.replay.sample(cfg.minibatch_size, self.generator)
+            batch = normalize(self.replay.sample(cfg.minibatch_size, self.generator))
             critic_aux.append(torch.stack(self._critic_update(batch)))
             self.critic_updates += 1
             actor_turn = self.critic_updates % cfg.policy_delay == 0
@@ -428,6 +499,24 @@ class ReplayActorCritic:
                                          torch.stack(actor_aux).mean(0).tolist()))
         metrics.update(self._actor_means)  # (delayed: a logged iteration may have no actor step)
         return metrics
+
+    def _batch_normalizer(self) -> Callable[[ReplayBatch], ReplayBatch]:
+        """A minibatch with ``obs`` and ``next_obs`` normalised by the runner's statistics of
+        now (float32 on the replay's device; the same clip as acting), or as sampled without
+        observation normalisation."""
+        norm = self.ctx.obs_norm
+        if norm is None:
+            return lambda batch: batch
+        device = self.replay.obs.device
+        mean, var = (torch.as_tensor(x).to(device, torch.float32)
+                     for x in (norm.rms.mean, norm.rms.var))
+        std = (var + norm.eps).sqrt()
+
+        def normalize(batch: ReplayBatch) -> ReplayBatch:
+            return batch._replace(obs=((batch.obs - mean) / std).clamp(-norm.clip, norm.clip),
+                                  next_obs=((batch.next_obs - mean) / std).clamp(-norm.clip,
+                                                                                 norm.clip))
+        return normalize
 
     def _update_targets(self, tau: float) -> None:
         for target, online in self._targets:
@@ -498,10 +587,11 @@ class DDPG(ReplayActorCritic):
             critics_target=self.critics_target,
             target_policy_noise=cfg.target_policy_noise, target_noise_clip=cfg.target_noise_clip)
         self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
-                                              cfg.max_grad_norm, cfg.adam_eps)
+                                              cfg.max_grad_norm, cfg.adam_eps,
+                                              weight_decay=cfg.weight_decay)
         self.actor_step = ctx.make_grad_step(
             self.actor, functools.partial(actor_objective, critics=self.critics),
-            cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
+            cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps, weight_decay=cfg.weight_decay)
         self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
                          (FlatParams(self.critics_target), self.critic_step.params))
         self._steps = {"critics": self.critic_step, "actor": self.actor_step}
@@ -511,11 +601,13 @@ class DDPG(ReplayActorCritic):
     def make_acting(self, arrays: Arrays) -> GaussianExploration:
         """The actor with Gaussian exploration noise, on ``arrays``."""
         return GaussianExploration(self.actor, self.critics, self.ctx.spec.action_space,
-                                   self.cfg.exploration_noise, self.ctx.action_generator, arrays)
+                                   self.cfg.exploration_noise, self.ctx.action_generator, arrays,
+                                   self.cfg.exploration_noise_max)
 
     def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
         if self.cfg.target_policy_noise > 0:  # TD3's smoothing noise, from the learner's RNG
-            noise = torch.randn(batch.actions.shape, generator=self.generator)
+            g = self.generator
+            noise = torch.randn(batch.actions.shape, generator=g, device=g.device)
             batch = (*batch, noise.to(batch.actions.device))
         return self.critic_step(*batch)
 

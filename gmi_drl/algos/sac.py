@@ -275,10 +275,12 @@ class SAC(ReplayActorCritic):
         critic_loss = functools.partial(soft_critic_objective, actor=self.actor,
                                         critics_target=self.critics_target)
         self.critic_step = ctx.make_grad_step(self.critics, critic_loss, cfg.learning_rate,
-                                              cfg.max_grad_norm, cfg.adam_eps)
+                                              cfg.max_grad_norm, cfg.adam_eps,
+                                              weight_decay=cfg.weight_decay)
         self.actor_step = ctx.make_grad_step(
             self.actor, functools.partial(soft_actor_objective, critics=self.critics),
-            cfg.policy_learning_rate or cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
+            cfg.policy_learning_rate or cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps,
+            weight_decay=cfg.weight_decay)
         self._steps = {"critics": self.critic_step, "actor": self.actor_step}
         self.alpha_step = None
         if cfg.autotune:
@@ -298,7 +300,8 @@ class SAC(ReplayActorCritic):
 
     def _noise(self, like: torch.Tensor) -> torch.Tensor:
         """``(B, A)`` standard normal from the learner's generator, on ``like``'s device."""
-        return torch.randn(like.shape, generator=self.generator).to(like.device)
+        g = self.generator
+        return torch.randn(like.shape, generator=g, device=g.device).to(like.device)
 
     def _critic_update(self, batch: ReplayBatch) -> tuple[torch.Tensor, ...]:
         return self.critic_step(*batch, self._noise(batch.actions), self.entropy.alpha())

@@ -9,7 +9,8 @@ target's return. Every algorithm of the iSwitch paper (§5.1) has an ``iswitch``
 workload and a network of its model size (DQN Pong, A2C Qbert, PPO Hopper, DDPG HalfCheetah).
 ``gmi-ant`` and ``gmi-humanoid``, ``gmi-anymal``, ``gmi-ballbalance``, ``gmi-frankacabinet``,
 ``gmi-shadowhand`` are rl_games' IsaacGymEnvs settings for GMI-DRL's six Table 6 tasks (warp
-engine).
+engine); TD3's and SAC's ``gmi-ant`` and ``gmi-humanoid`` are FastTD3's GPU-scale recipe on two
+of them (``gmi-drl train td3 --preset gmi-humanoid``).
 """
 
 from __future__ import annotations
@@ -259,6 +260,34 @@ def _sac_cleanrl() -> TrainConfig:
                                  log_std_tanh=True), "Hopper-v5", "256:256", 1_000_000)
 
 
+def _offpolicy_gmi(cls: type[OffPolicyConfig], task_id: str,
+                   num_envs: int = 4096) -> Callable[[], TrainConfig]:
+    """TD3 or SAC at GPU scale on a warp task, FastTD3's recipe (Seo et al. 2025; FastSAC its
+    SAC twin): ``num_envs`` worlds feeding a replay on the device that keeps 1,024 steps of
+    each, 10 steps of every world before the first update, two gradient steps per env step of
+    the batch with minibatches of 32,768, 3-step returns, clipped double Q, soft targets with
+    tau 0.1, AdamW (3e-4, weight decay 0.1), critics of 1024:512:256 and actors of 512:256:128
+    (ReLU), normalised observations; TD3 with mixed exploration noise (each world's std in
+    [0.001, 0.4]) and target smoothing noise 0.001. FastTD3's distributional critic and bf16
+    autocast are not part of it (gmi-drl's critics regress the n-step target directly)."""
+    def factory() -> TrainConfig:
+        common = dict(learning_rate=3e-4, buffer_size=num_envs * 1024,
+                      learning_starts=num_envs * 10, minibatch_size=32768, tau=0.1, gamma=0.99,
+                      n_step=3, gradient_steps=2, weight_decay=0.1)
+        if cls is SACConfig:
+            algo = SACConfig(policy_delay=2, **common)
+        else:
+            algo = cls(policy_delay=2, exploration_noise=0.001, exploration_noise_max=0.4,
+                       target_policy_noise=0.001, target_noise_clip=0.5, **common)
+        return TrainConfig(env=EnvConfig(task_id=task_id, num_envs=num_envs, engine="warp"),
+                           algo=algo,
+                           model=ModelConfig(actor_hidden="512:256:128",
+                                             critic_hidden="1024:512:256", activation="relu"),
+                           norm=NormConfig(obs=True), total_timesteps=50_000_000,
+                           **_few_steps_per_iteration())
+    return factory
+
+
 def _appo_classic() -> TrainConfig:
     """CartPole-v1: 8 envs per serving GMI, fragments of 32 steps, 2 per batch."""
     return TrainConfig(env=EnvConfig(task_id="CartPole-v1", num_envs=8),
@@ -319,10 +348,14 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
             "cartpole-zoo": _dqn_cartpole_zoo, "pong": _dqn_pong, "iswitch": _dqn_iswitch},
     "ddpg": {"classic": _pendulum(DDPGConfig), "mujoco": _halfcheetah(DDPGConfig),
              "iswitch": _ddpg_iswitch},
-    "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config)},
+    "td3": {"classic": _pendulum(TD3Config), "mujoco": _halfcheetah(TD3Config),
+            "gmi-ant": _offpolicy_gmi(TD3Config, "Ant-gmi-v0"),
+            "gmi-humanoid": _offpolicy_gmi(TD3Config, "Humanoid-gmi-v0")},
     "appo": {"classic": _appo_classic, "mujoco": _appo_mujoco, "atari": _appo_atari},
     "a3c": {"classic": _a3c_classic, "atari": _a3c_atari},
-    "sac": {"classic": _sac_classic, "mujoco": _sac_mujoco, "cleanrl": _sac_cleanrl}}
+    "sac": {"classic": _sac_classic, "mujoco": _sac_mujoco, "cleanrl": _sac_cleanrl,
+            "gmi-ant": _offpolicy_gmi(SACConfig, "Ant-gmi-v0"),
+            "gmi-humanoid": _offpolicy_gmi(SACConfig, "Humanoid-gmi-v0")}}
 """``{algorithm: {preset name: factory}}``; ``classic``, ``mujoco`` and ``atari`` are the
 defaults of each task family (``--preset auto``)"""
 

@@ -32,6 +32,7 @@ class Gpu:
         compute_capability: ``(major, minor)``, e.g. ``(8, 0)`` for A100.
         memory_bytes: total device memory, bytes (0 when unknown, e.g. parsed from ``-L``).
         mig_enabled: MIG mode is on. mig_instances: existing instances (never created here).
+        memory_free_bytes: device memory free when it was read, bytes (0 when unknown).
     """
 
     index: int
@@ -41,6 +42,7 @@ class Gpu:
     memory_bytes: int = 0
     mig_enabled: bool = False
     mig_instances: tuple[MigInstance, ...] = field(default_factory=tuple)
+    memory_free_bytes: int = 0
 
     @property
     def sm(self) -> str | None:
@@ -83,7 +85,8 @@ def discover() -> Machine:
 def _nvml_gpu(nv, i: int) -> Gpu:
     h = nv.nvmlDeviceGetHandleByIndex(i)
     cc = nv.nvmlDeviceGetCudaComputeCapability(h)
-    mem = nv.nvmlDeviceGetMemoryInfo(h).total
+    info = nv.nvmlDeviceGetMemoryInfo(h)
+    mem = info.total
     try:
         mig_on = nv.nvmlDeviceGetMigMode(h)[0] == nv.NVML_DEVICE_MIG_ENABLE
     except nv.NVMLError:  # pre-Ampere GPUs have no MIG mode
@@ -99,7 +102,7 @@ def _nvml_gpu(nv, i: int) -> Gpu:
             instances.append(MigInstance(_str(nv.nvmlDeviceGetUUID(mh)),
                                          f"{mem_mig / 2**30:.0f}gb", k))
     return Gpu(i, _str(nv.nvmlDeviceGetName(h)), _str(nv.nvmlDeviceGetUUID(h)), tuple(cc), mem,
-               mig_on, tuple(instances))
+               mig_on, tuple(instances), info.free)
 
 
 def _str(x) -> str:

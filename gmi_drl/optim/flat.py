@@ -104,6 +104,9 @@ class FlatAdam:
 
     Args:
         flat: the parameters. lr: step size. betas, eps: Adam's.
+        weight_decay: decoupled weight decay ``lambda``: each step first scales the weights by
+            ``1 - lr lambda`` (AdamW, Loshchilov & Hutter 2019, Algorithm 2; ``torch.optim.AdamW``);
+            0: Adam.
         traced: keep the step count and learning rate in tensors, so `step` can run inside a
             `torch.compile` graph without recompiling as they change; otherwise they are host
             numbers (fewer ops per eager step).
@@ -114,8 +117,9 @@ class FlatAdam:
     """
 
     def __init__(self, flat: FlatParams, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, traced: bool = False) -> None:
+                 eps: float = 1e-8, traced: bool = False, weight_decay: float = 0.0) -> None:
         self.flat, self.betas, self.eps, self.traced = flat, betas, eps, traced
+        self.weight_decay = weight_decay
         self.exp_avg = torch.zeros_like(flat.data)
         self.exp_avg_sq = torch.zeros_like(flat.data)
         self._lr: torch.Tensor | float = lr
@@ -145,6 +149,9 @@ class FlatAdam:
         """One Adam step from ``grad`` (default: ``flat.grad``) into ``flat.data`` (in place)."""
         b1, b2 = self.betas
         grad = self.flat.grad if grad is None else grad
+        if self.weight_decay:
+            decay = 1.0 - self._lr * self.weight_decay
+            self.flat.data.mul_(decay.float() if self.traced else decay)
         self.exp_avg.lerp_(grad, 1 - b1)
         self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         if self.traced:
@@ -255,15 +262,18 @@ OPTIMIZERS = ("adam", "rmsprop", "rmsprop_tf")
 
 
 def make_flat_optimizer(name: str, flat: FlatParams, lr: float, eps: float,
-                        traced: bool = False) -> FlatAdam | FlatRMSprop:
-    """``"adam"`` (`FlatAdam`, betas 0.9/0.999), ``"rmsprop"`` (`FlatRMSprop`, alpha 0.99) or
-    ``"rmsprop_tf"`` (the same in TensorFlow's form, ``tf_like``) on ``flat``.
+                        traced: bool = False, weight_decay: float = 0.0) -> FlatAdam | FlatRMSprop:
+    """``"adam"`` (`FlatAdam`, betas 0.9/0.999; AdamW with ``weight_decay``), ``"rmsprop"``
+    (`FlatRMSprop`, alpha 0.99) or ``"rmsprop_tf"`` (the same in TensorFlow's form,
+    ``tf_like``) on ``flat``.
 
     Raises:
-        ValueError: another name.
+        ValueError: another name, or weight decay with RMSprop.
     """
     if name == "adam":
-        return FlatAdam(flat, lr, eps=eps, traced=traced)
+        return FlatAdam(flat, lr, eps=eps, traced=traced, weight_decay=weight_decay)
+    if weight_decay:
+        raise ValueError(f"weight_decay={weight_decay} is Adam's (AdamW) only, not {name!r}'s")
     if name in ("rmsprop", "rmsprop_tf"):
         return FlatRMSprop(flat, lr, eps=eps, traced=traced, tf_like=name == "rmsprop_tf")
     raise ValueError(f"optimizer {name!r} must be one of {OPTIMIZERS}")

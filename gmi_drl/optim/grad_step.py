@@ -73,6 +73,7 @@ class GradStep:
         optimizer: ``"adam"`` or ``"rmsprop"`` (`gmi_drl.optim.flat.make_flat_optimizer`).
         cuda_graphs: replay the compiled body as a CUDA graph (only with ``compile`` and
             parameters on a CUDA device; ignored elsewhere).
+        weight_decay: Adam's decoupled weight decay (AdamW; `gmi_drl.optim.flat.FlatAdam`).
 
     Raises:
         ValueError: the module has no parameters; an unknown optimizer.
@@ -81,13 +82,14 @@ class GradStep:
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, weight_decay: float = 0.0) -> None:
         self.module, self.loss, self.max_grad_norm = module, loss, max_grad_norm
         self.reducer = reducer or IdentityReducer()
         self.params = FlatParams(module)
         self.fused = compile and self.reducer.world_size == 1 and self._fusable()
-        self.optimizer_name = optimizer
-        self.optimizer = make_flat_optimizer(optimizer, self._stepped(), lr, eps, self.fused)
+        self.optimizer_name, self.weight_decay = optimizer, weight_decay
+        self.optimizer = make_flat_optimizer(optimizer, self._stepped(), lr, eps, self.fused,
+                                             weight_decay)
         self._compiled, self._compiled_ok = None, False
         self._graphed: GraphedStep | None = None
         self._want_graphs = cuda_graphs and self.params.data.device.type == "cuda"
@@ -180,7 +182,8 @@ class GradStep:
             state = self.optimizer.state_dict()
             self._compiled, self.fused = None, False
             self.optimizer = make_flat_optimizer(self.optimizer_name, self._stepped(),
-                                                 state["lr"], self.optimizer.eps)
+                                                 state["lr"], self.optimizer.eps,
+                                                 weight_decay=self.weight_decay)
             self.optimizer.load_state_dict(state)
             return None
         self._compiled_ok = True
@@ -260,14 +263,15 @@ class StaleSyncGradStep(GradStep):
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
-                 staleness_bound: int = 0, cuda_graphs: bool = False) -> None:
+                 staleness_bound: int = 0, cuda_graphs: bool = False,
+                 weight_decay: float = 0.0) -> None:
         import copy
 
         from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
 
         self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
         super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                         cuda_graphs)
+                         cuda_graphs, weight_decay)
         self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
         self._counts_before: Counter[int] = Counter()
 
@@ -319,10 +323,10 @@ class StaleSyncGradStep(GradStep):
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                    eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
                    staleness_bound: int | None = None, optimizer: str = "adam",
-                   cuda_graphs: bool = False) -> GradStep:
+                   cuda_graphs: bool = False, weight_decay: float = 0.0) -> GradStep:
     """A `GradStep`, or a `StaleSyncGradStep` when ``staleness_bound`` is an int (see there)."""
     if staleness_bound is None:
         return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                        cuda_graphs)
+                        cuda_graphs, weight_decay)
     return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                             staleness_bound, cuda_graphs)
+                             staleness_bound, cuda_graphs, weight_decay)

@@ -133,14 +133,18 @@ class ReplayCollector:
         self.pool, self.replay, self.arrays = pool, replay, self.core.arrays
         self.obs: Array | None = None
         self._policy: Policy | None = None
+        self._ended: Callable[[Array], None] | None = None
         self._stored: Array | None = None
 
-    def collect(self, num_steps: int, policy: Policy) -> Episodes:
-        """``num_steps`` steps of every env (blocks); returns the episodes that ended."""
+    def collect(self, num_steps: int, policy: Policy,
+                ended: Callable[[Array], None] | None = None) -> Episodes:
+        """``num_steps`` steps of every env (blocks); returns the episodes that ended.
+        ``ended(done)``, when given, sees each step's ``done (num_envs,) bool`` (as the pool
+        returned it) where an episode may have ended (every step on a pool of tensors)."""
         if self.obs is None:
             self.core.reset()
             self.obs = _copy(self.core.obs)
-        self._policy = policy
+        self._policy, self._ended = policy, ended
         return collect_steps([self.core], num_steps, self)
 
     def act(self, t: int, core: StepCore) -> Array:
@@ -153,6 +157,8 @@ class ReplayCollector:
         self.replay.add(self.obs, self._stored, step.reward, core.next_obs(step),
                         step.terminated, step.done)
         self.obs[...] = step.obs
+        if self._ended is not None and step.ended:
+            self._ended(step.done)
 
     def step_done(self, t: int) -> None:
         """(`gmi_drl.rollout.core.Sink`) Nothing to do."""

@@ -243,15 +243,16 @@ class ReplayBuffer:
         return self._gather(torch.from_numpy(index % self.capacity).to(self.device))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
-        """``batch_size`` transitions drawn uniformly with replacement from those held.
+        """``batch_size`` transitions drawn uniformly with replacement from those held, the
+        rows drawn on ``generator``'s device (the buffer's, for no copy per sample).
 
         Raises:
             ValueError: the buffer is empty.
         """
         if self.size == 0:
             raise ValueError("sample from an empty replay buffer")
-        return self._gather(torch.randint(self.size, (batch_size,), generator=generator)
-                            .to(self.device))
+        return self._gather(torch.randint(self.size, (batch_size,), generator=generator,
+                                          device=generator.device).to(self.device))
 
     def _gather(self, idx: torch.Tensor) -> ReplayBatch:
         """The transitions at storage rows ``idx`` ``(B,)``, as n-step transitions."""

@@ -90,13 +90,14 @@ def _first_line(e: BaseException) -> str:
 def check_replay_memory(cfg: TrainConfig, spec) -> None:
     """Refuse replay buffers (``algo.buffer_size`` transitions, one per GMI) larger than the
     memory of the device that holds them: this machine's RAM for every GMI of a CPU run; each
-    GPU's memory (NVML, no CUDA context in the controller) for the GMIs placed on it. Warn
-    where a CPU run's buffers exceed the memory available now (``MemAvailable``). The buffers
-    are allocated only once a run collects, after its directory is written. GPUs split into
-    MIG instances are not checked (a slice's size is the backend's to know).
+    GPU's free memory (NVML, no CUDA context in the controller) for the GMIs placed on it. Warn
+    where a CPU run's buffers exceed the memory available now (``MemAvailable``: the kernel
+    hands out pages as they are written). The message says how many transitions per GMI would
+    fit. The buffers are allocated only once a run collects, after its directory is written.
+    GPUs split into MIG instances are not checked (a slice's size is the backend's to know).
 
     Raises:
-        ConfigError: the buffers need more bytes than the device has.
+        ConfigError: the buffers need more bytes than the device has (free, on a GPU).
     """
     import math
 
@@ -112,19 +113,22 @@ def check_replay_memory(cfg: TrainConfig, spec) -> None:
         gpus = discover().gpus[:cfg.gmi.num_devices or None]
         if not gpus or any(g.mig_enabled or not g.memory_bytes for g in gpus):
             return
-        gmis, total = math.ceil(cfg.gmi.num_gmis / len(gpus)), min(g.memory_bytes for g in gpus)
-        where, free = "GPU", None
+        gmis = math.ceil(cfg.gmi.num_gmis / len(gpus))
+        total = min(g.memory_free_bytes or g.memory_bytes for g in gpus)
+        where, kind, free = "GPU", "free", None
     else:
-        gmis, where = cfg.gmi.num_gmis, "machine"
+        gmis, where, kind = cfg.gmi.num_gmis, "machine", ""
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         free = _mem_available()
     need = per_gmi * gmis
     what = (f"algo.buffer_size={size:,} transitions of {cfg.env.task_id} take "
             f"{per_gmi / 2**30:,.1f} GiB per GMI" + (f", {need / 2**30:,.1f} GiB for the {gmis} "
                                                      f"GMIs of a {where}" if gmis > 1 else ""))
+    fits = int(total / gmis / (per_gmi / size)) if size else 0
     if need > total:
-        raise ConfigError(f"{what}: more than this {where}'s {total / 2**30:,.1f} GiB; lower "
-                          "--algo.buffer-size")
+        raise ConfigError(f"{what}: more than this {where}'s {total / 2**30:,.1f} GiB"
+                          f"{' ' + kind if kind else ''}; at most {fits:,} transitions per GMI "
+                          "fit: lower --algo.buffer-size")
     if free is not None and need > free:
         logging.getLogger(__name__).warning("%s: more than the %.1f GiB available on this "
                                             "machine now", what, free / 2**30)

@@ -2,6 +2,7 @@
 update, exploration in the task's bounds, checkpoints, and learning Pendulum."""
 
 import copy
+import dataclasses
 import functools
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ from gmi_drl.algos.ddpg import (DeterministicActor, QCritics, actor_objective, c
                                 critic_target, smoothed_target_action)
 from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
-from gmi_drl.rollout.arrays import HostArrays
+from gmi_drl.rollout.arrays import HostArrays, arrays_for
 from gmi_drl.train import train
 
 
@@ -126,6 +127,49 @@ def test_exploration_stays_in_the_bounds_and_the_replay_holds_rescaled_actions()
                           torch.Generator(), HostArrays())
 
 
+def _ends_then_stds(acting, done, n=6):
+    acting.scaled(np.zeros((n, 3), np.float32) if acting._host else torch.zeros(n, 3))
+    before = np.array(acting.stds).copy()
+    acting.episodes_ended(done if acting._host else torch.as_tensor(done))
+    return before.ravel(), np.array(acting.stds).ravel()
+
+
+@pytest.mark.parametrize("arrays", ["host", "tensors"])
+def test_mixed_noise_gives_each_env_a_std_in_range_drawn_again_when_its_episode_ends(arrays):
+    algo = _learner(exploration_noise=0.05, exploration_noise_max=0.4)
+    acting = algo.make_acting(HostArrays() if arrays == "host" else arrays_for("cpu", True))
+    done = np.array([True, False, False, True, False, False])
+    before, after = _ends_then_stds(acting, done)
+    assert ((before >= 0.05) & (before <= 0.4)).all() and len(set(before)) == 6
+    np.testing.assert_array_equal(after[~done], before[~done])  # kept where nothing ended
+    assert (after[done] != before[done]).all() and ((after >= 0.05) & (after <= 0.4)).all()
+    # each env's spread follows its own std: 4,000 draws of one observation per env
+    acting.stds = acting.stds * 0 + (np.array([[0.01], [0.3]] * 3, np.float32) if acting._host
+                                     else torch.tensor([[0.01], [0.3]] * 3))
+    obs = np.zeros((6, 3), np.float32) if acting._host else torch.zeros(6, 3)
+    greedy = np.asarray(acting.scaled(obs, deterministic=True))
+    spread = np.std([np.asarray(acting.scaled(obs)) - greedy for _ in range(4000)], axis=0)
+    np.testing.assert_allclose(spread[:, 0], [0.01, 0.3] * 3, rtol=0.1)
+    fixed = _learner(exploration_noise=0.1).make_acting(HostArrays())
+    fixed.scaled(np.zeros((6, 3), np.float32))
+    assert fixed.stds is None  # one std for every env: nothing drawn per env
+    assert TD3Config(exploration_noise=0.2, exploration_noise_max=0.1).validate(1, 1) == [
+        "algo.exploration_noise_max=0.1 must be 0 (one std for every env) or >= "
+        "algo.exploration_noise=0.2 (the least std of mixed noise)"]
+
+
+def test_mixed_noise_draws_again_where_collected_episodes_end():
+    algo = _learner(exploration_noise=0.01, exploration_noise_max=0.5, learning_starts=0)
+    with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step",
+                   max_episode_steps=3) as pool:
+        algo.collect(pool)
+        first = algo.acting.stds.copy()
+        algo.collect(pool)  # step 2 of 3
+        np.testing.assert_array_equal(algo.acting.stds, first)
+        algo.collect(pool)  # step 3: both episodes truncated
+        assert (algo.acting.stds != first).all()
+
+
 @pytest.mark.parametrize("cls, cfg_cls, n_step", [(DDPG, DDPGConfig, 1), (TD3, TD3Config, 1),
                                                   (TD3, TD3Config, 3)])
 def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cls, cfg_cls, n_step):
@@ -141,6 +185,47 @@ def test_a_checkpoint_with_the_replay_gives_the_same_next_update(cls, cfg_cls, n
     for name in ("actor", "critics", "actor_target", "critics_target"):
         for key, t in getattr(first, name).state_dict().items():
             torch.testing.assert_close(t, getattr(second, name).state_dict()[key], rtol=0, atol=0)
+
+
+def test_observation_normalisation_keeps_raw_replays_and_normalises_acting_and_minibatches():
+    """``--norm.obs``: the replay holds the pool's observations; every collected step (the
+    warm-up's too) folds into the statistics; minibatches are normalised with the statistics of
+    the update."""
+    from gmi_drl.rollout.normalize import ObsNormalizer
+
+    algo = _learner(learning_starts=8)
+    norm = ObsNormalizer((3,), clip=5.0)
+    algo.ctx = dataclasses.replace(algo.ctx, obs_norm=norm)
+    with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as twin:
+        first = twin.reset()[0].copy()
+    with envs.make("Pendulum-v1", 2, seed=0, num_workers=0, autoreset="same_step") as pool:
+        for _ in range(6):
+            algo.collect(pool)
+            algo.update()
+    assert norm.rms.count == pytest.approx(12 + 1e-4)  # 6 steps of 2 envs
+    np.testing.assert_array_equal(algo.replay.obs[:2].numpy(), first)  # raw
+    batch = algo.replay.sample(16, torch.Generator().manual_seed(0))
+    got = algo._batch_normalizer()(batch)
+    expected = np.clip((batch.obs.numpy() - norm.rms.mean) / np.sqrt(norm.rms.var + norm.eps),
+                       -5, 5)
+    np.testing.assert_allclose(got.obs.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert got.rewards is batch.rewards and not torch.equal(got.next_obs, batch.next_obs)
+
+
+def test_td3_trains_and_evaluates_with_observation_normalisation(tmp_path):
+    from gmi_drl.evaluate import evaluate
+
+    cfg = preset("classic", algo="td3")
+    cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
+    cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 400, 200, "serial"
+    cfg.norm.obs, cfg.log.tensorboard, cfg.run_dir = True, False, str(tmp_path / "td3")
+    cfg.checkpoint.every = 400
+    result = train(cfg)
+    assert result.global_step == 400
+    path = tmp_path / "td3" / "checkpoints" / "iteration-0000400.pt"
+    state = torch.load(path, weights_only=False)
+    assert state["obs_norm"] is not None and state["obs_norm"]["count"] >= 400
+    assert len(evaluate(path, episodes=1).returns) == 1
 
 
 def test_ddpg_refuses_what_it_cannot_learn():

@@ -3,6 +3,8 @@ reference, checkpoints, learning CartPole, and identical weights on every GMI.""
 
 import copy
 import functools
+import os
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -15,7 +17,7 @@ from gmi_drl.algos.dqn import EpsilonGreedy, QNetwork, dqn_objective, td_target
 from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import HostArrays
-from gmi_drl.rollout.replay import ReplayBuffer
+from gmi_drl.rollout.replay import ReplayBuffer, replay_nbytes
 from gmi_drl.train import train
 
 
@@ -276,7 +278,7 @@ def test_the_compiled_step_reads_the_target_network_as_it_is_now():
 def test_the_replay_size_is_known_before_it_is_allocated(obs, act, capacity, num_envs):
     from types import SimpleNamespace
 
-    from gmi_drl.rollout.replay import make_replay, replay_nbytes
+    from gmi_drl.rollout.replay import make_replay
 
     spec = SimpleNamespace(observation_space=obs, action_space=act)
     assert replay_nbytes(capacity, spec, num_envs) == make_replay(
@@ -290,8 +292,13 @@ def test_a_replay_or_network_larger_than_memory_is_refused_before_the_run_starts
     cfg = preset("classic", algo="dqn")
     cfg.algo.buffer_size = 10**11
     with pytest.raises(ConfigError, match=r"algo.buffer_size=100,000,000,000 transitions of "
-                       r"CartPole-v1 take 4,563.5 GiB per GMI: more than this machine's"):
+                       r"CartPole-v1 take 4,563.5 GiB per GMI: more than this machine's") as e:
         preflight(cfg)
+    fits = int(re.search(r"at most ([\d,]+) transitions per GMI fit", str(e.value))[1]
+               .replace(",", ""))
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    spec = envs.task_spec("CartPole-v1")
+    assert replay_nbytes(fits, spec, 1) <= machine < replay_nbytes(fits + 100, spec, 1)
     cfg = preset("classic")
     cfg.model.actor_hidden = str(10**14)  # 1.6e15 bytes: past the address space, overcommit or not
     with pytest.raises(ConfigError, match="its networks and buffers do not fit in memory"):

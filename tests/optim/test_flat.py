@@ -18,11 +18,15 @@ def _loss(net, step):
 
 
 @pytest.mark.parametrize("traced", [False, True])
-def test_flat_adam_with_clipping_equals_torch_adam(traced):
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_flat_adam_with_clipping_equals_torch_adam(traced, weight_decay):
+    """With weight decay: ``torch.optim.AdamW`` (decoupled decay)."""
     ref, net = _net(0), _net(0)
-    opt = torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False)
+    opt = (torch.optim.AdamW(ref.parameters(), lr=3e-3, eps=1e-5, weight_decay=weight_decay,
+                             foreach=False) if weight_decay else
+           torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False))
     flat = FlatParams(net)
-    fopt = FlatAdam(flat, lr=3e-3, eps=1e-5, traced=traced)
+    fopt = FlatAdam(flat, lr=3e-3, eps=1e-5, traced=traced, weight_decay=weight_decay)
     clipped = 0
     for step in range(25):
         opt.zero_grad()
@@ -109,3 +113,5 @@ def test_flat_rmsprop_equals_torch_rmsprop_and_sb3s_tf_form(traced, name):
         FlatAdam(FlatParams(_net(4)), lr=1e-3).load_state_dict(fopt.state_dict())
     with pytest.raises(ValueError, match="must be one of"):
         make_flat_optimizer("sgd", flat, 1e-3, 1e-8)
+    with pytest.raises(ValueError, match="AdamW"):
+        make_flat_optimizer("rmsprop", flat, 1e-3, 1e-8, weight_decay=0.1)

@@ -2,6 +2,7 @@
 GPU run takes): TD3 and DQN train with every per-step array a tensor on the pool's device, and
 no collection takes a per-step array to the host."""
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -11,8 +12,11 @@ import torch
 from gmi_drl import envs
 from gmi_drl.algos import (DDPG, SAC, TD3, AlgoContext, DDPGConfig, ModelConfig, SACConfig,
                            TD3Config)
+from gmi_drl.config import preset
 from gmi_drl.envs.warp.pool import warp_error
 from gmi_drl.optim.grad_step import make_grad_step
+from gmi_drl.rollout.arrays import arrays_for
+from gmi_drl.rollout.normalize import ObsNormalizer
 from tests.host_sync import host_transfers, per_step_transfers
 
 warp = pytest.mark.skipif(warp_error() is not None, reason=str(warp_error()))
@@ -34,22 +38,37 @@ def test_the_check_counts_a_per_step_transfer():
     assert n[0] == 4
 
 
+def _gpu_scale(algo):
+    """The ``gmi-ant`` preset's algorithm settings (FastTD3's recipe: n-step returns, AdamW,
+    TD3's mixed exploration noise), on buffers small enough for a test."""
+    cfg = preset("gmi-ant", algo={TD3: "td3", SAC: "sac"}[algo]).algo
+    return dataclasses.replace(cfg, buffer_size=512, minibatch_size=16, learning_starts=64,
+                               train_frequency=8)
+
+
 @warp
-@pytest.mark.parametrize("algo", [TD3, DDPG, SAC])
-def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo):
-    """TD3, DDPG and SAC: uniform warm-up actions and then the actor's, each without a per-step
-    host transfer; the replay holds tensors from the pool's device."""
+@pytest.mark.parametrize("algo, gpu_scale", [(TD3, False), (DDPG, False), (SAC, False),
+                                             (TD3, True), (SAC, True)])
+def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo, gpu_scale):
+    """TD3, DDPG and SAC (also with the GPU-scale presets' settings): uniform warm-up actions
+    and then the actor's, each without a per-step host transfer (mixed noise drawing each
+    world's std again where its episode ended, on the device); the replay holds tensors from
+    the pool's device."""
     config = {TD3: TD3Config, DDPG: DDPGConfig, SAC: SACConfig}[algo]
+    cfg = _gpu_scale(algo) if gpu_scale else config(buffer_size=512, minibatch_size=16,
+                                                    learning_starts=64, train_frequency=8)
     with envs.make("Ant-gmi-v0", 4, seed=0, autoreset="same_step", tensors=True) as pool:
+        obs_norm = (ObsNormalizer(pool.spec.observation_space.shape,
+                                  arrays=arrays_for("cpu", pool_tensors=True))
+                    if gpu_scale else None)  # (the presets normalise observations)
         ctx = AlgoContext(pool.spec, 4, ModelConfig(actor_hidden="32", critic_hidden="32"), 10,
                           0, functools.partial(make_grad_step, compile=False),
-                          torch.Generator().manual_seed(0))
+                          torch.Generator().manual_seed(0), obs_norm=obs_norm)
         torch.manual_seed(0)
-        learner = algo(config(buffer_size=512, minibatch_size=16, learning_starts=64,
-                              train_frequency=8), ctx)
+        learner = algo(cfg, ctx)
 
         def collect(k):
-            learner._collector.collect(k, learner._policy)
+            learner._collector.collect(k, learner._policy, learner._episodes_ended)
 
         learner.collect(pool)
         assert per_step_transfers(collect) == 0  # warm-up: 32 + 32 env steps
@@ -61,6 +80,12 @@ def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo):
         assert replay.size == learner.env_steps and replay.obs.abs().sum() > 0
         assert isinstance(learner._collector.obs, torch.Tensor)
         assert per_step_transfers(collect) == 0  # the actor's actions
+        if gpu_scale:
+            assert obs_norm.rms.count == pytest.approx(learner.env_steps + 1e-4)
+        if gpu_scale and algo is TD3:
+            stds = learner.acting.stds
+            assert isinstance(stds, torch.Tensor) and stds.shape == (4, 1)
+            assert ((stds >= 0.001) & (stds <= 0.4)).all()
 
 
 def test_dqn_trains_on_a_discrete_pool_of_tensors():
