@@ -3,7 +3,7 @@ GPU scale): how long TD3 or SAC with FastTD3's recipe (the ``gmi-ant`` / ``gmi-h
 presets of ``td3`` and ``sac``) takes to reach the return PPO (its ``gmi-*`` preset, rl_games'
 settings) has at its 5-minute mark, with the same number of worlds on the same GPU.
 
-    python benchmarks/offpolicy_gpu.py --tasks Humanoid-gmi-v0 Ant-gmi-v0 --algo td3
+    python benchmarks/offpolicy_gpu.py --tasks Humanoid-gmi-v0 Ant-gmi-v0 --algo td3   # gmi-drl bench offpolicy
     python benchmarks/offpolicy_gpu.py --algo sac --ppo-seconds 300 --cap-seconds 600
 
 For each task: PPO trains for ``--ppo-seconds`` of its training loop; its return there (the

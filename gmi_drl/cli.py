@@ -52,7 +52,8 @@ USAGE = """usage: gmi-drl {train,tune,eval,switch,bench,profile} ...
   gmi-drl eval SWEEP_PARENT [--episodes 10] [--budget.* ...] [--placement ray]   (eval.md)
   gmi-drl switch serve --bind ADDR:PORT [--parent HOST:PORT] [--threshold H] [...]
   gmi-drl bench {env,engines,faces,train,algos,update,grad-step,reduce,switch,switch-training,
-                 gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch,checkouts,runs} [flags]
+                 gmi,async,gpu-sim,learning,profile,tune,probe-noise,launch,checkouts,runs,
+                 offpolicy} [flags]
       (the scripts of benchmarks/; gmi-drl bench NAME --help: a script's flags)
   gmi-drl profile report RUN_DIR      (merged timeline, phase breakdown, GPU utilisation)
 
@@ -606,7 +607,8 @@ BENCHMARKS = {"env": "env_throughput", "engines": "mujoco_engines", "faces": "fa
               "switch-training": "switch_training", "gmi": "gmi_scaling",
               "async": "async_training", "gpu-sim": "gpu_sim", "learning": "learning",
               "profile": "profile_overhead", "tune": "tune", "probe-noise": "probe_noise",
-              "launch": "launch", "checkouts": "checkouts", "runs": "runs"}
+              "launch": "launch", "checkouts": "checkouts", "runs": "runs",
+              "offpolicy": "offpolicy_gpu"}
 
 
 def _bench(args: list[str], debug: bool = False) -> int:

@@ -270,7 +270,7 @@ def test_a_task_the_algorithm_cannot_run_is_refused_before_the_run_dir(tmp_path,
             ("ddpg", ["--env.task-id", "Pendulum-v1", "--model.encoder", "nature_cnn"],
              "builds MLP actor and critics"),
             ("sac", ["--env.task-id", "CartPole-v1"], "SAC needs a Box action space"),
-            ("sac", ["--norm.obs"], "does not use the runner's normalisers"),
+            ("sac", ["--norm.reward"], "learns from the rewards as stored in its replay"),
             ("sac", ["--algo.learning-starts", "100"], "algo.minibatch_size=256 is more than "
              "the 100 transitions the replay holds at the first gradient step")):
         run_dir = tmp_path / f"{algo}-{len(msg)}"

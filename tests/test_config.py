@@ -315,12 +315,13 @@ def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
     assert "a2c has no preset for Ant-gmi-v0: Ant-gmi-v0 starts from" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
-        assert preset("auto", "Ant-gmi-v0", "td3").preset == "classic"
+        assert preset("auto", "Anymal-gmi-v0", "td3").preset == "classic"
     assert "(settings made for Pendulum-v1)" in caplog.text  # DDPG/TD3's classic preset
     caplog.clear()
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
         assert preset("auto", "Hopper-v5", "ppo").preset == "mujoco"
         assert preset("auto", "Ant-gmi-v0", "ppo").preset == "gmi-ant"
+        assert preset("auto", "Humanoid-gmi-v0", "sac").preset == "gmi-humanoid"
         assert preset("auto", "CartPole-v1", "a2c").preset == "classic"
     assert not caplog.text
 
