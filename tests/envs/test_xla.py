@@ -1,0 +1,206 @@
+"""`EnvPool.xla()` (`gmi_drl.envs.xla`): a pool stepped inside ``jax.jit`` through XLA FFI
+handlers equals the Python loop bit for bit (C++ CartPole and MuJoCo cores, full and partial
+batches), and bad input is refused with the pool's message, nothing sent.
+
+Skipped where jax is not installed; where it is, a missing ``gmi_drl.envs._xla_ffi`` fails
+(``make test`` builds it after installing jax)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="pool.xla() needs the optional jax extra")
+jnp = pytest.importorskip("jax.numpy")
+
+import gmi_drl.envs as envs  # noqa: E402
+from gmi_drl.envs import cartpole_native, mujoco_threads  # noqa: E402
+from gmi_drl.envs import xla as envs_xla  # noqa: E402
+
+needs_cartpole = pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None,
+                                    reason=f"{cartpole_native.UNAVAILABLE}")
+needs_mujoco = pytest.mark.skipif(mujoco_threads.unavailable_reason() is not None,
+                                  reason=f"{mujoco_threads.unavailable_reason()}")
+
+
+def test_ffi_module_is_built():
+    """With jax installed the FFI module must be built (setup.py; `make test` builds it)."""
+    assert envs_xla.unavailable_reason() is None, envs_xla.unavailable_reason()
+
+
+def _cartpole_policy(obs):
+    """Push against the pole's lean (episodes end fast): ``(n,)`` int32 from ``obs (n, 4)``
+    (NumPy or jax)."""
+    return (obs[:, 2] + 0.5 * obs[:, 3] < 0).astype(np.int32)
+
+
+def _python_cartpole(pool, steps):
+    obs, _ = pool.reset()
+    rows = []
+    for _ in range(steps):
+        obs, rew, term, trunc, info = pool.step(_cartpole_policy(obs))
+        rows.append([np.array(x) for x in (obs, rew, term, trunc, info["env_id"],
+                                           info["episode_return"], info["episode_length"])])
+    return [np.stack(col) for col in zip(*rows)]
+
+
+@needs_cartpole
+@pytest.mark.parametrize("x64", [True, False])
+def test_cartpole_scan_equals_python_loop(x64):
+    """300 steps (episodes end and autoreset) in one jitted `lax.scan`, actions computed in the
+    graph from obs: every output equals the Python loop's, cast to JAX's dtypes."""
+    n, steps = 6, 300
+    with envs.make("CartPole-v1", n, seed=3, engine="native") as pool:
+        want = _python_cartpole(pool, steps)
+    with jax.enable_x64(x64), envs.make("CartPole-v1", n, seed=3, engine="native") as pool:
+        obs0, _ = pool.reset()
+        handle, recv, send, step = pool.xla()
+
+        def body(carry, _):
+            h, obs = carry
+            h, (obs, rew, term, trunc, info) = step(h, _cartpole_policy(obs))
+            return (h, obs), (obs, rew, term, trunc, info["env_id"], info["episode_return"],
+                              info["episode_length"])
+
+        run = jax.jit(lambda h, o: jax.lax.scan(body, (h, o), length=steps))
+        handle0 = np.asarray(handle)
+        (handle, _), got = run(handle, jnp.asarray(obs0))
+        assert want[2].any()  # episodes ended within the run
+        for g, w in zip(got, want):
+            w = w.astype(jax.dtypes.canonicalize_dtype(w.dtype))
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(np.asarray(g), w)
+        np.testing.assert_array_equal(np.asarray(handle), handle0)  # comes back unchanged
+
+
+@needs_cartpole
+def test_cartpole_partial_batches_send_recv():
+    """``env_batch_size < num_envs``: send to the ids recv returned, in a `fori_loop`; the
+    ids, obs and rewards equal the Python loop's."""
+    n, b, steps = 5, 2, 40
+
+    def python_loop(pool):
+        pool.reset()
+        pool.send(np.zeros(n, np.int64))
+        ids, obs_log = [], []
+        for t in range(steps):
+            obs, _, _, _, info = pool.recv()
+            ids.append(info["env_id"].copy())
+            obs_log.append(obs.copy())
+            pool.send(np.full(b, t % 2), info["env_id"])
+        return np.stack(ids), np.stack(obs_log)
+
+    with envs.make("CartPole-v1", n, env_batch_size=b, seed=11, engine="native") as pool:
+        want_ids, want_obs = python_loop(pool)
+    with envs.make("CartPole-v1", n, env_batch_size=b, seed=11, engine="native") as pool:
+        pool.reset()
+        handle, recv, send, _ = pool.xla()
+
+        def body(t, carry):
+            h, ids, obs = carry
+            h, (o, _, _, _, info) = recv(h)
+            h = send(h, jnp.full(b, t % 2, jnp.int32), info["env_id"])
+            return h, ids.at[t].set(info["env_id"]), obs.at[t].set(o)
+
+        @jax.jit
+        def run(h):
+            h = send(h, jnp.zeros(n, jnp.int32))
+            init = (h, jnp.zeros((steps, b), jnp.int32), jnp.zeros((steps, b, 4), jnp.float32))
+            return jax.lax.fori_loop(0, steps, body, init)
+
+        _, ids, obs = run(handle)
+        np.testing.assert_array_equal(np.asarray(ids), want_ids)
+        np.testing.assert_array_equal(np.asarray(obs), want_obs)
+
+
+@needs_mujoco
+def test_mujoco_core_scan_equals_python_loop():
+    """Hopper-v5 on the C++ thread core (same_step autoreset: ``final_obs`` too), float64
+    under x64: 60 jitted steps equal the Python loop bit for bit."""
+    n, steps = 3, 60
+    actions = np.sin(np.arange(steps * n * 3, dtype=np.float32).reshape(steps, n, 3) * 0.37)
+    kw = dict(seed=5, engine="native", autoreset="same_step", num_workers=2)
+    with envs.make("Hopper-v5", n, **kw) as pool:
+        pool.reset()
+        want = []
+        for a in actions:
+            obs, rew, term, trunc, info = pool.step(a)
+            want.append([np.array(x) for x in (obs, rew, term, trunc, info["final_obs"])])
+        want = [np.stack(col) for col in zip(*want)]
+    with jax.enable_x64(True), envs.make("Hopper-v5", n, **kw) as pool:
+        pool.reset()
+        handle, _, _, step = pool.xla()
+
+        def body(h, a):
+            h, (obs, rew, term, trunc, info) = step(h, a)
+            return h, (obs, rew, term, trunc, info["final_obs"])
+
+        _, got = jax.jit(lambda h, xs: jax.lax.scan(body, h, xs))(handle, actions)
+        assert got[0].dtype == jnp.float64
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w)
+
+
+@needs_cartpole
+def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
+    with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
+        pool.reset()
+        handle, recv, send, step = pool.xla()
+        with pytest.raises(ValueError, match=r"actions have shape \(3,\), expected \(4,\)"):
+            jax.jit(send)(handle, jnp.zeros(3, jnp.int32))
+        with pytest.raises(ValueError, match="actions have dtype float32"):
+            jax.jit(send)(handle, jnp.zeros(4, jnp.float32))
+        with pytest.raises(ValueError, match="env_id must be a non-empty 1-d int array"):
+            jax.jit(send)(handle, jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.float32))
+        with pytest.raises(ValueError, match=r"handle must be the \(8,\) uint8 array"):
+            jax.jit(recv)(handle.astype(jnp.int32))
+        # nothing was sent: the pool steps on from Python
+        obs, rew, *_ = pool.step(np.ones(4, np.int64))
+        np.testing.assert_array_equal(rew, np.ones(4))
+
+
+@needs_cartpole
+def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
+    """What the pool's send/recv refuse at run time comes out as jax's runtime error with the
+    pool's message; nothing was stepped, nothing waits."""
+    with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
+        pool.reset()
+        handle, recv, send, step = pool.xla()
+        step_jit = jax.jit(step)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="outside the action space"):
+            step_jit(handle, jnp.array([0, 1, 2, 0], jnp.int32))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="needs 4 envs in flight"):
+            jax.jit(recv)(handle)  # would wait forever: refused instead
+        with pytest.raises(jax.errors.JaxRuntimeError, match="out of range"):
+            step_jit(handle, jnp.zeros(1, jnp.int32), jnp.array([7], jnp.int32))
+        _, (obs, rew, *_) = step_jit(handle, jnp.ones(4, jnp.int32))  # the pool still runs
+        np.testing.assert_array_equal(np.asarray(rew), np.ones(4))
+        pool.close()
+        with pytest.raises(jax.errors.JaxRuntimeError, match="closed"):
+            step_jit(handle, jnp.ones(4, jnp.int32))
+
+
+@needs_mujoco
+def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
+    with envs.make("Hopper-v5", 2, seed=0, engine="native", num_workers=2) as pool:
+        pool.reset()
+        handle, recv, send, step = pool.xla()
+        with pytest.raises(jax.errors.JaxRuntimeError, match="outside the action space"):
+            jax.jit(send)(handle, jnp.full((2, 3), jnp.nan, jnp.float32))
+        with pytest.raises(RuntimeError, match="needs 2 envs in flight"):
+            pool.recv()  # the refused send queued nothing on the core's threads
+
+
+def test_handle_of_a_collected_pool_is_refused():
+    pool = envs.make("CartPole-v1", 2, seed=0, engine="numpy")  # (the C++ pool is in a cycle)
+    pool.reset()
+    handle, recv, send, step = pool.xla()
+    step_jit = jax.jit(step)
+    step_jit(handle, jnp.zeros(2, jnp.int32))
+    pool.close()
+    del pool, recv, send, step
+    gc.collect()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="names no live pool"):
+        step_jit(handle, jnp.zeros(2, jnp.int32))
