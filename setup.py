@@ -137,8 +137,9 @@ def _xla_ffi() -> list:
               f"unavailable ({e!r}); install the jax extra, then `python setup.py build_ext "
               "--inplace`", file=sys.stderr)
         return []
+    # -isystem: no warnings from jax's headers
     return [Pybind11Extension("gmi_drl.envs._xla_ffi", ["csrc/xla_ffi.cpp"],
-                              include_dirs=[include], extra_compile_args=["-O3"], cxx_std=17,
+                              extra_compile_args=["-O3", "-isystem", include], cxx_std=17,
                               optional=True)]
 
 

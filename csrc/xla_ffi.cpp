@@ -67,13 +67,18 @@ ffi::ErrorOr<py::object> live_pool(uint64_t id, Port** port) {
   return pool;
 }
 
-// The pending Python exception as an FFI error (ValueError, TypeError and gymnasium's
-// ResetNeeded, a caller's mistake: invalid argument; anything else: internal).
+// The pending Python exception as an FFI error: INVALID_ARGUMENT for a ValueError or TypeError
+// (the caller's input), INTERNAL for anything else (a closed pool, a failed env).
 ffi::Error python_error(const char* what, py::error_already_set& e) {
-  const bool caller = e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError) ||
-                      e.matches(PyExc_AttributeError);
   std::string msg = std::string("gmi-drl xla: pool.") + what + "() raised " + e.what();
-  return caller ? ffi::Error::InvalidArgument(std::move(msg)) : ffi::Error::Internal(std::move(msg));
+  if (e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError))
+    return ffi::Error::InvalidArgument(std::move(msg));
+  return ffi::Error::Internal(std::move(msg));
+}
+
+// numpy.<name>, looked up once (GIL held); never released: modules outlive the handlers' use.
+py::handle numpy_attr(const char* name) {
+  return py::object(py::module_::import("numpy").attr(name)).release();
 }
 
 const char* numpy_dtype(ffi::DataType t) {
@@ -102,7 +107,7 @@ ffi::ErrorOr<py::object> to_numpy(const ffi::AnyBuffer& buf, const char* name) {
   py::tuple shape(buf.dimensions().size());
   for (size_t k = 0; k < buf.dimensions().size(); ++k) shape[k] = buf.dimensions()[k];
   py::bytes data(static_cast<const char*>(buf.untyped_data()), buf.size_bytes());
-  static py::handle frombuffer = py::object(py::module_::import("numpy").attr("frombuffer")).release();
+  static py::handle frombuffer = numpy_attr("frombuffer");
   return frombuffer(data, dtype).attr("reshape")(shape);
 }
 
@@ -153,8 +158,7 @@ bool cast_into(ffi::AnyBuffer& out, const void* src, char fmt, size_t n) {
 
 // Copy a NumPy array of recv into XLA's result `out`, whose shape it must have.
 ffi::Error copy_result(const py::handle& value, ffi::AnyBuffer out, const std::string& name) {
-  static py::handle contiguous =
-      py::object(py::module_::import("numpy").attr("ascontiguousarray")).release();
+  static py::handle contiguous = numpy_attr("ascontiguousarray");
   py::object a = contiguous(value);
   Py_buffer view;
   if (PyObject_GetBuffer(a.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {

@@ -1,7 +1,7 @@
 """`EnvPool.xla()`: a pool's ``send``/``recv``/``step`` as JAX functions that run in ``jax.jit``.
 
-Source: EnvPool's XLA interface (``handle, recv, send, step = env.xla()``, the EnvPool paper's
-§3.4): env steps become XLA custom calls, so a whole rollout (or training loop) is one compiled
+Source: the EnvPool paper's XLA interface (``handle, recv, send, step = env.xla()``): env steps
+become XLA custom calls, so a whole rollout (or training loop) is one compiled
 function. Here the calls are XLA FFI handlers (``csrc/xla_ffi.cpp``, module
 ``gmi_drl.envs._xla_ffi``) registered for JAX's CPU backend with `jax.ffi.register_ffi_target`
 and called with `jax.ffi.ffi_call`.
@@ -22,14 +22,11 @@ it where jax is importable at build time). Runs on JAX's CPU backend only.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from gmi_drl.envs.spec import AutoresetMode
-
-if TYPE_CHECKING:
-    from gmi_drl.envs.pool import EnvPool
 
 try:
     from gmi_drl.envs import _xla_ffi
@@ -59,8 +56,9 @@ def unavailable_reason() -> str | None:
     return _BUILD_ERROR
 
 
-def xla(pool: EnvPool, extra_info: dict[str, np.ndarray]) -> XlaFunctions:
-    """``handle, recv, send, step`` of ``pool`` for use inside ``jax.jit`` (CPU backend).
+def xla(pool: Any, extra_info: dict[str, np.ndarray]) -> XlaFunctions:
+    """``handle, recv, send, step`` of ``pool`` (an `EnvPool`; `EnvPool.xla` calls this) for use
+    inside ``jax.jit`` (CPU backend).
 
     - ``handle``: ``(8,) uint8`` jax array naming the pool; thread it through the program.
     - ``send(handle, actions, env_id=None) -> handle``: `EnvPool.send` of ``actions (n,
@@ -151,7 +149,7 @@ def _register_targets(jax: Any) -> None:
         _registered = True
 
 
-def _info_fields(pool: EnvPool, extra_info: dict[str, np.ndarray]) -> list[tuple]:
+def _info_fields(pool: Any, extra_info: dict[str, np.ndarray]) -> list[tuple]:
     """``(name, shape, dtype)`` of each ``info`` array `EnvPool.recv` returns."""
     b = pool.env_batch_size
     fields = [("env_id", (b,), np.int64), ("episode_return", (b,), np.float64),

@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax", reason="pool.xla() needs the optional jax extra
 jnp = pytest.importorskip("jax.numpy")
 
 import gmi_drl.envs as envs  # noqa: E402
-from gmi_drl.envs import cartpole_native, mujoco_threads  # noqa: E402
+from gmi_drl.envs import atari_native, cartpole_native, mujoco_threads  # noqa: E402
 from gmi_drl.envs import xla as envs_xla  # noqa: E402
 
 needs_cartpole = pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None,
@@ -141,6 +141,33 @@ def test_mujoco_core_scan_equals_python_loop():
         assert got[0].dtype == jnp.float64
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), w)
+
+
+@pytest.mark.skipif(atari_native.core is None, reason=f"{atari_native.unavailable_reason}")
+def test_atari_core_scan_equals_python_loop():
+    """Pong-v5 on the C++ Atari core: uint8 frames and the engine's extra ``lives`` too."""
+    n, steps = 2, 20
+    actions = (np.arange(steps * n).reshape(steps, n) % 6).astype(np.int32)
+    kw = dict(seed=1, engine="native", num_workers=2)
+    with envs.make("Pong-v5", n, **kw) as pool:
+        pool.reset()
+        want = []
+        for a in actions:
+            obs, rew, term, trunc, info = pool.step(a)
+            want.append([np.array(x) for x in (obs, rew, info["lives"])])
+        want = [np.stack(col) for col in zip(*want)]
+    with envs.make("Pong-v5", n, **kw) as pool:
+        pool.reset()
+        handle, _, _, step = pool.xla()
+
+        def body(h, a):
+            h, (obs, rew, _, _, info) = step(h, a)
+            return h, (obs, rew, info["lives"])
+
+        _, got = jax.jit(lambda h, xs: jax.lax.scan(body, h, xs))(handle, actions)
+        assert got[0].dtype == jnp.uint8
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w.astype(g.dtype))
 
 
 @needs_cartpole
