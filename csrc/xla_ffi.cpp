@@ -159,11 +159,15 @@ bool cast_into(ffi::AnyBuffer& out, const void* src, char fmt, size_t n) {
 // Copy a NumPy array of recv into XLA's result `out`, whose shape it must have.
 ffi::Error copy_result(const py::handle& value, ffi::AnyBuffer out, const std::string& name) {
   static py::handle contiguous = numpy_attr("ascontiguousarray");
-  py::object a = contiguous(value);
+  py::object a = py::reinterpret_borrow<py::object>(value);
   Py_buffer view;
   if (PyObject_GetBuffer(a.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-    PyErr_Clear();
-    return ffi::Error::Internal("gmi-drl xla: recv's " + name + " is not a plain array");
+    PyErr_Clear();  // strided (a column of a bigger array): a contiguous copy
+    a = contiguous(value);
+    if (PyObject_GetBuffer(a.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      return ffi::Error::Internal("gmi-drl xla: recv's " + name + " is not a plain array");
+    }
   }
   bool same_shape = static_cast<size_t>(view.ndim) == out.dimensions().size();
   for (int k = 0; same_shape && k < view.ndim; ++k)
