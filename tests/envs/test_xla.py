@@ -220,6 +220,27 @@ def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
             pool.recv()  # the refused send queued nothing on the core's threads
 
 
+@needs_cartpole
+def test_handlers_check_their_buffers():
+    """Calls that bypass the Python checks (`jax.ffi.ffi_call` itself) get the handlers' own
+    FFI errors: a handle that is not 8 bytes, results of shapes the pool does not return."""
+    with envs.make("CartPole-v1", 2, seed=0, engine="native") as pool:
+        pool.reset()
+        handle, recv, send, step = pool.xla()
+        bad_handle = jax.ffi.ffi_call(envs_xla.RECV_TARGET,
+                                      [jax.ShapeDtypeStruct((4,), jnp.int32)] * 5,
+                                      has_side_effect=True)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"handle must be the \(8,\) uint8"):
+            jax.jit(bad_handle)(jnp.zeros(4, jnp.int32))
+        send(handle, jnp.zeros(2, jnp.int32))
+        results = [jax.ShapeDtypeStruct((8,), jnp.uint8), jax.ShapeDtypeStruct((3, 4), jnp.float32),
+                   *[jax.ShapeDtypeStruct((2,), jnp.float32)] * 7]
+        wrong_obs = jax.ffi.ffi_call(envs_xla.RECV_TARGET, results, has_side_effect=True)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"obs has shape \(2, 4\), not the shape pool.xla\(\) declared"):
+            jax.jit(wrong_obs)(handle)
+
+
 def test_handle_of_a_collected_pool_is_refused():
     pool = envs.make("CartPole-v1", 2, seed=0, engine="numpy")  # (the C++ pool is in a cycle)
     pool.reset()
