@@ -21,6 +21,7 @@ it where jax is importable at build time). Runs on JAX's CPU backend only.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Callable
 
@@ -91,46 +92,26 @@ def xla(pool: Any, extra_info: dict[str, np.ndarray]) -> XlaFunctions:
     import jax.numpy as jnp
 
     _register_targets(jax)
-    info_fields = _info_fields(pool, extra_info)
-    handle_id = _xla_ffi.register(pool, [name for name, _, _ in info_fields])
+    sig = _Signature.of(pool, extra_info)
+    handle_id = _xla_ffi.register(pool, [name for name, _, _ in sig.info_fields])
     weakref.finalize(pool, _xla_ffi.unregister, handle_id)
     handle = jnp.asarray(np.array([handle_id], np.uint64).view(np.uint8))
-    b = pool.env_batch_size
-    fields = [("obs", (b, *pool.observation_space.shape), pool.observation_space.dtype),
-              ("reward", (b,), np.float64), ("terminated", (b,), np.bool_),
-              ("truncated", (b,), np.bool_), *info_fields]
     handle_type = jax.ShapeDtypeStruct((HANDLE_BYTES,), np.uint8)
-    # the functions hold no reference to the pool (a jitted program must not keep it alive)
-    num_envs, act_space = pool.num_envs, str(pool.action_space)
-    act_shape, act_kinds = _action_rule(pool.action_space)
 
     def send(handle: Any, actions: Any, env_id: Any = None) -> Any:
         _check_handle(handle)
-        actions = jnp.asarray(actions)
-        operands = [handle, actions]
-        n = num_envs
-        if env_id is not None:
-            env_id = jnp.asarray(env_id)
-            if env_id.ndim != 1 or env_id.dtype.kind not in "iu" or len(env_id) == 0:
-                raise ValueError(f"env_id must be a non-empty 1-d int array, got shape "
-                                 f"{env_id.shape} dtype {env_id.dtype}")
-            n = len(env_id)
-            operands.append(env_id)
-        if actions.shape != (n, *act_shape):
-            raise ValueError(f"actions have shape {actions.shape}, expected {(n, *act_shape)} "
-                             f"(one action of shape {act_shape} per env_id)")
-        if actions.dtype.kind not in act_kinds:
-            raise ValueError(f"actions have dtype {actions.dtype}, expected a dtype of kind "
-                             f"{act_kinds!r} for {act_space}")
-        return jax.ffi.ffi_call(SEND_TARGET, handle_type, has_side_effect=True)(*operands)
+        operands = sig.send_operands(jnp.asarray(actions),
+                                     None if env_id is None else jnp.asarray(env_id))
+        return jax.ffi.ffi_call(SEND_TARGET, handle_type, has_side_effect=True)(handle,
+                                                                                 *operands)
 
     def recv(handle: Any) -> tuple[Any, tuple[Any, Any, Any, Any, dict[str, Any]]]:
         _check_handle(handle)
         results = [jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype))
-                   for _, shape, dtype in fields]
+                   for _, shape, dtype in sig.fields]
         handle, *out = jax.ffi.ffi_call(RECV_TARGET, [handle_type, *results],
                                         has_side_effect=True)(handle)
-        info = {name: value for (name, _, _), value in zip(info_fields, out[4:])}
+        info = {name: value for (name, _, _), value in zip(sig.info_fields, out[4:])}
         return handle, (out[0], out[1], out[2], out[3], info)
 
     def step(handle: Any, actions: Any, env_id: Any = None):
@@ -149,22 +130,52 @@ def _register_targets(jax: Any) -> None:
         _registered = True
 
 
-def _info_fields(pool: Any, extra_info: dict[str, np.ndarray]) -> list[tuple]:
-    """``(name, shape, dtype)`` of each ``info`` array `EnvPool.recv` returns."""
-    b = pool.env_batch_size
-    fields = [("env_id", (b,), np.int64), ("episode_return", (b,), np.float64),
-              ("episode_length", (b,), np.int64), ("episode_end", (b,), np.bool_)]
-    if pool.autoreset is AutoresetMode.SAME_STEP:
-        space = pool.observation_space
-        fields.append(("final_obs", (b, *space.shape), space.dtype))
-    fields += [(name, (b, *v.shape[1:]), v.dtype) for name, v in extra_info.items()]
-    return fields
+@dataclasses.dataclass(frozen=True)
+class _Signature:
+    """What the functions of `xla` check and declare, taken from the pool (they hold no reference
+    to it: a jitted program must not keep a pool alive)."""
 
+    num_envs: int
+    action_shape: tuple[int, ...]
+    action_kinds: str  # the dtype kinds `EnvPool.send` accepts
+    action_space: str
+    fields: list[tuple[str, tuple[int, ...], Any]]  # recv's (name, shape, dtype), in order
+    info_fields: list[tuple[str, tuple[int, ...], Any]]  # the tail of ``fields``: info's
 
-def _action_rule(space: Any) -> tuple[tuple[int, ...], str]:
-    """The shape of one action and the dtype kinds `EnvPool.send` accepts for ``space``."""
-    integer = np.issubdtype(space.dtype, np.integer)
-    return tuple(space.shape), "iu" if integer else "fiu"
+    @classmethod
+    def of(cls, pool: Any, extra_info: dict[str, np.ndarray]) -> _Signature:
+        b, obs, act = pool.env_batch_size, pool.observation_space, pool.action_space
+        info = [("env_id", (b,), np.int64), ("episode_return", (b,), np.float64),
+                ("episode_length", (b,), np.int64), ("episode_end", (b,), np.bool_)]
+        if pool.autoreset is AutoresetMode.SAME_STEP:
+            info.append(("final_obs", (b, *obs.shape), obs.dtype))
+        info += [(name, (b, *v.shape[1:]), v.dtype) for name, v in extra_info.items()]
+        fields = [("obs", (b, *obs.shape), obs.dtype), ("reward", (b,), np.float64),
+                  ("terminated", (b,), np.bool_), ("truncated", (b,), np.bool_), *info]
+        kinds = "iu" if np.issubdtype(act.dtype, np.integer) else "fiu"
+        return cls(pool.num_envs, tuple(act.shape), kinds, str(act), fields, info)
+
+    def send_operands(self, actions: Any, env_id: Any | None) -> list[Any]:
+        """``[actions]`` or ``[actions, env_id]``, checked.
+
+        Raises:
+            ValueError: ``env_id`` not a non-empty 1-d int array; ``actions`` not ``(n,
+                *action_shape)`` for ``n`` ids (``num_envs`` without ids), or of a wrong dtype.
+        """
+        n = self.num_envs
+        if env_id is not None:
+            if env_id.ndim != 1 or env_id.dtype.kind not in "iu" or len(env_id) == 0:
+                raise ValueError(f"env_id must be a non-empty 1-d int array, got shape "
+                                 f"{env_id.shape} dtype {env_id.dtype}")
+            n = len(env_id)
+        if actions.shape != (n, *self.action_shape):
+            raise ValueError(f"actions have shape {actions.shape}, expected "
+                             f"{(n, *self.action_shape)} (one action of shape "
+                             f"{self.action_shape} per env_id)")
+        if actions.dtype.kind not in self.action_kinds:
+            raise ValueError(f"actions have dtype {actions.dtype}, expected a dtype of kind "
+                             f"{self.action_kinds!r} for {self.action_space}")
+        return [actions] if env_id is None else [actions, env_id]
 
 
 def _check_handle(handle: Any) -> None:
