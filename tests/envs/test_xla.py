@@ -15,9 +15,9 @@ import pytest
 jax = pytest.importorskip("jax", reason="pool.xla() needs the optional jax extra")
 jnp = pytest.importorskip("jax.numpy")
 
-import gmi_drl.envs as envs  # noqa: E402
-from gmi_drl.envs import atari_native, cartpole_native, mujoco_threads  # noqa: E402
-from gmi_drl.envs import xla as envs_xla  # noqa: E402
+from gmi_drl import envs
+from gmi_drl.envs import atari_native, cartpole_native, mujoco_threads
+from gmi_drl.envs import xla as envs_xla
 
 needs_cartpole = pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None,
                                     reason=f"{cartpole_native.UNAVAILABLE}")
@@ -56,7 +56,7 @@ def test_cartpole_scan_equals_python_loop(x64):
         want = _python_cartpole(pool, steps)
     with jax.enable_x64(x64), envs.make("CartPole-v1", n, seed=3, engine="native") as pool:
         obs0, _ = pool.reset()
-        handle, recv, send, step = pool.xla()
+        handle, _, _, step = pool.xla()
 
         def body(carry, _):
             h, obs = carry
@@ -153,7 +153,7 @@ def test_atari_core_scan_equals_python_loop():
         pool.reset()
         want = []
         for a in actions:
-            obs, rew, term, trunc, info = pool.step(a)
+            obs, rew, _, _, info = pool.step(a)
             want.append([np.array(x) for x in (obs, rew, info["lives"])])
         want = [np.stack(col) for col in zip(*want)]
     with envs.make("Pong-v5", n, **kw) as pool:
@@ -174,7 +174,7 @@ def test_atari_core_scan_equals_python_loop():
 def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
     with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
         pool.reset()
-        handle, recv, send, step = pool.xla()
+        handle, recv, send, _ = pool.xla()
         with pytest.raises(ValueError, match=r"actions have shape \(3,\), expected \(4,\)"):
             jax.jit(send)(handle, jnp.zeros(3, jnp.int32))
         with pytest.raises(ValueError, match="actions have dtype float32"):
@@ -184,7 +184,7 @@ def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
         with pytest.raises(ValueError, match=r"handle must be the \(8,\) uint8 array"):
             jax.jit(recv)(handle.astype(jnp.int32))
         # nothing was sent: the pool steps on from Python
-        obs, rew, *_ = pool.step(np.ones(4, np.int64))
+        _, rew, *_ = pool.step(np.ones(4, np.int64))
         np.testing.assert_array_equal(rew, np.ones(4))
 
 
@@ -194,7 +194,7 @@ def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
     pool's message; nothing was stepped, nothing waits."""
     with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
         pool.reset()
-        handle, recv, send, step = pool.xla()
+        handle, recv, _, step = pool.xla()
         step_jit = jax.jit(step)
         with pytest.raises(jax.errors.JaxRuntimeError, match="outside the action space"):
             step_jit(handle, jnp.array([0, 1, 2, 0], jnp.int32))
@@ -202,7 +202,7 @@ def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
             jax.jit(recv)(handle)  # would wait forever: refused instead
         with pytest.raises(jax.errors.JaxRuntimeError, match="out of range"):
             step_jit(handle, jnp.zeros(1, jnp.int32), jnp.array([7], jnp.int32))
-        _, (obs, rew, *_) = step_jit(handle, jnp.ones(4, jnp.int32))  # the pool still runs
+        _, (_, rew, *_) = step_jit(handle, jnp.ones(4, jnp.int32))  # the pool still runs
         np.testing.assert_array_equal(np.asarray(rew), np.ones(4))
         pool.close()
         with pytest.raises(jax.errors.JaxRuntimeError, match="closed"):
@@ -213,7 +213,7 @@ def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
 def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
     with envs.make("Hopper-v5", 2, seed=0, engine="native", num_workers=2) as pool:
         pool.reset()
-        handle, recv, send, step = pool.xla()
+        handle, _, send, _ = pool.xla()
         with pytest.raises(jax.errors.JaxRuntimeError, match="outside the action space"):
             jax.jit(send)(handle, jnp.full((2, 3), jnp.nan, jnp.float32))
         with pytest.raises(RuntimeError, match="needs 2 envs in flight"):
@@ -226,7 +226,7 @@ def test_handlers_check_their_buffers():
     FFI errors: a handle that is not 8 bytes, results of shapes the pool does not return."""
     with envs.make("CartPole-v1", 2, seed=0, engine="native") as pool:
         pool.reset()
-        handle, recv, send, step = pool.xla()
+        handle, _, send, _ = pool.xla()
         bad_handle = jax.ffi.ffi_call(envs_xla.RECV_TARGET,
                                       [jax.ShapeDtypeStruct((4,), jnp.int32)] * 5,
                                       has_side_effect=True)
