@@ -2,29 +2,43 @@
 handlers equals the Python loop bit for bit (C++ CartPole and MuJoCo cores, full and partial
 batches), and bad input is refused with the pool's message, nothing sent.
 
-Skipped where jax is not installed; where it is, a missing ``gmi_drl.envs._xla_ffi`` fails
-(``make test`` builds it after installing jax)."""
+Skipped where jax is not installed (but for the message that says so); where it is, a missing
+``gmi_drl.envs._xla_ffi`` fails (``make test`` builds it after installing jax)."""
 
 from __future__ import annotations
 
 import gc
+import sys
 
 import numpy as np
 import pytest
-
-jax = pytest.importorskip("jax", reason="pool.xla() needs the optional jax extra")
-jnp = pytest.importorskip("jax.numpy")
 
 from gmi_drl import envs
 from gmi_drl.envs import atari_native, cartpole_native, mujoco_threads
 from gmi_drl.envs import xla as envs_xla
 
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:
+    jax = jnp = None
+
+needs_jax = pytest.mark.skipif(jax is None, reason="pool.xla() needs the optional jax extra "
+                               "(pip install -e '.[jax]')")
 needs_cartpole = pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None,
                                     reason=f"{cartpole_native.UNAVAILABLE}")
 needs_mujoco = pytest.mark.skipif(mujoco_threads.unavailable_reason() is not None,
                                   reason=f"{mujoco_threads.unavailable_reason()}")
 
 
+def test_without_jax_xla_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)  # import jax raises ImportError
+    with envs.make("CartPole-v1", 2, engine="numpy") as pool:
+        with pytest.raises(ImportError, match=r"needs jax .*pip install 'gmi-drl\[jax\]'"):
+            pool.xla()
+
+
+@needs_jax
 def test_ffi_module_is_built():
     """With jax installed the FFI module must be built (setup.py; `make test` builds it)."""
     assert envs_xla.unavailable_reason() is None, envs_xla.unavailable_reason()
@@ -46,6 +60,7 @@ def _python_cartpole(pool, steps):
     return [np.stack(col) for col in zip(*rows)]
 
 
+@needs_jax
 @needs_cartpole
 @pytest.mark.parametrize("x64", [True, False])
 def test_cartpole_scan_equals_python_loop(x64):
@@ -75,6 +90,7 @@ def test_cartpole_scan_equals_python_loop(x64):
         np.testing.assert_array_equal(np.asarray(handle), handle0)  # comes back unchanged
 
 
+@needs_jax
 @needs_cartpole
 def test_cartpole_partial_batches_send_recv():
     """``env_batch_size < num_envs``: send to the ids recv returned, in a `fori_loop`; the
@@ -115,6 +131,7 @@ def test_cartpole_partial_batches_send_recv():
         np.testing.assert_array_equal(np.asarray(obs), want_obs)
 
 
+@needs_jax
 @needs_mujoco
 def test_mujoco_core_scan_equals_python_loop():
     """Hopper-v5 on the C++ thread core (same_step autoreset: ``final_obs`` too), float64
@@ -143,6 +160,7 @@ def test_mujoco_core_scan_equals_python_loop():
             np.testing.assert_array_equal(np.asarray(g), w)
 
 
+@needs_jax
 @pytest.mark.skipif(atari_native.core is None, reason=f"{atari_native.unavailable_reason}")
 def test_atari_core_scan_equals_python_loop():
     """Pong-v5 on the C++ Atari core: uint8 frames and the engine's extra ``lives`` too."""
@@ -170,6 +188,7 @@ def test_atari_core_scan_equals_python_loop():
             np.testing.assert_array_equal(np.asarray(g), w.astype(g.dtype))
 
 
+@needs_jax
 @needs_cartpole
 def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
     with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
@@ -188,6 +207,7 @@ def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
         np.testing.assert_array_equal(rew, np.ones(4))
 
 
+@needs_jax
 @needs_cartpole
 def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
     """What the pool's send/recv refuse at run time comes out as jax's runtime error with the
@@ -209,6 +229,7 @@ def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
             step_jit(handle, jnp.ones(4, jnp.int32))
 
 
+@needs_jax
 @needs_mujoco
 def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
     with envs.make("Hopper-v5", 2, seed=0, engine="native", num_workers=2) as pool:
@@ -220,6 +241,7 @@ def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
             pool.recv()  # the refused send queued nothing on the core's threads
 
 
+@needs_jax
 @needs_cartpole
 def test_handlers_check_their_buffers():
     """Calls that bypass the Python checks (`jax.ffi.ffi_call` itself) get the handlers' own
@@ -241,6 +263,7 @@ def test_handlers_check_their_buffers():
             jax.jit(wrong_obs)(handle)
 
 
+@needs_jax
 def test_handle_of_a_collected_pool_is_refused():
     pool = envs.make("CartPole-v1", 2, seed=0, engine="numpy")  # (the C++ pool is in a cycle)
     pool.reset()
