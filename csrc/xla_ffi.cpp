@@ -46,10 +46,17 @@ uint64_t next_id = 1;
 
 constexpr size_t kHandleBytes = sizeof(uint64_t);
 
-ffi::ErrorOr<uint64_t> handle_id(const ffi::AnyBuffer& handle) {
-  if (handle.element_type() != ffi::DataType::U8 || handle.element_count() != kHandleBytes)
+bool is_handle(const ffi::AnyBuffer& b) {
+  return b.element_type() == ffi::DataType::U8 && b.element_count() == kHandleBytes;
+}
+
+// The pool id in `handle`, which is copied to the call's handle result `out`.
+ffi::ErrorOr<uint64_t> pass_handle(const ffi::AnyBuffer& handle, ffi::AnyBuffer& out) {
+  if (!is_handle(handle) || !is_handle(out))
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "gmi-drl xla: the handle must be the (8,) uint8 array of pool.xla()"));
+        "gmi-drl xla: the handle must be the (8,) uint8 array of pool.xla() (operand and "
+        "first result)"));
+  std::memcpy(out.untyped_data(), handle.untyped_data(), kHandleBytes);
   uint64_t id;
   std::memcpy(&id, handle.untyped_data(), kHandleBytes);
   return id;
@@ -157,7 +164,7 @@ bool cast_into(ffi::AnyBuffer& out, const void* src, char fmt, size_t n) {
 }
 
 // Copy a NumPy array of recv into XLA's result `out`, whose shape it must have.
-ffi::Error copy_result(const py::handle& value, ffi::AnyBuffer out, const std::string& name) {
+ffi::Error copy_result(const py::object& value, ffi::AnyBuffer out, const std::string& name) {
   static py::handle contiguous = numpy_attr("ascontiguousarray");
   py::object a = py::reinterpret_borrow<py::object>(value);
   Py_buffer view;
@@ -192,9 +199,8 @@ ffi::Error copy_result(const py::handle& value, ffi::AnyBuffer out, const std::s
 // send(handle, actions[, env_id]) -> handle: pool.send(actions, env_id) (all envs without ids).
 ffi::Error send_impl(ffi::AnyBuffer handle, ffi::AnyBuffer actions, ffi::RemainingArgs env_id,
                      ffi::Result<ffi::AnyBuffer> handle_out) {
-  auto id = handle_id(handle);
+  auto id = pass_handle(handle, *handle_out);
   if (id.has_error()) return id.error();
-  std::memcpy(handle_out->untyped_data(), handle.untyped_data(), kHandleBytes);
   if (env_id.size() > 1)
     return ffi::Error::InvalidArgument("gmi-drl xla: send takes at most one env_id operand");
   py::gil_scoped_acquire gil;
@@ -215,6 +221,8 @@ ffi::Error send_impl(ffi::AnyBuffer handle, ffi::AnyBuffer actions, ffi::Remaini
     }
   } catch (py::error_already_set& e) {
     return python_error("send", e);
+  } catch (const std::exception& e) {  // a result of an unexpected type (pybind11's casts)
+    return ffi::Error::Internal(std::string("gmi-drl xla: pool.send(): ") + e.what());
   }
   return ffi::Error::Success();
 }
@@ -222,9 +230,8 @@ ffi::Error send_impl(ffi::AnyBuffer handle, ffi::AnyBuffer actions, ffi::Remaini
 // recv(handle) -> (handle, obs, reward, terminated, truncated, *info[key] for the port's keys).
 ffi::Error recv_impl(ffi::AnyBuffer handle, ffi::Result<ffi::AnyBuffer> handle_out,
                      ffi::RemainingRets outs) {
-  auto id = handle_id(handle);
+  auto id = pass_handle(handle, *handle_out);
   if (id.has_error()) return id.error();
-  std::memcpy(handle_out->untyped_data(), handle.untyped_data(), kHandleBytes);
   py::gil_scoped_acquire gil;
   try {
     Port* port;
@@ -244,13 +251,15 @@ ffi::Error recv_impl(ffi::AnyBuffer handle, ffi::Result<ffi::AnyBuffer> handle_o
       const std::string name = in_info ? "info['" + port->info_keys[k - 4] + "']" : kNames[k];
       if (in_info && !info.contains(port->info_keys[k - 4]))
         return ffi::Error::Internal("gmi-drl xla: recv returned no " + name);
-      py::handle value = in_info ? py::handle(info[port->info_keys[k - 4].c_str()])
-                                 : py::handle(batch[k]);
+      py::object value = in_info ? py::object(info[port->info_keys[k - 4].c_str()])
+                                 : py::object(batch[k]);
       ffi::Error err = copy_result(value, **out, name);
       if (err.failure()) return err;
     }
   } catch (py::error_already_set& e) {
     return python_error("recv", e);
+  } catch (const std::exception& e) {  // a result of an unexpected type (pybind11's casts)
+    return ffi::Error::Internal(std::string("gmi-drl xla: pool.recv(): ") + e.what());
   }
   return ffi::Error::Success();
 }
