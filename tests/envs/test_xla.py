@@ -1,13 +1,18 @@
 """`EnvPool.xla()` (`gmi_drl.envs.xla`): a pool stepped inside ``jax.jit`` through XLA FFI
-handlers equals the Python loop bit for bit (C++ CartPole and MuJoCo cores, full and partial
-batches), and bad input is refused with the pool's message, nothing sent.
+handlers equals the Python loop bit for bit (the C++ CartPole, MuJoCo and Atari cores, full and
+partial batches), and bad input is refused with the pool's message, nothing sent.
 
+JAX runs in one spawned interpreter per module (`jax_process`), never in pytest's process: its
+later tests fork env workers, and a fork after JAX started its threads may deadlock (JAX warns).
 Skipped where jax is not installed (but for the message that says so); where it is, a missing
 ``gmi_drl.envs._xla_ffi`` fails (``make test`` builds it after installing jax)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
+import importlib.util
+import multiprocessing
 import sys
 
 import numpy as np
@@ -17,18 +22,32 @@ from gmi_drl import envs
 from gmi_drl.envs import atari_native, cartpole_native, mujoco_threads
 from gmi_drl.envs import xla as envs_xla
 
-try:
-    import jax
-    import jax.numpy as jnp
-except ImportError:
-    jax = jnp = None
-
-needs_jax = pytest.mark.skipif(jax is None, reason="pool.xla() needs the optional jax extra "
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="pool.xla() needs the optional jax extra "
                                "(pip install -e '.[jax]')")
 needs_cartpole = pytest.mark.skipif(cartpole_native.UNAVAILABLE is not None,
                                     reason=f"{cartpole_native.UNAVAILABLE}")
 needs_mujoco = pytest.mark.skipif(mujoco_threads.unavailable_reason() is not None,
                                   reason=f"{mujoco_threads.unavailable_reason()}")
+needs_atari = pytest.mark.skipif(atari_native.core is None,
+                                 reason=f"{atari_native.unavailable_reason}")
+pytestmark = pytest.mark.xdist_group("jax")  # one worker, one spawned JAX process
+
+
+@pytest.fixture(scope="module")
+def jax_process():
+    """A spawned interpreter that runs the ``_case_*`` functions (``submit(fn, *args).result()``
+    re-raises what they raise)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as ex:
+        yield ex
+
+
+def _jax():
+    import jax
+    import jax.numpy as jnp
+
+    return jax, jnp
 
 
 def test_without_jax_xla_says_what_to_install(monkeypatch):
@@ -39,8 +58,12 @@ def test_without_jax_xla_says_what_to_install(monkeypatch):
 
 
 @needs_jax
-def test_ffi_module_is_built():
+def test_ffi_module_is_built(jax_process):
     """With jax installed the FFI module must be built (setup.py; `make test` builds it)."""
+    jax_process.submit(_case_ffi_module_is_built).result()
+
+
+def _case_ffi_module_is_built():
     assert envs_xla.unavailable_reason() is None, envs_xla.unavailable_reason()
 
 
@@ -63,9 +86,14 @@ def _python_cartpole(pool, steps):
 @needs_jax
 @needs_cartpole
 @pytest.mark.parametrize("x64", [True, False])
-def test_cartpole_scan_equals_python_loop(x64):
+def test_cartpole_scan_equals_python_loop(jax_process, x64):
     """300 steps (episodes end and autoreset) in one jitted `lax.scan`, actions computed in the
     graph from obs: every output equals the Python loop's, cast to JAX's dtypes."""
+    jax_process.submit(_case_cartpole_scan_equals_python_loop, x64).result()
+
+
+def _case_cartpole_scan_equals_python_loop(x64):
+    jax, jnp = _jax()
     n, steps = 6, 300
     with envs.make("CartPole-v1", n, seed=3, engine="native") as pool:
         want = _python_cartpole(pool, steps)
@@ -92,9 +120,14 @@ def test_cartpole_scan_equals_python_loop(x64):
 
 @needs_jax
 @needs_cartpole
-def test_cartpole_partial_batches_send_recv():
+def test_cartpole_partial_batches_send_recv(jax_process):
     """``env_batch_size < num_envs``: send to the ids recv returned, in a `fori_loop`; the
     ids, obs and rewards equal the Python loop's."""
+    jax_process.submit(_case_cartpole_partial_batches_send_recv).result()
+
+
+def _case_cartpole_partial_batches_send_recv():
+    jax, jnp = _jax()
     n, b, steps = 5, 2, 40
 
     def python_loop(pool):
@@ -133,9 +166,14 @@ def test_cartpole_partial_batches_send_recv():
 
 @needs_jax
 @needs_mujoco
-def test_mujoco_core_scan_equals_python_loop():
+def test_mujoco_core_scan_equals_python_loop(jax_process):
     """Hopper-v5 on the C++ thread core (same_step autoreset: ``final_obs`` too), float64
     under x64: 60 jitted steps equal the Python loop bit for bit."""
+    jax_process.submit(_case_mujoco_core_scan_equals_python_loop).result()
+
+
+def _case_mujoco_core_scan_equals_python_loop():
+    jax, jnp = _jax()
     n, steps = 3, 60
     actions = np.sin(np.arange(steps * n * 3, dtype=np.float32).reshape(steps, n, 3) * 0.37)
     kw = dict(seed=5, engine="native", autoreset="same_step", num_workers=2)
@@ -161,9 +199,14 @@ def test_mujoco_core_scan_equals_python_loop():
 
 
 @needs_jax
-@pytest.mark.skipif(atari_native.core is None, reason=f"{atari_native.unavailable_reason}")
-def test_atari_core_scan_equals_python_loop():
+@needs_atari
+def test_atari_core_scan_equals_python_loop(jax_process):
     """Pong-v5 on the C++ Atari core: uint8 frames and the engine's extra ``lives`` too."""
+    jax_process.submit(_case_atari_core_scan_equals_python_loop).result()
+
+
+def _case_atari_core_scan_equals_python_loop():
+    jax, jnp = _jax()
     n, steps = 2, 20
     actions = (np.arange(steps * n).reshape(steps, n) % 6).astype(np.int32)
     kw = dict(seed=1, engine="native", num_workers=2)
@@ -190,7 +233,12 @@ def test_atari_core_scan_equals_python_loop():
 
 @needs_jax
 @needs_cartpole
-def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
+def test_wrong_shapes_and_dtypes_are_refused_at_trace_time(jax_process):
+    jax_process.submit(_case_wrong_shapes_and_dtypes_are_refused_at_trace_time).result()
+
+
+def _case_wrong_shapes_and_dtypes_are_refused_at_trace_time():
+    jax, jnp = _jax()
     with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
         pool.reset()
         handle, recv, send, _ = pool.xla()
@@ -209,9 +257,14 @@ def test_wrong_shapes_and_dtypes_are_refused_at_trace_time():
 
 @needs_jax
 @needs_cartpole
-def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
+def test_pool_errors_come_out_of_the_jitted_call_nothing_sent(jax_process):
     """What the pool's send/recv refuse at run time comes out as jax's runtime error with the
     pool's message; nothing was stepped, nothing waits."""
+    jax_process.submit(_case_pool_errors_come_out_of_the_jitted_call_nothing_sent).result()
+
+
+def _case_pool_errors_come_out_of_the_jitted_call_nothing_sent():
+    jax, jnp = _jax()
     with envs.make("CartPole-v1", 4, seed=0, engine="native") as pool:
         pool.reset()
         handle, recv, _, step = pool.xla()
@@ -231,7 +284,12 @@ def test_pool_errors_come_out_of_the_jitted_call_nothing_sent():
 
 @needs_jax
 @needs_mujoco
-def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
+def test_mujoco_bad_action_then_close_leaves_nothing_in_flight(jax_process):
+    jax_process.submit(_case_mujoco_bad_action_then_close_leaves_nothing_in_flight).result()
+
+
+def _case_mujoco_bad_action_then_close_leaves_nothing_in_flight():
+    jax, jnp = _jax()
     with envs.make("Hopper-v5", 2, seed=0, engine="native", num_workers=2) as pool:
         pool.reset()
         handle, _, send, _ = pool.xla()
@@ -243,9 +301,14 @@ def test_mujoco_bad_action_then_close_leaves_nothing_in_flight():
 
 @needs_jax
 @needs_cartpole
-def test_handlers_check_their_buffers():
+def test_handlers_check_their_buffers(jax_process):
     """Calls that bypass the Python checks (`jax.ffi.ffi_call` itself) get the handlers' own
     FFI errors: a handle that is not 8 bytes, results of shapes the pool does not return."""
+    jax_process.submit(_case_handlers_check_their_buffers).result()
+
+
+def _case_handlers_check_their_buffers():
+    jax, jnp = _jax()
     with envs.make("CartPole-v1", 2, seed=0, engine="native") as pool:
         pool.reset()
         handle, _, send, _ = pool.xla()
@@ -264,7 +327,12 @@ def test_handlers_check_their_buffers():
 
 
 @needs_jax
-def test_handle_of_a_collected_pool_is_refused():
+def test_handle_of_a_collected_pool_is_refused(jax_process):
+    jax_process.submit(_case_handle_of_a_collected_pool_is_refused).result()
+
+
+def _case_handle_of_a_collected_pool_is_refused():
+    jax, jnp = _jax()
     pool = envs.make("CartPole-v1", 2, seed=0, engine="numpy")  # (the C++ pool is in a cycle)
     pool.reset()
     handle, recv, send, step = pool.xla()
