@@ -8,6 +8,9 @@
   version from PyPI (checked against its sha256; or the file named by ``GMI_DRL_ALE_SDIST``) and
   compiles against its headers; nothing of it is kept but the headers under ``build/``.
 - `gmi_drl.comm.switch._plane`: the aggregation switch's data plane (recvmmsg/sendmmsg).
+- `gmi_drl.envs._xla_ffi`: a pool's send/recv as XLA FFI handlers (`EnvPool.xla()`), compiled
+  against the headers of jax's FFI API, so only where ``jax`` is importable at build time (the
+  ``jax`` extra; ``make test`` installs it, then builds this module in place).
 
 All are optional: where one cannot be built, the install still succeeds and its tasks run on
 their NumPy engines (Atari: on ale-py's vector env; the switch: on its Python data plane), with
@@ -123,6 +126,23 @@ def _atari_core() -> list:
     )]
 
 
+def _xla_ffi() -> list:
+    """`gmi_drl.envs._xla_ffi`, where jax (its FFI headers) is importable; else none (reason
+    printed, and `EnvPool.xla()` says how to build it)."""
+    try:
+        import jax.ffi
+        include = jax.ffi.include_dir()
+    except Exception as e:  # the optional `jax` extra is not installed (or too old for jax.ffi)
+        print(f"gmi-drl: not building gmi_drl.envs._xla_ffi (pool.xla()): jax's FFI headers are "
+              f"unavailable ({e!r}); install the jax extra, then `python setup.py build_ext "
+              "--inplace`", file=sys.stderr)
+        return []
+    # -isystem: no warnings from jax's headers
+    return [Pybind11Extension("gmi_drl.envs._xla_ffi", ["csrc/xla_ffi.cpp"],
+                              extra_compile_args=["-O3", "-isystem", include], cxx_std=17,
+                              optional=True)]
+
+
 setup(
     ext_modules=[
         Pybind11Extension("gmi_drl.envs._cartpole_pool", ["csrc/cartpole_pool.cpp"],
@@ -141,6 +161,7 @@ setup(
             optional=True,
         ),
         *_atari_core(),
+        *_xla_ffi(),
         Pybind11Extension("gmi_drl.comm.switch._plane", ["csrc/switch_plane.cpp"],
                           extra_compile_args=["-O3"], cxx_std=17, optional=True),
     ],

@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from gmi_drl.envs import xla as envs_xla
 from gmi_drl.envs.engine import Engine, EnvWorkerError
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError
@@ -221,6 +222,16 @@ class EnvPool:
                     "recv()")
         self.send(actions, env_id)
         return self.recv()
+
+    def xla(self) -> envs_xla.XlaFunctions:
+        """EnvPool's XLA interface: ``handle, recv, send, step``, JAX functions that step this
+        pool inside ``jax.jit`` (CPU backend); see `gmi_drl.envs.xla.xla`.
+
+        Raises:
+            ImportError: jax (the ``jax`` extra) is not installed, or ``gmi_drl.envs._xla_ffi``
+                is not built (the message says how to build it).
+        """
+        return envs_xla.xla(self, getattr(self, "_extra", {}))
 
     def check_limits(self) -> None:
         """Nothing to check: a CPU engine has no fixed per-env buffers that can overflow (the
