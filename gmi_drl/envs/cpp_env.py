@@ -92,6 +92,8 @@ class CppEnvEngine(Engine):
         ValueError: an option the env does not take, or an invalid spec.
     """
 
+    concurrent_send = True  # csrc/work_queue.h: push and wait share its mutex
+
     def __init__(self, module: Any, options: dict[str, float], num_envs: int, num_threads: int,
                  mode: AutoresetMode, max_episode_steps: int | None, seeds: np.ndarray) -> None:
         obs_space, self._action_space = spaces(module.spec(options))
