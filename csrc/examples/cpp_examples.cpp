@@ -17,4 +17,6 @@ PYBIND11_MODULE(_cpp_examples, m) {
   gmi_drl::bind_env<gmi_drl_examples::Faulty<2>>(action_too_wide, faulty);
   auto reset_too_short = m.def_submodule("reset_too_short");
   gmi_drl::bind_env<gmi_drl_examples::Faulty<3>>(reset_too_short, faulty);
+  auto bad_spec = m.def_submodule("bad_spec");
+  gmi_drl::bind_env<gmi_drl_examples::Faulty<4>>(bad_spec, faulty);
 }

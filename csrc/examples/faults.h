@@ -11,7 +11,7 @@
 namespace gmi_drl_examples {
 
 // Mode 0: step writes a 4th obs value; 1: step writes 2 of 3; 2: step reads action[1];
-// 3: reset writes 2 of 3.
+// 3: reset writes 2 of 3; 4: the spec gives 1 action_low and 2 action_high bounds.
 template <int kMode>
 class Faulty {
  public:
@@ -24,6 +24,7 @@ class Faulty {
     s.obs_shape = {3};
     s.action_low = {-1.0};
     s.action_high = {1.0};
+    if (kMode == 4) s.action_high.push_back(1.0);
     s.max_episode_steps = 50;
     return s;
   }

@@ -167,6 +167,11 @@ def test_bad_resets_and_bad_actions_are_refused():
         pool.reset()
         with pytest.raises(ValueError, match=r"actions have shape \(2, 2\), expected \(2, 1\)"):
             pool.step(np.zeros((2, 2), np.float32))
+    envs.register_cpp("CppFault-spec-v0", "gmi_drl.envs._cpp_examples:bad_spec")
+    with pytest.raises(ValueError, match="invalid EnvSpec: a Box action needs action_low and "
+                                         "action_high of one equal, non-zero size"):
+        envs.make("CppFault-spec-v0", 2, num_workers=2)
+    assert _threads() == before
     with pytest.raises(ValueError, match="cannot be loaded"):
         envs.register_cpp("Nope-v0", "gmi_drl.envs._no_such_module")
     with pytest.raises(ValueError, match="is not a C\\+\\+ env template module"):
