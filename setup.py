@@ -7,6 +7,8 @@
   wheel ships no headers, so the build fetches the source distribution of the pinned ale-py
   version from PyPI (checked against its sha256; or the file named by ``GMI_DRL_ALE_SDIST``) and
   compiles against its headers; nothing of it is kept but the headers under ``build/``.
+- `gmi_drl.envs._cpp_examples`: envs written against the C++ env template (csrc/env_template.h):
+  Pendulum-v1 and the template's contract checks; `template_env` builds a module of one's own.
 - `gmi_drl.comm.switch._plane`: the aggregation switch's data plane (recvmmsg/sendmmsg).
 - `gmi_drl.envs._xla_ffi`: a pool's send/recv as XLA FFI handlers (`EnvPool.xla()`), compiled
   against the headers of jax's FFI API, so only where ``jax`` is importable at build time (the
@@ -143,8 +145,21 @@ def _xla_ffi() -> list:
                               optional=True)]
 
 
+_TEMPLATE = ["csrc/env_template.h", "csrc/episodes.h", "csrc/py_buffers.h", "csrc/work_queue.h"]
+
+
+def template_env(name: str, sources: list[str], **kwargs) -> Pybind11Extension:
+    """The extension ``name`` of envs written against ``csrc/env_template.h`` (optional, as
+    the other cores; docs/add-a-cpp-env.md)."""
+    return Pybind11Extension(name, sources, depends=_TEMPLATE + kwargs.pop("depends", []),
+                             include_dirs=["csrc"], extra_compile_args=_FLAGS, cxx_std=17,
+                             optional=True, **kwargs)
+
+
 setup(
     ext_modules=[
+        template_env("gmi_drl.envs._cpp_examples", ["csrc/examples/cpp_examples.cpp"],
+                     depends=["csrc/examples/pendulum.h", "csrc/examples/faults.h"]),
         Pybind11Extension("gmi_drl.envs._cartpole_pool", ["csrc/cartpole_pool.cpp"],
                           depends=["csrc/episodes.h"],
                           extra_compile_args=_FLAGS, cxx_std=17, optional=True),
