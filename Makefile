@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 TORCH_INDEX ?=
 # the optional dependencies the tests use (`make demo` needs none of them)
-TEST_EXTRAS := dev bench ray gpu dm
+TEST_EXTRAS := dev bench ray gpu dm jax
 # test processes (pytest-xdist): three keep two cores busy while tests wait on processes,
 # sockets and timers; the tests that share the Ray cluster run in one of them
 PYTEST := $(PY) -m pytest -q -n 3 --dist loadgroup --durations=10
@@ -23,10 +23,13 @@ $(VENV)/.core: pyproject.toml setup.py
 	touch $@
 
 # the test extras' requirements, read from pyproject.toml (pip install -e ".[extras]" would
-# build the C++ cores a second time)
+# build the C++ cores a second time); then, with the build requirements, the in-place build of
+# what needs a test extra at build time: gmi_drl.envs._xla_ffi (jax's FFI headers; the cores
+# built by `pip install -e .` are up to date and not rebuilt)
 $(VENV)/.installed: $(VENV)/.core
-	$(PY) -c 'import tomllib; extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print("\n".join(r for e in "$(TEST_EXTRAS)".split() for r in extras[e]))' > $(VENV)/test-requirements.txt
+	$(PY) -c 'import tomllib; t = tomllib.load(open("pyproject.toml", "rb")); extras = t["project"]["optional-dependencies"]; print("\n".join([*t["build-system"]["requires"], *(r for e in "$(TEST_EXTRAS)".split() for r in extras[e])]))' > $(VENV)/test-requirements.txt
 	$(PY) -m pip install -q -r $(VENV)/test-requirements.txt
+	PYTHONWARNINGS=ignore $(PY) setup.py -q build_ext --inplace
 	touch $@
 
 DEMO_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)

@@ -7,7 +7,12 @@
   wheel ships no headers, so the build fetches the source distribution of the pinned ale-py
   version from PyPI (checked against its sha256; or the file named by ``GMI_DRL_ALE_SDIST``) and
   compiles against its headers; nothing of it is kept but the headers under ``build/``.
+- `gmi_drl.envs._cpp_examples`: envs written against the C++ env template (csrc/env_template.h):
+  Pendulum-v1 and the template's contract checks; `template_env` builds a module of one's own.
 - `gmi_drl.comm.switch._plane`: the aggregation switch's data plane (recvmmsg/sendmmsg).
+- `gmi_drl.envs._xla_ffi`: a pool's send/recv as XLA FFI handlers (`EnvPool.xla()`), compiled
+  against the headers of jax's FFI API, so only where ``jax`` is importable at build time (the
+  ``jax`` extra; ``make test`` installs it, then builds this module in place).
 
 All are optional: where one cannot be built, the install still succeeds and its tasks run on
 their NumPy engines (Atari: on ale-py's vector env; the switch: on its Python data plane), with
@@ -123,8 +128,38 @@ def _atari_core() -> list:
     )]
 
 
+def _xla_ffi() -> list:
+    """`gmi_drl.envs._xla_ffi`, where jax (its FFI headers) is importable; else none (reason
+    printed, and `EnvPool.xla()` says how to build it)."""
+    try:
+        import jax.ffi
+        include = jax.ffi.include_dir()
+    except Exception as e:  # the optional `jax` extra is not installed (or too old for jax.ffi)
+        print(f"gmi-drl: not building gmi_drl.envs._xla_ffi (pool.xla()): jax's FFI headers are "
+              f"unavailable ({e!r}); install the jax extra, then `python setup.py build_ext "
+              "--inplace`", file=sys.stderr)
+        return []
+    # -isystem: no warnings from jax's headers
+    return [Pybind11Extension("gmi_drl.envs._xla_ffi", ["csrc/xla_ffi.cpp"],
+                              extra_compile_args=["-O3", "-isystem", include], cxx_std=17,
+                              optional=True)]
+
+
+_TEMPLATE = ["csrc/env_template.h", "csrc/episodes.h", "csrc/py_buffers.h", "csrc/work_queue.h"]
+
+
+def template_env(name: str, sources: list[str], **kwargs) -> Pybind11Extension:
+    """The extension ``name`` of envs written against ``csrc/env_template.h`` (optional, as
+    the other cores; docs/add-a-cpp-env.md)."""
+    return Pybind11Extension(name, sources, depends=_TEMPLATE + kwargs.pop("depends", []),
+                             include_dirs=["csrc"], extra_compile_args=_FLAGS, cxx_std=17,
+                             optional=True, **kwargs)
+
+
 setup(
     ext_modules=[
+        template_env("gmi_drl.envs._cpp_examples", ["csrc/examples/cpp_examples.cpp"],
+                     depends=["csrc/examples/pendulum.h", "csrc/examples/faults.h"]),
         Pybind11Extension("gmi_drl.envs._cartpole_pool", ["csrc/cartpole_pool.cpp"],
                           depends=["csrc/episodes.h"],
                           extra_compile_args=_FLAGS, cxx_std=17, optional=True),
@@ -141,6 +176,7 @@ setup(
             optional=True,
         ),
         *_atari_core(),
+        *_xla_ffi(),
         Pybind11Extension("gmi_drl.comm.switch._plane", ["csrc/switch_plane.cpp"],
                           extra_compile_args=["-O3"], cxx_std=17, optional=True),
     ],

@@ -1,18 +1,28 @@
-"""Env engine throughput: gmi-drl vs EnvPool vs Gymnasium's AsyncVectorEnv, in one invocation.
+"""Env engine throughput: gmi-drl vs EnvPool vs Gymnasium's AsyncVectorEnv vs the raw physics,
+in one invocation.
 
 Every engine runs the same task, ``num_envs``, ``env_batch_size`` and thread/worker count with
 random actions (drawn before timing); each figure is the median of ``--repeats`` runs of
-``--seconds`` each. Ratios are gmi-drl / peer within this run (the only comparison that holds on a
-noisy machine).
+``--seconds`` each, for each thread count of ``--threads``. Ratios are gmi-drl / peer within this
+run (the only comparison that holds on a noisy machine).
+
+The raw physics bound (``physics`` column) is the simulator alone on the same number of threads,
+with no env logic: MuJoCo tasks step ``num_envs`` open-loop rollouts from the task's reset states
+in ``mujoco.rollout`` (``mj_step`` ``frame_skip`` times per env step, in C++ on ``threads``
+threads, random controls held for each env step, no observation, reward or reset); Atari steps
+one ``ale_py.ALEInterface`` per thread in a Python loop (``act`` with ``frame_skip=4``, one
+grayscale screen read per env step, a reset at game over). ``vs physics`` is the share of that
+bound the engine reaches.
 
     python benchmarks/env_throughput.py                      # all tasks, both modes
-    python benchmarks/env_throughput.py --tasks Hopper-v5 --repeats 5
+    python benchmarks/env_throughput.py --tasks Hopper-v5 Ant-v5 Pong-v5 --threads 1 2
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 import gymnasium as gym
@@ -101,15 +111,88 @@ def run_gym_async(task: str, num_envs: int, batch: int, threads: int, seconds: f
     return rate
 
 
-def _timed(one_step, batch: int, seconds: float) -> float:
-    for k in range(20):  # warm-up
+def run_physics(task: str, num_envs: int, batch: int, threads: int, seconds: float) -> float:
+    """Env steps/s of the raw simulator on ``threads`` threads (module docstring)."""
+    if task == "Pong-v5":
+        return _ale_bound(threads, seconds)
+    from gmi_drl.envs import mujoco_locomotion as ml
+
+    if task not in ml.TASKS:
+        return float("nan")
+    import mujoco
+    from mujoco import rollout
+
+    probe = ml.TASKS[task][0](num_envs=1, num_threads=1)
+    m, skip = probe.model, probe.frame_skip
+    rng = np.random.default_rng(0)
+    data = [mujoco.MjData(m) for _ in range(threads)]
+    states = np.empty((num_envs, mujoco.mj_stateSize(m, mujoco.mjtState.mjSTATE_FULLPHYSICS)))
+    for i in range(num_envs):
+        d = data[0]
+        mujoco.mj_resetData(m, d)
+        d.qpos[:], d.qvel[:] = probe._reset_state(rng)
+        mujoco.mj_getState(m, d, states[i], mujoco.mjtState.mjSTATE_FULLPHYSICS)
+    env_steps = 50
+    space = probe.action_space
+    ctrl = np.repeat(rng.uniform(space.low, space.high, (num_envs, env_steps, m.nu)), skip, axis=1)
+    out = np.empty((num_envs, env_steps * skip, states.shape[1]))
+    sens = np.empty((num_envs, env_steps * skip, m.nsensordata))
+
+    def one(k: int) -> None:
+        rollout.rollout(m, data, states, ctrl, state=out, sensordata=sens, nstep=env_steps * skip,
+                        persistent_pool=True)
+    return _timed(one, num_envs * env_steps, seconds, warmup=2)
+
+
+def _ale_bound(threads: int, seconds: float) -> float:
+    import ale_py
+    from ale_py import roms
+
+    counts, stop = [0] * threads, threading.Event()
+
+    def loop(t: int) -> None:
+        ale = ale_py.ALEInterface()
+        ale.setLoggerMode(ale_py.LoggerMode.Error)
+        ale.setInt("frame_skip", 4)
+        ale.setInt("random_seed", t)
+        ale.loadROM(roms.get_rom_path("pong"))
+        actions = ale.getMinimalActionSet()
+        screen = np.empty((210, 160), np.uint8)
+        rng = np.random.default_rng(t)
+        picks = rng.integers(0, len(actions), 4096)
+        k = 0
+        while not stop.is_set():
+            for _ in range(64):
+                ale.act(actions[picks[k & 4095]])
+                ale.getScreenGrayscale(screen)
+                if ale.game_over():
+                    ale.reset_game()
+                k += 1
+            counts[t] = k
+
+    workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)  # warm-up
+    n0, t0 = sum(counts), time.perf_counter()
+    time.sleep(seconds)
+    rate = (sum(counts) - n0) / (time.perf_counter() - t0)
+    stop.set()
+    for w in workers:
+        w.join()
+    return rate
+
+
+def _timed(one_step, batch: int, seconds: float, warmup: int = 20) -> float:
+    for k in range(warmup):
         one_step(k)
+    chunk = 50 if warmup >= 20 else 1
     n, k, t0 = 0, 0, time.perf_counter()
     while True:
-        for _ in range(50):
+        for _ in range(chunk):
             one_step(k)
             k += 1
-        n += 50 * batch
+        n += chunk * batch
         elapsed = time.perf_counter() - t0
         if elapsed >= seconds:
             return n / elapsed
@@ -123,38 +206,48 @@ def main() -> None:
                     help="task ids, each in both modes (partial batch: 16 envs, batches of 8; "
                          f"full batch: 8 envs); {CUSTOM} is this script's pure-Python env (no "
                          "EnvPool run), Pong-v5 has no AsyncVectorEnv run")
-    ap.add_argument("--threads", type=int, default=2,
-                    help="worker threads of gmi-drl's pool and EnvPool's (>= 1; AsyncVectorEnv "
-                         "runs one process per env)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[2],
+                    help="worker threads of gmi-drl's pool, EnvPool's and the physics bound, "
+                         "one table per count (>= 1; AsyncVectorEnv runs one process per env)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per engine, interleaved; the median is reported (>= 1)")
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="length of each timed run, seconds (> 0)")
     args = ap.parse_args()
-    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+    for flag, value in [("--threads", t) for t in args.threads] + [("--repeats", args.repeats)]:
         if value < 1:
             ap.error(f"{flag} {value}: must be >= 1")
     if args.seconds <= 0:
         ap.error(f"--seconds {args.seconds:g}: must be > 0")
+    for threads in args.threads:
+        table(args.tasks, threads, args.repeats, args.seconds)
+
+
+ENGINES = {"gmi-drl": run_gmi, "envpool": run_envpool, "gym-async": run_gym_async,
+           "physics": run_physics}
+
+
+def table(tasks: list[str], threads: int, repeats: int, seconds: float) -> None:
+    """Measure every task in both modes on ``threads`` threads and print the table."""
     modes = [("partial batch", 16, 8), ("full batch", 8, 8)]
     rows = []
-    for task in args.tasks:
+    for task in tasks:
         for mode, n, b in modes:
-            runs = {"gmi-drl": [], "envpool": [], "gym-async": []}
-            for _ in range(args.repeats):  # interleaved, so drift hits every engine alike
-                runs["gmi-drl"].append(run_gmi(task, n, b, args.threads, args.seconds))
-                if task != CUSTOM:
-                    runs["envpool"].append(run_envpool(task, n, b, args.threads, args.seconds))
-                runs["gym-async"].append(run_gym_async(task, n, b, args.threads, args.seconds))
+            runs = {k: [] for k in ENGINES}
+            for _ in range(repeats):  # interleaved, so drift hits every engine alike
+                for name, run in ENGINES.items():
+                    if name == "envpool" and task == CUSTOM:
+                        continue
+                    runs[name].append(run(task, n, b, threads, seconds))
             med = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
             rows.append((task, mode, n, b, med))
-            print(f"{task} {mode}: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()),
-                  flush=True)
-    print(f"\nsteps/s, median of {args.repeats} x {args.seconds:g} s, {args.threads} threads/"
-          "workers, random actions\n")
+            print(f"{task} {mode} ({threads} threads): "
+                  + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()), flush=True)
+    print(f"\nsteps/s, median of {repeats} x {seconds:g} s, {threads} threads/workers, random "
+          "actions\n")
     print("| task | mode | num_envs | env_batch_size | gmi-drl | EnvPool | gym AsyncVectorEnv |"
-          " vs EnvPool | vs gym |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " physics | vs EnvPool | vs gym | vs physics |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for task, mode, n, b, m in rows:
         def fmt(x: float) -> str:
             return "n/a" if np.isnan(x) else f"{x:,.0f}"
@@ -162,7 +255,8 @@ def main() -> None:
         def ratio(x: float) -> str:
             return "n/a" if np.isnan(x) else f"{m['gmi-drl'] / x:.2f}x"
         print(f"| {task} | {mode} | {n} | {b} | {fmt(m['gmi-drl'])} | {fmt(m['envpool'])} | "
-              f"{fmt(m['gym-async'])} | {ratio(m['envpool'])} | {ratio(m['gym-async'])} |")
+              f"{fmt(m['gym-async'])} | {fmt(m['physics'])} | {ratio(m['envpool'])} | "
+              f"{ratio(m['gym-async'])} | {ratio(m['physics'])} |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ class Episodes {
   struct Step {
     double episode_return;
     int64_t episode_length;
-    bool truncated;  // by the time limit
+    bool truncated;  // by the env itself or the time limit
     bool done;       // terminated or truncated
   };
 
@@ -25,11 +25,12 @@ class Episodes {
       : mode(autoreset), max_steps_(max_episode_steps), return_(num_envs, 0.0),
         length_(num_envs, 0), ended_(num_envs, 0) {}
 
-  // Count a step of env i. When the episode ends, the running totals restart and, unless the
-  // mode is same_step (the caller resets at once), env i awaits its reset.
-  Step record(int i, double reward, bool terminated) {
+  // Count a step of env i (`truncated`: the env cut the episode itself; the time limit is added
+  // here). When the episode ends, the running totals restart and, unless the mode is same_step
+  // (the caller resets at once), env i awaits its reset.
+  Step record(int i, double reward, bool terminated, bool truncated = false) {
     Step s{return_[i] + reward, length_[i] + 1, false, false};
-    s.truncated = max_steps_ > 0 && s.episode_length >= max_steps_;
+    s.truncated = truncated || (max_steps_ > 0 && s.episode_length >= max_steps_);
     s.done = terminated || s.truncated;
     return_[i] = s.done ? 0.0 : s.episode_return;
     length_[i] = s.done ? 0 : s.episode_length;

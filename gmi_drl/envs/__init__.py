@@ -14,8 +14,8 @@
 from gmi_drl.envs.dm import DmEnv, make_dm
 from gmi_drl.envs.gym_vector import GymVectorEnv, make_vec
 from gmi_drl.envs.pool import EnvPool
-from gmi_drl.envs.registry import engines, list_tasks, make, register, task_spec
+from gmi_drl.envs.registry import engines, list_tasks, make, register, register_cpp, task_spec
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 
 __all__ = ["AutoresetMode", "DmEnv", "EnvPool", "EnvSpec", "GymVectorEnv", "engines",
-           "list_tasks", "make", "make_dm", "make_vec", "register", "task_spec"]
+           "list_tasks", "make", "make_dm", "make_vec", "register", "register_cpp", "task_spec"]

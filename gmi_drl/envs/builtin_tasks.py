@@ -11,7 +11,7 @@ import os
 log = logging.getLogger(__name__)
 
 _PLAIN = ("gmi_drl.envs.classic_control", "gmi_drl.envs.cartpole_native",
-          "gmi_drl.envs.atari_engines")
+          "gmi_drl.envs.atari_engines", "gmi_drl.envs.cpp_env")
 #: the engines that import MuJoCo: left out, with one warning, where MuJoCo cannot be imported
 _MUJOCO = ("gmi_drl.envs.mujoco_locomotion", "gmi_drl.envs.mujoco_threads",
            "gmi_drl.envs.warp.pool")

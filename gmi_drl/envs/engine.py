@@ -32,6 +32,10 @@ class Engine(abc.ABC):
     where that differs from ``terminated | truncated`` (Atari's episodic life); ``None``: same."""
     extra_info: dict[str, np.ndarray] = {}
     """more per-env ``(num_envs, ...)`` arrays the pool returns in ``info`` (e.g. ``lives``)"""
+    concurrent_send: bool = False
+    """`send` may run in one thread while `wait` blocks in another (for envs not in flight):
+    the pool then waits without its lock, so one thread sends while another receives (EnvPool's
+    threading contract); otherwise the pool's lock serialises them."""
 
     @abc.abstractmethod
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
@@ -66,6 +70,8 @@ class LocalEngine(Engine):
     For native batched environments (NumPy classic control, MuJoCo on its own thread pool), where
     one vectorised call is cheaper than any hand-off to another process.
     """
+
+    concurrent_send = True  # wait only pops the deque send appends to (atomic in CPython)
 
     def __init__(self, stepper: Stepper) -> None:
         self.stepper = stepper

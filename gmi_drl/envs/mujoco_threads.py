@@ -109,6 +109,8 @@ class MujocoThreadEngine(Engine):
         ValueError: the core cannot run this task (the reason from `unavailable_reason`).
     """
 
+    concurrent_send = True  # csrc/work_queue.h: push and wait share its mutex
+
     def __init__(self, env: ml.MujocoBatch, num_envs: int, num_threads: int,
                  mode: AutoresetMode, max_episode_steps: int | None, seeds: np.ndarray) -> None:
         reason = unavailable_reason(env)

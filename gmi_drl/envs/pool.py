@@ -8,13 +8,16 @@ overlaps inference with simulation. ``env_batch_size == num_envs`` is the synchr
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import threading
 import traceback
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from gmi_drl.envs import xla as envs_xla
 from gmi_drl.envs.engine import Engine, EnvWorkerError
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec
 from gmi_drl.envs.stepper import EpisodeEndedError
@@ -30,7 +33,14 @@ class EnvPool:
     call on this pool (copy them to keep them longer). With ``env_batch_size == num_envs`` the
     arrays are the per-env state buffers themselves, in env id order (no copy at all), and the
     native engines write an env's next result into them as soon as it is sent: copy ``obs``
-    before `send` if it must outlive it. A pool is used from one thread at a time.
+    before `send` if it must outlive it.
+
+    Threads: one thread may `send` while another `recv`s (EnvPool's contract; the bookkeeping
+    is under one lock, and engines with ``concurrent_send`` wait without it, so sends go on
+    while `recv` blocks); `recv` still needs ``env_batch_size`` envs sent when it is called,
+    and ``info["env_id"]`` handed to the sending thread must be copied first (it is the
+    receiving thread's reused buffer). `recv` runs in one thread at a time (the native cores
+    refuse a second).
 
     Returned by `recv`/`step`: ``obs (env_batch_size, *obs_shape)`` in the observation space's
     dtype, ``rewards (env_batch_size,) float64``, ``terminated``/``truncated (env_batch_size,)
@@ -86,6 +96,10 @@ class EnvPool:
         # recv hands out a read-only view of env ids; sending it back skips re-validation
         self._env_id_out = self._out["env_id"].view()
         self._env_id_out.flags.writeable = False
+        self._lock = threading.Lock()
+        # where the engine cannot send during its wait, recv holds the lock while it waits
+        self._wait_lock = (contextlib.nullcontext() if engine.concurrent_send
+                           else self._lock)
 
     @property
     def partial_batch(self) -> bool:
@@ -105,6 +119,10 @@ class EnvPool:
             RuntimeError: the pool is closed. EnvWorkerError: an env raised or its worker died
                 (this call or before: the pool is then unusable).
         """
+        with self._lock:
+            return self._reset(env_id)
+
+    def _reset(self, env_id: Any) -> tuple[np.ndarray, dict[str, Any]]:
         self._check_open()
         ids = self._check_ids(env_id)
         if self._in_flight[ids].any():
@@ -132,6 +150,10 @@ class EnvPool:
             RuntimeError: the pool is closed. EnvWorkerError: an env raised or its worker died
                 (with ``num_workers=0`` the step runs in this call; the pool is then unusable).
         """
+        with self._lock:
+            self._send(actions, env_id)
+
+    def _send(self, actions: np.ndarray, env_id: Any) -> None:
         self._check_open()
         if env_id is self._env_id_out and not self._recv_ids_sent:
             # ids of our last recv: valid and not in flight; copy (the buffer is reused)
@@ -181,28 +203,31 @@ class EnvPool:
             RuntimeError: fewer than ``env_batch_size`` envs are in flight (would wait forever),
                 or a worker failed (names the env ids and carries the original traceback).
         """
-        self._check_open()
         b = self.env_batch_size
-        if self._num_in_flight < b:  # finished-but-not-returned envs still count as in flight
-            raise RuntimeError(
-                f"recv() needs {b} envs in flight or finished, but only "
-                f"{self._num_in_flight} are; send() actions for more envs first")
-        while self._num_ready < b:
-            try:
-                done = self._engine.wait(b - self._num_ready)
-            except RuntimeError as e:
-                self._failure = _detached(e)
-                raise
-            self._ready.append(done)
-            self._num_ready += len(done)
-        ids = self._take_ready(b)
-        self._in_flight[ids] = False
-        self._num_in_flight -= b
-        self._recv_ids_sent = False
-        out = self._gather(ids)
-        if self.autoreset is AutoresetMode.DISABLED:
-            self._ended[out[4]["env_id"]] = out[2] | out[3]
-        return out
+        with self._lock:
+            self._check_open()
+            if self._num_in_flight < b:  # finished-but-not-returned envs count as in flight
+                raise RuntimeError(
+                    f"recv() needs {b} envs in flight or finished, but only "
+                    f"{self._num_in_flight} are; send() actions for more envs first")
+        with self._wait_lock:  # (the ready queue is recv's own: one recv at a time)
+            while self._num_ready < b:
+                try:
+                    done = self._engine.wait(b - self._num_ready)
+                except RuntimeError as e:
+                    self._failure = _detached(e)
+                    raise
+                self._ready.append(done)
+                self._num_ready += len(done)
+        with self._lock:
+            ids = self._take_ready(b)
+            self._in_flight[ids] = False
+            self._num_in_flight -= b
+            self._recv_ids_sent = False
+            out = self._gather(ids)
+            if self.autoreset is AutoresetMode.DISABLED:
+                self._ended[out[4]["env_id"]] = out[2] | out[3]
+            return out
 
     def step(self, actions: np.ndarray, env_id: Any = None) -> StepReturn:
         """`send` then `recv`. With partial batches the batch returned may hold other envs than
@@ -221,6 +246,16 @@ class EnvPool:
                     "recv()")
         self.send(actions, env_id)
         return self.recv()
+
+    def xla(self) -> envs_xla.XlaFunctions:
+        """EnvPool's XLA interface: ``handle, recv, send, step``, JAX functions that step this
+        pool inside ``jax.jit`` (CPU backend); see `gmi_drl.envs.xla.xla`.
+
+        Raises:
+            ImportError: jax (the ``jax`` extra) is not installed, or ``gmi_drl.envs._xla_ffi``
+                is not built (the message says how to build it).
+        """
+        return envs_xla.xla(self, getattr(self, "_extra", {}))
 
     def check_limits(self) -> None:
         """Nothing to check: a CPU engine has no fixed per-env buffers that can overflow (the
@@ -261,22 +296,23 @@ class EnvPool:
             raise _detached(self._failure)
 
     def _take_ready(self, n: int) -> np.ndarray:
+        """The next ``n`` ready ids: a whole chunk as the engine returned it, or else the
+        chunks' ids written straight into the batch's ``env_id`` buffer (no temporary)."""
         ready = self._ready
-        if len(ready[0]) == n:
-            self._num_ready -= n
-            return ready.popleft()
-        parts, need = [], n
-        while need:
-            head = ready[0]
-            if len(head) <= need:
-                parts.append(ready.popleft())
-                need -= len(head)
-            else:
-                parts.append(head[:need])
-                ready[0] = head[need:]
-                need = 0
         self._num_ready -= n
-        return np.concatenate(parts)
+        if len(ready[0]) == n:
+            return ready.popleft()
+        out, filled = self._out["env_id"], 0
+        while filled < n:
+            head = ready[0]
+            take = min(len(head), n - filled)
+            out[filled:filled + take] = head[:take]
+            filled += take
+            if take == len(head):
+                ready.popleft()
+            else:
+                ready[0] = head[take:]
+        return out
 
     def _gather(self, ids: np.ndarray) -> StepReturn:
         s = self._slots
@@ -290,7 +326,8 @@ class EnvPool:
                 info["final_obs"] = s.final_obs
             return s.obs, s.reward, s.terminated, s.truncated, info
         o = self._out
-        o["env_id"][:] = ids
+        if ids is not o["env_id"]:
+            o["env_id"][:] = ids
         s.obs.take(ids, axis=0, out=o["obs"])
         s.reward.take(ids, out=o["reward"])
         s.terminated.take(ids, out=o["terminated"])

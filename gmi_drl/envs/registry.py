@@ -88,6 +88,27 @@ def register(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *
     _USER_TASKS.add(task_id)
 
 
+def register_cpp(task_id: str, module: str, **kwargs: Any) -> None:
+    """Register the env of a C++ env template module (``csrc/env_template.h``) as ``task_id``:
+    `make`, `gmi_drl.envs.make_vec`, ``make_dm`` and the SB3 face then run it on its C++
+    worker threads (its ``native`` engine; docs/add-a-cpp-env.md).
+
+    Args:
+        task_id: the name to make it by.
+        module: the compiled module's import name, ``"package._my_env"``, or
+            ``"package._envs:my_env"`` for a submodule of a module that binds several envs.
+        **kwargs: default options of the env (numbers; `make`'s keywords override them) and
+            ``max_episode_steps`` (default: the spec's).
+
+    Raises:
+        ValueError: the module does not import or is no template module.
+    """
+    from gmi_drl.envs import cpp_env
+
+    cpp_env.load(module)
+    register(task_id, engines={"native": cpp_env.entry(module)}, **kwargs)
+
+
 def _add(task_id: str, env_fn: str | Callable[..., gym.Env] | None = None, *,
          engines: Mapping[str, EngineEntry] | None = None, **kwargs: Any) -> None:
     """`register` without counting ``task_id`` as the user's (the built-in tasks)."""
