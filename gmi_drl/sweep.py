@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -334,9 +335,11 @@ def plot_curves(runs: Sequence[PlannedRun], outcomes: Sequence[RunOutcome], path
     fig, ax = plt.subplots(figsize=(7, 4))
     for p in dict.fromkeys(r.point for r, _ in done):
         ys = np.stack([_binned(o.curve, grid) for r, o in done if r.point == p])
-        line, = ax.plot(grid, np.nanmean(ys, 0), label=p or "mean over seeds")
-        ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), alpha=0.2,
-                        color=line.get_color())
+        with warnings.catch_warnings():  # bins before any run's first episode: all nan, no line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
+        line, = ax.plot(grid, mean, label=p or "mean over seeds")
+        ax.fill_between(grid, low, high, alpha=0.2, color=line.get_color())
     ax.set_xlabel("env steps")
     ax.set_ylabel("episode return")
     ax.legend(fontsize="small")
