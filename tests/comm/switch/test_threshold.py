@@ -1,0 +1,214 @@
+"""Async iSwitch: threshold aggregation with a staleness bound (iSwitch §4.1, Algorithm 1,
+Fig. 11). A slow worker never holds the fast ones up and they put several gradients into one
+aggregate; every worker holds the same weights at every version; no gradient staler than S is
+applied, and the dropped ones are counted (worker and switch); H = N with S = 0 is the
+synchronous reducer bit for bit; the switch's own check drops and counts exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.threshold import ThresholdPipeline, ThresholdReducer
+from tests.comm.switch.harness import PLANE_AT, ctx
+
+P_FLOATS = 1000  # 3 segments at MTU 1500
+VERSIONS = 64    # one-hot slots of the version a gradient was computed on
+HOT = 16         # entries [HOT, HOT + VERSIONS) hold that one-hot
+
+
+def _gradient(w: np.ndarray, rank: int, t: int, n: int) -> np.ndarray:
+    """Entry 0 is -1 (``w[0]`` counts the aggregates applied: the version), entries
+    ``1 + rank`` and ``HOT + version`` are 1 (an aggregate's mean shows who gave how much, on
+    which version), the rest depends on the weights."""
+    g = (np.sin(w) + np.random.default_rng(1000 * t + rank).standard_normal(w.size)) \
+        .astype(np.float32)
+    g[:HOT + VERSIONS] = 0.0
+    g[0], g[1 + rank] = -1.0, 1.0
+    g[HOT + int(w[0])] = 1.0
+    return g
+
+
+def _train(addr: str, rank: int, n: int, opts: dict, q, done, go) -> None:
+    """``opts``: ``h``/``s`` (None: the synchronous `allreduce_`), ``steps``, ``slow``: seconds
+    rank ``n - 1`` sleeps per gradient."""
+    from gmi_drl.comm.switch import SwitchReducer
+
+    torch.set_num_threads(1)
+    try:
+        native = False if PLANE_AT.get(addr) == "python" else None
+        h, s, steps = opts["h"], opts["s"], opts["steps"]
+        theta = np.zeros(P_FLOATS, np.float32)
+        chain, means = [], []
+
+        def apply(mean: np.ndarray) -> None:
+            theta[:] -= mean
+            chain.append(hashlib.sha256(theta.tobytes()).hexdigest())
+            means.append(mean[:HOT + VERSIONS].copy())
+
+        if h is None:
+            red = SwitchReducer(addr, rank, n, rto_s=0.05, native=native)
+            for t in range(steps):
+                g = torch.from_numpy(_gradient(theta, rank, t, n))
+                red.allreduce_([g])
+                apply(g.numpy())
+            out = dict(dropped=0)
+        else:
+            red = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native)
+            local = np.zeros(P_FLOATS, np.float32)
+            pipe = ThresholdPipeline(red, apply)
+            copy = lambda: np.copyto(local, theta)  # noqa: E731
+            for t in range(steps):
+                pipe.fetch(copy)
+                if rank == n - 1:
+                    time.sleep(opts.get("slow", 0.0))
+                pipe.push(torch.from_numpy(_gradient(local, rank, t, n)))
+            pipe.drain(copy)
+            done.set() if rank == 0 else None
+            q.put(("done", rank))
+            go.wait(60)
+            pipe.settle(copy, quiet_s=0.3)
+            assert np.array_equal(local, theta)
+            pipe.close()
+            out = dict(dropped=pipe.staleness_dropped, pushed=pipe.pushed)
+        red.close()
+        q.put((rank, dict(out, chain=chain, means=means, theta=theta)))
+    except Exception as e:  # reported to the test, which fails with it
+        q.put((rank, repr(e)))
+
+
+def _run(addr: str, n: int, **opts) -> dict:
+    c = ctx()
+    q, done, go = c.Queue(), c.Event(), c.Event()
+    procs = [c.Process(target=_train, args=(addr, r, n, opts, q, done, go)) for r in range(n)]
+    for p in procs:
+        p.start()
+    got, finished = {}, 0
+    try:
+        while len(got) < n:
+            rank, value = q.get(timeout=60)
+            if rank == "done":
+                finished += 1
+                if finished == n:
+                    go.set()  # every worker stopped pushing: settle
+                continue
+            got[rank] = value
+            if isinstance(value, str):
+                go.set()
+    finally:
+        go.set()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        q.close()
+        q.join_thread()
+    bad = {r: v for r, v in got.items() if isinstance(v, str)}
+    assert not bad, f"workers failed: {bad}"
+    return got
+
+
+@pytest.mark.distributed
+def test_fast_workers_fill_aggregates_weights_agree_and_staleness_holds(switches):
+    h, s, n, steps = 2, 2, 3, 16
+    sw = switches("--mtu", "1500")
+    got = _run(sw.addr, n, h=h, s=s, steps=steps, slow=0.15)
+    chains = [v["chain"] for v in got.values()]
+    assert len({len(c) for c in chains}) == 1, [len(c) for c in chains]
+    assert len({tuple(c) for c in chains}) == 1, "the workers' weights differ at some version"
+    assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
+    means = got[0]["means"]
+    several = 0
+    for k, m in enumerate(means):
+        assert m[0] == -1.0  # every aggregate is a mean of gradients
+        share = m[1:1 + n]   # the fraction of each worker's gradients in it
+        assert abs(share.sum() - 1.0) < 1e-6
+        several += any(share[w] == 1.0 for w in range(n - 1)) and k < len(means) - 3
+        versions = np.flatnonzero(m[HOT:])
+        assert versions.max() <= k and versions.min() >= k - s, (k, versions)
+    assert several > 0, "no aggregate of several gradients of one fast worker"
+    stats = sw.stats()
+    slow = got[n - 1]
+    assert slow["dropped"] + stats["staleness_dropped"] // 3 > 0, "the slow worker's stale " \
+        "gradients should be dropped"
+    # every gradient is applied once or dropped once (worker or switch): the counts add up
+    applied = sum(sum(round(x * 2) for x in m[1:1 + n]) for m in means[:-3])
+    pushed = sum(v["pushed"] for v in got.values())
+    assert applied <= pushed - sum(v["dropped"] for v in got.values())
+    assert stats["aggregates_completed"] == 3 * len(means)
+
+
+@pytest.mark.distributed
+def test_threshold_n_with_zero_staleness_is_the_synchronous_reducer(switches):
+    sw = switches("--mtu", "1500")
+    sync = _run(sw.addr, 2, h=None, s=None, steps=8)
+    thr = _run(sw.addr, 2, h=2, s=0, steps=8)
+    assert sync[0]["chain"] == sync[1]["chain"] == thr[0]["chain"] == thr[1]["chain"]
+    assert thr[0]["dropped"] == thr[1]["dropped"] == 0
+
+
+@pytest.mark.distributed
+def test_the_switch_drops_and_counts_gradients_older_than_s(switches):
+    """H = 1, S = 1: worker 0's gradients on version 0 make aggregates 0 and 1; its third, and
+    worker 1's (both computed on version 0, sent without having seen an aggregate) are 2 behind:
+    the switch drops each segment and counts it, and nobody applies them."""
+    sw = switches("--mtu", "1500")
+    native = False if PLANE_AT.get(sw.addr) == "python" else None
+    reds: dict[int, ThresholdReducer] = {}
+
+    def join(rank: int) -> None:
+        reds[rank] = ThresholdReducer(sw.addr, rank, 2, 1, 1, rto_s=0.05, native=native,
+                                      join_timeout_s=10)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert set(reds) == {0, 1}
+        for red in reds.values():
+            assert red.region(P_FLOATS) == 0
+        vecs = [np.full(P_FLOATS, float(i + 1), np.float32) for i in range(4)]
+        for v in vecs[:3]:
+            assert reds[0].send(0, v, 0)
+        time.sleep(0.2)
+        assert reds[1].send(0, vecs[3], 0)  # (it has seen no aggregate: it cannot tell)
+        got: list = []
+        end = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < end:
+            got += reds[1].pump(0.05)
+        time.sleep(0.3)
+        got += reds[1].pump(0.05)
+        assert [r for r, _ in got] == [0, 0]
+        assert np.array_equal(got[0][1], vecs[0]) and np.array_equal(got[1][1], vecs[1])
+        stats = sw.stats()
+        assert stats["async_threshold"] == 1 and stats["staleness_bound"] == 1
+        assert stats["staleness_dropped"] == 2 * 3  # two gradients of 3 segments
+        assert stats["aggregates_completed"] == 2 * 3
+        # and the worker's own check: version 2 known, a gradient on version 0 is not sent
+        assert not reds[1].send(0, vecs[0], 0) and reds[1].staleness_dropped == 1
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+def test_threshold_reducer_refuses_bad_h_and_s():
+    with pytest.raises(ValueError, match="threshold H=3 must be in"):
+        ThresholdReducer("127.0.0.1:1", 0, 2, 3, 1)
+    with pytest.raises(ValueError, match="staleness S=128"):
+        ThresholdReducer("127.0.0.1:1", 0, 2, 2, 128)
+    with pytest.raises(ValueError, match="ThresholdReducer"):
+        from gmi_drl.comm.reducer import IdentityReducer
+        ThresholdPipeline(IdentityReducer(), lambda mean: None)
+    with pytest.raises(ValueError):
+        P.encode_control(P.Action.SETH, P.ThresholdValue(0, 1))
+    assert P.decode_control(P.encode_control(P.Action.SETH, P.ThresholdValue(2, 3))) == \
+        (P.Action.SETH, P.ThresholdValue(2, 3))
