@@ -29,8 +29,11 @@ gradient segments of any workers, several of one worker included, until their co
 their sum (in ascending member id, then arrival: each gradient comes once, in its sender's
 push order) goes to every member with that count and the offset's aggregate number, which then
 advances. A segment computed on a weight version more than S aggregates behind the offset's
-current one is dropped and counted (``staleness_dropped``), so no applied gradient is staler
-than S. The last `KEPT_AGGREGATES` results of each offset are kept for members that lost one
+current one is dropped and counted (``staleness_dropped``, per segment), so no applied gradient
+is staler than S. The first segment of a gradient to arrive decides for all its segments (a
+gradient is taken whole or not at all, so every offset of a vector counts the same gradients and
+the offsets' aggregate numbers advance together; a vector's first offset, which every gradient
+reaches first, is the furthest along). The last `KEPT_AGGREGATES` results of each offset are kept for members that lost one
 (Help). A worker's lost gradient segment is not resent: the aggregate completes with the
 gradients that came (every worker still applies the same sum).
 """
@@ -169,6 +172,7 @@ class PyDataPlane:
         self._c = dict.fromkeys(COUNTERS + THRESHOLD_COUNTERS, 0)
         self._thr: tuple[int, int] | None = None  # threshold mode's (H, S)
         self._offsets: dict[int, _Offset] = {}
+        self._fresh: dict[tuple[int, int], bool] = {}  # (member id, push) -> within S
         self._arrivals = 0
 
     # ---- the member table and group state -------------------------------------------------------
@@ -203,6 +207,7 @@ class PyDataPlane:
         if threshold == 0:
             self._thr = None
             self._offsets.clear()
+            self._fresh.clear()
             return
         self._thr = (threshold, staleness)
         for o, a in list(self._offsets.items()):
@@ -343,7 +348,12 @@ class PyDataPlane:
             c["duplicates"] += 1
             return
         a.last_push[m.id] = push
-        if (a.number - rnd) % 256 > self._thr[1]:
+        fresh = self._fresh.get((m.id, push))
+        if fresh is None:  # the first segment of this gradient decides for all of it
+            fresh = self._fresh[(m.id, push)] = (a.number - rnd) % 256 <= self._thr[1]
+            if len(self._fresh) > 4096:
+                del self._fresh[next(iter(self._fresh))]
+        if not fresh:
             c["staleness_dropped"] += 1
             return
         self._arrivals += 1
@@ -458,6 +468,7 @@ class PyDataPlane:
             s.clear()
         self._active.clear()
         self._offsets.clear()
+        self._fresh.clear()
 
     def fbcast(self, seq: int) -> None:
         """Complete slot ``seq`` now with what it holds (Action.FBCAST). In threshold mode

