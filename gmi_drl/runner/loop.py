@@ -46,7 +46,7 @@ class LoopSpec:
 def gmi_main(ctx) -> LoopResult:
     """One GMI of a run (the target every placement starts): a `HolisticGMI`, iterated."""
     spec: LoopSpec = ctx.payload
-    g = spec.run.cfg.gmi
+    g = spec.run.config.gmi
     threshold = (g.threshold, g.staleness) if g.threshold is not None else None
     gmi = HolisticGMI(spec.run, ctx.gmi_id, ctx.make_reducer(threshold))
     return gmi.iterate(spec.progress if ctx.gmi_id == 0 else None)
