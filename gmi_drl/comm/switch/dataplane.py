@@ -35,7 +35,8 @@ gradient is taken whole or not at all, so every offset of a vector counts the sa
 the offsets' aggregate numbers advance together; a vector's first offset, which every gradient
 reaches first, is the furthest along). The last `KEPT_AGGREGATES` results of each offset are kept for members that lost one
 (Help). A worker's lost gradient segment is not resent: the aggregate completes with the
-gradients that came (every worker still applies the same sum).
+gradients that came, at the latest when a worker that waits for it asks (FBcast of that offset
+and number: broadcast as it is, a zero sum where nothing came); every worker applies the same.
 """
 
 from __future__ import annotations
@@ -367,10 +368,10 @@ class PyDataPlane:
         """Sum offset ``o``'s open aggregate (ascending member id, then arrival), keep it and
         send it to every member; the next aggregate opens."""
         parts = [p for _, _, p in sorted(a.contrib, key=lambda x: x[:2])]
-        total = parts[0].copy()
+        total = parts[0].copy() if parts else np.zeros(a.length, "<f4")
         for p in parts[1:]:
             total += p
-        a.kept[a.number] = (total, a.count)
+        a.kept[a.number] = (total, max(a.count, 1))
         a.kept.pop(a.number - KEPT_AGGREGATES, None)
         self._c["segments_completed"] += 1
         self._c["aggregates_completed"] += 1
@@ -472,15 +473,19 @@ class PyDataPlane:
 
     def fbcast(self, seq: int) -> None:
         """Complete slot ``seq`` now with what it holds (Action.FBCAST). In threshold mode
-        ``seq`` is a `protocol.async_seq`: that offset's open aggregate, if it is the one
-        named and holds a gradient; `protocol.ASYNC_FLUSH`: every open aggregate that does."""
+        ``seq`` is a `protocol.async_seq`: that offset's open aggregate if it is the one named,
+        even empty (a zero sum of count 1: its gradient segments were lost, and the workers
+        wait for it); `protocol.ASYNC_FLUSH`: every open aggregate that holds a gradient."""
         if self._thr is not None:
+            if seq == P.ASYNC_FLUSH:
+                for o, a in list(self._offsets.items()):
+                    if a.contrib:
+                        self._complete_offset(o, a)
+                return
             tag, o = P.async_split(seq)
-            for o, a in (list(self._offsets.items()) if seq == P.ASYNC_FLUSH
-                         else [(o, self._offsets.get(o))]):
-                if a is not None and a.contrib and (seq == P.ASYNC_FLUSH
-                                                    or a.number % P.ASYNC_TAG_MOD == tag):
-                    self._complete_offset(o, a)
+            a = self._offsets.get(o)
+            if a is not None and a.number % P.ASYNC_TAG_MOD == tag:
+                self._complete_offset(o, a)
             return
         idx = seq & self._mask
         s = self._slots[idx]

@@ -25,7 +25,8 @@ join a later aggregate, which the bound would refuse sooner or later.
 Loss recovery: a result lost on the way down is asked for again (Help; the switch keeps the last
 `dataplane.KEPT_AGGREGATES` per segment); a worker's gradient segment lost on the way up is not
 resent: where it leaves an aggregate short of H while later ones came, the worker asks the
-switch to broadcast it as it is (FBcast), and every worker applies the same, smaller, sum.
+switch to broadcast it as it is (FBcast; a zero sum where nothing came), and every worker
+applies the same, smaller, sum.
 Not covered (yet): a tree of switches (the switch refuses threshold mode when it has a parent).
 """
 

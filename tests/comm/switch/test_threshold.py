@@ -194,3 +194,17 @@ def test_threshold_reducer_refuses_bad_h_and_s():
         P.encode_control(P.Action.SETH, P.ThresholdValue(0, 1))
     assert P.decode_control(P.encode_control(P.Action.SETH, P.ThresholdValue(2, 3))) == \
         (P.Action.SETH, P.ThresholdValue(2, 3))
+
+
+@pytest.mark.distributed
+def test_lost_packets_leave_every_worker_with_the_same_weights(switches):
+    """3 % of the packets each way lost (gradients, results, barrier rounds, control): lost
+    results are asked for again, aggregates a lost gradient segment left short are broadcast
+    on request; every worker applies the same aggregates and drains to the same weights."""
+    sw = switches("--mtu", "1500", "--drop-rate", "0.03", "--seed", "7")
+    got = _run(sw.addr, 3, h=2, s=2, steps=12, slow=0.05, drain_every=6)
+    chains = [v["chain"] for v in got.values()]
+    assert len({tuple(c) for c in chains}) == 1, "the workers' weights differ at some version"
+    assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
+    stats = sw.stats()
+    assert stats["injected_drops"] > 0
