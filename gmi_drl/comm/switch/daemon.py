@@ -25,8 +25,8 @@ warning, H is lowered to the remaining members, and waiting slots complete witho
 
 Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
 (`protocol.ThresholdValue`: H gradient vectors per aggregate from any workers, staleness bound
-S) switches the job's data plane to it (`dataplane` module docstring); a native plane hands the
-job to a Python one first. It lasts until the job ends; the synchronous rounds' H is
+S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
+ends; the synchronous rounds' H is
 untouched. Only a root switch takes it (a tree does not aggregate threshold mode yet).
 """
 
@@ -230,15 +230,12 @@ class SwitchDaemon:
             self._parent = None
             if config.parent is not None:
                 self._parent = (socket.gethostbyname(config.parent[0]), config.parent[1])
-            self._plane_args = dict(
-                seg_floats=self.seg_floats, slots=config.slots,
+            self._plane, self.data_plane = make_data_plane(
+                config.data_plane, self._sock, seg_floats=self.seg_floats, slots=config.slots,
                 max_members=config.max_members, switch_id=config.switch_id,
                 member_id=config.member_id, parent=self._parent, drop_rate=config.drop_rate,
                 dup_rate=config.dup_rate, delay_ms=config.delay_ms,
                 help_after_s=config.help_after_s, seed=config.seed)
-            self._plane, self.data_plane = make_data_plane(config.data_plane, self._sock,
-                                                           **self._plane_args)
-            self._plane_retired: dict[str, int] = {}  # counters of a plane handed over
         except BaseException:
             self._sock.close()
             raise
@@ -269,16 +266,15 @@ class SwitchDaemon:
         """A snapshot of every counter (data and control plane)."""
         self.stats()
         c = Counters(**self._c.as_dict())
-        for k, v in self._plane_counters().items():
+        for k, v in self._plane.counters().items():
             setattr(c, k, getattr(c, k) + v)
         return c
 
     def serve_forever(self) -> None:
         """Run the event loop until `stop`. Never raises on bad input: every packet that is not
         a well-formed message of a member of this job is dropped and counted."""
-        sock = self._sock
+        sock, plane = self._sock, self._plane
         while not self._stop:
-            plane = self._plane  # (threshold mode may hand the job to another plane)
             now = time.monotonic()
             timeout = max(0.0, min(self._next_tick, plane.next_due()) - now)
             ready, _, _ = select.select([sock], [], [], min(timeout, 0.5))
@@ -429,22 +425,12 @@ class SwitchDaemon:
         self._membership_changed(new=m)
 
     def _threshold_mode(self, v: P.ThresholdValue) -> None:
-        """Threshold mode (H, S) for this job; a native data plane gives way to a Python one.
+        """Threshold mode (H, S) for this job.
 
         Raises:
             ProtocolError: this switch has a parent (threshold mode is single-switch only)."""
         if self._parent is not None:
             raise P.ProtocolError("threshold mode on a switch with a parent: not supported")
-        if self.data_plane == "native":
-            log.info("threshold mode asked for: the job moves to the Python data plane")
-            plane, self.data_plane = make_data_plane("python", self._sock, **self._plane_args)
-            self._plane_retired = self._plane.counters()
-            self._plane = plane
-            for m in self._members.values():
-                plane.set_member(m.row, m.id, int(m.type), m.addr[0], m.addr[1],
-                                 m.workers_below)
-            self._plane_state = None
-            self._sync_plane()
         if self._plane.threshold_mode != tuple(v):
             log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
                      "S=%d", *v)
@@ -620,14 +606,8 @@ class SwitchDaemon:
                 self._control(m.addr, Action.HELP, seq)
 
     def _plane_mode(self) -> tuple[int, int] | None:
-        return getattr(self._plane, "threshold_mode", None)
-
-    def _plane_counters(self) -> dict[str, int]:
-        """The data plane's counters, with those of a native plane it took over from."""
-        out = dict(self._plane.counters())
-        for k, v in self._plane_retired.items():
-            out[k] = out.get(k, 0) + v
-        return out
+        mode = self._plane.threshold_mode
+        return None if mode is None else tuple(mode)
 
     def stats(self) -> dict:
         """Every counter now (data and control plane), with the current member count, H,
@@ -637,7 +617,7 @@ class SwitchDaemon:
         mode = self._plane_mode()
         c.async_threshold, c.staleness_bound = mode or (0, 0)
         out = c.as_dict()
-        for k, v in self._plane_counters().items():
+        for k, v in self._plane.counters().items():
             out[k] += v
         out["data_plane"] = self.data_plane
         return out

@@ -22,8 +22,7 @@ kept rows in member-id order makes the float32 result bit-identical to
 ``slots * max_members * seg_floats * 4`` bytes (touched lazily).
 
 Threshold mode (iSwitch §3.3 "segment counter ... until the aggregation threshold H", §4.1
-Fig. 11), Python plane only (`PyDataPlane.set_threshold_mode`; the daemon moves a native plane's
-job to a Python one when a member asks for it): packets flagged `protocol.FLAG_ASYNC` name a
+Fig. 11; `PyDataPlane.set_threshold_mode`, the native plane alike): packets flagged `protocol.FLAG_ASYNC` name a
 segment ``offset`` of the job's parameter layout, not a round. Each offset collects the
 gradient segments of any workers, several of one worker included, until their counts reach H;
 their sum (in ascending member id, then arrival: each gradient comes once, in its sender's
@@ -57,11 +56,11 @@ PLANES = ("auto", "native", "python")
 """``--data-plane`` choices: ``auto`` takes the native plane where it is built."""
 COUNTERS = ("packets_in", "packets_out", "bytes_aggregated", "segments_completed", "duplicates",
             "retransmissions_served", "malformed_dropped", "non_member_dropped",
-            "not_ready_dropped", "stale_dropped", "busy_dropped", "injected_drops")
-"""The counters a data plane keeps (`counters`); the daemon adds its control-plane ones."""
-THRESHOLD_COUNTERS = ("staleness_dropped", "aggregates_completed")
-"""The Python plane's threshold-mode counters, beyond `COUNTERS`: gradient segments dropped by
-the staleness bound S, and threshold-mode aggregates broadcast (one per offset and aggregate)."""
+            "not_ready_dropped", "stale_dropped", "busy_dropped", "injected_drops",
+            "staleness_dropped", "aggregates_completed")
+"""The counters a data plane keeps (`counters`); the daemon adds its control-plane ones.
+Threshold mode's: ``staleness_dropped``, gradient segments older than S; ``aggregates_completed``,
+aggregates broadcast (one per segment offset and aggregate)."""
 KEPT_AGGREGATES = 64
 """Threshold mode: results kept per segment offset for members that lost one (Help)."""
 
@@ -170,7 +169,7 @@ class PyDataPlane:
         self._rx = bytearray(P.RX_BUFFER_BYTES)
         self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
                                      P.HEADER_BYTES)
-        self._c = dict.fromkeys(COUNTERS + THRESHOLD_COUNTERS, 0)
+        self._c = dict.fromkeys(COUNTERS, 0)
         self._thr: tuple[int, int] | None = None  # threshold mode's (H, S)
         self._offsets: dict[int, _Offset] = {}
         self._fresh: dict[tuple[int, int], bool] = {}  # (member id, push) -> within S

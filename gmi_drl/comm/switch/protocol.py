@@ -346,14 +346,12 @@ def native_layout() -> dict[str, int]:
     """The packet constants the native data plane (``csrc/switch_plane.cpp``) parses and writes
     data packets by, derived from the definitions above so that the formats exist once: the Seg
     header's size and each field's ``NAME_offset``/``NAME_size`` in bytes (big-endian), the two
-    ToS bytes, the flag bits (threshold mode's `FLAG_ASYNC` not among the known ones: the
-    native plane drops such packets, the daemon runs threshold mode on the Python plane), the
-    action byte of `Action.STATS`, and `RX_BUFFER_BYTES`."""
+    ToS bytes, the flag bits, the action byte of `Action.STATS`, and `RX_BUFFER_BYTES`."""
     fmt = DATA_HEADER.format
     order, codes = fmt[0], fmt[1:]
     out = {"header_bytes": HEADER_BYTES, "float_bytes": FLOAT_BYTES, "tos_data": TOS_DATA,
            "tos_control": TOS_CONTROL, "flag_result": FLAG_RESULT, "flag_fbcast": FLAG_FBCAST,
-           "known_flags": KNOWN_FLAGS & ~FLAG_ASYNC, "action_stats": int(Action.STATS),
+           "flag_async": FLAG_ASYNC, "known_flags": KNOWN_FLAGS, "action_stats": int(Action.STATS),
            "rx_buffer_bytes": RX_BUFFER_BYTES}
     for i, name in enumerate(("seq", "round", "member", "count", "flags")):
         out[f"{name}_offset"] = struct.calcsize(order + codes[:i])

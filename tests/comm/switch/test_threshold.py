@@ -137,7 +137,7 @@ def test_threshold_n_with_zero_staleness_is_the_synchronous_reducer(switches):
 
 
 @pytest.mark.distributed
-def test_the_switch_drops_and_counts_gradients_older_than_s(switches):
+def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane):
     """H = 1, S = 1: worker 0's gradients on version 0 make aggregates 0 and 1; its third, and
     worker 1's (both computed on version 0, sent without having seen an aggregate) are 2 behind:
     the switch drops each segment and counts it, and nobody applies them."""
@@ -173,6 +173,7 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches):
         assert np.array_equal(got[0][1], vecs[0]) and np.array_equal(got[1][1], vecs[1])
         stats = sw.stats()
         assert stats["async_threshold"] == 1 and stats["staleness_bound"] == 1
+        assert stats["data_plane"] == data_plane
         assert stats["staleness_dropped"] == 2 * 3  # two gradients of 3 segments
         assert stats["aggregates_completed"] == 2 * 3
         # and the worker's own check: version 2 known, a gradient on version 0 is not sent
