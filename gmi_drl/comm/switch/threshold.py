@@ -27,7 +27,9 @@ Loss recovery: a result lost on the way down is asked for again (Help; the switc
 resent: where it leaves an aggregate short of H while later ones came, the worker asks the
 switch to broadcast it as it is (FBcast; a zero sum where nothing came), and every worker
 applies the same, smaller, sum.
-Not covered (yet): a tree of switches (the switch refuses threshold mode when it has a parent).
+Not covered (yet): a tree of switches (the switch refuses threshold mode when it has a
+parent), and a switch restarted after the first gradient (the worker raises `SwitchError`: the
+aggregate numbering is lost; the run resumes from its checkpoint).
 """
 
 from __future__ import annotations
@@ -147,8 +149,13 @@ class ThresholdReducer(SwitchReducer):
             return
         was = self._joined
         super()._on_control(action, value)
-        if action == Action.JOIN_ACK and not was:  # (re)joined: a restarted switch forgot it
-            self._mode_acked = False
+        if action == Action.JOIN_ACK and not was:
+            if self._pushes:
+                raise SwitchError(
+                    f"worker {self.rank}: switch {self._where} restarted during Async iSwitch "
+                    "training: the aggregates it numbered are gone, so the workers can no longer "
+                    "apply them in one order; restart the run from its last checkpoint")
+            self._mode_acked = False  # (a switch restarted while joining: ask again)
             self._next_mode = 0.0
             self._send_mode(time.monotonic())
 

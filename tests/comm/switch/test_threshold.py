@@ -7,6 +7,8 @@ synchronous reducer bit for bit; the switch's own check drops and counts exactly
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import threading
 import time
 
@@ -65,6 +67,8 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
             pipe = ThresholdPipeline(red, apply)
             copy = lambda: np.copyto(local, theta)  # noqa: E731
             for t in range(steps):
+                if rank == n - 1 and t == opts.get("die_at"):
+                    os.kill(os.getpid(), signal.SIGKILL)  # a member that goes silent
                 pipe.fetch(copy)
                 if rank == n - 1:
                     time.sleep(opts.get("slow", 0.0))
@@ -81,14 +85,14 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
         q.put((rank, repr(e)))
 
 
-def _run(addr: str, n: int, **opts) -> dict:
+def _run(addr: str, n: int, expect: int | None = None, **opts) -> dict:
     c = ctx()
     q = c.Queue()
     procs = [c.Process(target=_train, args=(addr, r, n, opts, q)) for r in range(n)]
     for p in procs:
         p.start()
     try:
-        got = dict(q.get(timeout=60) for _ in range(n))
+        got = dict(q.get(timeout=60) for _ in range(expect or n))
     finally:
         for p in procs:
             p.join(10)
@@ -209,3 +213,16 @@ def test_lost_packets_leave_every_worker_with_the_same_weights(switches):
     assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
     stats = sw.stats()
     assert stats["injected_drops"] > 0
+
+
+@pytest.mark.distributed
+def test_a_worker_that_dies_leaves_the_others_training(switches):
+    """Membership: worker 2 of 3 is killed after 3 gradients; the switch drops it after
+    --member-timeout, and the other two go on aggregating H = 2 of their own gradients, drain
+    (their barrier rounds complete without it) and agree on every weight version."""
+    sw = switches("--mtu", "1500", "--member-timeout", "1")
+    got = _run(sw.addr, 3, expect=2, h=2, s=2, steps=12, die_at=3, drain_every=6)
+    assert set(got) == {0, 1}
+    assert got[0]["chain"] == got[1]["chain"] and got[0]["drained"] == got[1]["drained"]
+    assert np.array_equal(got[0]["theta"], got[1]["theta"])
+    assert sw.stats()["members_dropped"] == 1
