@@ -6,6 +6,8 @@
 // its member's row of the slot pool, a completed slot is summed in ascending member id with
 // vectorised adds, and the results queued during a batch leave together. Control packets, and
 // the addresses of strangers that sent data, go back to Python, which runs the control plane.
+// Threshold mode (Async iSwitch, `PyDataPlane.set_threshold_mode`): per segment offset, the
+// gradients of any workers until H of them, summed in (member id, arrival) order, kept for Help.
 //
 // The kernel's per-datagram cost, not this code, dominates at Ethernet MTUs, so the plane uses
 // UDP generic segmentation both ways (Linux >= 5.0; plain datagrams where refused): with UDP_GRO

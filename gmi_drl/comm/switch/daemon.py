@@ -439,7 +439,8 @@ class SwitchDaemon:
     def _refusal(self, v: P.JoinValue) -> tuple[P.NackReason, str] | None:
         """Why a newcomer ``v`` cannot join the members there are (None: it can)."""
         cfg = self.cfg
-        if 0 < self._h <= len(self._members) and self._plane_mode() is None:  # H < members: partial sums, every round
+        # H < members: partial sums, every round (threshold mode counts gradients instead)
+        if 0 < self._h <= len(self._members) and self._plane_mode() is None:
             return (P.NackReason.GROUP_MISMATCH,
                     f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
                     "would complete without the others, and gmi-drl's workers take part in "

@@ -22,20 +22,21 @@ kept rows in member-id order makes the float32 result bit-identical to
 ``slots * max_members * seg_floats * 4`` bytes (touched lazily).
 
 Threshold mode (iSwitch §3.3 "segment counter ... until the aggregation threshold H", §4.1
-Fig. 11; `PyDataPlane.set_threshold_mode`, the native plane alike): packets flagged `protocol.FLAG_ASYNC` name a
-segment ``offset`` of the job's parameter layout, not a round. Each offset collects the
-gradient segments of any workers, several of one worker included, until their counts reach H;
-their sum (in ascending member id, then arrival: each gradient comes once, in its sender's
-push order) goes to every member with that count and the offset's aggregate number, which then
-advances. A segment computed on a weight version more than S aggregates behind the offset's
-current one is dropped and counted (``staleness_dropped``, per segment), so no applied gradient
-is staler than S. The first segment of a gradient to arrive decides for all its segments (a
-gradient is taken whole or not at all, so every offset of a vector counts the same gradients and
-the offsets' aggregate numbers advance together; a vector's first offset, which every gradient
-reaches first, is the furthest along). The last `KEPT_AGGREGATES` results of each offset are kept for members that lost one
-(Help). A worker's lost gradient segment is not resent: the aggregate completes with the
-gradients that came, at the latest when a worker that waits for it asks (FBcast of that offset
-and number: broadcast as it is, a zero sum where nothing came); every worker applies the same.
+Fig. 11; `PyDataPlane.set_threshold_mode`, the native plane alike): packets flagged
+`protocol.FLAG_ASYNC` name a segment ``offset`` of the job's parameter layout, not a round. Each
+offset collects the gradient segments of any workers, several of one worker included, until
+their counts reach H; their sum (in ascending member id, then arrival: each gradient comes once,
+in its sender's push order) goes to every member with that count and the offset's aggregate
+number, which then advances. A segment computed on a weight version more than S aggregates
+behind the offset's current one is dropped and counted (``staleness_dropped``, per segment), so
+no applied gradient is staler than S. The first segment of a gradient to arrive decides for all
+its segments (a gradient is taken whole or not at all, so every offset of a vector counts the
+same gradients and the offsets' aggregate numbers advance together; a vector's first offset,
+which every gradient reaches first, is the furthest along). The last `KEPT_AGGREGATES` results
+of each offset are kept for members that lost one (Help). A worker's lost gradient segment is
+not resent: the aggregate completes with the gradients that came, at the latest when a worker
+that waits for it asks (FBcast of that offset and number: broadcast as it is, a zero sum where
+nothing came); every worker applies the same.
 """
 
 from __future__ import annotations
