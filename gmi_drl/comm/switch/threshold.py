@@ -371,8 +371,12 @@ class _Engine:
                 if stop:
                     return
                 for pipe, vec, version in new:
-                    if not red.send(pipe.region, vec, version):
-                        with self.cond:
+                    staleness = pipe.version - version  # (only the LWU thread changes it)
+                    sent = red.send(pipe.region, vec, version)
+                    with self.cond:
+                        if sent:
+                            pipe.staleness_counts[staleness] += 1
+                        else:
                             pipe.staleness_dropped += 1
                 with self.cond:
                     for pipe, _, _ in new:
@@ -409,8 +413,8 @@ class ThresholdPipeline:
     Attributes:
         version: aggregates applied to ``θ``.
         pushed: gradients handed over.
-        staleness_counts: ``{V - v: gradients pushed}``, ``V`` the version when pushed, ``v``
-            the one computed on (a lower bound of the staleness at the switch).
+        staleness_counts: ``{V - v: gradients sent}``, ``V`` the version when sent, ``v`` the
+            one computed on (at most S; a lower bound of the staleness at the switch).
         staleness_dropped: gradients this worker dropped before sending (older than S).
     """
 
@@ -469,7 +473,6 @@ class ThresholdPipeline:
             if self.region is None:  # the first push: every worker's pipelines in one order
                 self.region = self.reducer.region(vec.size)
                 self._engine.by_region[self.region] = self
-            self.staleness_counts[self.version - v] += 1
             n = self._on_version[1] + 1 if self._on_version[0] == v else 1
             self._on_version = (v, n)
             self._engine.pending.append((self, vec, v))
@@ -478,24 +481,23 @@ class ThresholdPipeline:
         self._computing = None
 
     def drain(self, copy: Callable[[], None]) -> None:
-        """Wait until every gradient pushed is sent; once every pipeline of the reducer is
-        drained, stop the LWU thread and bring every worker to the same last aggregate
-        (`ThresholdReducer.barrier`: collective, like the synchronous path's last round); then
-        run ``copy()`` where ``θ`` changed. Blocking; the reducer is the caller's afterwards.
+        """Wait until every gradient pushed to the reducer (by any of its pipelines) is sent,
+        stop the LWU thread and bring every worker to the same last aggregate
+        (`ThresholdReducer.barrier`: collective, so every worker drains as often, as the
+        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking;
+        the reducer is the caller's until the next `push`.
 
         Raises:
             RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
         engine = self._engine
         with self._cond:
-            while self._sent < self.pushed and engine.error is None:
+            while (any(p._sent < p.pushed for p in engine.by_region.values())
+                   and engine.error is None):
                 self._cond.wait()
-            last = all(p._sent == p.pushed for p in engine.by_region.values())
-            engine.stop = last
-        if last or engine.error is not None:
-            engine.join()
+            engine.stop = True
+        engine.join()
         self._raise()
-        if last:
-            self.reducer.barrier(engine.deliver)
+        self.reducer.barrier(engine.deliver)
         with self._cond:
             if self._copied != self.version:
                 copy()

@@ -226,3 +226,81 @@ def test_a_worker_that_dies_leaves_the_others_training(switches):
     assert got[0]["chain"] == got[1]["chain"] and got[0]["drained"] == got[1]["drained"]
     assert np.array_equal(got[0]["theta"], got[1]["theta"])
     assert sw.stats()["members_dropped"] == 1
+
+
+def _ppo(addr: str, rank: int, n: int, threshold, q) -> None:
+    """Two PPO updates on a fixed random rollout per worker through the runner's gradient step
+    (`make_grad_step` on a `ThresholdReducer` when ``threshold`` is ``(H, S)``, else the
+    synchronous `SwitchReducer`); the weights' digest after each."""
+    import functools
+
+    import gymnasium as gym
+
+    from gmi_drl.algos import AlgoContext, ModelConfig, PPOConfig, build_algorithm
+    from gmi_drl.comm.switch import SwitchReducer
+    from gmi_drl.envs.spec import EnvSpec
+    from gmi_drl.optim.grad_step import make_grad_step
+
+    torch.set_num_threads(1)
+    try:
+        native = False if PLANE_AT.get(addr) == "python" else None
+        if threshold is None:
+            red, bound = SwitchReducer(addr, rank, n, rto_s=0.05, native=native), None
+        else:
+            red = ThresholdReducer(addr, rank, n, *threshold, rto_s=0.05, native=native)
+            bound = threshold[1]
+        spec = EnvSpec("test", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), None)
+        steps = functools.partial(make_grad_step, reducer=red, staleness_bound=bound)
+        actx = AlgoContext(spec, 4, ModelConfig(), 10, 0, steps, torch.Generator())
+        torch.manual_seed(0)  # identical initial weights on every worker
+        learner = build_algorithm(PPOConfig(num_steps=16, num_minibatches=4, update_epochs=2),
+                                  actx)
+        g, buf = torch.Generator().manual_seed(rank), learner.buf
+        buf.obs.copy_(torch.randn(buf.obs.shape, generator=g))
+        buf.actions.copy_(torch.randint(0, 2, buf.actions.shape, generator=g))
+        buf.logprobs.copy_(-torch.rand(buf.logprobs.shape, generator=g))
+        for x in (buf.values, buf.advantages, buf.returns):
+            x.copy_(torch.randn(x.shape, generator=g))
+        digests, stats = [], []
+        for _ in range(2):
+            stats.append(learner.update())
+            digests.append(hashlib.sha256(learner.grad_step.params.data.numpy().tobytes())
+                           .hexdigest())
+        learner.close()
+        red.close()
+        q.put((rank, (digests, stats)))
+    except Exception as e:  # reported to the test, which fails with it
+        q.put((rank, repr(e)))
+
+
+def _run_ppo(addr: str, n: int, threshold) -> dict:
+    c = ctx()
+    q = c.Queue()
+    procs = [c.Process(target=_ppo, args=(addr, r, n, threshold, q)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=60) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(10)
+        q.close()
+        q.join_thread()
+    bad = {r: v for r, v in got.items() if isinstance(v, str)}
+    assert not bad, f"workers failed: {bad}"
+    return got
+
+
+@pytest.mark.distributed
+def test_ppo_through_the_runners_gradient_step(switches):
+    """PPO's gradient step on a `ThresholdReducer`: H = N, S = 0 is the synchronous path bit
+    for bit; H = 1, S = 2 changes the weights, keeps them identical on every worker after each
+    update (drain) and reports the staleness metrics."""
+    sw = switches("--mtu", "1500")
+    sync = _run_ppo(sw.addr, 2, None)
+    same = _run_ppo(sw.addr, 2, (2, 0))
+    fast = _run_ppo(sw.addr, 2, (1, 2))
+    assert sync[0][0] == sync[1][0] == same[0][0] == same[1][0]
+    assert fast[0][0] == fast[1][0] and fast[0][0] != sync[0][0]
+    assert {"comm/staleness_max", "comm/staleness_dropped"} <= set(fast[0][1][1])
+    assert 0 <= fast[0][1][1]["comm/staleness_max"] <= 2
