@@ -57,7 +57,6 @@ class _Aggregate:
 
     mean: np.ndarray
     got: np.ndarray
-    count: np.ndarray
     first: float
     n: int = 0
 
@@ -198,7 +197,10 @@ class ThresholdReducer(SwitchReducer):
     def _on_result(self, off: int, nbytes: int) -> None:
         seq, _rnd, _member, count, flags, k = P.decode_data(
             memoryview(self._rx)[off:off + nbytes], nbytes, P.RX_BUFFER_BYTES)
-        if not flags & P.FLAG_ASYNC or not flags & P.FLAG_RESULT:
+        if not flags & P.FLAG_ASYNC:  # a synchronous round's (`barrier`)
+            super()._on_result(off, nbytes)
+            return
+        if not flags & P.FLAG_RESULT:
             return
         tag, o = P.async_split(seq)
         r = self._region_of(o)
@@ -214,13 +216,12 @@ class ThresholdReducer(SwitchReducer):
         a = r.open.get(number)
         if a is None:
             a = r.open[number] = _Aggregate(np.empty(r.size, np.float32),
-                                            np.zeros(r.nseg, bool), np.zeros(r.nseg, int),
-                                            time.monotonic())
+                                            np.zeros(r.nseg, bool), time.monotonic())
         if a.got[i]:
             return
         at = off // P.FLOAT_BYTES
         np.divide(self._rx_f32[at:at + k], np.float32(count), out=a.mean[i * f:i * f + k])
-        a.got[i], a.count[i] = True, count
+        a.got[i] = True
         a.n += 1
         self._last_progress = time.monotonic()
         while (a := r.open.get(r.next)) is not None and a.n == r.nseg:

@@ -44,7 +44,7 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
 
     torch.set_num_threads(1)
     try:
-        native = False if PLANE_AT.get(addr) == "python" else None
+        native = opts["native"]
         h, s, steps = opts["h"], opts["s"], opts["steps"]
         theta = np.zeros(P_FLOATS, np.float32)
         chain, means, drained = [], [], []
@@ -88,6 +88,7 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
 def _run(addr: str, n: int, expect: int | None = None, **opts) -> dict:
     c = ctx()
     q = c.Queue()
+    opts["native"] = False if PLANE_AT.get(addr) == "python" else None  # (the client path too)
     procs = [c.Process(target=_train, args=(addr, r, n, opts, q)) for r in range(n)]
     for p in procs:
         p.start()
@@ -228,7 +229,7 @@ def test_a_worker_that_dies_leaves_the_others_training(switches):
     assert sw.stats()["members_dropped"] == 1
 
 
-def _ppo(addr: str, rank: int, n: int, threshold, q) -> None:
+def _ppo(addr: str, rank: int, n: int, threshold, native, q) -> None:
     """Two PPO updates on a fixed random rollout per worker through the runner's gradient step
     (`make_grad_step` on a `ThresholdReducer` when ``threshold`` is ``(H, S)``, else the
     synchronous `SwitchReducer`); the weights' digest after each."""
@@ -243,11 +244,11 @@ def _ppo(addr: str, rank: int, n: int, threshold, q) -> None:
 
     torch.set_num_threads(1)
     try:
-        native = False if PLANE_AT.get(addr) == "python" else None
         if threshold is None:
-            red, bound = SwitchReducer(addr, rank, n, rto_s=0.05, native=native), None
+            red, bound = SwitchReducer(addr, rank, n, "sync", rto_s=0.05, native=native), None
         else:
-            red = ThresholdReducer(addr, rank, n, *threshold, rto_s=0.05, native=native)
+            red = ThresholdReducer(addr, rank, n, *threshold, f"thr-{threshold}", rto_s=0.05,
+                                   native=native)
             bound = threshold[1]
         spec = EnvSpec("test", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), None)
         steps = functools.partial(make_grad_step, reducer=red, staleness_bound=bound)
@@ -276,14 +277,19 @@ def _ppo(addr: str, rank: int, n: int, threshold, q) -> None:
 def _run_ppo(addr: str, n: int, threshold) -> dict:
     c = ctx()
     q = c.Queue()
-    procs = [c.Process(target=_ppo, args=(addr, r, n, threshold, q)) for r in range(n)]
+    native = False if PLANE_AT.get(addr) == "python" else None
+    procs = [c.Process(target=_ppo, args=(addr, r, n, threshold, native, q))
+             for r in range(n)]
     for p in procs:
         p.start()
     try:
-        got = dict(q.get(timeout=60) for _ in range(n))
+        got = dict(q.get(timeout=120) for _ in range(n))
     finally:
         for p in procs:
             p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
         q.close()
         q.join_thread()
     bad = {r: v for r, v in got.items() if isinstance(v, str)}
