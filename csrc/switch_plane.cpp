@@ -6,6 +6,8 @@
 // its member's row of the slot pool, a completed slot is summed in ascending member id with
 // vectorised adds, and the results queued during a batch leave together. Control packets, and
 // the addresses of strangers that sent data, go back to Python, which runs the control plane.
+// Threshold mode (Async iSwitch, `PyDataPlane.set_threshold_mode`): per segment offset, the
+// gradients of any workers until H of them, summed in (member id, arrival) order, kept for Help.
 //
 // The kernel's per-datagram cost, not this code, dominates at Ethernet MTUs, so the plane uses
 // UDP generic segmentation both ways (Linux >= 5.0; plain datagrams where refused): with UDP_GRO
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -56,12 +59,17 @@ enum State : uint8_t { FREE = 0, FILLING = 1, UP = 2, DONE = 3 };
 enum Counter {
   PACKETS_IN, PACKETS_OUT, BYTES_AGGREGATED, SEGMENTS_COMPLETED, DUPLICATES,
   RETRANSMISSIONS_SERVED, MALFORMED_DROPPED, NON_MEMBER_DROPPED, NOT_READY_DROPPED,
-  STALE_DROPPED, BUSY_DROPPED, INJECTED_DROPS, NUM_COUNTERS
+  STALE_DROPPED, BUSY_DROPPED, INJECTED_DROPS, STALENESS_DROPPED, AGGREGATES_COMPLETED,
+  NUM_COUNTERS
 };
 constexpr const char* kCounterNames[NUM_COUNTERS] = {
     "packets_in", "packets_out", "bytes_aggregated", "segments_completed", "duplicates",
     "retransmissions_served", "malformed_dropped", "non_member_dropped", "not_ready_dropped",
-    "stale_dropped", "busy_dropped", "injected_drops"};
+    "stale_dropped", "busy_dropped", "injected_drops", "staleness_dropped",
+    "aggregates_completed"};
+constexpr uint32_t kKept = 64;       // threshold mode: results kept per offset (KEPT_AGGREGATES)
+constexpr uint32_t kTagMod = 1u << 15;  // threshold mode: tags mod this (ASYNC_TAG_MOD)
+constexpr uint32_t kFlush = 0xFFFFFFFFu;  // FBCAST Value: flush every open aggregate
 
 double monotonic() {
   timespec ts;
@@ -135,7 +143,7 @@ struct Field {
 
 struct Layout {
   int header_bytes, float_bytes, tos_data, tos_control, rx_bytes, action_stats;
-  uint32_t flag_result, flag_fbcast, known_flags;
+  uint32_t flag_result, flag_fbcast, flag_async, known_flags;
   Field seq, round, member, count, flags;
 
   explicit Layout(const py::dict& d) {
@@ -156,6 +164,7 @@ struct Layout {
     action_stats = i("action_stats");
     flag_result = i("flag_result");
     flag_fbcast = i("flag_fbcast");
+    flag_async = i("flag_async");
     known_flags = i("known_flags");
     seq = f("seq");
     round = f("round");
@@ -176,6 +185,28 @@ struct Slot {
   uint32_t count = 0, result_count = 0;
   double helped = 0;
 };
+
+// Threshold mode: one segment offset's open aggregate and kept results (`dataplane._Offset`).
+struct Contribution {
+  int member;
+  uint64_t arrival;
+  std::vector<float> data;
+  bool operator<(const Contribution& o) const {
+    return member != o.member ? member < o.member : arrival < o.arrival;
+  }
+};
+
+struct Offset {
+  uint32_t number = 0, length = 0, count = 0;
+  std::vector<Contribution> contrib;
+  std::unordered_map<int, uint32_t> last_push;
+  std::map<uint32_t, std::pair<std::vector<float>, uint32_t>> kept;
+};
+
+bool tag_newer(uint32_t a, uint32_t b) {
+  uint32_t d = (a - b) % kTagMod;
+  return d != 0 && d < (kTagMod >> 1);
+}
 
 struct Member {
   bool active = false;
@@ -283,6 +314,31 @@ class NativePlane {
     flush();
   }
 
+  // Threshold mode (`PyDataPlane.set_threshold_mode`): H gradients per aggregate from any
+  // workers, staleness bound S; threshold 0 ends it.
+  void set_threshold_mode(int threshold, int staleness) {
+    if (threshold == 0) {
+      flush();  // queued sends may still read kept results
+      thr_on_ = false;
+      offsets_.clear();
+      fresh_.clear();
+      fresh_order_.clear();
+      return;
+    }
+    thr_on_ = true;
+    thr_h_ = uint32_t(threshold);
+    thr_s_ = uint32_t(staleness);
+    for (auto& [o, a] : offsets_) {
+      if (a.count >= thr_h_) complete_offset(o, a);
+    }
+    flush();
+  }
+
+  py::object threshold_mode() const {
+    if (!thr_on_) return py::none();
+    return py::make_tuple(thr_h_, thr_s_);
+  }
+
   double last_seen(int row) const {
     check_row(row);
     return last_seen_[row];
@@ -333,9 +389,26 @@ class NativePlane {
     flush();
     for (auto& s : slots_) clear(s);
     active_.clear();
+    offsets_.clear();
+    fresh_.clear();
+    fresh_order_.clear();
   }
 
   void fbcast(uint32_t seq) {
+    if (thr_on_) {  // `PyDataPlane.fbcast`: one offset's open aggregate, or every one
+      if (seq == kFlush) {
+        for (auto& [o, a] : offsets_) {
+          if (!a.contrib.empty()) complete_offset(o, a);
+        }
+      } else {
+        auto it = offsets_.find(seq & 0xFFFFu);
+        if (it != offsets_.end() && it->second.number % kTagMod == (seq >> 16) % kTagMod) {
+          complete_offset(it->first, it->second);
+        }
+      }
+      flush();
+      return;
+    }
     uint32_t idx = seq & mask_;
     Slot& s = slots_[idx];
     if (s.seq == seq && s.state == FILLING && !s.contrib.empty()) complete(idx, monotonic());
@@ -344,6 +417,20 @@ class NativePlane {
 
   // A member's Help: resend the kept result (counted as served) or the partial sent up.
   void help_from_member(uint32_t seq, const std::string& ip, int port) {
+    if (thr_on_) {  // a threshold-mode result lost: resend the kept one
+      auto it = offsets_.find(seq & 0xFFFFu);
+      if (it != offsets_.end()) {
+        Offset& a = it->second;
+        uint32_t number = a.number - ((a.number - (seq >> 16)) % kTagMod);
+        if (a.kept.count(number)) {
+          send_kept(it->first, a, number, make_addr(ip, port),
+                    L_.flag_result | L_.flag_async | L_.flag_fbcast);
+          ++c_[RETRANSMISSIONS_SERVED];
+        }
+      }
+      flush();
+      return;
+    }
     uint32_t idx = seq & mask_;
     Slot& s = slots_[idx];
     if (s.seq == seq && s.state == DONE) {
@@ -529,6 +616,10 @@ class NativePlane {
     int row = it->second;
     const Member& m = members_[row];
     last_seen_[row] = now;
+    if (flags & L_.flag_async) {
+      on_async(m, seq, rnd, mid, count, flags, k, payload);
+      return;
+    }
     int below = std::max(1, m.workers_below);
     if ((flags & L_.flag_result) || int(mid) != m.id || int(count) > below ||
         (m.type == 0 && count != 1)) {
@@ -583,6 +674,91 @@ class NativePlane {
     s.contrib.emplace_back(m.id, row);
     s.count += count;
     if (s.state == FILLING && int(s.contrib.size()) >= threshold_) complete(idx, now);
+  }
+
+  // A worker's threshold-mode gradient segment (`PyDataPlane._on_async`).
+  void on_async(const Member& m, uint32_t seq, uint32_t rnd, uint32_t mid, uint32_t count,
+                uint32_t flags, uint32_t k, const float* payload) {
+    if (!thr_on_ || (flags & L_.flag_result) || int(mid) != m.id || count != 1 || m.type != 0) {
+      ++c_[MALFORMED_DROPPED];
+      return;
+    }
+    if (!ready_) {
+      ++c_[NOT_READY_DROPPED];
+      return;
+    }
+    uint32_t push = (seq >> 16) % kTagMod, o = seq & 0xFFFFu;
+    Offset& a = offsets_[o];
+    if (a.length == 0) a.length = k;
+    if (k != a.length) {
+      ++c_[MALFORMED_DROPPED];
+      return;
+    }
+    auto last = a.last_push.find(m.id);
+    if (last != a.last_push.end() && !tag_newer(push, last->second)) {
+      ++c_[DUPLICATES];
+      return;
+    }
+    a.last_push[m.id] = push;
+    uint64_t key = (uint64_t(uint32_t(m.id)) << 32) | push;
+    auto f = fresh_.find(key);
+    bool fresh;
+    if (f == fresh_.end()) {  // the first segment of this gradient decides for all of it
+      fresh = ((a.number - rnd) & 0xFFu) <= thr_s_;
+      fresh_[key] = fresh;
+      fresh_order_.push_back(key);
+      if (fresh_order_.size() > 4096) {
+        fresh_.erase(fresh_order_.front());
+        fresh_order_.pop_front();
+      }
+    } else {
+      fresh = f->second;
+    }
+    if (!fresh) {
+      ++c_[STALENESS_DROPPED];
+      return;
+    }
+    a.contrib.push_back({m.id, ++arrivals_, std::vector<float>(payload, payload + k)});
+    a.count += count;
+    c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
+    if (a.count >= thr_h_) complete_offset(o, a);
+  }
+
+  // Sum an offset's open aggregate (ascending member id, then arrival; a zero sum of count 1
+  // when empty), keep it, send it to every member; the next aggregate opens.
+  void complete_offset(uint32_t o, Offset& a) {
+    std::sort(a.contrib.begin(), a.contrib.end());
+    std::vector<float> total(a.length, 0.0f);
+    if (!a.contrib.empty()) {
+      total = a.contrib[0].data;
+      for (size_t r = 1; r < a.contrib.size(); ++r) {
+        const float* __restrict c = a.contrib[r].data.data();
+        for (size_t j = 0; j < a.length; ++j) total[j] += c[j];
+      }
+    }
+    if (a.number >= kKept) {
+      auto old = a.kept.find(a.number - kKept);
+      if (old != a.kept.end()) {
+        flush();  // queued sends may still read it
+        a.kept.erase(old);
+      }
+    }
+    a.kept[a.number] = {std::move(total), std::max<uint32_t>(a.count, 1)};
+    ++c_[SEGMENTS_COMPLETED];
+    ++c_[AGGREGATES_COMPLETED];
+    for (const Member& m : members_) {
+      if (m.active) send_kept(o, a, a.number, m.addr, L_.flag_result | L_.flag_async);
+    }
+    ++a.number;
+    a.contrib.clear();
+    a.count = 0;
+  }
+
+  void send_kept(uint32_t o, const Offset& a, uint32_t number, const sockaddr_in& to,
+                 uint32_t flags) {
+    const auto& kept = a.kept.at(number);
+    queue(to, ((number % kTagMod) << 16) | o, number, uint32_t(switch_id_), kept.second, flags,
+          kept.first.data(), a.length, 0);
   }
 
   void on_result(uint32_t seq, uint32_t count, uint32_t k, const float* payload) {
@@ -794,6 +970,13 @@ class NativePlane {
   uint32_t mask_ = 0;
   bool has_parent_ = false, ready_ = false;
   int threshold_ = 0;
+  // threshold mode
+  bool thr_on_ = false;
+  uint32_t thr_h_ = 0, thr_s_ = 0;
+  uint64_t arrivals_ = 0;
+  std::map<uint32_t, Offset> offsets_;
+  std::unordered_map<uint64_t, bool> fresh_;  // (member id, push) -> within S
+  std::deque<uint64_t> fresh_order_;
   sockaddr_in parent_{};
   std::mt19937_64 rng_;
   std::vector<float> rows_, partial_, result_;
@@ -1050,7 +1233,9 @@ PYBIND11_MODULE(_plane, m) {
       .def("send_control", &NativePlane::send_control)
       .def("next_due", &NativePlane::next_due)
       .def("flush_delayed", &NativePlane::flush_delayed)
-      .def("counters", &NativePlane::counters);
+      .def("counters", &NativePlane::counters)
+      .def("set_threshold_mode", &NativePlane::set_threshold_mode)
+      .def_property_readonly("threshold_mode", &NativePlane::threshold_mode);
   py::class_<ClientPath>(m, "ClientPath")
       .def(py::init<int, const py::dict&>(), py::arg("fd"), py::arg("layout"))
       .def("send", &ClientPath::send)

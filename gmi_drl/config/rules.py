@@ -215,6 +215,29 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
          f"gmi.staleness={g.staleness} needs gmi.reduction switch, not {g.reduction!r} "
          "(stale-sync training keeps aggregation rounds in flight at the switch; other "
          "reductions are synchronous collectives)")
+    _validate_threshold(cfg, need)
+
+
+def _validate_threshold(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
+    """Async iSwitch (H, S): the switch's threshold mode, its ranges (`protocol.ThresholdValue`)."""
+    g, n = cfg.gmi, cfg.num_trainers
+    need(g.staleness < 128, f"gmi.staleness={g.staleness} must be < 128 (the switch compares "
+         "weight versions mod 256); a bound that large is no bound: lower it")
+    if g.threshold is None:
+        return
+    need(not cfg.is_async, f"gmi.threshold={g.threshold} is Async iSwitch of the sync_training "
+         f"template's GMIs; {algo_name(cfg.algo)} runs async_training: drop --gmi.threshold")
+    need(g.reduction == "switch",
+         f"gmi.threshold={g.threshold} needs gmi.reduction switch, not {g.reduction!r} (only "
+         "the aggregation switch counts gradients up to a threshold; drop --gmi.threshold for "
+         "a synchronous reduction)")
+    need(1 <= g.threshold <= n,
+         f"gmi.threshold={g.threshold} must be in [1, {n}] (the trainer GMIs: H gradients per "
+         f"aggregate, from any of them); use --gmi.threshold {n} or fewer")
+    need(g.threshold == n or g.staleness >= 1,
+         f"gmi.threshold={g.threshold} < {n} GMIs with gmi.staleness=0 is synchronous training "
+         "that drops every gradient but the first H of each aggregate: give --gmi.staleness 1 "
+         f"or more (the paper uses 3), or --gmi.threshold {n}")
 
 
 def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:

@@ -115,6 +115,12 @@ class GMIConfig:
     """staleness bound S of stale-sync training through the switch (iSwitch §4.1): a
     minibatch gradient may be computed on weights that miss the last S aggregated steps, so
     aggregation overlaps computation; 0 is synchronous; needs gmi.reduction switch"""
+    threshold: Annotated[int, Ge(1)] | None = None
+    """aggregation threshold H of Async iSwitch (iSwitch §3.2 SetH, §4.1 Fig. 11): the switch
+    broadcasts once H gradients of any GMIs arrived (a fast GMI may give several), and drops a
+    gradient older than gmi.staleness aggregates; 1 <= H <= the trainer GMIs; H < their number
+    needs gmi.staleness >= 1. None: every aggregate holds one gradient of every GMI (H = N,
+    stale-sync). Needs gmi.reduction switch"""
     netns: str | None = None
     """network namespaces, one per GMI joined by ',' (root): GMI k opens its sockets in the
     k-th, e.g. a worker host of an emulated rack (`gmi_drl.comm.switch.netns.Rack`); None: this

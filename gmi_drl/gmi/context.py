@@ -93,7 +93,12 @@ def _ring(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None
                        dist_backend(layout, flat_ring=True), **_waits(timeout_s))
 
 
-def _switch(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
+def _switch(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None,
+            threshold: tuple[int, int] | None = None):
+    if threshold is not None:  # Async iSwitch (H, S)
+        from gmi_drl.comm.switch.threshold import ThresholdReducer
+        return ThresholdReducer(group.service_addrs[g], g, layout.num_gmis, *threshold,
+                                job_id=group.job_id, token=group.token, **_waits(timeout_s))
     from gmi_drl.comm.switch.client import SwitchReducer
     return SwitchReducer(group.service_addrs[g], worker_id=g, num_workers=layout.num_gmis,
                          job_id=group.job_id, token=group.token, **_waits(timeout_s))
@@ -128,16 +133,18 @@ class GMIContext:
     reduction: ReductionGroup = field(default_factory=ReductionGroup)
     _reducer: Any = field(default=None, init=False, repr=False)
 
-    def make_reducer(self):
+    def make_reducer(self, threshold: tuple[int, int] | None = None):
         """This GMI's `GradReducer` (built once; a collective: every GMI calls it): the identity
-        for one GMI, else `REDUCERS` of ``layout.reduction``."""
+        for one GMI, else `REDUCERS` of ``layout.reduction``. ``threshold``: Async iSwitch's
+        ``(H, S)`` (`gmi_drl.comm.switch.threshold.ThresholdReducer`; switch reduction only)."""
         if self._reducer is None:
             if self.layout.num_gmis == 1:
                 from gmi_drl.comm.reducer import IdentityReducer
                 self._reducer = IdentityReducer()
             else:
+                extra = {} if threshold is None else {"threshold": threshold}
                 self._reducer = REDUCERS[self.layout.reduction](self.gmi_id, self.layout,
-                                                               self.reduction)
+                                                               self.reduction, **extra)
         return self._reducer
 
     def close(self) -> None:

@@ -249,12 +249,17 @@ class StaleSyncGradStep(GradStep):
     ``staleness_bound`` steps, copies it into ``θ_local``, computes the gradient and hands it
     over (the ``allreduce`` section times the waits). `drain` waits for every step and copies
     ``θ`` back, so rollouts and checkpoints see every step; it returns
-    ``comm/staleness_mean`` and ``comm/staleness_max`` of the steps since the last drain.
+    ``comm/staleness_mean`` and ``comm/staleness_max`` of the steps since the last drain
+    (Async iSwitch also ``comm/staleness_dropped``: this worker's gradients dropped so far).
     ``staleness_bound = 0`` gives the synchronous result bit for bit.
 
     Args:
         as `GradStep`, with ``reducer`` a `gmi_drl.comm.switch.SwitchReducer`, and
-        staleness_bound: ``S >= 0``, in steps.
+        staleness_bound: ``S >= 0``, in steps. A
+            `gmi_drl.comm.switch.threshold.ThresholdReducer` runs Async iSwitch instead (its H
+            and S; `gmi_drl.comm.switch.threshold.ThresholdPipeline`): each step's gradient
+            goes to the switch, aggregates of H gradients of any workers are applied in the
+            switch's order.
 
     Raises:
         ValueError: ``staleness_bound < 0``, or the reducer is not the switch's.
@@ -268,11 +273,15 @@ class StaleSyncGradStep(GradStep):
         import copy
 
         from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
+        from gmi_drl.comm.switch.threshold import ThresholdPipeline, ThresholdReducer
 
         self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
         super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
                          cuda_graphs, weight_decay)
-        self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
+        if isinstance(self.reducer, ThresholdReducer):  # Async iSwitch: S is the reducer's
+            self.pipeline = ThresholdPipeline(self.reducer, self._apply_mean)
+        else:
+            self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
         self._counts_before: Counter[int] = Counter()
 
     def _stepped(self) -> FlatParams:
@@ -294,10 +303,13 @@ class StaleSyncGradStep(GradStep):
             pipe.drain(self._pull)
         counts = pipe.staleness_counts - self._counts_before
         self._counts_before = Counter(pipe.staleness_counts)
-        if not counts:
-            return {}
-        return {"comm/staleness_mean": sum(k * v for k, v in counts.items()) / counts.total(),
-                "comm/staleness_max": float(max(counts))}
+        out = {}
+        if counts:
+            out = {"comm/staleness_mean": sum(k * v for k, v in counts.items()) / counts.total(),
+                   "comm/staleness_max": float(max(counts))}
+        if hasattr(pipe, "staleness_dropped"):  # Async iSwitch: gradients dropped, in all
+            out["comm/staleness_dropped"] = float(pipe.staleness_dropped)
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -46,7 +46,9 @@ class LoopSpec:
 def gmi_main(ctx) -> LoopResult:
     """One GMI of a run (the target every placement starts): a `HolisticGMI`, iterated."""
     spec: LoopSpec = ctx.payload
-    gmi = HolisticGMI(spec.run, ctx.gmi_id, ctx.make_reducer())
+    g = spec.run.config.gmi
+    threshold = (g.threshold, g.staleness) if g.threshold is not None else None
+    gmi = HolisticGMI(spec.run, ctx.gmi_id, ctx.make_reducer(threshold))
     return gmi.iterate(spec.progress if ctx.gmi_id == 0 else None)
 
 
@@ -99,7 +101,7 @@ class HolisticGMI(GMIShell):
         steps = functools.partial(make_grad_step, reducer=reducer, compile=cfg.compile,
                                   cuda_graphs=cfg.cuda_graphs,
                                   staleness_bound=g.staleness if g.reduction == "switch"
-                                  and g.staleness else None)
+                                  and (g.staleness or g.threshold is not None) else None)
         self.start_timing(f"gmi-{rank}", cpu_times=cfg.log.cpu_times)
         self.profiler = make_profiler(cfg.profile, rank, run.profile_dir(rank), self.tree)
         with _BUILD_LOCK:

@@ -68,7 +68,9 @@ def notes(cfg: TrainConfig) -> str:
     network namespaces."""
     g, text = cfg.gmi, ""
     if g.reduction == "switch":
-        how = (f"stale-sync, staleness bound S = {g.staleness} (iSwitch §4.1)" if g.staleness
+        how = (f"Async iSwitch, aggregation threshold H = {g.threshold} gradients of any GMIs, "
+               f"staleness bound S = {g.staleness} (iSwitch §4.1)" if g.threshold is not None
+               else f"stale-sync, staleness bound S = {g.staleness} (iSwitch §4.1)" if g.staleness
                else "synchronous")
         text += f"- gradients reduced through the aggregation switch at {g.switch_addr}, {how}\n"
     if g.reduction == "ps":

@@ -6,6 +6,8 @@
   reference `PyDataPlane`, or the native one of ``csrc/switch_plane.cpp``.
 - `client`: `SwitchReducer`, a worker's `GradReducer` (rounds pipelined with `begin` / `pump`).
 - `pipeline`: `StaleSyncPipeline`, stale-sync training: a staleness bound S (§4.1).
+- `threshold`: `ThresholdReducer`, `ThresholdPipeline`, Async iSwitch: aggregates of H gradients
+  of any workers, staleness bound S (§4.1, Fig. 11).
 - `netns`: an emulated rack of network namespaces (root only).
 - `cli`: ``python -m gmi_drl.comm.switch serve ...``.
 """

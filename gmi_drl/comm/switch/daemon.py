@@ -22,6 +22,12 @@ resend (Help, switch -> member), which also recovers from a restart of this daem
 
 Membership liveness: members heartbeat; one silent for ``member_timeout_s`` is dropped with a
 warning, H is lowered to the remaining members, and waiting slots complete without it.
+
+Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
+(`protocol.ThresholdValue`: H gradient vectors per aggregate from any workers, staleness bound
+S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
+ends; the synchronous rounds' H is
+untouched. Only a root switch takes it (a tree does not aggregate threshold mode yet).
 """
 
 from __future__ import annotations
@@ -162,11 +168,19 @@ class Counters:
     foreign_job_dropped: int = 0
     not_ready_dropped: int = 0
     stale_dropped: int = 0
+    staleness_dropped: int = 0
+    """threshold mode: gradient segments older than the staleness bound S, dropped"""
+    aggregates_completed: int = 0
+    """threshold mode: aggregates broadcast (one per segment offset and aggregate)"""
     busy_dropped: int = 0
     injected_drops: int = 0
     members_dropped: int = 0
     members: int = 0
     threshold: int = 0
+    async_threshold: int = 0
+    """threshold mode's H in gradient vectors (0: the mode is off)"""
+    staleness_bound: int = 0
+    """threshold mode's S"""
     ready: bool = False
 
     def as_dict(self) -> dict:
@@ -334,7 +348,10 @@ class SwitchDaemon:
             self._plane.reset_slots()
             self._control(addr, Action.ACK, int(action))
         elif action == Action.SETH:
-            self._h = value
+            if isinstance(value, P.ThresholdValue):
+                self._threshold_mode(value)
+            else:
+                self._h = value
             self._control(addr, Action.ACK, int(action))
         elif action == Action.FBCAST:
             self._plane.fbcast(value)
@@ -407,10 +424,23 @@ class SwitchDaemon:
             self.epoch, self.seg_floats, self.window, cfg.switch_id, m.id))
         self._membership_changed(new=m)
 
+    def _threshold_mode(self, v: P.ThresholdValue) -> None:
+        """Threshold mode (H, S) for this job.
+
+        Raises:
+            ProtocolError: this switch has a parent (threshold mode is single-switch only)."""
+        if self._parent is not None:
+            raise P.ProtocolError("threshold mode on a switch with a parent: not supported")
+        if self._plane.threshold_mode != tuple(v):
+            log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
+                     "S=%d", *v)
+            self._plane.set_threshold_mode(*v)
+
     def _refusal(self, v: P.JoinValue) -> tuple[P.NackReason, str] | None:
         """Why a newcomer ``v`` cannot join the members there are (None: it can)."""
         cfg = self.cfg
-        if 0 < self._h <= len(self._members):  # H < members: partial sums, every round
+        # H < members: partial sums, every round (threshold mode counts gradients instead)
+        if 0 < self._h <= len(self._members) and self._plane_mode() is None:
             return (P.NackReason.GROUP_MISMATCH,
                     f"the aggregation threshold H={self._h} admits {self._h} member(s): a round "
                     "would complete without the others, and gmi-drl's workers take part in "
@@ -439,6 +469,8 @@ class SwitchDaemon:
             self._leave_parent()
             self._reset_job()
             self._plane.reset_slots()
+            if self._plane_mode() is not None:
+                self._plane.set_threshold_mode(0, 0)
         if sync:
             self._membership_changed()
 
@@ -574,11 +606,17 @@ class SwitchDaemon:
                 self._c.helps_sent += 1
                 self._control(m.addr, Action.HELP, seq)
 
+    def _plane_mode(self) -> tuple[int, int] | None:
+        mode = self._plane.threshold_mode
+        return None if mode is None else tuple(mode)
+
     def stats(self) -> dict:
         """Every counter now (data and control plane), with the current member count, H,
         readiness and ``data_plane`` (``"native"`` or ``"python"``)."""
         c = self._c
         c.members, c.threshold, c.ready = len(self._members), self._threshold(), self._ready()
+        mode = self._plane_mode()
+        c.async_threshold, c.staleness_bound = mode or (0, 0)
         out = c.as_dict()
         for k, v in self._plane.counters().items():
             out[k] += v

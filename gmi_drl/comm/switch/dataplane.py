@@ -20,6 +20,23 @@ running sum: float addition is not associative and packets arrive in any order; 
 kept rows in member-id order makes the float32 result bit-identical to
 ``((g_0 + g_1) + g_2) + ...`` whatever the arrival order, loss or retransmission. Memory:
 ``slots * max_members * seg_floats * 4`` bytes (touched lazily).
+
+Threshold mode (iSwitch §3.3 "segment counter ... until the aggregation threshold H", §4.1
+Fig. 11; `PyDataPlane.set_threshold_mode`, the native plane alike): packets flagged
+`protocol.FLAG_ASYNC` name a segment ``offset`` of the job's parameter layout, not a round. Each
+offset collects the gradient segments of any workers, several of one worker included, until
+their counts reach H; their sum (in ascending member id, then arrival: each gradient comes once,
+in its sender's push order) goes to every member with that count and the offset's aggregate
+number, which then advances. A segment computed on a weight version more than S aggregates
+behind the offset's current one is dropped and counted (``staleness_dropped``, per segment), so
+no applied gradient is staler than S. The first segment of a gradient to arrive decides for all
+its segments (a gradient is taken whole or not at all, so every offset of a vector counts the
+same gradients and the offsets' aggregate numbers advance together; a vector's first offset,
+which every gradient reaches first, is the furthest along). The last `KEPT_AGGREGATES` results
+of each offset are kept for members that lost one (Help). A worker's lost gradient segment is
+not resent: the aggregate completes with the gradients that came, at the latest when a worker
+that waits for it asks (FBcast of that offset and number: broadcast as it is, a zero sum where
+nothing came); every worker applies the same.
 """
 
 from __future__ import annotations
@@ -40,8 +57,13 @@ PLANES = ("auto", "native", "python")
 """``--data-plane`` choices: ``auto`` takes the native plane where it is built."""
 COUNTERS = ("packets_in", "packets_out", "bytes_aggregated", "segments_completed", "duplicates",
             "retransmissions_served", "malformed_dropped", "non_member_dropped",
-            "not_ready_dropped", "stale_dropped", "busy_dropped", "injected_drops")
-"""The counters a data plane keeps (`counters`); the daemon adds its control-plane ones."""
+            "not_ready_dropped", "stale_dropped", "busy_dropped", "injected_drops",
+            "staleness_dropped", "aggregates_completed")
+"""The counters a data plane keeps (`counters`); the daemon adds its control-plane ones.
+Threshold mode's: ``staleness_dropped``, gradient segments older than S; ``aggregates_completed``,
+aggregates broadcast (one per segment offset and aggregate)."""
+KEPT_AGGREGATES = 64
+"""Threshold mode: results kept per segment offset for members that lost one (Help)."""
 
 
 def native_plane_error() -> str | None:
@@ -100,6 +122,20 @@ class _Slot:
         self.state, self.mask, self.contrib, self.count = FREE, 0, [], 0
 
 
+class _Offset:
+    """Threshold mode: one segment offset's open aggregate and kept results."""
+
+    __slots__ = ("number", "length", "contrib", "count", "last_push", "kept")
+
+    def __init__(self, length: int) -> None:
+        self.number = 0              # aggregates broadcast so far (the open one's number)
+        self.length = length
+        self.contrib: list = []      # (member id, arrival, payload copy)
+        self.count = 0
+        self.last_push: dict[int, int] = {}  # member id -> its newest push tag taken
+        self.kept: dict[int, tuple[np.ndarray, int]] = {}  # number -> (sum, count)
+
+
 class _Member:
     __slots__ = ("id", "type", "addr", "workers_below")
 
@@ -135,6 +171,10 @@ class PyDataPlane:
         self._rx_f32 = np.frombuffer(self._rx, "<f4", (P.RX_BUFFER_BYTES - P.HEADER_BYTES) // 4,
                                      P.HEADER_BYTES)
         self._c = dict.fromkeys(COUNTERS, 0)
+        self._thr: tuple[int, int] | None = None  # threshold mode's (H, S)
+        self._offsets: dict[int, _Offset] = {}
+        self._fresh: dict[tuple[int, int], bool] = {}  # (member id, push) -> within S
+        self._arrivals = 0
 
     # ---- the member table and group state -------------------------------------------------------
 
@@ -160,6 +200,25 @@ class PyDataPlane:
                 s = self._slots[idx]
                 if s.state == FILLING and len(s.contrib) >= threshold:
                     self._complete(idx, s, time.monotonic())
+
+    def set_threshold_mode(self, threshold: int, staleness: int) -> None:
+        """Threshold mode with H = ``threshold`` gradient vectors per aggregate and staleness
+        bound S = ``staleness`` (see the module docstring); open aggregates that already hold
+        H complete now. ``threshold = 0`` ends it (the job ended)."""
+        if threshold == 0:
+            self._thr = None
+            self._offsets.clear()
+            self._fresh.clear()
+            return
+        self._thr = (threshold, staleness)
+        for o, a in list(self._offsets.items()):
+            if a.count >= threshold:
+                self._complete_offset(o, a)
+
+    @property
+    def threshold_mode(self) -> tuple[int, int] | None:
+        """``(H, S)`` of threshold mode, or ``None`` (the synchronous rounds only)."""
+        return self._thr
 
     def last_seen(self, row: int) -> float:
         """`time.monotonic` of the last data packet from row ``row`` (0.0: none)."""
@@ -221,6 +280,9 @@ class PyDataPlane:
             return
         m = self._members[row]
         self._last_seen[row] = now
+        if flags & P.FLAG_ASYNC:
+            self._on_async(m, seq, rnd, mid, count, flags, k)
+            return
         if flags & P.FLAG_RESULT or mid != m.id:
             raise P.ProtocolError(f"member {m.id} sent flags {flags:#x} / member field {mid}")
         if count > max(1, m.workers_below) or (m.type == P.MemberType.WORKER and count != 1):
@@ -264,6 +326,75 @@ class PyDataPlane:
         s.count += count
         if s.state == FILLING and len(s.contrib) >= self._h:
             self._complete(idx, s, now)
+
+    def _on_async(self, m: _Member, seq: int, rnd: int, mid: int, count: int, flags: int,
+                  k: int) -> None:
+        """A worker's threshold-mode gradient segment (see the module docstring)."""
+        c = self._c
+        if self._thr is None or flags & P.FLAG_RESULT or mid != m.id or count != 1 \
+                or m.type != P.MemberType.WORKER:
+            raise P.ProtocolError(f"threshold-mode packet from member {m.id}: flags "
+                                  f"{flags:#x}, member field {mid}, count {count}")
+        if not self._ready:
+            c["not_ready_dropped"] += 1
+            return
+        push, o = P.async_split(seq)
+        a = self._offsets.get(o)
+        if a is None:
+            a = self._offsets[o] = _Offset(k)
+        if k != a.length:
+            raise P.ProtocolError(f"offset {o}: {k} floats, it holds {a.length}")
+        last = a.last_push.get(m.id)
+        if last is not None and not P.tag_newer(push, last):
+            c["duplicates"] += 1
+            return
+        a.last_push[m.id] = push
+        fresh = self._fresh.get((m.id, push))
+        if fresh is None:  # the first segment of this gradient decides for all of it
+            fresh = self._fresh[(m.id, push)] = (a.number - rnd) % 256 <= self._thr[1]
+            if len(self._fresh) > 4096:
+                del self._fresh[next(iter(self._fresh))]
+        if not fresh:
+            c["staleness_dropped"] += 1
+            return
+        self._arrivals += 1
+        a.contrib.append((m.id, self._arrivals, self._rx_f32[:k].copy()))
+        a.count += count
+        c["bytes_aggregated"] += k * P.FLOAT_BYTES
+        if a.count >= self._thr[0]:
+            self._complete_offset(o, a)
+
+    def _complete_offset(self, o: int, a: _Offset) -> None:
+        """Sum offset ``o``'s open aggregate (ascending member id, then arrival), keep it and
+        send it to every member; the next aggregate opens."""
+        parts = [p for _, _, p in sorted(a.contrib, key=lambda x: x[:2])]
+        total = parts[0].copy() if parts else np.zeros(a.length, "<f4")
+        for p in parts[1:]:
+            total += p
+        a.kept[a.number] = (total, max(a.count, 1))
+        a.kept.pop(a.number - KEPT_AGGREGATES, None)
+        self._c["segments_completed"] += 1
+        self._c["aggregates_completed"] += 1
+        for m in self._members.values():
+            self._send_kept(o, a, a.number, m.addr, P.FLAG_RESULT | P.FLAG_ASYNC)
+        a.number += 1
+        a.contrib, a.count = [], 0
+
+    def _send_kept(self, o: int, a: _Offset, number: int, addr, flags: int) -> None:
+        total, count = a.kept[number]
+        self._send(addr, P.data_header(P.async_seq(number, o), number, self._switch_id, count,
+                                       flags), total)
+
+    def _async_help(self, seq: int, addr) -> None:
+        """A member lost threshold-mode result ``seq`` (`protocol.async_seq`): resend it."""
+        tag, o = P.async_split(seq)
+        a = self._offsets.get(o)
+        if a is None:
+            return
+        number = a.number - (a.number - tag) % P.ASYNC_TAG_MOD
+        if number in a.kept:
+            self._send_kept(o, a, number, addr, P.FLAG_RESULT | P.FLAG_ASYNC | P.FLAG_FBCAST)
+            self._c["retransmissions_served"] += 1
 
     def _on_result(self, seq: int, count: int, k: int) -> None:
         c = self._c
@@ -337,16 +468,36 @@ class PyDataPlane:
         for s in self._slots:
             s.clear()
         self._active.clear()
+        self._offsets.clear()
+        self._fresh.clear()
 
     def fbcast(self, seq: int) -> None:
-        """Complete slot ``seq`` now with what it holds (Action.FBCAST)."""
+        """Complete slot ``seq`` now with what it holds (Action.FBCAST). In threshold mode
+        ``seq`` is a `protocol.async_seq`: that offset's open aggregate if it is the one named,
+        even empty (a zero sum of count 1: its gradient segments were lost, and the workers
+        wait for it); `protocol.ASYNC_FLUSH`: every open aggregate that holds a gradient."""
+        if self._thr is not None:
+            if seq == P.ASYNC_FLUSH:
+                for o, a in list(self._offsets.items()):
+                    if a.contrib:
+                        self._complete_offset(o, a)
+                return
+            tag, o = P.async_split(seq)
+            a = self._offsets.get(o)
+            if a is not None and a.number % P.ASYNC_TAG_MOD == tag:
+                self._complete_offset(o, a)
+            return
         idx = seq & self._mask
         s = self._slots[idx]
         if s.seq == seq and s.state == FILLING and s.contrib:
             self._complete(idx, s, time.monotonic())
 
     def help_from_member(self, seq: int, ip: str, port: int) -> None:
-        """A member lost the result of ``seq``: resend the kept result, or the partial sent up."""
+        """A member lost the result of ``seq``: resend the kept result, or the partial sent up
+        (in threshold mode: ``seq`` is a `protocol.async_seq`)."""
+        if self._thr is not None:
+            self._async_help(seq, (ip, port))
+            return
         idx = seq & self._mask
         s = self._slots[idx]
         if s.seq == seq and s.state == DONE:

@@ -23,15 +23,15 @@ What the paper prescribes, and how this module does it:
   is ``t - v``. The paper checks the staleness on the worker and commits only gradients within
   the bound; here the check comes before the computation: LGC waits until ``v >= t - S`` before
   it copies ``θ``, so every gradient's staleness is at most ``S`` and none is computed in vain.
-  (Dropping a computed gradient is not an option with this switch: a round completes with one
+  (Dropping a computed gradient is not an option in this mode: a round completes with one
   vector from every worker.) ``S = 0`` is synchronous training: gradient ``t`` is computed on the
   weights after all ``t`` earlier updates, and the result is bit-identical to
   `SwitchReducer.allreduce_` followed by the same update.
-- **One deviation.** The paper's switch broadcasts once "enough" vectors arrived, so a fast worker
-  may contribute several gradients to one aggregate. This switch sums exactly one vector per
-  member and segment (in member order, hence bit-exact), so every aggregate holds one gradient
-  of every worker; a fast worker instead runs up to ``S`` rounds ahead: the stale-synchronous
-  model the paper's convergence argument (§4.2) reduces to.
+- **Aggregation threshold H = N.** Every aggregate here holds exactly one gradient of every
+  worker (summed in member order, hence bit-exact), and a fast worker runs up to ``S`` rounds
+  ahead: the stale-synchronous model the paper's convergence argument (§4.2) reduces to. The
+  paper's switch broadcasts once H vectors of *any* workers arrived, a fast worker's several
+  among them: that is `gmi_drl.comm.switch.threshold` (Async iSwitch, ``gmi.threshold``).
 """
 
 from __future__ import annotations

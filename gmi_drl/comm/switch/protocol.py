@@ -20,7 +20,15 @@ count:u8 flags:u8`` followed by ``k`` raw little-endian float32 gradient element
   its own switch id).
 - ``count``: how many workers' gradients the payload sums (1 for a worker's own packet, the
   partial's size for a child switch, the total for a result).
-- ``flags``: `FLAG_RESULT`, `FLAG_RETX`, `FLAG_FBCAST`.
+- ``flags``: `FLAG_RESULT`, `FLAG_RETX`, `FLAG_FBCAST`, `FLAG_ASYNC`.
+
+Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a packet with `FLAG_ASYNC` belongs to
+the switch's threshold aggregation, enabled by a two-byte `Action.SETH` (`ThresholdValue`).
+There ``seq`` is ``tag << 16 | offset`` (`async_seq`): ``offset`` names the segment's place in
+the job's fixed parameter layout (the same on every worker), ``tag`` is the sender's push
+number (worker -> switch) or the offset's aggregate number (result, switch -> workers), both
+mod `ASYNC_TAG_MOD`; ``round`` is the low 8 bits of the weight version the gradient was
+computed on (worker -> switch; the staleness check) or of the aggregate number (result).
 
 ``seg_floats`` follows the path MTU: `seg_floats_for_mtu`. A switch announces it in `JoinAck`.
 """
@@ -57,9 +65,18 @@ FLAG_RETX = 0x02
 """A worker's retransmission after its timer fired."""
 FLAG_FBCAST = 0x04
 """A result the switch sends again (a late retransmission or a `Action.HELP` answer)."""
-KNOWN_FLAGS = FLAG_RESULT | FLAG_RETX | FLAG_FBCAST
+FLAG_ASYNC = 0x08
+"""A threshold-mode packet (`async_seq`): any workers' gradients, H of them per aggregate."""
+KNOWN_FLAGS = FLAG_RESULT | FLAG_RETX | FLAG_FBCAST | FLAG_ASYNC
 
 SEQ_MOD = 1 << 32
+ASYNC_OFFSETS = 1 << 16
+"""Segment offsets a threshold-mode layout may use (``seq``'s low 16 bits)."""
+ASYNC_TAG_MOD = 1 << 15
+"""Push numbers and aggregate numbers in a threshold-mode ``seq`` are taken mod this (bits
+16..30; bit 31 stays 0)."""
+ASYNC_FLUSH = SEQ_MOD - 1
+"""`Action.FBCAST` Value that broadcasts every open threshold-mode aggregate as it is."""
 
 
 class ProtocolError(ValueError):
@@ -74,7 +91,8 @@ class Action(enum.IntEnum):
     JOIN_NACK = 3     # Value: NackValue. Switch -> would-be member (foreign job, bad token, full).
     LEAVE = 4         # no Value. Member -> switch.
     RESET = 5         # no Value. Member -> switch: clear every aggregation slot.
-    SETH = 6          # Value: u8 H (0 = default, the number of members). Member -> switch.
+    SETH = 6          # Value: u8 H (0 = default, the number of members), or a
+                      # ThresholdValue (threshold mode). Member -> switch.
     FBCAST = 7        # Value: u32 seq. Member -> switch: broadcast that slot now, as it is.
     HELP = 8          # Value: u32 seq. Member -> switch: "result of seq lost, resend it";
                       # switch -> member: "your contribution to seq is missing, resend it".
@@ -133,6 +151,16 @@ class NackValue(NamedTuple):
     text: str
 
 
+class ThresholdValue(NamedTuple):
+    """Two-byte Value of `Action.SETH`: threshold (asynchronous) aggregation (iSwitch §4.1).
+    ``threshold``: H, gradient vectors per aggregate, from any workers (1..255);
+    ``staleness``: S, the switch drops a gradient computed on a weight version more than S
+    aggregates behind the one it would join (0..127)."""
+
+    threshold: int
+    staleness: int
+
+
 class ReadyValue(NamedTuple):
     """``ready``: whether every worker of the job has joined (or been dropped);
     ``active_workers``: workers currently in the group."""
@@ -144,6 +172,7 @@ class ReadyValue(NamedTuple):
 _JOIN = struct.Struct("!BBHHH")
 _JOIN_ACK = struct.Struct("!IHHBB")
 _U8 = struct.Struct("!B")
+_SETH2 = struct.Struct("!BB")
 _U32 = struct.Struct("!I")
 _READY = struct.Struct("!BH")
 _SEQ_ACTIONS = (Action.FBCAST, Action.HELP)
@@ -185,6 +214,10 @@ def encode_control(action: Action, value=None) -> bytes:
         return a + _JOIN_ACK.pack(*value)
     if action == Action.JOIN_NACK:
         return a + _U8.pack(value.reason) + value.text.encode()[:1000]
+    if action == Action.SETH and isinstance(value, ThresholdValue):
+        if not (1 <= value.threshold <= 255 and 0 <= value.staleness < 128):
+            raise ValueError(f"{value} out of range (H in [1, 255], S in [0, 127])")
+        return a + _SETH2.pack(*value)
     if action in (Action.SETH, Action.ACK):
         return a + _U8.pack(value)
     if action in _SEQ_ACTIONS:
@@ -236,6 +269,11 @@ def decode_control(buf) -> tuple[Action, object]:
             if len(body) < 1:
                 raise ProtocolError("JoinNack without a reason")
             return action, NackValue(NackReason(body[0]), bytes(body[1:]).decode())
+        if action == Action.SETH and len(body) == _SETH2.size:
+            v = ThresholdValue(*_SETH2.unpack(body))
+            if v.threshold < 1 or v.staleness >= 128:
+                raise ProtocolError(f"SETH {v} out of range")
+            return action, v
         if action in (Action.SETH, Action.ACK):
             _exact(body, 1, action)
             return action, body[0]
@@ -313,12 +351,34 @@ def native_layout() -> dict[str, int]:
     order, codes = fmt[0], fmt[1:]
     out = {"header_bytes": HEADER_BYTES, "float_bytes": FLOAT_BYTES, "tos_data": TOS_DATA,
            "tos_control": TOS_CONTROL, "flag_result": FLAG_RESULT, "flag_fbcast": FLAG_FBCAST,
-           "known_flags": KNOWN_FLAGS, "action_stats": int(Action.STATS),
+           "flag_async": FLAG_ASYNC, "known_flags": KNOWN_FLAGS, "action_stats": int(Action.STATS),
            "rx_buffer_bytes": RX_BUFFER_BYTES}
     for i, name in enumerate(("seq", "round", "member", "count", "flags")):
         out[f"{name}_offset"] = struct.calcsize(order + codes[:i])
         out[f"{name}_size"] = struct.calcsize(order + codes[i])
     return out
+
+
+def async_seq(tag: int, offset: int) -> int:
+    """The ``seq`` of a threshold-mode packet: ``tag`` (push or aggregate number, taken mod
+    `ASYNC_TAG_MOD`) and the segment ``offset`` (``0 <= offset <`` `ASYNC_OFFSETS`).
+
+    Raises:
+        ValueError: ``offset`` out of range."""
+    if not 0 <= offset < ASYNC_OFFSETS:
+        raise ValueError(f"segment offset {offset} outside [0, {ASYNC_OFFSETS})")
+    return (tag % ASYNC_TAG_MOD) << 16 | offset
+
+
+def async_split(seq: int) -> tuple[int, int]:
+    """``(tag, offset)`` of a threshold-mode ``seq`` (`async_seq`'s inverse)."""
+    return (seq >> 16) % ASYNC_TAG_MOD, seq & (ASYNC_OFFSETS - 1)
+
+
+def tag_newer(a: int, b: int) -> bool:
+    """Serial-number order on threshold-mode tags (mod `ASYNC_TAG_MOD`): is ``a`` after ``b``?"""
+    d = (a - b) % ASYNC_TAG_MOD
+    return 0 < d < (ASYNC_TAG_MOD >> 1)
 
 
 def seq_newer(a: int, b: int) -> bool:

@@ -1,0 +1,519 @@
+"""Async iSwitch: threshold aggregation with a staleness bound (iSwitch §3.3, §4.1, Algorithm 1,
+Fig. 11), the workers' side.
+
+The switch, in threshold mode (`protocol.ThresholdValue`, `dataplane` module docstring), sums
+the gradient segments of *any* workers at each segment offset until H gradients are in, then
+broadcasts the sum with its count ``c``. Every worker applies ``sum / c`` per segment, aggregate
+after aggregate in the switch's order, so ``θ`` is bit-identical on every worker at every
+version, although each worker reaches a version at its own moment. A fast worker may put several
+gradients into one aggregate; a slow one contributes less and never holds the others up.
+
+- `ThresholdReducer`: a `SwitchReducer` that asks its switch for threshold mode (H, S) after it
+  joins (and again after a switch restart), sends whole gradient vectors tagged with the weight
+  version they were computed on, and assembles each parameter region's aggregates in order,
+  asking the switch again (Help) for a result it lost.
+- `ThresholdPipeline`: the three-stage pipeline (LGC / GA / LWU) on it, the same interface as
+  `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`.
+
+Staleness (Algorithm 1): a gradient computed on version ``v`` that would join aggregate ``a``
+has staleness ``a - v``. The worker checks it before it sends (its version ``V`` is a lower
+bound of ``a``: ``V - v > S`` is dropped and counted, ``staleness_dropped``) and the switch
+checks it exactly per segment (its ``staleness_dropped`` counter), so no applied gradient is
+staler than S. LGC computes at most ``S + 1`` gradients on one version: a further one could only
+join a later aggregate, which the bound would refuse sooner or later.
+
+Loss recovery: a result lost on the way down is asked for again (Help; the switch keeps the last
+`dataplane.KEPT_AGGREGATES` per segment); a worker's gradient segment lost on the way up is not
+resent: where it leaves an aggregate short of H while later ones came, the worker asks the
+switch to broadcast it as it is (FBcast; a zero sum where nothing came), and every worker
+applies the same, smaller, sum.
+Not covered (yet): a tree of switches (the switch refuses threshold mode when it has a
+parent), and a switch restarted after the first gradient (the worker raises `SwitchError`: the
+aggregate numbering is lost; the run resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
+from gmi_drl.comm.switch.dataplane import KEPT_AGGREGATES
+from gmi_drl.comm.switch.protocol import Action
+
+
+@dataclass(eq=False)
+class _Aggregate:
+    """One aggregate of a region being assembled: the means per segment as they come."""
+
+    mean: np.ndarray
+    got: np.ndarray
+    first: float
+    n: int = 0
+
+
+@dataclass(eq=False)
+class _Region:
+    """A vector size's place in the parameter layout: segment offsets ``[base, base + nseg)``."""
+
+    index: int
+    base: int
+    size: int
+    nseg: int
+    next: int = 0
+    """the next aggregate number to hand out (the region's version)"""
+    open: dict = field(default_factory=dict)
+    """aggregate number -> `_Aggregate` not yet complete"""
+    helped: float = 0.0
+
+
+class ThresholdReducer(SwitchReducer):
+    """A worker of a threshold-mode (asynchronous) iSwitch job; see the module docstring.
+
+    Args:
+        as `SwitchReducer`, and
+        threshold: H, gradient vectors per aggregate, ``1 <= H <= num_workers``.
+        staleness: S, ``0 <= S < 128``, in aggregates.
+
+    Raises:
+        ValueError: H or S out of range (and as `SwitchReducer`).
+        SwitchError: as `SwitchReducer`; or the switch did not take threshold mode within
+            ``join_timeout_s`` (a switch with a parent refuses it).
+
+    Attributes:
+        staleness_dropped: gradients this worker dropped before sending (older than S).
+        threshold, staleness: H and S.
+    """
+
+    def __init__(self, switch_addr: str, worker_id: int, num_workers: int, threshold: int,
+                 staleness: int, job_id: str = "gmi-drl", token: str = "", *,
+                 join_timeout_s: float = 60.0, **kw) -> None:
+        if not 1 <= threshold <= min(num_workers, 255):
+            raise ValueError(f"threshold H={threshold} must be in [1, num_workers={num_workers}]")
+        if not 0 <= staleness < 128:
+            raise ValueError(f"staleness S={staleness} must be in [0, 127]")
+        self.threshold, self.staleness = threshold, staleness
+        self._mode = P.ThresholdValue(threshold, staleness)
+        self._mode_acked = False
+        self._next_mode = 0.0
+        self._regions: list[_Region] = []
+        self._offsets = 0
+        self._pushes = 0
+        self._aggregates: list[tuple[int, np.ndarray]] = []  # complete, not yet returned
+        self._flush_acked = False
+        self._synced: list[np.ndarray] = []  # results of `barrier`'s rounds
+        self.staleness_dropped = 0
+        super().__init__(switch_addr, worker_id, num_workers, job_id, token,
+                         join_timeout_s=join_timeout_s, partial_results=True, **kw)
+        try:
+            self._await_mode(join_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- threshold mode at the switch -------------------------------------------------------
+
+    def _send_mode(self, now: float) -> None:
+        if now >= self._next_mode:
+            self._next_mode = now + 0.2
+            P.send_control(self._sock, self._switch, Action.SETH, self._mode)
+
+    def _await_mode(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._mode_acked:
+            now = time.monotonic()
+            if now > deadline:
+                raise SwitchError(
+                    f"worker {self.rank}: switch {self._where} did not take threshold mode "
+                    f"(H={self.threshold}, S={self.staleness}) within {timeout_s} s: threshold "
+                    "mode needs a root switch (one started without --parent)")
+            self._send_mode(now)
+            self._poll(min(0.05, deadline - now))
+
+    def _on_control(self, action: Action, value) -> None:
+        if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
+            if value == Action.SETH:
+                self._mode_acked = True
+            else:
+                self._flush_acked = True
+            return
+        was = self._joined
+        super()._on_control(action, value)
+        if action == Action.JOIN_ACK and not was:
+            if self._pushes:
+                raise SwitchError(
+                    f"worker {self.rank}: switch {self._where} restarted during Async iSwitch "
+                    "training: the aggregates it numbered are gone, so the workers can no longer "
+                    "apply them in one order; restart the run from its last checkpoint")
+            self._mode_acked = False  # (a switch restarted while joining: ask again)
+            self._next_mode = 0.0
+            self._send_mode(time.monotonic())
+
+    # ---- layout and sending ------------------------------------------------------------------
+
+    def region(self, size: int) -> int:
+        """Reserve segment offsets for vectors of ``size`` float32; returns the region's index.
+        Every worker must reserve the same sizes in the same order.
+
+        Raises:
+            ValueError: ``size < 1``, or the layout would exceed `protocol.ASYNC_OFFSETS`."""
+        if size < 1:
+            raise ValueError(f"a region holds >= 1 float32, not {size}")
+        nseg = -(-size // self._seg_floats)
+        if self._offsets + nseg > P.ASYNC_OFFSETS:
+            raise ValueError(f"{self._offsets + nseg} segments exceed the threshold-mode layout "
+                             f"of {P.ASYNC_OFFSETS} (raise the switch's --mtu)")
+        self._regions.append(_Region(len(self._regions), self._offsets, size, nseg))
+        self._offsets += nseg
+        return len(self._regions) - 1
+
+    def send(self, region: int, vec: np.ndarray, version: int) -> bool:
+        """Send gradient ``vec`` (``(size,) float32`` of region ``region``) computed on weight
+        version ``version``. Returns False, sending nothing, where it is older than S already
+        (counted in ``staleness_dropped``). Non-blocking; the vector is not kept."""
+        r = self._regions[region]
+        if r.next - version > self.staleness:
+            self.staleness_dropped += 1
+            return False
+        f, tag = self._seg_floats, self._pushes
+        self._pushes += 1
+        for i in range(r.nseg):
+            hdr = P.data_header(P.async_seq(tag, r.base + i), version, self.rank, 1,
+                                P.FLAG_ASYNC)
+            P.send_data(self._sock, self._switch, hdr, vec[i * f:(i + 1) * f])
+        return True
+
+    # ---- receiving ---------------------------------------------------------------------------
+
+    def _on_result(self, off: int, nbytes: int) -> None:
+        seq, _rnd, _member, count, flags, k = P.decode_data(
+            memoryview(self._rx)[off:off + nbytes], nbytes, P.RX_BUFFER_BYTES)
+        if not flags & P.FLAG_ASYNC:  # a synchronous round's (`barrier`)
+            super()._on_result(off, nbytes)
+            return
+        if not flags & P.FLAG_RESULT:
+            return
+        tag, o = P.async_split(seq)
+        r = self._region_of(o)
+        if r is None:
+            return
+        ahead = (tag - r.next) % P.ASYNC_TAG_MOD
+        if ahead >= P.ASYNC_TAG_MOD // 2:
+            return  # an aggregate already applied
+        number, i = r.next + ahead, o - r.base
+        f = self._seg_floats
+        if k != min(f, r.size - i * f):
+            return
+        a = r.open.get(number)
+        if a is None:
+            a = r.open[number] = _Aggregate(np.empty(r.size, np.float32),
+                                            np.zeros(r.nseg, bool), time.monotonic())
+        if a.got[i]:
+            return
+        at = off // P.FLOAT_BYTES
+        np.divide(self._rx_f32[at:at + k], np.float32(count), out=a.mean[i * f:i * f + k])
+        a.got[i] = True
+        a.n += 1
+        self._last_progress = time.monotonic()
+        while (a := r.open.get(r.next)) is not None and a.n == r.nseg:
+            del r.open[r.next]
+            r.next += 1
+            self._aggregates.append((r.index, a.mean))
+
+    def _region_of(self, offset: int) -> _Region | None:
+        for r in self._regions:
+            if r.base <= offset < r.base + r.nseg:
+                return r
+        return None
+
+    def _ask_again(self, now: float) -> None:
+        """Loss recovery for each region's next aggregate, once a later result (or part of this
+        one) waited past the retransmit timeout: Help for its missing segments (a result lost
+        on the way down: the switch resends its kept copy), and from the second try on FBcast
+        them too (a gradient segment lost on the way up left the switch one short of H: it
+        broadcasts what it holds)."""
+        for r in self._regions:
+            if not r.open or now - r.helped < self._rto:
+                continue
+            first = min(a.first for a in r.open.values())
+            if now - first < self._rto:
+                continue
+            r.helped = now
+            a = r.open.get(r.next)
+            missing = range(r.nseg) if a is None else np.flatnonzero(~a.got)
+            actions = (Action.HELP,) if now - first < 3 * self._rto else (Action.HELP,
+                                                                           Action.FBCAST)
+            for i in missing:
+                for action in actions:
+                    P.send_control(self._sock, self._switch, action,
+                                   P.async_seq(r.next, r.base + int(i)))
+            if now - first > self.timeout_s:
+                raise SwitchError(
+                    f"worker {self.rank}: aggregate {r.next} of region {r.index} incomplete for "
+                    f"{self.timeout_s} s while later ones came: its result is lost for good "
+                    f"(the switch keeps the last {KEPT_AGGREGATES} per segment)")
+
+    def take(self, timeout_s: float, wake=None) -> list[tuple[int, np.ndarray]]:
+        """Wait up to ``timeout_s`` for results (at once if ``wake`` becomes readable), recover
+        lost ones; returns the aggregates completed since the last call as ``(region, mean)``
+        (``mean``: ``(size,) float32``, per segment ``sum / count``), in the switch's order per
+        region.
+
+        Raises:
+            SwitchError: the switch refused this worker, or a result stayed lost."""
+        now = time.monotonic()
+        if self._joined and not self._mode_acked:
+            self._send_mode(now)
+        if not self._aggregates:
+            wait = min(timeout_s, self._rto) if any(r.open for r in self._regions) else timeout_s
+            self._synced += self.pump(wait, wake)  # (`barrier`'s rounds)
+        self._ask_again(time.monotonic())
+        out, self._aggregates = self._aggregates, []
+        return out
+
+    def barrier(self, deliver: Callable[[list], None], timeout_s: float = 60.0) -> None:
+        """Bring every worker to the same last aggregate, once it stopped sending (collective:
+        every worker calls it). A synchronous round (after it, every worker's gradients are at
+        the switch), a flush of the switch's open aggregates (`protocol.ASYNC_FLUSH`, sent
+        until acknowledged), a second round (every flush's results precede its result), then
+        the aggregates still missing (lost ones asked for again). ``deliver(aggregates)`` gets
+        every aggregate that comes meanwhile, as `take` returns them.
+
+        Raises:
+            SwitchError: the group broke, or not settled within ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        self._round_trip(deliver)
+        self._flush_acked = False
+        while not self._flush_acked:
+            if time.monotonic() > end:
+                raise SwitchError(f"worker {self.rank}: switch {self._where} did not acknowledge "
+                                  f"the flush of its open aggregates within {timeout_s} s")
+            P.send_control(self._sock, self._switch, Action.FBCAST, P.ASYNC_FLUSH)
+            deliver(self.take(0.05))
+        self._round_trip(deliver)
+        while any(r.open for r in self._regions):
+            if time.monotonic() > end:
+                raise SwitchError(f"worker {self.rank}: aggregates still missing after "
+                                  f"{timeout_s} s at the end of a phase")
+            deliver(self.take(0.05))
+        deliver(self.take(0.0))
+
+    def _round_trip(self, deliver: Callable[[list], None]) -> None:
+        """One synchronous round of one float (a barrier), delivering aggregates meanwhile."""
+        self.begin(np.zeros(1, np.float32))
+        while not self._synced:
+            deliver(self.take(0.05))
+        self._synced.clear()
+
+
+class _Engine:
+    """The LWU thread of one `ThresholdReducer`, shared by its pipelines (one per optimised
+    module): sends the gradients LGC hands over, applies each region's aggregates in order."""
+
+    def __init__(self, reducer: ThresholdReducer) -> None:
+        self.reducer = reducer
+        self.cond = threading.Condition()
+        self.by_region: dict[int, ThresholdPipeline] = {}
+        self.pending: deque = deque()   # (pipeline, vector, version)
+        self.error: BaseException | None = None
+        self.stop = self.abandon = False
+        self.thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = None
+
+    def wake(self) -> None:
+        if self.thread is None:
+            self.stop = self.abandon = False
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self.thread = threading.Thread(target=self._lwu, daemon=True,
+                                           name=f"switch-async-lwu-{self.reducer.rank}")
+            self.thread.start()
+        self._wake_w.send(b"\0")
+
+    def join(self) -> None:
+        if self.thread is None:
+            return
+        self._wake_w.send(b"\0")
+        self.thread.join()
+        self.thread = None
+        self._wake_r.close()
+        self._wake_w.close()
+        self._wake_r = self._wake_w = None
+
+    def deliver(self, results) -> None:
+        for region, mean in results:
+            with self.cond:
+                pipe = self.by_region[region]
+                pipe._apply(mean)
+                pipe.version += 1
+                self.cond.notify_all()
+
+    def _lwu(self) -> None:
+        red = self.reducer
+        try:
+            while True:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                with self.cond:
+                    new, self.pending = self.pending, deque()
+                    stop = self.abandon or (self.stop and not new)
+                if stop:
+                    return
+                for pipe, vec, version in new:
+                    staleness = pipe.version - version  # (only the LWU thread changes it)
+                    sent = red.send(pipe.region, vec, version)
+                    with self.cond:
+                        if sent:
+                            pipe.staleness_counts[staleness] += 1
+                        else:
+                            pipe.staleness_dropped += 1
+                with self.cond:
+                    for pipe, _, _ in new:
+                        pipe._sent += 1
+                    self.cond.notify_all()
+                self.deliver(red.take(0.5, self._wake_r))
+        except BaseException as e:  # handed to the trainer's thread, which raises it
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+
+_ENGINES: "weakref.WeakKeyDictionary[ThresholdReducer, _Engine]" = weakref.WeakKeyDictionary()
+
+
+class ThresholdPipeline:
+    """One worker's LGC/GA/LWU pipeline of Async iSwitch (H, S); see the module docstring.
+
+    The interface of `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`: per gradient, `fetch`
+    (copy ``θ`` into the weights LGC computes on; waits only while ``S + 1`` gradients were
+    computed on the current version), compute, `push` (returns at once). `drain` before the
+    weights are read as a whole (a rollout, a checkpoint): it brings every worker to the same
+    last aggregate, so ``θ`` is the same everywhere after it.
+
+    Args:
+        reducer: the `ThresholdReducer`; the LWU thread owns it between the first `push` and
+            the last `drain`.
+        apply: the local weight update ``apply(mean)``, ``mean`` ``(P,) float32`` (valid during
+            the call), called on the LWU thread in the switch's order, holding the lock.
+
+    Raises:
+        ValueError: ``reducer`` is not a `ThresholdReducer`.
+
+    Attributes:
+        version: aggregates applied to ``θ``.
+        pushed: gradients handed over.
+        staleness_counts: ``{V - v: gradients sent}``, ``V`` the version when sent, ``v`` the
+            one computed on (at most S; a lower bound of the staleness at the switch).
+        staleness_dropped: gradients this worker dropped before sending (older than S).
+    """
+
+    def __init__(self, reducer: ThresholdReducer, apply: Callable[[np.ndarray], None]) -> None:
+        if not isinstance(reducer, ThresholdReducer):
+            raise ValueError("Async iSwitch training needs a ThresholdReducer, got "
+                             f"{type(reducer).__name__}")
+        self.reducer, self.staleness_bound, self._apply = reducer, reducer.staleness, apply
+        engine = _ENGINES.get(reducer)
+        if engine is None:
+            engine = _ENGINES[reducer] = _Engine(reducer)
+        self._engine, self._cond = engine, engine.cond
+        self.region: int | None = None
+        self.version = self.pushed = self._sent = 0
+        self.staleness_dropped = 0
+        self.staleness_counts: Counter[int] = Counter()
+        self._copied = -1
+        self._computing: int | None = None
+        self._on_version = (0, 0)  # (version, gradients computed on it)
+
+    # ---- the trainer's thread (LGC) ------------------------------------------------------------
+
+    def fetch(self, copy: Callable[[], None]) -> int:
+        """Wait while ``S + 1`` gradients were computed on the current ``θ``, then run
+        ``copy()`` (``θ_local ← θ``, skipped when unchanged) under the lock. Returns the version
+        copied. Blocking.
+
+        Raises:
+            RuntimeError: the LWU thread failed (its error chained; `SwitchError` for the
+                switch's)."""
+        with self._cond:
+            while (self._on_version[0] == self.version
+                   and self._on_version[1] > self.staleness_bound
+                   and self._engine.error is None):
+                self._cond.wait()
+            self._raise()
+            if self._copied != self.version:
+                copy()
+                self._copied = self.version
+            self._computing = self.version
+        return self._computing
+
+    def push(self, grad: torch.Tensor) -> None:
+        """Hand over the gradient computed since `fetch` (``(P,) float32``, any device; copied).
+        Non-blocking.
+
+        Raises:
+            RuntimeError: no `fetch` since the last push, or the LWU thread failed."""
+        if self._computing is None:
+            raise RuntimeError("push without fetch: call fetch before computing each gradient")
+        vec = np.empty(grad.numel(), np.float32)
+        torch.from_numpy(vec).copy_(grad.reshape(-1))
+        v = self._computing
+        with self._cond:
+            self._raise()
+            if self.region is None:  # the first push: every worker's pipelines in one order
+                self.region = self.reducer.region(vec.size)
+                self._engine.by_region[self.region] = self
+            n = self._on_version[1] + 1 if self._on_version[0] == v else 1
+            self._on_version = (v, n)
+            self._engine.pending.append((self, vec, v))
+            self.pushed += 1
+            self._engine.wake()
+        self._computing = None
+
+    def drain(self, copy: Callable[[], None]) -> None:
+        """Wait until every gradient pushed to the reducer (by any of its pipelines) is sent,
+        stop the LWU thread and bring every worker to the same last aggregate
+        (`ThresholdReducer.barrier`: collective, so every worker drains as often, as the
+        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking;
+        the reducer is the caller's until the next `push`.
+
+        Raises:
+            RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
+        engine = self._engine
+        with self._cond:
+            while (any(p._sent < p.pushed for p in engine.by_region.values())
+                   and engine.error is None):
+                self._cond.wait()
+            engine.stop = True
+        engine.join()
+        self._raise()
+        self.reducer.barrier(engine.deliver)
+        with self._cond:
+            if self._copied != self.version:
+                copy()
+                self._copied = self.version
+
+    def close(self) -> None:
+        """Stop the LWU thread now, abandoning gradients not yet sent. Idempotent; the reducer
+        stays open."""
+        with self._cond:
+            self._engine.abandon = True
+        self._engine.join()
+
+    def _raise(self) -> None:
+        error = self._engine.error
+        if error is not None:
+            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
+            raise cls(f"the Async iSwitch pipeline of worker {self.reducer.rank} failed: "
+                      f"{error}") from error

@@ -1,0 +1,312 @@
+"""Async iSwitch: threshold aggregation with a staleness bound (iSwitch §4.1, Algorithm 1,
+Fig. 11). A slow worker never holds the fast ones up and they put several gradients into one
+aggregate; every worker holds the same weights at every version; no gradient staler than S is
+applied, and the dropped ones are counted (worker and switch); H = N with S = 0 is the
+synchronous reducer bit for bit; the switch's own check drops and counts exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.threshold import ThresholdPipeline, ThresholdReducer
+from tests.comm.switch.harness import PLANE_AT, ctx
+
+P_FLOATS = 1000  # 3 segments at MTU 1500
+VERSIONS = 64    # one-hot slots of the version a gradient was computed on
+HOT = 16         # entries [HOT, HOT + VERSIONS) hold that one-hot
+
+
+def _gradient(w: np.ndarray, rank: int, t: int, n: int) -> np.ndarray:
+    """Entry 0 is -1 (``w[0]`` counts the aggregates applied: the version), entries
+    ``1 + rank`` and ``HOT + version`` are 1 (an aggregate's mean shows who gave how much, on
+    which version), the rest depends on the weights."""
+    g = (np.sin(w) + np.random.default_rng(1000 * t + rank).standard_normal(w.size)) \
+        .astype(np.float32)
+    g[:HOT + VERSIONS] = 0.0
+    g[0], g[1 + rank] = -1.0, 1.0
+    g[HOT + int(w[0])] = 1.0
+    return g
+
+
+def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
+    """``opts``: ``h``/``s`` (None: the synchronous `allreduce_`), ``steps``, ``slow``: seconds
+    rank ``n - 1`` sleeps per gradient; ``drain_every``: steps between drains."""
+    from gmi_drl.comm.switch import SwitchReducer
+
+    torch.set_num_threads(1)
+    try:
+        native = opts["native"]
+        h, s, steps = opts["h"], opts["s"], opts["steps"]
+        theta = np.zeros(P_FLOATS, np.float32)
+        chain, means, drained = [], [], []
+
+        def apply(mean: np.ndarray) -> None:
+            theta[:] -= mean
+            chain.append(hashlib.sha256(theta.tobytes()).hexdigest())
+            means.append(mean[:HOT + VERSIONS].copy())
+
+        if h is None:
+            red = SwitchReducer(addr, rank, n, rto_s=0.05, native=native)
+            for t in range(steps):
+                g = torch.from_numpy(_gradient(theta, rank, t, n))
+                red.allreduce_([g])
+                apply(g.numpy())
+            out = dict(dropped=0)
+        else:
+            red = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native)
+            local = np.zeros(P_FLOATS, np.float32)
+            pipe = ThresholdPipeline(red, apply)
+            copy = lambda: np.copyto(local, theta)  # noqa: E731
+            for t in range(steps):
+                if rank == n - 1 and t == opts.get("die_at"):
+                    os.kill(os.getpid(), signal.SIGKILL)  # a member that goes silent
+                pipe.fetch(copy)
+                if rank == n - 1:
+                    time.sleep(opts.get("slow", 0.0))
+                pipe.push(torch.from_numpy(_gradient(local, rank, t, n)))
+                if (t + 1) % opts.get("drain_every", steps) == 0:
+                    pipe.drain(copy)  # every worker at the same last aggregate
+                    assert np.array_equal(local, theta)
+                    drained.append(len(chain))
+            pipe.close()
+            out = dict(dropped=pipe.staleness_dropped, pushed=pipe.pushed)
+        red.close()
+        q.put((rank, dict(out, chain=chain, means=means, theta=theta, drained=drained)))
+    except Exception as e:  # reported to the test, which fails with it
+        q.put((rank, repr(e)))
+
+
+def _run(addr: str, n: int, expect: int | None = None, **opts) -> dict:
+    c = ctx()
+    q = c.Queue()
+    opts["native"] = False if PLANE_AT.get(addr) == "python" else None  # (the client path too)
+    procs = [c.Process(target=_train, args=(addr, r, n, opts, q)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=60) for _ in range(expect or n))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        q.close()
+        q.join_thread()
+    bad = {r: v for r, v in got.items() if isinstance(v, str)}
+    assert not bad, f"workers failed: {bad}"
+    return got
+
+
+@pytest.mark.distributed
+def test_fast_workers_fill_aggregates_weights_agree_and_staleness_holds(switches):
+    h, s, n, steps = 2, 2, 3, 16
+    sw = switches("--mtu", "1500")
+    got = _run(sw.addr, n, h=h, s=s, steps=steps, slow=0.1, drain_every=8)
+    chains = [v["chain"] for v in got.values()]
+    assert len({tuple(c) for c in chains}) == 1, "the workers' weights differ at some version"
+    assert len({tuple(v["drained"]) for v in got.values()}) == 1  # same version at each drain
+    assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
+    means, flushed = got[0]["means"], set(got[0]["drained"])
+    several = 0
+    for k, m in enumerate(means):
+        assert m[0] == -1.0  # every aggregate is a mean of gradients
+        share = m[1:1 + n]   # the fraction of each worker's gradients in it
+        assert abs(share.sum() - 1.0) < 1e-6
+        several += k + 1 not in flushed and any(share[w] == 1.0 for w in range(n - 1))
+        versions = np.flatnonzero(m[HOT:])
+        assert versions.max() <= k and versions.min() >= k - s, (k, versions)
+    assert several > 0, "no aggregate of several gradients of one fast worker"
+    stats = sw.stats()
+    dropped = sum(v["dropped"] for v in got.values()) + stats["staleness_dropped"] // 3
+    assert dropped > 0, "the slow worker's stale gradients should be dropped"
+    assert stats["aggregates_completed"] == 3 * len(means)
+
+
+@pytest.mark.distributed
+def test_threshold_n_with_zero_staleness_is_the_synchronous_reducer(switches):
+    sw = switches("--mtu", "1500")
+    sync = _run(sw.addr, 2, h=None, s=None, steps=8)
+    thr = _run(sw.addr, 2, h=2, s=0, steps=8)
+    assert sync[0]["chain"] == sync[1]["chain"] == thr[0]["chain"] == thr[1]["chain"]
+    assert thr[0]["dropped"] == thr[1]["dropped"] == 0
+
+
+@pytest.mark.distributed
+def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane):
+    """H = 1, S = 1: worker 0's gradients on version 0 make aggregates 0 and 1; its third, and
+    worker 1's (both computed on version 0, sent without having seen an aggregate) are 2 behind:
+    the switch drops each segment and counts it, and nobody applies them."""
+    sw = switches("--mtu", "1500")
+    native = False if PLANE_AT.get(sw.addr) == "python" else None
+    reds: dict[int, ThresholdReducer] = {}
+
+    def join(rank: int) -> None:
+        reds[rank] = ThresholdReducer(sw.addr, rank, 2, 1, 1, rto_s=0.05, native=native,
+                                      join_timeout_s=10)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert set(reds) == {0, 1}
+        for red in reds.values():
+            assert red.region(P_FLOATS) == 0
+        vecs = [np.full(P_FLOATS, float(i + 1), np.float32) for i in range(4)]
+        for v in vecs[:3]:
+            assert reds[0].send(0, v, 0)
+        time.sleep(0.2)
+        assert reds[1].send(0, vecs[3], 0)  # (it has seen no aggregate: it cannot tell)
+        got: list = []
+        end = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < end:
+            got += reds[1].take(0.05)
+        time.sleep(0.3)
+        got += reds[1].take(0.05)
+        assert [r for r, _ in got] == [0, 0]
+        assert np.array_equal(got[0][1], vecs[0]) and np.array_equal(got[1][1], vecs[1])
+        stats = sw.stats()
+        assert stats["async_threshold"] == 1 and stats["staleness_bound"] == 1
+        assert stats["data_plane"] == data_plane
+        assert stats["staleness_dropped"] == 2 * 3  # two gradients of 3 segments
+        assert stats["aggregates_completed"] == 2 * 3
+        # and the worker's own check: version 2 known, a gradient on version 0 is not sent
+        assert not reds[1].send(0, vecs[0], 0) and reds[1].staleness_dropped == 1
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+def test_threshold_reducer_refuses_bad_h_and_s():
+    with pytest.raises(ValueError, match="threshold H=3 must be in"):
+        ThresholdReducer("127.0.0.1:1", 0, 2, 3, 1)
+    with pytest.raises(ValueError, match="staleness S=128"):
+        ThresholdReducer("127.0.0.1:1", 0, 2, 2, 128)
+    with pytest.raises(ValueError, match="ThresholdReducer"):
+        from gmi_drl.comm.reducer import IdentityReducer
+        ThresholdPipeline(IdentityReducer(), lambda mean: None)
+    with pytest.raises(ValueError):
+        P.encode_control(P.Action.SETH, P.ThresholdValue(0, 1))
+    assert P.decode_control(P.encode_control(P.Action.SETH, P.ThresholdValue(2, 3))) == \
+        (P.Action.SETH, P.ThresholdValue(2, 3))
+
+
+@pytest.mark.distributed
+def test_lost_packets_leave_every_worker_with_the_same_weights(switches):
+    """3 % of the packets each way lost (gradients, results, barrier rounds, control): lost
+    results are asked for again, aggregates a lost gradient segment left short are broadcast
+    on request; every worker applies the same aggregates and drains to the same weights."""
+    sw = switches("--mtu", "1500", "--drop-rate", "0.03", "--seed", "7")
+    got = _run(sw.addr, 3, h=2, s=2, steps=12, slow=0.05, drain_every=6)
+    chains = [v["chain"] for v in got.values()]
+    assert len({tuple(c) for c in chains}) == 1, "the workers' weights differ at some version"
+    assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
+    stats = sw.stats()
+    assert stats["injected_drops"] > 0
+
+
+@pytest.mark.distributed
+def test_a_worker_that_dies_leaves_the_others_training(switches):
+    """Membership: worker 2 of 3 is killed after 3 gradients; the switch drops it after
+    --member-timeout, and the other two go on aggregating H = 2 of their own gradients, drain
+    (their barrier rounds complete without it) and agree on every weight version."""
+    sw = switches("--mtu", "1500", "--member-timeout", "1")
+    got = _run(sw.addr, 3, expect=2, h=2, s=2, steps=12, die_at=3, drain_every=6)
+    assert set(got) == {0, 1}
+    assert got[0]["chain"] == got[1]["chain"] and got[0]["drained"] == got[1]["drained"]
+    assert np.array_equal(got[0]["theta"], got[1]["theta"])
+    assert sw.stats()["members_dropped"] == 1
+
+
+def _ppo(addr: str, rank: int, n: int, threshold, native, q) -> None:
+    """Two PPO updates on a fixed random rollout per worker through the runner's gradient step
+    (`make_grad_step` on a `ThresholdReducer` when ``threshold`` is ``(H, S)``, else the
+    synchronous `SwitchReducer`); the weights' digest after each."""
+    import functools
+
+    import gymnasium as gym
+
+    from gmi_drl.algos import AlgoContext, ModelConfig, PPOConfig, build_algorithm
+    from gmi_drl.comm.switch import SwitchReducer
+    from gmi_drl.envs.spec import EnvSpec
+    from gmi_drl.optim.grad_step import make_grad_step
+
+    torch.set_num_threads(1)
+    try:
+        if threshold is None:
+            red, bound = SwitchReducer(addr, rank, n, "sync", rto_s=0.05, native=native), None
+        else:
+            red = ThresholdReducer(addr, rank, n, *threshold, f"thr-{threshold}", rto_s=0.05,
+                                   native=native)
+            bound = threshold[1]
+        spec = EnvSpec("test", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), None)
+        steps = functools.partial(make_grad_step, reducer=red, staleness_bound=bound)
+        actx = AlgoContext(spec, 4, ModelConfig(), 10, 0, steps, torch.Generator())
+        torch.manual_seed(0)  # identical initial weights on every worker
+        learner = build_algorithm(PPOConfig(num_steps=16, num_minibatches=4, update_epochs=2),
+                                  actx)
+        g, buf = torch.Generator().manual_seed(rank), learner.buf
+        buf.obs.copy_(torch.randn(buf.obs.shape, generator=g))
+        buf.actions.copy_(torch.randint(0, 2, buf.actions.shape, generator=g))
+        buf.logprobs.copy_(-torch.rand(buf.logprobs.shape, generator=g))
+        for x in (buf.values, buf.advantages, buf.returns):
+            x.copy_(torch.randn(x.shape, generator=g))
+        digests, stats = [], []
+        for _ in range(2):
+            stats.append(learner.update())
+            digests.append(hashlib.sha256(learner.grad_step.params.data.numpy().tobytes())
+                           .hexdigest())
+        learner.close()
+        red.close()
+        q.put((rank, (digests, stats)))
+    except Exception as e:  # reported to the test, which fails with it
+        q.put((rank, repr(e)))
+
+
+def _run_ppo(addr: str, n: int, threshold) -> dict:
+    c = ctx()
+    q = c.Queue()
+    native = False if PLANE_AT.get(addr) == "python" else None
+    procs = [c.Process(target=_ppo, args=(addr, r, n, threshold, native, q))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=120) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        q.close()
+        q.join_thread()
+    bad = {r: v for r, v in got.items() if isinstance(v, str)}
+    assert not bad, f"workers failed: {bad}"
+    return got
+
+
+@pytest.mark.distributed
+def test_ppo_through_the_runners_gradient_step(switches):
+    """PPO's gradient step on a `ThresholdReducer`: H = N, S = 0 is the synchronous path bit
+    for bit; H = 1, S = 2 changes the weights, keeps them identical on every worker after each
+    update (drain) and reports the staleness metrics."""
+    sw = switches("--mtu", "1500")
+    sync = _run_ppo(sw.addr, 2, None)
+    same = _run_ppo(sw.addr, 2, (2, 0))
+    fast = _run_ppo(sw.addr, 2, (1, 2))
+    assert sync[0][0] == sync[1][0] == same[0][0] == same[1][0]
+    assert fast[0][0] == fast[1][0] and fast[0][0] != sync[0][0]
+    assert {"comm/staleness_max", "comm/staleness_dropped"} <= set(fast[0][1][1])
+    assert 0 <= fast[0][1][1]["comm/staleness_max"] <= 2
