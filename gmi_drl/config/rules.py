@@ -211,10 +211,11 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
          f"gmi.reduction={g.reduction!r} reduces between GMIs: needs "
          f"{'gmi.trainer_gmis' if cfg.is_async else 'gmi.num_gmis'} >= 2, not {cfg.num_trainers}")
     _validate_template(cfg, need)
-    need(g.staleness == 0 or g.reduction == "switch",
-         f"gmi.staleness={g.staleness} needs gmi.reduction switch, not {g.reduction!r} "
-         "(stale-sync training keeps aggregation rounds in flight at the switch; other "
-         "reductions are synchronous collectives)")
+    need(g.staleness == 0 or g.reduction in ("switch", "ps"),
+         f"gmi.staleness={g.staleness} needs gmi.reduction switch or ps, not {g.reduction!r} "
+         "(stale-sync training keeps aggregation rounds in flight at the switch; Async PS "
+         "applies each GMI's update at the parameter server as it arrives; other reductions "
+         "are synchronous collectives)")
 
 
 def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
