@@ -154,7 +154,7 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
                          np.asarray(result.episode_wall_s)),
             "breakdown": breakdown(rows, warmup_iterations),
             "applied_dropped": (f"{server['applied']}/{server['dropped']}"
-                                if "applied" in server else "-"),
+                                if method == "async-ps" else "-"),
             "identical": len(set(result.weight_digests)) == 1,
             "asynchronous": method == "async-ps"}
 
