@@ -46,13 +46,17 @@ def _parent_address(text: str) -> tuple[str, int]:
     return host, port
 
 
+MAX_DEFAULT_MTU = 9000
+"""The largest MTU `serve` picks by itself: on loopback (65536) and in the rack, 9000-byte
+segments aggregated faster than larger ones (docs/benchmarks.md), and far faster than 1500"""
+
+
 def bind_mtu(host: str) -> int:
     """The MTU of the interface that holds IPv4 address ``host`` (a loopback address: the
     loopback interface's, 65536 on Linux); for the wildcard address, the smallest MTU of the up
     interfaces other than loopback (members may come through any), or loopback's where there
     is none. `SwitchConfig`'s default MTU where no interface holds ``host`` or they cannot be
-    read (not Linux). Larger segments are fewer packets: on loopback the switch's CPU per
-    aggregated byte halves from MTU 1500 to 65536 (docs/benchmarks.md)."""
+    read (not Linux)."""
     import fcntl
     import ipaddress
     import socket
@@ -105,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject delay on every packet sent, milliseconds")
     s.add_argument("--mtu", type=int, default=None,
                    help="path MTU, bytes (segment size); default: the MTU of the interface of "
-                        "the --bind address (loopback: 65536; 0.0.0.0: the smallest of the up "
-                        "interfaces other than loopback), else %d" % d.mtu)
+                        "the --bind address (0.0.0.0: the smallest of the up interfaces other "
+                        "than loopback), at most %d (loopback: %d), else %d"
+                        % (MAX_DEFAULT_MTU, MAX_DEFAULT_MTU, d.mtu))
     s.add_argument("--slots", type=int, default=d.slots, help="aggregation slots (power of 2)")
     s.add_argument("--window-bytes", type=int, default=d.window_bytes,
                    help="bytes a member may have in flight (the window in segments follows)")
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
                            drop_rate=args.drop_rate, dup_rate=args.dup_rate,
                            delay_ms=args.delay_ms, slots=args.slots,
-                           mtu=bind_mtu(args.bind[0]) if args.mtu is None else args.mtu,
+                           mtu=(min(bind_mtu(args.bind[0]), MAX_DEFAULT_MTU) if args.mtu is None
+                                else args.mtu),
                            window_bytes=args.window_bytes, max_members=args.max_members,
                            member_timeout_s=args.member_timeout, help_after_s=args.help_after,
                            switch_id=args.switch_id, member_id=args.member_id,
