@@ -38,14 +38,14 @@ pushes and pulls), the end-to-end time of the training loop over the whole budge
 and a fixed number of training iterations; gradient steps run eager, as a one-time compile
 would swamp short budgets), the share of the loop spent waiting for aggregation, GMI 0's mean
 return of its last 20 episodes and whether all GMIs ended with identical weights (Async PS:
-not expected mid-run, n/a); then each method's speed-up over ``ps``. A second table gives the iSwitch paper's metrics (§5.1, Table 5): the training iterations and
-the loop's wall time until the mean return of GMI 0's last 10 episodes first reaches the
-workload's common target, the lowest final average (mean of the last 10 episodes) over the
-methods run, so every method reaches it; the breakdown of an iteration (medians of GMI 0's
-timer sections): computation (rollout, advantages, forward and backward), aggregation
-(``allreduce``) and weight update (``optimizer``; stale-sync applies its updates on the
-pipeline's thread, outside this breakdown); and for Async PS the updates the server applied and
-dropped.
+not expected mid-run, n/a); then each method's speed-up over ``ps``. A second table gives the
+iSwitch paper's metrics (§5.1, Table 5): the training iterations and the loop's wall time until
+the mean return of GMI 0's last 10 episodes first reaches the workload's common target, the
+lowest final average (mean of the last 10 episodes) over the methods run, so every method
+reaches it; the breakdown of an iteration (medians of GMI 0's timer sections): computation
+(rollout, advantages, forward and backward), aggregation (``allreduce``) and weight update
+(``optimizer``; stale-sync applies its updates on the pipeline's thread, outside this
+breakdown); and for Async PS the updates the server applied and dropped.
 
     sudo .venv/bin/python benchmarks/switch_training.py --workloads dqn-pong ppo-hopper
 """

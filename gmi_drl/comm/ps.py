@@ -42,7 +42,9 @@ answer is ``status:u8 version:u64 nbytes:u64`` and the weights. ``PULL`` (payloa
 weights, which initialise a stream the server does not know yet; empty: the stream must exist),
 ``PUSH`` (payload: ``Δ`` computed on ``version``; status ``APPLIED`` or ``DROPPED``) and
 ``FINISH`` (the worker is done with the stream: the answer waits until every member has
-finished it or left, so every worker ends with the same, final weights). A member that closes
+finished it or left, so every worker ends with the same, final weights; workers finish the
+streams in the same order, and every worker finishes every stream it pulled: one that pulled a
+stream and never finishes it holds the others until it leaves). A member that closes
 its connection has left; a malformed message, a version from the future or a size that differs
 from the stream's ends the group as above.
 
