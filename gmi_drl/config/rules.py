@@ -216,6 +216,8 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
          "(stale-sync training keeps aggregation rounds in flight at the switch; Async PS "
          "applies each GMI's update at the parameter server as it arrives; other reductions "
          "are synchronous collectives)")
+    need(g.reduction != "ps" or g.staleness < 1 << 32, f"gmi.staleness={g.staleness} must be "
+         "< 2**32 with gmi.reduction ps (the parameter server's hello carries it as a u32)")
 
 
 def _validate_template(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:

@@ -355,6 +355,9 @@ def test_staleness_with_the_ps_reduction_is_async_ps_and_is_validated(tmp_path):
     cfg.gmi.staleness = -1
     with pytest.raises(ConfigError, match="gmi.staleness=-1 must be >= 0"):
         validate(cfg)
+    cfg.gmi.staleness = 1 << 32
+    with pytest.raises(ConfigError, match=r"gmi.staleness=4294967296 must be < 2\*\*32"):
+        validate(cfg)
     cfg.gmi.reduction, cfg.gmi.staleness = "ring", 3
     with pytest.raises(ConfigError, match="gmi.staleness=3 needs gmi.reduction switch or ps, "
                        "not 'ring'"):
