@@ -22,11 +22,15 @@ daemons' own CPU. On shaped links it adds the line-rate floor (M / link rate) an
 After each table: the daemons' float32 bytes aggregated per CPU-second at the largest size (native
 against Python), as a fraction of this machine's memory bandwidth, checked against their counters.
 ``--rate-mbit 0`` leaves the links unshaped (CPU-bound); ``--switch-opts`` passes more daemon
-options (``--slots``, ``--window-bytes``).
+options (``--slots``, ``--window-bytes``). ``--loopback`` (no root) runs the same processes on
+127.0.0.1 instead of a rack, as a user without one would (needs ``--rate-mbit 0`` and one switch;
+``--mtu 0``: the daemon's default, the loopback interface's MTU).
 
     sudo .venv/bin/python benchmarks/switch.py --workers 4
     sudo .venv/bin/python benchmarks/switch.py --workers 6 9 12 --per-tor 3
     sudo .venv/bin/python benchmarks/switch.py --rate-mbit 0 --methods switch switch-py ring
+    .venv/bin/python benchmarks/switch.py --loopback --rate-mbit 0 --mtu 0 --sizes 6.4MB \
+        --methods switch ring
 
 ``--mode stale-sync`` (iSwitch §4.1, no root needed): ``--workers`` PPO learners on loopback, each
 updating on a fixed synthetic batch with the Hopper-v5 networks (64-64 tanh MLPs, 10,119 float32
@@ -126,7 +130,8 @@ def run_method(rack, method: str, world: int, labels: list[str], a) -> dict:
     helpers, aggregated, run_cpu = [], 0, 0.0
     try:
         if method in SWITCH_METHODS:
-            mtu = ["--mtu", str(a.mtu), "--member-timeout", "120", "--stats-interval", "0",
+            mtu = (["--mtu", str(a.mtu)] if a.mtu else []) + [
+                   "--member-timeout", "120", "--stats-interval", "0",
                    "--data-plane", SWITCH_METHODS[method], *shlex.split(a.switch_opts)]
             helpers.append(rack.popen(rack.root, [*py[:1], "-m", "gmi_drl.comm.switch", "serve",
                                                   "--bind", f"0.0.0.0:{SWITCH_PORT}", *mtu],
@@ -302,10 +307,49 @@ def _cell(method: str, r: tuple) -> str:
     return cell + (f" / {r[3]:5.0f}" if method in SWITCH_METHODS else "")
 
 
+class Loopback:
+    """What `run_method` uses of a `gmi_drl.comm.switch.netns.Rack`, on 127.0.0.1: every role a
+    plain process of this host, every address loopback (``--loopback``)."""
+
+    root, tors, ps_ip = "sw", 0, "127.0.0.1"
+
+    def __init__(self, num_workers: int, *_) -> None:
+        self.worker_ip = self.worker_gateway = ["127.0.0.1"] * num_workers
+        self.worker_dev = ["lo"] * num_workers
+        self._pids: dict[str, list[int]] = {}
+
+    def __enter__(self) -> "Loopback":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def popen(self, role: str, argv: list[str], **kw) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, **kw)
+        self._pids.setdefault(role, []).append(proc.pid)
+        return proc
+
+    def switch_roles(self) -> list[str]:
+        return [self.root]
+
+    def cpu_seconds(self, roles: list[str] | None = None) -> float:
+        """CPU seconds (user + system) so far of the live processes of ``roles`` (all)."""
+        total = 0
+        for role, pids in self._pids.items():
+            for pid in pids if roles is None or role in roles else ():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:  # exited
+                    continue
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+
 def driver(a) -> None:
     from gmi_drl.comm.switch.netns import Rack, netns_available
 
-    why = netns_available()
+    why = None if a.loopback else netns_available()
     if why:
         sys.exit(f"benchmarks/switch.py {why}")
     labels = a.sizes.split(",")
@@ -315,10 +359,11 @@ def driver(a) -> None:
     for world in a.workers:
         per_tor = None if world <= 4 else a.per_tor
         topo = "1 switch" if per_tor is None else f"{-(-world // per_tor)} ToR x {per_tor} + core"
-        link = f"{a.rate_mbit:g} Mbit/s tbf" if a.rate_mbit > 0 else "unshaped veth"
-        print(f"\n{world} workers ({topo}), links {link}, MTU {a.mtu}, "
+        link = (f"{a.rate_mbit:g} Mbit/s tbf" if a.rate_mbit > 0 else "loopback (127.0.0.1)"
+                if a.loopback else "unshaped veth")
+        print(f"\n{world} workers ({topo}), links {link}, MTU {a.mtu or 'the daemon default'}, "
               f"load average {os.getloadavg()[0]:.2f}")
-        with Rack(world, per_tor, a.rate_mbit, a.mtu) as rack:
+        with (Loopback if a.loopback else Rack)(world, per_tor, a.rate_mbit, a.mtu) as rack:
             res = {m: run_method(rack, m, world, labels, a) for m in a.methods}
         head = f"{'size':>8} | " + " | ".join(
             f"{m:>9} med / p95 / cpu" + (" / daemon ms" if m in SWITCH_METHODS else " ms")
@@ -380,6 +425,11 @@ def _check(p: argparse.ArgumentParser, a) -> None:
     for flag, value in (("--rate-mbit", a.rate_mbit), ("--delays-ms", min(a.delays_ms))):
         if value < 0:
             p.error(f"{flag} {value:g}: must be >= 0")
+    if a.loopback and (a.rate_mbit != 0 or max(a.workers) > 4 or a.mode != "reduce"):
+        p.error("--loopback: --mode reduce with --rate-mbit 0 and at most 4 workers (no links "
+                "to shape, one switch)")
+    if a.mtu == 0 and not a.loopback:
+        p.error("--mtu 0 (the daemon's default) is for --loopback; the rack's links need one")
     if min(a.staleness) < -1:
         p.error(f"--staleness {min(a.staleness)}: a bound >= 0, or -1 (synchronous)")
     if a.mode == "stale-sync" and len(a.workers) > 1:
@@ -412,7 +462,10 @@ def main(argv=None) -> None:
     p.add_argument("--rate-mbit", type=float, default=100.0,
                    help="tbf rate of every link, Mbit/s; 0: unshaped veth links (CPU-bound)")
     p.add_argument("--mtu", type=int, default=9000,
-                   help="MTU of the rack's links and the switch daemons' packets, bytes")
+                   help="MTU of the rack's links and the switch daemons' packets, bytes (0 with "
+                        "--loopback: the daemon's default)")
+    p.add_argument("--loopback", action="store_true",
+                   help="--mode reduce on 127.0.0.1, no rack (no root needed)")
     p.add_argument("--switch-opts", default="",
                    help="more options of every switch daemon, e.g. \"--slots 1024 --window-bytes "
                         "8388608\"")

@@ -1,7 +1,8 @@
 """iSwitch Fig. 12 / Table 3 in an emulated rack: the four workloads (DQN Pong, A2C Qbert, PPO
 Hopper, DDPG HalfCheetah; the iSwitch paper §5.1) trained by 4 GMIs whose
-gradients go through the aggregation switch (synchronous and stale-sync), a parameter server and
-a gloo ring, at equal steps and seeds.
+gradients go through the aggregation switch (synchronous and stale-sync), a parameter server
+(synchronous and asynchronous) and a gloo ring, at equal steps and seeds; iSwitch Table 5 (Async PS
+against asynchronous iSwitch, S = 3) once the switch aggregates asynchronously.
 
 The rack (root; `gmi_drl.comm.switch.netns.Rack`): worker namespaces ``w0..w3``, each with its
 own veth link to the switch namespace ``sw``, and a parameter-server namespace ``ps`` on the same
@@ -13,7 +14,12 @@ Methods:
 - ``switch``: synchronous, `SwitchReducer.allreduce_` per gradient step;
 - ``S=1``, ``S=2``: the switch with staleness bound S (iSwitch §4.1, stale-sync);
 - ``ps``: `PSReducer` (every gradient to the server and the mean back, over its one link);
-- ``ring``: one gloo ring over the 4 GMIs (``--gmi.reduction ring``).
+- ``ring``: one gloo ring over the 4 GMIs (``--gmi.reduction ring``);
+- ``async-ps``: iSwitch's Async PS baseline (§2.2 Fig. 3, §6.2): each GMI's update applied by
+  the server as it arrives unless more than ``--async-staleness`` (S, the paper's 3) versions
+  stale (``--gmi.reduction ps --gmi.staleness S``, `gmi_drl.comm.ps.AsyncPSClient`);
+- ``async-switch``: asynchronous iSwitch (threshold ``--threshold`` H and bound S, §4.1): not in
+  this checkout yet; asking for it is refused with a message.
 
 Workloads (each GMI's share of the run; the presets' models, whose sizes match the paper's):
 
@@ -27,11 +33,19 @@ Workloads (each GMI's share of the run; the presets' models, whose sizes match t
 Per method it prints the time per training iteration (median over the iterations after the
 first one with a gradient step: env steps, acting, the gradient steps and their aggregation),
 the time GMI 0 waited for aggregation per iteration (median of ``perf/update/allreduce_s``: the
-collectives, or, stale-sync, the waits for the staleness bound and the drain), the end-to-end
-time of the training loop over the whole budget (the warm-up and a fixed number of training
-iterations; gradient steps run eager, as a one-time compile would swamp short budgets), the
-share of the loop spent waiting for aggregation, GMI 0's mean return of its last 20 episodes
-and whether all GMIs ended with identical weights; then each method's speed-up over ``ps``.
+collectives, or, stale-sync, the waits for the staleness bound and the drain; Async PS: the
+pushes and pulls), the end-to-end time of the training loop over the whole budget (the warm-up
+and a fixed number of training iterations; gradient steps run eager, as a one-time compile
+would swamp short budgets), the share of the loop spent waiting for aggregation, GMI 0's mean
+return of its last 20 episodes and whether all GMIs ended with identical weights (Async PS:
+not expected mid-run, n/a); then each method's speed-up over ``ps``. A second table gives the
+iSwitch paper's metrics (§5.1, Table 5): the training iterations and the loop's wall time until
+the mean return of GMI 0's last 10 episodes first reaches the workload's common target, the
+lowest final average (mean of the last 10 episodes) over the methods run, so every method
+reaches it; the breakdown of an iteration (medians of GMI 0's timer sections): computation
+(rollout, advantages, forward and backward), aggregation (``allreduce``) and weight update
+(``optimizer``; stale-sync applies its updates on the pipeline's thread, outside this
+breakdown); and for Async PS the updates the server applied and dropped.
 
     sudo .venv/bin/python benchmarks/switch_training.py --workloads dqn-pong ppo-hopper
 """
@@ -46,8 +60,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 SWITCH_PORT, PS_PORT = 9999, 9998
-METHODS = ("switch", "S=1", "S=2", "ps", "ring")
+METHODS = ("switch", "S=1", "S=2", "ps", "ring", "async-ps", "async-switch")
+ASYNC_SWITCH_MISSING = ("asynchronous aggregation at the switch (threshold H, iSwitch §4.1) is "
+                        "not in this checkout yet; async-switch runs once it lands")
+WINDOW = 10
+"""episodes in the average the reward target compares (the paper's final average reward)"""
+COMPUTATION = ("perf/rollout_s", "perf/advantages_s", "perf/update/forward_s",
+               "perf/update/backward_s", "perf/update/compiled_grad_s")
+"""GMI 0's timer sections (per iteration) that count as computation"""
 
 
 def workload_config(name: str, a):
@@ -83,12 +106,15 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
 
     cfg, warmup_iterations = workload_config(workload, a)
     cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
-    cfg.gmi.reduction = {"ring": "ring", "ps": "ps"}.get(method, "switch")
+    if method == "async-switch":
+        raise SystemExit(ASYNC_SWITCH_MISSING)
+    cfg.gmi.reduction = {"ring": "ring", "ps": "ps", "async-ps": "ps"}.get(method, "switch")
     if cfg.gmi.reduction == "switch":
         cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
     if cfg.gmi.reduction == "ps":
         cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
-    cfg.gmi.staleness = int(method[2:]) if method.startswith("S=") else 0
+    cfg.gmi.staleness = (int(method[2:]) if method.startswith("S=") else
+                         a.async_staleness if method == "async-ps" else 0)
     cfg.run_dir = str(out / workload / method)
     daemon = None
     if method in ("switch", "S=1", "S=2"):
@@ -96,18 +122,19 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
                                    f"0.0.0.0:{SWITCH_PORT}", "--mtu", str(a.mtu),
                                    "--stats-interval", "0", "--member-timeout", "120"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    elif method == "ps":
+    elif method in ("ps", "async-ps"):
         daemon = rack.popen("ps", [sys.executable, "-m", "gmi_drl.comm.ps", "--bind",
                                    f"0.0.0.0:{PS_PORT}", "--workers", str(a.workers)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     if daemon is not None:
         assert daemon.stdout.readline().startswith("listening on")
+    tail = ""
     try:
         result = train(cfg)
     finally:
         if daemon is not None:
             daemon.terminate()
-            daemon.communicate(timeout=20)
+            tail = daemon.communicate(timeout=20)[0]
     rows = list(csv.DictReader(open(Path(cfg.run_dir) / "metrics.csv")))
     # seconds since the loop began at each logged iteration: global_step / perf/sps
     elapsed = sorted((int(r["global_step"]), int(r["global_step"]) / float(r["value"]))
@@ -116,11 +143,48 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
     per_iteration = statistics.median(b - a_ for a_, b in zip(timed, timed[1:]))
     waits = [float(r["value"]) for r in rows if r["name"] == "perf/update/allreduce_s"]
     returns = result.episode_returns
+    server = dict(zip(tail.split()[::2], tail.split()[1::2]))  # the server's closing counters
     return {"iteration_s": per_iteration, "loop": elapsed[-1][1],
             "aggregation_s": statistics.median(waits[1:] or waits or [float("nan")]),
             "share": sum(waits) / elapsed[-1][1],
             "final": float(returns[-20:].mean()) if len(returns) else float("nan"),
-            "identical": len(set(result.weight_digests)) == 1}
+            "final10": (float(returns[-WINDOW:].mean()) if len(returns) >= WINDOW
+                        else float("nan")),
+            "episodes": (np.asarray(result.episode_steps) / cfg.batch_size, returns,
+                         np.asarray(result.episode_wall_s)),
+            "breakdown": breakdown(rows, warmup_iterations),
+            "applied_dropped": (f"{server['applied']}/{server['dropped']}"
+                                if method == "async-ps" else "-"),
+            "identical": len(set(result.weight_digests)) == 1,
+            "asynchronous": method == "async-ps"}
+
+
+def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, float]:
+    """Medians over the iterations after the warm-up of GMI 0's seconds per iteration in
+    computation (`COMPUTATION`), aggregation (``allreduce``) and weight update
+    (``optimizer``)."""
+    per_step: dict[int, list[float]] = {}
+    for r in rows:
+        name = r["name"]
+        k = ("computation" if name in COMPUTATION else
+             "aggregation" if name == "perf/update/allreduce_s" else
+             "update" if name == "perf/update/optimizer_s" else None)
+        if k is not None:
+            parts = per_step.setdefault(int(r["global_step"]), [0.0, 0.0, 0.0])
+            parts[("computation", "aggregation", "update").index(k)] += float(r["value"])
+    timed = [v for _, v in sorted(per_step.items())][warmup_iterations:] or [[float("nan")] * 3]
+    return tuple(statistics.median(p[i] for p in timed) for i in range(3))
+
+
+def to_target(episodes: tuple[np.ndarray, np.ndarray, np.ndarray],
+              target: float) -> tuple[float, float]:
+    """(training iterations, loop seconds) at the first episode with which the mean of the
+    last `WINDOW` episodes reaches ``target``; NaNs if it never does."""
+    iterations, returns, wall = episodes
+    for i in range(WINDOW - 1, len(returns)):
+        if returns[i - WINDOW + 1:i + 1].mean() >= target:
+            return float(iterations[i]), float(wall[i])
+    return float("nan"), float("nan")
 
 
 def main(argv=None) -> None:
@@ -133,9 +197,17 @@ def main(argv=None) -> None:
                                                        "ddpg-halfcheetah"],
                    choices=["dqn-pong", "a2c-qbert", "ppo-hopper", "ddpg-halfcheetah"],
                    help="workloads to train (the table of the module doc)")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+    p.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "async-switch"],
+                   choices=METHODS,
                    help="switch: synchronous through the switch; S=1, S=2: stale-sync with that "
-                        "bound; ps: parameter server; ring: gloo ring")
+                        "bound; ps: parameter server; ring: gloo ring; async-ps: asynchronous "
+                        "parameter server with bound --async-staleness; async-switch: "
+                        "asynchronous switch (--threshold, --async-staleness; not yet here)")
+    p.add_argument("--async-staleness", type=int, default=3,
+                   help="staleness bound S of async-ps and async-switch (the paper's 3; >= 0)")
+    p.add_argument("--threshold", type=int, default=None,
+                   help="async-switch: gradients the switch aggregates before it broadcasts "
+                        "(H, 1 <= H <= --workers; default: --workers)")
     p.add_argument("--workers", type=int, default=4,
                    help="GMIs, one worker namespace and link each (>= 2)")
     p.add_argument("--scale", type=float, default=1.0,
@@ -149,6 +221,12 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.workers < 2:
         p.error(f"--workers {a.workers}: at least 2 (gradients are aggregated between GMIs)")
+    if "async-switch" in a.methods:
+        p.error(f"--methods async-switch: {ASYNC_SWITCH_MISSING}")
+    if a.async_staleness < 0:
+        p.error(f"--async-staleness {a.async_staleness}: must be >= 0")
+    if a.threshold is not None and not 1 <= a.threshold <= a.workers:
+        p.error(f"--threshold {a.threshold}: must be in [1, --workers={a.workers}]")
     for flag, value in (("--scale", a.scale), ("--rate-mbit", a.rate_mbit)):
         if value <= 0:
             p.error(f"{flag} {value:g}: must be > 0")
@@ -179,9 +257,22 @@ def main(argv=None) -> None:
         for method, r in by_method.items():
             vs = (f"{ps['iteration_s'] / r['iteration_s']:.2f}x, {ps['loop'] / r['loop']:.2f}x"
                   if ps else "-")
+            same = "n/a (async)" if r["asynchronous"] else "yes" if r["identical"] else "NO"
             print(f"| {workload} | {method} | {r['iteration_s']:.3f} | {r['aggregation_s']:.3f} | "
-                  f"{r['loop']:.1f} | {r['share']:.1%} | {r['final']:.1f} | "
-                  f"{'yes' if r['identical'] else 'NO'} | {vs} |")
+                  f"{r['loop']:.1f} | {r['share']:.1%} | {r['final']:.1f} | {same} | {vs} |")
+    print(f"\nTo the same final average reward (mean of the last {WINDOW} episodes of GMI 0; "
+          "target: the lowest final average of the methods), and the breakdown of an "
+          "iteration (medians, s):")
+    print("| workload | method | final average | target | iterations to target | s to target | "
+          "computation s | aggregation s | weight update s | server applied/dropped |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for workload, by_method in results.items():
+        target = min((r["final10"] for r in by_method.values()), default=float("nan"))
+        for method, r in by_method.items():
+            its, secs = to_target(r["episodes"], target)
+            comp, agg, upd = r["breakdown"]
+            print(f"| {workload} | {method} | {r['final10']:.1f} | {target:.1f} | {its:.0f} | "
+                  f"{secs:.1f} | {comp:.3f} | {agg:.3f} | {upd:.4f} | {r['applied_dropped']} |")
     print(f"\nrun directories under {out}")
 
 

@@ -211,18 +211,22 @@ def _validate_gmi(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
          f"gmi.reduction={g.reduction!r} reduces between GMIs: needs "
          f"{'gmi.trainer_gmis' if cfg.is_async else 'gmi.num_gmis'} >= 2, not {cfg.num_trainers}")
     _validate_template(cfg, need)
-    need(g.staleness == 0 or g.reduction == "switch",
-         f"gmi.staleness={g.staleness} needs gmi.reduction switch, not {g.reduction!r} "
-         "(stale-sync training keeps aggregation rounds in flight at the switch; other "
-         "reductions are synchronous collectives)")
+    need(g.staleness == 0 or g.reduction in ("switch", "ps"),
+         f"gmi.staleness={g.staleness} needs gmi.reduction switch or ps, not {g.reduction!r} "
+         "(stale-sync training keeps aggregation rounds in flight at the switch; Async PS "
+         "applies each GMI's update at the parameter server as it arrives; other reductions "
+         "are synchronous collectives)")
+    need(g.reduction != "ps" or g.staleness < 1 << 32, f"gmi.staleness={g.staleness} must be "
+         "< 2**32 with gmi.reduction ps (the parameter server's hello carries it as a u32)")
     _validate_threshold(cfg, need)
 
 
 def _validate_threshold(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     """Async iSwitch (H, S): the switch's threshold mode, its ranges (`protocol.ThresholdValue`)."""
     g, n = cfg.gmi, cfg.num_trainers
-    need(g.staleness < 128, f"gmi.staleness={g.staleness} must be < 128 (the switch compares "
-         "weight versions mod 256); a bound that large is no bound: lower it")
+    need(g.reduction != "switch" or g.staleness < 128, f"gmi.staleness={g.staleness} must be "
+         "< 128 with gmi.reduction switch (the switch compares weight versions mod 256); a "
+         "bound that large is no bound: lower it")
     if g.threshold is None:
         return
     need(not cfg.is_async, f"gmi.threshold={g.threshold} is Async iSwitch of the sync_training "

@@ -112,9 +112,12 @@ class GMIConfig:
     ps_addr: str | None = None
     """HOST:PORT of the parameter server (gmi.reduction ps)"""
     staleness: Annotated[int, Ge(0)] = 0
-    """staleness bound S of stale-sync training through the switch (iSwitch §4.1): a
-    minibatch gradient may be computed on weights that miss the last S aggregated steps, so
-    aggregation overlaps computation; 0 is synchronous; needs gmi.reduction switch"""
+    """staleness bound S of asynchronous training; 0 is synchronous. With gmi.reduction switch,
+    stale-sync training (iSwitch §4.1): a minibatch gradient may be computed on weights that
+    miss the last S aggregated steps, so aggregation overlaps computation. With gmi.reduction
+    ps, Async PS (iSwitch §2.2, §6.2): the parameter server applies each GMI's update as it
+    arrives unless the weights it was computed on are more than S versions old (then it drops
+    and counts it). Other reductions: must be 0"""
     threshold: Annotated[int, Ge(1)] | None = None
     """aggregation threshold H of Async iSwitch (iSwitch §3.2 SetH, §4.1 Fig. 11): the switch
     broadcasts once H gradients of any GMIs arrived (a fast GMI may give several), and drops a

@@ -29,6 +29,8 @@ class ReductionGroup:
             switch port, or the parameter server) at index k.
         job_id: the run's name at the switch (the same on every GMI).
         token: the switch's shared secret (``--token`` of `gmi-drl switch serve`).
+        staleness: ``ps``: the staleness bound S of an asynchronous parameter server group
+            (``gmi_drl.comm.ps.AsyncPSClient``); 0: the synchronous one (`PSReducer`).
     """
 
     shm_groups: tuple = ()
@@ -36,6 +38,7 @@ class ReductionGroup:
     service_addrs: tuple[str, ...] = ()
     job_id: str = "gmi-drl"
     token: str = ""
+    staleness: int = 0
 
 
 def shm_group_sizes(layout: Layout) -> list[int]:
@@ -105,7 +108,10 @@ def _switch(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | No
 
 
 def _ps(g: int, layout: Layout, group: ReductionGroup, timeout_s: float | None = None):
-    from gmi_drl.comm.ps import PSReducer
+    from gmi_drl.comm.ps import AsyncPSClient, PSReducer
+    if group.staleness:
+        return AsyncPSClient(group.service_addrs[g], g, layout.num_gmis, group.staleness,
+                             **_waits(timeout_s))
     return PSReducer(group.service_addrs[g], g, layout.num_gmis, **_waits(timeout_s))
 
 

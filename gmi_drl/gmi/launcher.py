@@ -319,7 +319,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
            netns: Sequence[str] | None = None, prefixes: dict[int, list[str]] | None = None,
            exit_timeout_s: float = 5.0, tolerate: frozenset[int] = frozenset(),
            job_id: str | None = None, token: str = "",
-           start_method: str = "forkserver", preload: Sequence[str] = ()) -> list[Any]:
+           start_method: str = "forkserver", preload: Sequence[str] = (),
+           staleness: int = 0) -> list[Any]:
     """Run ``target(ctx)`` in one process per GMI of ``layout``; return the results by gmi_id.
 
     Args:
@@ -346,6 +347,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
             prefix is always spawned.
         preload: modules the fork server imports besides `PRELOAD` (e.g. `COMPILER`), if
             this launch starts it.
+        staleness: with the ``ps`` reduction, the staleness bound S of an asynchronous
+            parameter server group (0: synchronous; `ReductionGroup`).
 
     Raises:
         ValueError: ``service_addrs`` / ``netns`` not one per GMI, or an unknown
@@ -366,7 +369,8 @@ def launch(target: str, layout: Layout, machine: Machine, payload: Any = None,
     owners = [o for _, o in made]
     tmp = tempfile.mkdtemp(prefix="gmi-drl-")
     group = ReductionGroup(tuple(g for g, _ in made), f"file://{tmp}/rendezvous",
-                           tuple(service_addrs), job_id or f"gmi-drl-{os.getpid()}", token)
+                           tuple(service_addrs), job_id or f"gmi-drl-{os.getpid()}", token,
+                           staleness)
     del made
     mps = None
     if layout.backend is BackendKind.CUDA_MPS:

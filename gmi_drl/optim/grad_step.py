@@ -11,6 +11,11 @@ the reducer or the optimizer itself. Two variants:
 - `StaleSyncGradStep` ("stale-sync", iSwitch §4.1): the gradient is handed to the switch
   pipeline (`gmi_drl.comm.switch.pipeline.StaleSyncPipeline`) and computed on weights that miss
   at most ``S`` aggregated steps; the pipeline's thread takes the steps. `drain` ends the overlap.
+- `AsyncPSGradStep` ("Async PS", the iSwitch paper's asynchronous baseline, §2.2 Fig. 3, §6.2):
+  the step's clip and optimizer turn the gradient into an update of the weights it was computed
+  on, the update goes to an asynchronous parameter server (`gmi_drl.comm.ps.AsyncPSClient`),
+  which applies it unless it is more than ``S`` versions stale, and the server's weights come
+  back.
 
 With ``compile=True`` the gradient is one `torch.compile` graph: ``torch.func.grad`` of the loss
 at the flat parameter vector (forward and backward fused, no autograd engine per step). With one
@@ -29,9 +34,11 @@ import logging
 from collections import Counter
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
+from gmi_drl.comm.ps import AsyncPSClient
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
 from gmi_drl.models.compiled import compile_graph
 from gmi_drl.optim.cuda_graph import CaptureError, GraphedStep
@@ -332,13 +339,117 @@ class StaleSyncGradStep(GradStep):
         self.optimizer.step()
 
 
+class AsyncPSGradStep(GradStep):
+    """Asynchronous gradient steps through a parameter server (iSwitch's Async PS baseline,
+    §2.2 Fig. 3 and §6.2, staleness bound ``S``; the protocol and the choice of pushing updates
+    are in `gmi_drl.comm.ps`).
+
+    A call computes the gradient on the module's weights (the server's weights of version
+    ``v``, pulled with the last step), clips it and takes the optimizer step as `GradStep` does,
+    pushes the difference it made to the weights, tagged ``v``, and loads the weights the server
+    answers with (its version ``u``, with or without this update: the server drops an update
+    with ``u - v > S``). The first call pulls the server's weights (this module's become the
+    stream's initial weights if it has none). `drain` takes no step and talks to no one: the
+    weights are those of the last answer; it returns ``comm/staleness_mean`` and
+    ``comm/staleness_max`` of the updates applied and ``comm/dropped`` (updates dropped) since
+    the last drain. `close` waits until every worker finished the stream and loads its final
+    weights, so every worker ends with the server's weights.
+
+    Args:
+        as `GradStep`, with ``reducer`` a `gmi_drl.comm.ps.AsyncPSClient` (the bound is its
+        ``staleness_bound``).
+
+    Raises:
+        ValueError: the reducer is not an `AsyncPSClient`.
+    """
+
+    def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
+                 eps: float = 1e-8, reducer: GradReducer | None = None,
+                 compile: bool = False, optimizer: str = "adam",
+                 cuda_graphs: bool = False, weight_decay: float = 0.0) -> None:
+        if not isinstance(reducer, AsyncPSClient):
+            raise ValueError("asynchronous steps need the asynchronous parameter server's "
+                             f"client (AsyncPSClient); got {type(reducer).__name__}")
+        super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
+                         cuda_graphs, weight_decay)
+        self.client: AsyncPSClient = reducer
+        self.stream = reducer.new_stream()
+        self.version: int | None = None  # of the module's weights at the server; None: unpulled
+        self._before = torch.zeros_like(self.params.data)
+        self._host = np.zeros(self.params.numel, np.float32)  # the server's weights
+        self._update = np.zeros_like(self._host)
+        self._staleness: Counter[int] = Counter()
+        self._dropped = 0
+
+    def _fusable(self) -> bool:
+        return False  # the update is pushed between the optimizer step and the next gradient
+
+    def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.version is None:
+            with timer("allreduce"):
+                torch.from_numpy(self._host).copy_(self.params.data)
+                self._load(self.client.pull(self.stream, self._host))
+        aux = self._gradient(batch)
+        data, version = self.params.data, self.version
+        with timer("optimizer"):
+            self._before.copy_(data)
+            clip_grad_norm_(self.params.grad, self.max_grad_norm)
+            self.optimizer.step()
+            data.sub_(self._before)  # the update
+        with timer("allreduce"):
+            torch.from_numpy(self._update).copy_(data)
+            applied, now = self.client.push(self.stream, version, self._update, self._host)
+            self._load(now)
+        if applied:
+            self._staleness[now - 1 - version] += 1
+        else:
+            self._dropped += 1
+        return aux
+
+    def drain(self) -> dict[str, float]:
+        counts, dropped = self._staleness, self._dropped
+        self._staleness, self._dropped = Counter(), 0
+        if not counts and not dropped:
+            return {}
+        out = {"comm/dropped": float(dropped)}
+        if counts:
+            out["comm/staleness_mean"] = sum(k * v for k, v in counts.items()) / counts.total()
+            out["comm/staleness_max"] = float(max(counts))
+        return out
+
+    def close(self) -> None:
+        """Finish the stream: wait for every worker, then load the server's final weights.
+        Idempotent (a step that never pulled has nothing to finish)."""
+        if self.version is not None:
+            self.client.finish(self.stream, self._host)
+            self.params.data.copy_(torch.from_numpy(self._host))
+            self.version = None
+
+    def _load(self, version: int) -> None:
+        """The module's weights ← the host buffer (the server's weights of ``version``)."""
+        self.version = version
+        self.params.data.copy_(torch.from_numpy(self._host))
+
+
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                    eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
                    staleness_bound: int | None = None, optimizer: str = "adam",
                    cuda_graphs: bool = False, weight_decay: float = 0.0) -> GradStep:
-    """A `GradStep`, or a `StaleSyncGradStep` when ``staleness_bound`` is an int (see there)."""
+    """A `GradStep`; with ``staleness_bound`` an int, an `AsyncPSGradStep` when ``reducer`` is an
+    `AsyncPSClient` (whose bound must be ``staleness_bound``) and a `StaleSyncGradStep` otherwise
+    (see there).
+
+    Raises:
+        ValueError: an `AsyncPSClient` with another bound.
+    """
     if staleness_bound is None:
         return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
                         cuda_graphs, weight_decay)
+    if isinstance(reducer, AsyncPSClient):
+        if reducer.staleness_bound != staleness_bound:
+            raise ValueError(f"staleness_bound={staleness_bound}, but the parameter server's "
+                             f"client announced S = {reducer.staleness_bound}")
+        return AsyncPSGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile,
+                               optimizer, cuda_graphs, weight_decay)
     return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
                              staleness_bound, cuda_graphs, weight_decay)

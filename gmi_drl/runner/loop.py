@@ -100,8 +100,8 @@ class HolisticGMI(GMIShell):
         g = cfg.gmi
         steps = functools.partial(make_grad_step, reducer=reducer, compile=cfg.compile,
                                   cuda_graphs=cfg.cuda_graphs,
-                                  staleness_bound=g.staleness if g.reduction == "switch"
-                                  and (g.staleness or g.threshold is not None) else None)
+                                  staleness_bound=g.staleness
+                                  if g.staleness or g.threshold is not None else None)
         self.start_timing(f"gmi-{rank}", cpu_times=cfg.log.cpu_times)
         self.profiler = make_profiler(cfg.profile, rank, run.profile_dir(rank), self.tree)
         with _BUILD_LOCK:

@@ -144,7 +144,8 @@ class SerialPlacement:
         made = [ShmGroup.create(size, t.reducer_capacity) for size in shm_group_sizes(lay)]
         gc = self.cfg.gmi
         group = ReductionGroup(tuple(g for g, _ in made), "", gc.service_addrs,
-                               gc.switch_job or f"gmi-drl-serial-{id(self)}", gc.switch_token)
+                               gc.switch_job or f"gmi-drl-serial-{id(self)}", gc.switch_token,
+                               gc.staleness if gc.reduction == "ps" else 0)
         try:
             with t.shared(payload, "serial") as shared:
                 if lay.num_gmis == 1:
@@ -249,6 +250,7 @@ class LocalPlacement:
                                   service_addrs=g.service_addrs,
                                   netns=g.netns_list, prefixes=self.prefixes,
                                   job_id=g.switch_job, token=g.switch_token,
+                                  staleness=g.staleness if g.reduction == "ps" else 0,
                                   start_method=g.start_method, tolerate=t.tolerate,
                                   preload=COMPILER if self.cfg.compile else (),
                                   exit_timeout_s=600.0 if self.prefixes else 5.0)  # nsys: at exit

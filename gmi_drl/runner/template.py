@@ -73,7 +73,10 @@ def notes(cfg: TrainConfig) -> str:
                else f"stale-sync, staleness bound S = {g.staleness} (iSwitch §4.1)" if g.staleness
                else "synchronous")
         text += f"- gradients reduced through the aggregation switch at {g.switch_addr}, {how}\n"
-    if g.reduction == "ps":
+    if g.reduction == "ps" and g.staleness:
+        text += (f"- updates applied asynchronously by the parameter server at {g.ps_addr}, "
+                 f"staleness bound S = {g.staleness} (iSwitch's Async PS)\n")
+    elif g.reduction == "ps":
         text += f"- gradients reduced through the parameter server at {g.ps_addr}\n"
     if g.netns is not None:
         text += f"- GMI k in network namespace k of {g.netns}\n"

@@ -5,6 +5,7 @@ import functools
 import logging
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,35 @@ def test_a_failing_compiler_falls_back_to_eager_steps(monkeypatch, caplog):
 def test_stale_sync_needs_the_switch_reducer():
     with pytest.raises(ValueError, match="stale-sync training needs the switch reducer"):
         make_grad_step(_model(gym.spaces.Discrete(2)), LOSS, 1e-3, 0.5, staleness_bound=1)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop_tf"])
+def test_async_ps_steps_of_one_worker_follow_the_synchronous_steps(optimizer):
+    """One worker, S = 0: every update applies on the weights it was computed on, so the
+    server's weights follow `GradStep`'s (up to the float32 rounding of weights + update)."""
+    import threading
+
+    from gmi_drl.comm.ps import AsyncPSClient, ParameterServer
+
+    ps = ParameterServer(("127.0.0.1", 0), 1, member_timeout_s=20)
+    threading.Thread(target=ps.serve_forever, daemon=True).start()
+    client = AsyncPSClient("{}:{}".format(*ps.address), 0, 1, 0, timeout_s=20)
+    try:
+        space = gym.spaces.Box(-1, 1, (3,))
+        step = make_grad_step(_model(space), LOSS, 1e-2, 0.5, 1e-5, reducer=client,
+                              staleness_bound=0, optimizer=optimizer)
+        ref = GradStep(_model(space), LOSS, 1e-2, 0.5, 1e-5, optimizer=optimizer)
+        for mb in _minibatches(space, 4):
+            step(*mb)
+            ref(*mb)
+        assert step.drain() == {"comm/dropped": 0.0, "comm/staleness_mean": 0.0,
+                                "comm/staleness_max": 0.0}
+        step.close()
+        torch.testing.assert_close(step.params.data, ref.params.data, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(step.params.data.numpy(), ps.streams[0].weights)
+        assert ps.streams[0].version == 4 and ps.dropped == 0
+        with pytest.raises(ValueError, match="the parameter server's client announced S = 0"):
+            make_grad_step(_model(space), LOSS, 1e-3, 0.5, reducer=client, staleness_bound=2)
+    finally:
+        client.close()
+        ps.close()

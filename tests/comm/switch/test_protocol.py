@@ -183,3 +183,32 @@ def test_serve_goes_on_when_its_stdout_is_closed_and_refuses_a_parent_it_cannot_
         bad = subprocess.run([*cmd, "--parent", parent], capture_output=True, text=True,
                              timeout=30)
         assert bad.returncode == 2 and "argument --parent" in bad.stderr
+
+
+def test_serve_takes_the_mtu_of_its_bind_address():
+    """`gmi-drl switch serve` without --mtu: the MTU of the --bind address's interface, at most
+    9000 (loopback's is 65536), a wildcard address the smallest of the other interfaces', an
+    address no interface holds the old default; --mtu wins."""
+    import socket
+    import subprocess
+    import sys
+
+    from gmi_drl.comm.switch.cli import bind_mtu
+    from gmi_drl.comm.switch.daemon import SwitchConfig
+
+    def mtu(name):
+        return int(open(f"/sys/class/net/{name}/mtu").read())
+
+    assert bind_mtu("127.0.0.1") == bind_mtu("localhost") == mtu("lo")
+    assert bind_mtu("192.0.2.123") == SwitchConfig.mtu == 1500  # no interface holds it
+    assert bind_mtu("0.0.0.0") in {mtu(n) for _, n in socket.if_nameindex()}
+    for flags, want in (([], min(mtu("lo"), 9000)), (["--mtu", "1500"], 1500)):
+        proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
+                                 "127.0.0.1:0", "--stats-interval", "0", *flags],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("listening on")
+        proc.terminate()
+        assert proc.wait(20) == 0
+        assert f"mtu: {want}" in proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
