@@ -18,8 +18,11 @@ Methods:
 - ``async-ps``: iSwitch's Async PS baseline (§2.2 Fig. 3, §6.2): each GMI's update applied by
   the server as it arrives unless more than ``--async-staleness`` (S, the paper's 3) versions
   stale (``--gmi.reduction ps --gmi.staleness S``, `gmi_drl.comm.ps.AsyncPSClient`);
-- ``async-switch``: asynchronous iSwitch (threshold ``--threshold`` H and bound S, §4.1): not in
-  this checkout yet; asking for it is refused with a message.
+- ``async-switch``: asynchronous iSwitch (§4.1, Fig. 11): the switch broadcasts each aggregate
+  once ``--threshold`` H gradients of any GMIs arrived (default: the number of workers; a fast
+  GMI may give several of them) and drops gradients more than ``--async-staleness`` S versions
+  old (``--gmi.reduction switch --gmi.threshold H --gmi.staleness S``,
+  `gmi_drl.comm.switch.threshold`).
 
 Workloads (each GMI's share of the run; the presets' models, whose sizes match the paper's):
 
@@ -64,8 +67,6 @@ import numpy as np
 
 SWITCH_PORT, PS_PORT = 9999, 9998
 METHODS = ("switch", "S=1", "S=2", "ps", "ring", "async-ps", "async-switch")
-ASYNC_SWITCH_MISSING = ("asynchronous aggregation at the switch (threshold H, iSwitch §4.1) is "
-                        "not in this checkout yet; async-switch runs once it lands")
 WINDOW = 10
 """episodes in the average the reward target compares (the paper's final average reward)"""
 COMPUTATION = ("perf/rollout_s", "perf/advantages_s", "perf/update/forward_s",
@@ -106,18 +107,18 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
 
     cfg, warmup_iterations = workload_config(workload, a)
     cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
-    if method == "async-switch":
-        raise SystemExit(ASYNC_SWITCH_MISSING)
     cfg.gmi.reduction = {"ring": "ring", "ps": "ps", "async-ps": "ps"}.get(method, "switch")
     if cfg.gmi.reduction == "switch":
         cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
     if cfg.gmi.reduction == "ps":
         cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
     cfg.gmi.staleness = (int(method[2:]) if method.startswith("S=") else
-                         a.async_staleness if method == "async-ps" else 0)
+                         a.async_staleness if method in ("async-ps", "async-switch") else 0)
+    if method == "async-switch":
+        cfg.gmi.threshold = a.threshold or a.workers
     cfg.run_dir = str(out / workload / method)
     daemon = None
-    if method in ("switch", "S=1", "S=2"):
+    if method in ("switch", "S=1", "S=2", "async-switch"):
         daemon = rack.popen("sw", [sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
                                    f"0.0.0.0:{SWITCH_PORT}", "--mtu", str(a.mtu),
                                    "--stats-interval", "0", "--member-timeout", "120"],
@@ -156,7 +157,7 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
             "applied_dropped": (f"{server['applied']}/{server['dropped']}"
                                 if method == "async-ps" else "-"),
             "identical": len(set(result.weight_digests)) == 1,
-            "asynchronous": method == "async-ps"}
+            "asynchronous": method == "async-ps"}  # (async-switch: identical after each drain)
 
 
 def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, float]:
@@ -197,12 +198,12 @@ def main(argv=None) -> None:
                                                        "ddpg-halfcheetah"],
                    choices=["dqn-pong", "a2c-qbert", "ppo-hopper", "ddpg-halfcheetah"],
                    help="workloads to train (the table of the module doc)")
-    p.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "async-switch"],
+    p.add_argument("--methods", nargs="+", default=list(METHODS),
                    choices=METHODS,
                    help="switch: synchronous through the switch; S=1, S=2: stale-sync with that "
                         "bound; ps: parameter server; ring: gloo ring; async-ps: asynchronous "
                         "parameter server with bound --async-staleness; async-switch: "
-                        "asynchronous switch (--threshold, --async-staleness; not yet here)")
+                        "asynchronous switch (--threshold, --async-staleness)")
     p.add_argument("--async-staleness", type=int, default=3,
                    help="staleness bound S of async-ps and async-switch (the paper's 3; >= 0)")
     p.add_argument("--threshold", type=int, default=None,
@@ -221,8 +222,6 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.workers < 2:
         p.error(f"--workers {a.workers}: at least 2 (gradients are aggregated between GMIs)")
-    if "async-switch" in a.methods:
-        p.error(f"--methods async-switch: {ASYNC_SWITCH_MISSING}")
     if a.async_staleness < 0:
         p.error(f"--async-staleness {a.async_staleness}: must be >= 0")
     if a.threshold is not None and not 1 <= a.threshold <= a.workers:
