@@ -24,14 +24,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif "tests/envs/test_warp_pool.py" in item.nodeid or item.get_closest_marker("warp"):
             item.add_marker(pytest.mark.xdist_group("warp"))
-    if hasattr(config, "workerinput"):  # (an xdist worker: its collection is the schedule)
-        _long_first(items)
-
-
-def _long_first(items) -> None:
-    """Under pytest-xdist, the tests marked slow start before the others (a stable sort: each
-    group's tests keep their order, and so do the fast ones). pytest-xdist hands out the groups
-    first, then single tests in collection order: a long test collected last (tests/tune's)
-    would start when the other processes have nothing left to run."""
-    items.sort(key=lambda item: not (item.get_closest_marker("slow")
-                                     or item.get_closest_marker("xdist_group")))
