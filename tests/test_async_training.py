@@ -186,7 +186,7 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gmi_drl.cli", "train", "appo", "--gmi.serving-gmis", "2",
-         "--async.tolerate-serving-failures", "--total-timesteps", "200000", "--no-compile",
+         "--async.tolerate-serving-failures", "--total-timesteps", "61440", "--no-compile",
          "--log.no-tensorboard", "--run-dir", str(run)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -198,7 +198,7 @@ def test_a_killed_serving_gmi_is_tolerated_when_asked(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert "done: 199,680 steps" in out
+    assert "done: 61,440 steps" in out
     assert "GMI 2 was killed by signal 9 without a result; the run goes on without it" in err
     summary = (run / "summary.md").read_text()
     assert "serving GMI 2: failed during the run; the run went on without it" in summary
