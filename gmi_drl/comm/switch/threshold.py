@@ -288,6 +288,12 @@ class ThresholdReducer(SwitchReducer):
         the aggregates still missing (lost ones asked for again). ``deliver(aggregates)`` gets
         every aggregate that comes meanwhile, as `take` returns them.
 
+        Known defect: a worker that lost every result packet of an aggregate before the second
+        round does not know the aggregate exists, so it is not asked for again and that worker
+        leaves the barrier behind the others (seen in tests under CPU load; the chain of applied
+        aggregates stays the same on every worker). The fix is for the flush acknowledgement to
+        carry the switch's last aggregate per region.
+
         Raises:
             SwitchError: the group broke, or not settled within ``timeout_s``."""
         end = time.monotonic() + timeout_s
