@@ -24,7 +24,7 @@ from gmi_drl.config import RayConfig
 from gmi_drl.gmi.budget import Budget, plan_runs
 from gmi_drl.gmi.budget import describe as describe_budget
 from gmi_drl.gmi.layout import Template
-from gmi_drl.sweep import aggregate, launch_runs
+from gmi_drl.sweep import launch_runs, seed_rows
 
 TARGET = "gmi_drl.serving:serve_gmi"
 _SEED_DIR = re.compile(r"^seed-(\d+)$")
@@ -144,15 +144,8 @@ def table(spec: ServingSpec, outcomes: list[EvalOutcome], wall_s: float, layout_
              f"Each run's newest checkpoint that loads, {spec.episodes} episodes ({how} actions, "
              f"env seed {spec.seed}); over seeds the mean of the runs' mean returns, their "
              "interquartile mean (IQM) and its 95% percentile-bootstrap confidence interval "
-             f"(Agarwal et al. 2021). {wall_s:.1f} s.", "",
-             "| configuration | seeds | mean | IQM | 95% CI of the IQM |",
-             "|---|---:|---:|---:|---|"]
-    for p in dict.fromkeys(r.point for r in spec.runs):
-        mine = [o for r, o in zip(spec.runs, outcomes) if r.point == p and not o.error]
-        a = aggregate([o.mean for o in mine])
-        ci = "n/a" if np.isnan(a["low"]) else f"[{a['low']:.1f}, {a['high']:.1f}]"
-        lines.append(f"| {p or 'the command'} | {len(mine)} | {a['mean']:.1f} | {a['iqm']:.1f} "
-                     f"| {ci} |")
+             f"(Agarwal et al. 2021). {wall_s:.1f} s.", ""]
+    lines += seed_rows(spec.runs, outcomes, lambda o: o.mean)
     lines += ["", "| run | mean return | std | episodes | mean length | run dir |",
               "|---|---:|---:|---:|---:|---|"]
     for o in outcomes:

@@ -285,23 +285,31 @@ def aggregate(returns: Sequence[float], seed: int = 0) -> dict[str, float]:
     return {"mean": float(x.mean()), "iqm": iqm, "low": low, "high": high}
 
 
+def seed_rows(runs: Sequence[PlannedRun], outcomes: Sequence, value) -> list[str]:
+    """A markdown table ``| configuration | seeds | mean | IQM | 95% CI of the IQM |``, a row
+    per configuration (in the order of ``runs``), of ``value(outcome)`` over the
+    configuration's runs that did not fail (``outcome.error`` empty); `aggregate` gives the
+    figures."""
+    rows = ["| configuration | seeds | mean | IQM | 95% CI of the IQM |", "|---|---:|---:|---:|---|"]
+    for p in dict.fromkeys(r.point for r in runs):
+        mine = [o for r, o in zip(runs, outcomes) if r.point == p and not o.error]
+        a = aggregate([value(o) for o in mine])
+        ci = "n/a" if np.isnan(a["low"]) else f"[{a['low']:.1f}, {a['high']:.1f}]"
+        rows.append(f"| {p or 'the command'} | {len(mine)} | {a['mean']:.1f} | {a['iqm']:.1f} "
+                    f"| {ci} |")
+    return rows
+
+
 def summary(runs: Sequence[PlannedRun], outcomes: Sequence[RunOutcome], wall_s: float,
             layout_text: str) -> str:
     """The parent's ``summary.md``: per configuration the aggregate over seeds, then every
     run, then how the runs were placed."""
-    points = list(dict.fromkeys(r.point for r in runs))
     lines = [f"# {len(runs)} runs as GMIs: {runs[0].cfg.env.task_id}, "
              f"{type(runs[0].cfg.algo).__name__.removesuffix('Config')}", "",
              f"Final return: the mean of each run's last {FINAL_EPISODES} episodes; over seeds "
              "the mean, the interquartile mean (IQM) and its 95% percentile-bootstrap confidence "
-             "interval (Agarwal et al. 2021).", "",
-             "| configuration | seeds | mean | IQM | 95% CI of the IQM |", "|---|---:|---:|---:|---|"]
-    for p in points:
-        mine = [o for r, o in zip(runs, outcomes) if r.point == p and not o.error]
-        a = aggregate([o.final_return for o in mine])
-        ci = "n/a" if np.isnan(a["low"]) else f"[{a['low']:.1f}, {a['high']:.1f}]"
-        lines.append(f"| {p or 'the command'} | {len(mine)} | {a['mean']:.1f} | {a['iqm']:.1f} "
-                     f"| {ci} |")
+             "interval (Agarwal et al. 2021).", ""]
+    lines += seed_rows(runs, outcomes, lambda o: o.final_return)
     steps = sum(o.global_step for o in outcomes)
     lines += ["", f"Whole: {steps:,} env steps in {wall_s:.1f} s, {steps / wall_s:,.0f} env "
               "steps/s over every run.", "",
