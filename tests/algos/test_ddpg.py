@@ -18,6 +18,7 @@ from gmi_drl.config import field_errors, preset
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import HostArrays, arrays_for
 from gmi_drl.train import train
+from tests.sb3_batches import feed_same_batches
 
 
 def test_critic_target_masks_terminations_and_takes_the_smaller_critic():
@@ -262,9 +263,6 @@ def test_updates_equal_stable_baselines3_on_the_same_batches(algo):
     RNG, the learner with ``randn`` from its own generator: the same numbers, seeded alike)."""
     sb3 = pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.type_aliases import ReplayBufferSamples
-
-    from gmi_drl.rollout.replay import ReplayBatch
 
     cls, cfg_cls, ref_cls = {"ddpg": (DDPG, DDPGConfig, sb3.DDPG),
                              "td3": (TD3, TD3Config, sb3.TD3)}[algo]
@@ -279,15 +277,7 @@ def test_updates_equal_stable_baselines3_on_the_same_batches(algo):
         for mine, theirs in pairs:
             for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
                 p.copy_(q)
-    rng = np.random.default_rng(0)
-    batches = [[torch.as_tensor(x, dtype=torch.float32) for x in (
-        rng.normal(size=(32, 3)), rng.uniform(-1, 1, (32, 1)), rng.normal(size=32),
-        rng.normal(size=(32, 3)), rng.random(32) < 0.2)] for _ in range(12)]
-    theirs, mine = iter(batches), iter(batches)
-    ref.replay_buffer.sample = lambda *_, **__: (lambda o, a, r, n, t: ReplayBufferSamples(
-        o, a, n, t[:, None], r[:, None]))(*next(theirs))
-    ours.replay = type("Batches", (), {"sample": lambda self, *_: ReplayBatch(
-        *next(mine), torch.full((32,), 0.9))})()
+    feed_same_batches(ours, ref, updates=12)
     ours.env_steps = 1
     for k in range(12):
         torch.manual_seed(k)

@@ -20,6 +20,7 @@ from gmi_drl.rollout.acting import NumpyForward, TorchForward
 from gmi_drl.rollout.arrays import HostArrays
 from gmi_drl.rollout.replay import ReplayBatch
 from gmi_drl.train import train
+from tests.sb3_batches import feed_same_batches
 
 
 def _learner(seed=0, **cfg):
@@ -247,7 +248,6 @@ def test_updates_equal_stable_baselines3_on_the_same_batches():
     is within the tolerance here (no action near +-1)."""
     sb3 = pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
     ref = sb3.SAC("MlpPolicy", gym.make("Pendulum-v1"), learning_rate=1e-3, batch_size=32,
                   gamma=0.9, tau=0.05, policy_kwargs=dict(net_arch=[16]), seed=0, device="cpu")
@@ -264,15 +264,7 @@ def test_updates_equal_stable_baselines3_on_the_same_batches():
         for mine, theirs in ((ours.critics, ref.critic), (ours.critics_target, ref.critic_target)):
             for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
                 p.copy_(q)
-    rng = np.random.default_rng(0)
-    batches = [[torch.as_tensor(x, dtype=torch.float32) for x in (
-        rng.normal(size=(32, 3)), rng.uniform(-1, 1, (32, 1)), rng.normal(size=32),
-        rng.normal(size=(32, 3)), rng.random(32) < 0.2)] for _ in range(12)]
-    theirs, mine = iter(batches), iter(batches)
-    ref.replay_buffer.sample = lambda *_, **__: (lambda o, a, r, n, t: ReplayBufferSamples(
-        o, a, n, t[:, None], r[:, None]))(*next(theirs))
-    ours.replay = type("Batches", (), {"sample": lambda self, *_: ReplayBatch(
-        *next(mine), torch.full((32,), 0.9))})()
+    feed_same_batches(ours, ref, updates=12)
     ours.env_steps = 1
     draws = []
     ours._noise = lambda like: draws.pop()
