@@ -21,6 +21,7 @@ bound the engine reaches.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import threading
 import time
@@ -219,8 +220,14 @@ def main() -> None:
             ap.error(f"{flag} {value}: must be >= 1")
     if args.seconds <= 0:
         ap.error(f"--seconds {args.seconds:g}: must be > 0")
+    if not _has_envpool():
+        print("envpool is not installed here: its column is n/a (pip install -e '.[bench]')")
     for threads in args.threads:
         table(args.tasks, threads, args.repeats, args.seconds)
+
+
+def _has_envpool() -> bool:
+    return importlib.util.find_spec("envpool") is not None
 
 
 ENGINES = {"gmi-drl": run_gmi, "envpool": run_envpool, "gym-async": run_gym_async,
@@ -236,7 +243,7 @@ def table(tasks: list[str], threads: int, repeats: int, seconds: float) -> None:
             runs = {k: [] for k in ENGINES}
             for _ in range(repeats):  # interleaved, so drift hits every engine alike
                 for name, run in ENGINES.items():
-                    if name == "envpool" and task == CUSTOM:
+                    if name == "envpool" and (task == CUSTOM or not _has_envpool()):
                         continue
                     runs[name].append(run(task, n, b, threads, seconds))
             med = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}

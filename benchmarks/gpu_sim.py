@@ -14,9 +14,23 @@ Source: the GMI-DRL paper §6, Fig. 7, Fig. 10, Table 10.
     minibatch of 32,768 samples): steady env steps/s summed over the GMIs between the first
     and the last update of ``--train-steps``, each against the best one-process layout listed
     (the paper tunes its baselines the same way: one process per GPU at the ``num_envs`` of
-    its peak throughput; Fig. 7's training half).
+    its peak throughput; Fig. 7's training half);
+(d) the pool against its physics bound (``--parts bound``; not run unless named): on the pool's
+    own MuJoCo Warp model and data (the same worlds and ``nconmax``/``njmax``, built by the pool
+    itself), mujoco_warp's ``step`` alone (``frame_skip`` of them per call, a captured CUDA graph;
+    plain launches on Warp's CPU device) against the pool's env step with random actions in
+    [-1, 1]; ratio = env steps/s x physics steps per env step / physics steps/s (the share of
+    the bound the pool reaches; target >= 0.8). The gap's breakdown, in microseconds per env
+    step of all worlds: the physics, the task alone (the same step captured without its physics
+    steps: action kernel, task kernel with its resets, body kinematics where the task observes
+    bodies; run on a state the physics does not advance, so resets only at time limits and
+    terminations that state holds), the pool's captured step launched alone (physics + task,
+    no host work) and ``pool.step`` (that graph plus the host's action copy, stream waits and
+    outputs), and the share of worlds that ended per env step under random actions.
 
     python benchmarks/gpu_sim.py                          # on cuda:0; skips without CUDA
+    python benchmarks/gpu_sim.py --parts bound --tasks Ant-gmi-v0 Humanoid-gmi-v0 \\
+        ShadowHand-gmi-v0 --num-envs 8192                 # (d): the pool vs its physics bound
     python benchmarks/gpu_sim.py --device cpu --num-envs 4 8 --gmis 1 2 --total-envs 8 \\
         --train-layouts 1x8 2x4 --train-steps 4000 --seconds 3   # the same on Warp's CPU device
 
@@ -27,6 +41,8 @@ loading and CUDA graph capture are outside it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import multiprocessing as mp
 import os
 import statistics
@@ -161,6 +177,112 @@ def serving(task_id: str, total: int, gmis: int, device: str, seconds: float,
     return float(sum(statistics.median(r) for r in per_gmi))
 
 
+def _window(call, sync, seconds: float) -> float:
+    """Calls per second of ``call()`` over one window of at least ``seconds`` (batches of 16
+    calls, each closed by ``sync()``, a wait for the device)."""
+    sync()
+    t0, calls = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(16):
+            call()
+        calls += 16
+        sync()
+    return calls / (time.perf_counter() - t0)
+
+
+def _graphed(pool, fn):
+    """``fn`` (Warp launches on the pool's device) as a zero-argument call: on CUDA the replay
+    of a graph of it, captured on the pool's stream as the pool captures its own step (after one
+    uncaptured run that loads the kernels, Python's GC off); on the CPU ``fn`` itself."""
+    wp = pool._wp
+
+    def plain() -> None:
+        with wp.ScopedDevice(pool._device):
+            fn()
+    plain()
+    if not pool._on_cuda:
+        return plain
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with wp.ScopedDevice(pool._device), wp.ScopedCapture(stream=pool._stream) as cap:
+            fn()
+    finally:
+        if enabled:
+            gc.enable()
+    graph = cap.graph
+    return lambda: wp.capture_launch(graph, stream=pool._stream)
+
+
+def bound(task_id: str, num_envs: int, device: str, seconds: float, repeats: int,
+          nconmax: int | None = None, njmax: int | None = None) -> dict:
+    """The pool's env step against MuJoCo Warp's ``step`` alone on the pool's own model and
+    data (part (d) of the module doc): the windows of each call interleaved, ``repeats`` each.
+
+    Returns:
+        ``frame_skip``, ``nconmax``, ``njmax`` (the pool's), medians ``physics`` (physics
+        steps/s of all worlds: world-steps), ``pool`` (env steps/s of ``pool.step``), ``graph``
+        (env steps/s of the pool's captured step alone), ``task`` (env steps/s of the step
+        without physics), and ``ended`` (worlds that ended per world and env step, random
+        actions, 64 env steps after the windows).
+
+    Raises:
+        RuntimeError: a world overflowed its contact or constraint buffers (`check_limits`).
+    """
+    sizes = {k: v for k, v in (("nconmax", nconmax), ("njmax", njmax)) if v is not None}
+    with envs.make(task_id, num_envs, seed=0, autoreset="same_step", device=device,
+                   tensors=True, **sizes) as pool:
+        wp, mjw, task, fs = pool._wp, pool._mjw, pool.task, pool.task.frame_skip
+        on_cuda = pool._on_cuda
+
+        def sync() -> None:
+            if on_cuda:
+                wp.synchronize_device(pool._device)
+        gen = torch.Generator(pool.device).manual_seed(0)
+        actions = torch.rand((16, num_envs, pool.model.nu), generator=gen,
+                             device=pool.device) * 2 - 1
+        done = [0]
+
+        def env_step():
+            out = pool.step(actions[done[0] & 15])
+            done[0] += 1
+            return out
+
+        def without_physics() -> None:
+            pool.task = dataclasses.replace(task, frame_skip=0)
+            try:
+                pool._step_kernels()
+            finally:
+                pool.task = task
+
+        def physics() -> None:
+            for _ in range(fs):
+                mjw.step(pool._m, pool._d)
+        pool.reset()
+        for _ in range(3):  # kernel loading, graph capture, one replay
+            env_step()
+        calls = {"pool": env_step,
+                 "graph": ((lambda: wp.capture_launch(pool._graph, stream=pool._stream))
+                           if on_cuda else _graphed(pool, pool._step_kernels)),
+                 "task": _graphed(pool, without_physics),
+                 "physics": _graphed(pool, physics)}
+        for call in calls.values():  # a first replay of each graph
+            call()
+        rates: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(repeats):  # interleaved: drift hits every call alike
+            for name, call in calls.items():
+                rates[name].append(_window(call, sync, seconds))
+        ended = torch.zeros((), dtype=torch.int64, device=pool.device)
+        for _ in range(64):
+            _, _, terminated, truncated, _ = env_step()
+            ended += (terminated | truncated).sum()
+        pool.check_limits()
+        med = {k: statistics.median(v) * num_envs for k, v in rates.items()}
+        med["physics"] *= fs
+        return {**med, "frame_skip": fs, "ended": float(ended) / (64 * num_envs),
+                "nconmax": nconmax or task.nconmax, "njmax": njmax or task.njmax}
+
+
 def _check(ap: argparse.ArgumentParser, args) -> None:
     """Refuse, as usage errors, what the parts cannot run."""
     from gmi_drl.envs.warp import tasks
@@ -168,8 +290,9 @@ def _check(ap: argparse.ArgumentParser, args) -> None:
     unknown = [t for t in args.tasks if t not in tasks()]
     if unknown:
         ap.error(f"--tasks {unknown}: not warp tasks; choose from {sorted(tasks())}")
-    for name in ("num_envs", "total_envs", "gmis"):
-        if min(getattr(args, name)) < 1:
+    for name in ("num_envs", "total_envs", "gmis", "nconmax", "njmax"):
+        values = getattr(args, name)
+        if values is not None and min(values if isinstance(values, list) else [values]) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if "serving" in args.parts:
         if args.gmis[0] != 1:
@@ -209,10 +332,16 @@ def main() -> None:
                          "seconds (> 0)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed windows per measurement; the median is reported (>= 1)")
-    ap.add_argument("--parts", nargs="+", choices=["physics", "serving", "training"],
+    ap.add_argument("--parts", nargs="+", choices=["physics", "serving", "training", "bound"],
                     default=["physics", "serving", "training"],
-                    help="which parts to run: physics (b), serving (a), training (c) of the "
+                    help="which parts to run: physics (b), serving (a), training (c), bound "
+                         "(d: the pool against its physics bound, only when named) of the "
                          "module doc")
+    ap.add_argument("--nconmax", type=int, default=None,
+                    help="contacts per world of the bound part's pools (default: the task's)")
+    ap.add_argument("--njmax", type=int, default=None,
+                    help="constraint rows per world of the bound part's pools (default: the "
+                         "task's)")
     ap.add_argument("--train-steps", type=int, default=20_000_000,
                     help="env steps of each training run of the training part (>= 1)")
     ap.add_argument("--train-layouts", nargs="+", type=_layout,
@@ -232,6 +361,8 @@ def main() -> None:
     print(f"device: {args.device} ({_device_name(args.device)})", flush=True)
     if "physics" in args.parts:
         _physics(args)
+    if "bound" in args.parts:
+        _bound(args)
     if "serving" in args.parts:
         daemon = _start_mps(args)
         print(f"\nserving GMIs share the {'GPU' if args.device.startswith('cuda') else 'CPU'} "
@@ -296,6 +427,27 @@ def _physics(args) -> None:
                                    False)
             print(f"{task:<{w}}{n:>10,}{statistics.median(rates):>14,.0f}{mem / 2**20:>12,.0f}",
                   flush=True)
+
+
+def _bound(args) -> None:
+    w = _name_width(args.tasks)
+    print("\n(d) the pool against its physics bound (same model and data; random actions; "
+          f"medians of {args.repeats} x {args.seconds:g} s): world-steps/s, ratio = env steps/s "
+          "x substeps / physics; then microseconds per env step of all worlds")
+    print(f"{'task':<{w}}{'num_envs':>9}{'substeps':>9}{'nconmax':>8}{'njmax':>6}"
+          f"{'physics/s':>14}{'env steps/s':>13}{'ratio':>7}{'physics':>9}{'task':>8}"
+          f"{'graph':>8}{'step':>8}{'ended':>7}")
+    for task in args.tasks:
+        for n in args.num_envs:
+            r = _in_child(bound, task, n, args.device, args.seconds, args.repeats, args.nconmax,
+                          args.njmax)
+            fs = r["frame_skip"]
+            us = {k: 1e6 * n / r[k] for k in ("pool", "graph", "task")}
+            us["physics"] = 1e6 * n * fs / r["physics"]
+            print(f"{task:<{w}}{n:>9,}{fs:>9}{r['nconmax']:>8}{r['njmax']:>6}"
+                  f"{r['physics']:>14,.0f}{r['pool']:>13,.0f}{r['pool'] * fs / r['physics']:>7.2f}"
+                  f"{us['physics']:>9,.0f}{us['task']:>8,.0f}{us['graph']:>8,.0f}"
+                  f"{us['pool']:>8,.0f}{r['ended']:>7.1%}", flush=True)
 
 
 def _serving(args) -> None:
