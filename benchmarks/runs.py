@@ -5,6 +5,12 @@ N ``gmi-drl train ppo --seed k`` started in turn. One invocation, both sides, fr
     python benchmarks/runs.py --task Hopper-v5 --num-envs 8 --seeds 2 --repeats 3
     python benchmarks/runs.py --task Ant-gmi-v0 --num-envs 1024 --seeds 8 --device cuda
 
+With ``--other-budget FLAGS`` a third side runs the GMIs again with those flags added (the
+per-GMI budgets against the planner's defaults, an even share each), e.g. on a GPU::
+
+    python benchmarks/runs.py --task Ant-gmi-v0 --num-envs 4096 --seeds 4 --device cuda \
+        "--other-budget=--budget.threads-pct 100"
+
 Printed: per side the wall seconds until every run finished (process start-up included) and the
 aggregate env steps/s (every run's env steps over that wall time), medians of the repeats, and
 their ratio (runs as GMIs / one after another; CPU target >= 1.4x with 2 seeds on 2 cores).
@@ -12,6 +18,7 @@ their ratio (runs as GMIs / one after another; CPU target >= 1.4x with 2 seeds o
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,7 +43,11 @@ class Args:
     device: str = "cpu"
     """--device of each run"""
     repeats: int = 3
-    """invocations of each side (their order alternates); the median is reported"""
+    """invocations of each side (their order rotates); the median is reported"""
+    other_budget: str = ""
+    """flags of a third side: the runs as GMIs with these ``--budget.*`` flags (shell words;
+    give them as ``--other-budget=FLAGS``, as they start with ``--``)
+    instead of the planner's default budgets; empty: no third side"""
 
 
 def _command(a: Args) -> tuple[list[str], int]:
@@ -60,29 +71,37 @@ def _timed(commands: list[list[str]], cwd: Path) -> float:
 
 def main(a: Args) -> None:
     seeds = list(range(1, a.seeds + 1))
-    walls: dict[str, list[float]] = {"gmis": [], "serial": []}
+    other = shlex.split(a.other_budget)
+    names = ["gmis", "serial"] + (["other"] if other else [])
+    walls: dict[str, list[float]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         base, steps = _command(a)
         for r in range(a.repeats):
-            sides = ["gmis", "serial"] if r % 2 == 0 else ["serial", "gmis"]
-            for side in sides:
+            for side in names[r % len(names):] + names[:r % len(names)]:
                 out = work / f"{side}-{r}"
-                if side == "gmis":
-                    cmds = [base + ["--seeds", f"1-{a.seeds}", "--run-dir", str(out)]]
-                else:
+                if side == "serial":
                     cmds = [base + ["--seed", str(s), "--run-dir", str(out / f"seed-{s}")]
                             for s in seeds]
+                else:
+                    cmds = [base + ["--seeds", f"1-{a.seeds}", "--run-dir", str(out)]
+                            + (other if side == "other" else [])]
                 walls[side].append(_timed(cmds, work))
                 print(f"repeat {r + 1} {side}: {walls[side][-1]:.1f} s", flush=True)
     total = steps * a.seeds
-    g, s = statistics.median(walls["gmis"]), statistics.median(walls["serial"])
+    med = {n: statistics.median(w) for n, w in walls.items()}
     print(f"\n{a.seeds} PPO runs of {a.task}, {a.num_envs} envs each, {steps:,} env steps each, "
           f"device {a.device}; medians of {a.repeats}")
     print("| side | wall s | aggregate env steps/s |\n|---|---:|---:|")
-    print(f"| runs as GMIs (--seeds) | {g:.1f} | {total / g:,.0f} |")
-    print(f"| one after another | {s:.1f} | {total / s:,.0f} |")
-    print(f"ratio (GMIs / one after another): {s / g:.2f}x")
+    print(f"| runs as GMIs (--seeds), default budgets | {med['gmis']:.1f} | "
+          f"{total / med['gmis']:,.0f} |")
+    if other:
+        print(f"| runs as GMIs, {a.other_budget} | {med['other']:.1f} | "
+              f"{total / med['other']:,.0f} |")
+    print(f"| one after another | {med['serial']:.1f} | {total / med['serial']:,.0f} |")
+    print(f"ratio (GMIs / one after another): {med['serial'] / med['gmis']:.2f}x")
+    if other:
+        print(f"ratio (default budgets / {a.other_budget}): {med['other'] / med['gmis']:.2f}x")
 
 
 if __name__ == "__main__":
