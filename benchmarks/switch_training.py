@@ -221,8 +221,8 @@ def run_method(rack, workload: str, method: str, workers: int, a, out: Path) -> 
 
 
 def attempt(rack, workload: str, method: str, workers: int, a, out: Path) -> dict:
-    """`run_method`, or ``{"failed": reason}`` when it raised (the reason: the exception's
-    type and first line)."""
+    """`run_method`, or ``{"failed": reason}`` when it raised (the reason: the root cause's
+    type and first line, cut at a word to about 160 characters)."""
     print(f"{workload}: training {method} with {workers} worker(s) ...", flush=True)
     try:
         return run_method(rack, workload, method, workers, a, out)
@@ -232,7 +232,7 @@ def attempt(rack, workload: str, method: str, workers: int, a, out: Path) -> dic
             cause = cause.__cause__
         why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
         print(f"  failed: {why}", flush=True)
-        return {"failed": why[:160]}
+        return {"failed": why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ..."}
 
 
 def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, float]:
