@@ -50,13 +50,32 @@ reaches it; the breakdown of an iteration (medians of GMI 0's timer sections): c
 (``optimizer``; stale-sync applies its updates on the pipeline's thread, outside this
 breakdown); and for Async PS the updates the server applied and dropped.
 
+Scalability (iSwitch §5.3, Fig. 15): ``--workers`` takes several counts, one rack each: one
+switch up to 4 workers; beyond, ``--per-tor`` (3, the paper's) workers per ToR namespace under a
+core namespace that also holds the parameter-server host. The switch methods then run a core
+daemon and one ToR daemon per rack started with ``--parent`` (the core's address on the ToR's
+link), each GMI addressing its own ToR. A count of 1 trains the same workload with one GMI and no
+reduction (``--gmi.num-gmis 1``, this process), once per workload, as the denominator of every
+method. The scalability table gives per workload, method and worker count the seconds per
+iteration (median, as above), the aggregate env steps per second of the training loop (every
+GMI's steps after the warm-up over the loop's seconds after it) and the speed-up: that over the
+1-worker env steps per second (ideal: the worker count). This is a throughput speed-up measured
+by a real run of every worker on this one host (the CPUs shared by all of them); the paper's
+Fig. 15 is a simulated end-to-end speed-up (time to the reward). A method that fails at a count
+(async-switch in a tree, while threshold mode needs a root switch) shows ``failed: <reason>`` in
+its cell and the others go on.
+
     sudo .venv/bin/python benchmarks/switch_training.py --workloads dqn-pong ppo-hopper
+    sudo .venv/bin/python benchmarks/switch_training.py --workloads ddpg-halfcheetah ppo-hopper \
+        --methods ps ring switch async-ps async-switch --workers 1 4 6 9 12
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
+import os
 import statistics
 import subprocess
 import sys
@@ -74,9 +93,9 @@ COMPUTATION = ("perf/rollout_s", "perf/advantages_s", "perf/update/forward_s",
 """GMI 0's timer sections (per iteration) that count as computation"""
 
 
-def workload_config(name: str, a):
-    """The `TrainConfig` of workload ``name`` for ``a.workers`` GMIs, before the rack's
-    settings; and the env steps per GMI before its first gradient step."""
+def workload_config(name: str, workers: int, a):
+    """The `TrainConfig` of workload ``name`` for ``workers`` GMIs, before the rack's
+    settings; and the training iterations before the first one with a gradient step."""
     from gmi_drl.config import preset
 
     if name == "ppo-hopper":
@@ -92,9 +111,9 @@ def workload_config(name: str, a):
     else:
         cfg = preset("iswitch", algo="a2c")
         warmup = 0
-    cfg.gmi.num_gmis = a.workers
+    cfg.gmi.num_gmis = workers
     per_iteration = cfg.batch_size  # env steps of one iteration over all GMIs
-    warmup_iterations = -(-warmup * a.workers // per_iteration)
+    warmup_iterations = -(-warmup * workers // per_iteration)
     cfg.total_timesteps = (warmup_iterations + a.iterations[name]) * per_iteration
     cfg.seed = a.seed
     cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
@@ -102,50 +121,91 @@ def workload_config(name: str, a):
     return cfg, warmup_iterations
 
 
-def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
+def start_daemons(rack, method: str, workers: int, a) -> list[subprocess.Popen]:
+    """The aggregation processes of ``method`` in ``rack``, listening: the switch daemon in the
+    (core) switch namespace and one per ToR, its ``--parent`` the core (switch methods); the
+    parameter server (``ps``, ``async-ps``); none for the ring. The first one's final counters
+    are what the run reports of it."""
+    py = [sys.executable, "-m"]
+    if method in ("ps", "async-ps"):
+        argvs = [("ps", [*py, "gmi_drl.comm.ps", "--bind", f"0.0.0.0:{PS_PORT}", "--workers",
+                         str(workers)])]
+    elif method == "ring":
+        argvs = []
+    else:
+        serve = [*py, "gmi_drl.comm.switch", "serve", "--bind", f"0.0.0.0:{SWITCH_PORT}",
+                 "--mtu", str(a.mtu), "--stats-interval", "0", "--member-timeout", "120"]
+        argvs = [(rack.root, serve)] + [
+            (f"t{j}", [*serve, "--parent", f"{rack.tor_parent_ip[j]}:{SWITCH_PORT}",
+                       "--member-id", str(j), "--switch-id", str(j + 1)])
+            for j in range(rack.tors)]
+    daemons = []
+    try:
+        for role, argv in argvs:
+            daemons.append(rack.popen(role, argv, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True))
+            line = daemons[-1].stdout.readline()
+            if not line.startswith("listening on"):
+                raise RuntimeError(f"{role} daemon did not start: {line.strip()!r}")
+    except BaseException:
+        stop_daemons(daemons)
+        raise
+    return daemons
+
+
+def stop_daemons(daemons: list[subprocess.Popen]) -> str:
+    """Terminate ``daemons``; the first one's last output (its closing counters)."""
+    tails = []
+    for d in daemons:
+        d.terminate()
+        try:
+            tails.append(d.communicate(timeout=20)[0])
+        except subprocess.TimeoutExpired:
+            d.kill()
+            tails.append(d.communicate()[0])
+    return tails[0] if tails else ""
+
+
+def run_method(rack, workload: str, method: str, workers: int, a, out: Path) -> dict:
+    """Train ``workload`` with ``workers`` GMIs reducing by ``method`` in ``rack`` (1 worker:
+    ``rack`` None, one GMI in this process, no reduction) and measure it.
+
+    Raises:
+        Exception: whatever the daemons or the training raised (the caller reports it)."""
     from gmi_drl.train import train
 
-    cfg, warmup_iterations = workload_config(workload, a)
-    cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(a.workers))
-    cfg.gmi.reduction = {"ring": "ring", "ps": "ps", "async-ps": "ps"}.get(method, "switch")
-    if cfg.gmi.reduction == "switch":
-        cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
-    if cfg.gmi.reduction == "ps":
-        cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
-    cfg.gmi.staleness = (int(method[2:]) if method.startswith("S=") else
-                         a.async_staleness if method in ("async-ps", "async-switch") else 0)
-    if method == "async-switch":
-        cfg.gmi.threshold = a.threshold or a.workers
-    cfg.run_dir = str(out / workload / method)
-    daemon = None
-    if method in ("switch", "S=1", "S=2", "async-switch"):
-        daemon = rack.popen("sw", [sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
-                                   f"0.0.0.0:{SWITCH_PORT}", "--mtu", str(a.mtu),
-                                   "--stats-interval", "0", "--member-timeout", "120"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    elif method in ("ps", "async-ps"):
-        daemon = rack.popen("ps", [sys.executable, "-m", "gmi_drl.comm.ps", "--bind",
-                                   f"0.0.0.0:{PS_PORT}", "--workers", str(a.workers)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    if daemon is not None:
-        assert daemon.stdout.readline().startswith("listening on")
+    cfg, warmup_iterations = workload_config(workload, workers, a)
+    cfg.run_dir = str(out / workload / f"{workers}w" / method)
+    if workers > 1:
+        cfg.gmi.netns = ",".join(rack.ns[f"w{i}"] for i in range(workers))
+        cfg.gmi.reduction = {"ring": "ring", "ps": "ps", "async-ps": "ps"}.get(method, "switch")
+        if cfg.gmi.reduction == "switch":
+            cfg.gmi.switch_addr = ",".join(f"{gw}:{SWITCH_PORT}" for gw in rack.worker_gateway)
+        if cfg.gmi.reduction == "ps":
+            cfg.gmi.ps_addr = f"{rack.ps_ip}:{PS_PORT}"
+        cfg.gmi.staleness = (int(method[2:]) if method.startswith("S=") else
+                             a.async_staleness if method in ("async-ps", "async-switch") else 0)
+        if method == "async-switch":
+            cfg.gmi.threshold = a.threshold or workers
+    daemons = start_daemons(rack, method, workers, a) if workers > 1 else []
     tail = ""
     try:
         result = train(cfg)
     finally:
-        if daemon is not None:
-            daemon.terminate()
-            tail = daemon.communicate(timeout=20)[0]
-    rows = list(csv.DictReader(open(Path(cfg.run_dir) / "metrics.csv")))
-    # seconds since the loop began at each logged iteration: global_step / perf/sps
+        tail = stop_daemons(daemons)
+    with open(Path(cfg.run_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    # (env steps of every GMI, seconds since the loop began) at each logged iteration:
+    # global_step / perf/sps
     elapsed = sorted((int(r["global_step"]), int(r["global_step"]) / float(r["value"]))
                      for r in rows if r["name"] == "perf/sps" and float(r["value"]) > 0)
-    timed = [t for _, t in elapsed[warmup_iterations:]]  # from the first gradient step's end
-    per_iteration = statistics.median(b - a_ for a_, b in zip(timed, timed[1:]))
+    timed = elapsed[warmup_iterations:]  # from the first gradient step's end
+    per_iteration = statistics.median(b[1] - a_[1] for a_, b in itertools.pairwise(timed))
     waits = [float(r["value"]) for r in rows if r["name"] == "perf/update/allreduce_s"]
     returns = result.episode_returns
     server = dict(zip(tail.split()[::2], tail.split()[1::2]))  # the server's closing counters
     return {"iteration_s": per_iteration, "loop": elapsed[-1][1],
+            "sps": (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1]),
             "aggregation_s": statistics.median(waits[1:] or waits or [float("nan")]),
             "share": sum(waits) / elapsed[-1][1],
             "final": float(returns[-20:].mean()) if len(returns) else float("nan"),
@@ -158,6 +218,21 @@ def run_method(rack, workload: str, method: str, a, out: Path) -> dict:
                                 if method == "async-ps" else "-"),
             "identical": len(set(result.weight_digests)) == 1,
             "asynchronous": method == "async-ps"}  # (async-switch: identical after each drain)
+
+
+def attempt(rack, workload: str, method: str, workers: int, a, out: Path) -> dict:
+    """`run_method`, or ``{"failed": reason}`` when it raised (the reason: the root cause's
+    type and first line, cut at a word to about 160 characters)."""
+    print(f"{workload}: training {method} with {workers} worker(s) ...", flush=True)
+    try:
+        return run_method(rack, workload, method, workers, a, out)
+    except Exception as e:  # noqa: BLE001 -- one method failing must not stop the others
+        cause = e
+        while cause.__cause__ is not None:  # (RunStopped chains what stopped the run)
+            cause = cause.__cause__
+        why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+        print(f"  failed: {why}", flush=True)
+        return {"failed": why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ..."}
 
 
 def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, float]:
@@ -188,6 +263,75 @@ def to_target(episodes: tuple[np.ndarray, np.ndarray, np.ndarray],
     return float("nan"), float("nan")
 
 
+def print_tables(results: dict[str, dict[str, dict]], workers: int, a) -> None:
+    """The per-method tables (Fig. 12 / Table 3-5) of one worker count; a failed method's row
+    says why."""
+    print(f"\n{workers} GMIs ({topology(workers, a)}), links {a.rate_mbit:g} Mbit/s tbf, MTU "
+          f"{a.mtu}, seed {a.seed}; training iterations {a.iterations}")
+    print("| workload | method | s / iteration | aggregation s / iteration | end-to-end s | "
+          "aggregation share | final return | identical weights | speed-up over ps "
+          "(iteration, end-to-end) |\n|---|---|---:|---:|---:|---:|---:|---|---|")
+    for workload, by_method in results.items():
+        ps = by_method.get("ps")
+        ps = None if ps is None or "failed" in ps else ps
+        for method, r in by_method.items():
+            if "failed" in r:
+                print(f"| {workload} | {method} | failed: {r['failed']} |")
+                continue
+            vs = (f"{ps['iteration_s'] / r['iteration_s']:.2f}x, {ps['loop'] / r['loop']:.2f}x"
+                  if ps else "-")
+            same = "n/a (async)" if r["asynchronous"] else "yes" if r["identical"] else "NO"
+            print(f"| {workload} | {method} | {r['iteration_s']:.3f} | {r['aggregation_s']:.3f} | "
+                  f"{r['loop']:.1f} | {r['share']:.1%} | {r['final']:.1f} | {same} | {vs} |")
+    print(f"\nTo the same final average reward (mean of the last {WINDOW} episodes of GMI 0; "
+          "target: the lowest final average of the methods), and the breakdown of an "
+          "iteration (medians, s):")
+    print("| workload | method | final average | target | iterations to target | s to target | "
+          "computation s | aggregation s | weight update s | server applied/dropped |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for workload, by_method in results.items():
+        done = {m: r for m, r in by_method.items() if "failed" not in r}
+        target = min((r["final10"] for r in done.values()), default=float("nan"))
+        for method, r in done.items():
+            its, secs = to_target(r["episodes"], target)
+            comp, agg, upd = r["breakdown"]
+            print(f"| {workload} | {method} | {r['final10']:.1f} | {target:.1f} | {its:.0f} | "
+                  f"{secs:.1f} | {comp:.3f} | {agg:.3f} | {upd:.4f} | {r['applied_dropped']} |")
+
+
+def print_scalability(results: dict[int, dict[str, dict[str, dict]]], a) -> None:
+    """The scalability table: per workload, method and worker count, seconds per iteration,
+    aggregate env steps per second after the warm-up and the speed-up over 1 worker's."""
+    counts = [n for n in a.workers if n > 1]
+    print(f"\nScalability (throughput: aggregate env steps/s of the training loop after the "
+          f"warm-up; speed-up over 1 worker's, ideal = workers); {topology(counts[-1], a)} "
+          f"at the most; cells: s / iteration, env steps/s, speed-up")
+    print("| workload | method | " + " | ".join(f"{n} worker{'s' * (n > 1)}" for n in a.workers) + " |\n|---|---|"
+          + "---|" * len(a.workers))
+    for workload in a.workloads:
+        one = results.get(1, {}).get(workload, {}).get("single")
+        base = one["sps"] if one and "failed" not in one else None
+        for method in a.methods:
+            cells = []
+            for n in a.workers:
+                r = (one if n == 1 else results[n][workload][method])
+                if r is None or "failed" in r:
+                    cells.append(f"failed: {r['failed']}" if r else "-")
+                    continue
+                vs = f"{r['sps'] / base:.2f}x" if base else "-"
+                cells.append(f"{r['iteration_s']:.3f} s, {r['sps']:,.0f}/s, {vs}")
+            print(f"| {workload} | {method} | " + " | ".join(cells) + " |", flush=True)
+
+
+def topology(workers: int, a) -> str:
+    """The rack of ``workers`` in words."""
+    if workers == 1:
+        return "1 GMI, no reduction"
+    if workers <= 4:
+        return "1 switch"
+    return f"{-(-workers // a.per_tor)} ToR x {a.per_tor} + core"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -208,9 +352,14 @@ def main(argv=None) -> None:
                    help="staleness bound S of async-ps and async-switch (the paper's 3; >= 0)")
     p.add_argument("--threshold", type=int, default=None,
                    help="async-switch: gradients the switch aggregates before it broadcasts "
-                        "(H, 1 <= H <= --workers; default: --workers)")
-    p.add_argument("--workers", type=int, default=4,
-                   help="GMIs, one worker namespace and link each (>= 2)")
+                        "(H, 1 <= H <= every worker count; default: the worker count)")
+    p.add_argument("--workers", type=int, nargs="+", default=[4],
+                   help="GMIs, one worker namespace and link each; several counts: one rack "
+                        "each and the scalability table; 1: one GMI without reduction, the "
+                        "speed-ups' denominator")
+    p.add_argument("--per-tor", type=int, default=3,
+                   help="workers per ToR switch of a rack of more than 4 workers (a tree under "
+                        "one core; >= 1)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every workload's training iterations by this (> 0; each "
                         "workload trains at least 2 iterations)")
@@ -220,12 +369,17 @@ def main(argv=None) -> None:
     p.add_argument("--mtu", type=int, default=9000,
                    help="MTU of the links and the switch daemon's packets, bytes")
     a = p.parse_args(argv)
-    if a.workers < 2:
-        p.error(f"--workers {a.workers}: at least 2 (gradients are aggregated between GMIs)")
+    a.workers = sorted(set(a.workers))
+    if a.workers[0] < 1 or a.workers == [1]:
+        p.error(f"--workers {' '.join(map(str, a.workers))}: counts >= 1, at least one >= 2 "
+                "(gradients are aggregated between GMIs)")
+    reduced = [n for n in a.workers if n > 1]
     if a.async_staleness < 0:
         p.error(f"--async-staleness {a.async_staleness}: must be >= 0")
-    if a.threshold is not None and not 1 <= a.threshold <= a.workers:
-        p.error(f"--threshold {a.threshold}: must be in [1, --workers={a.workers}]")
+    if a.threshold is not None and not 1 <= a.threshold <= reduced[0]:
+        p.error(f"--threshold {a.threshold}: must be in [1, the fewest workers={reduced[0]}]")
+    if a.per_tor < 1:
+        p.error(f"--per-tor {a.per_tor}: must be >= 1")
     for flag, value in (("--scale", a.scale), ("--rate-mbit", a.rate_mbit)):
         if value <= 0:
             p.error(f"{flag} {value:g}: must be > 0")
@@ -239,40 +393,23 @@ def main(argv=None) -> None:
         sys.exit(f"benchmarks/switch_training.py {why}")
     out = Path(a.out) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
-    results: dict[str, dict[str, dict]] = {}
-    with Rack(a.workers, None, a.rate_mbit, a.mtu, with_ps=True) as rack:
-        for workload in a.workloads:
-            results[workload] = {}
-            for method in a.methods:
-                print(f"{workload}: training {method} ...", flush=True)
-                results[workload][method] = run_method(rack, workload, method, a, out)
-    print(f"\n{a.workers} GMIs, links {a.rate_mbit:g} Mbit/s tbf, MTU {a.mtu}, seed {a.seed}; "
-          f"training iterations {a.iterations}")
-    print("| workload | method | s / iteration | aggregation s / iteration | end-to-end s | "
-          "aggregation share | final return | identical weights | speed-up over ps "
-          "(iteration, end-to-end) |\n|---|---|---:|---:|---:|---:|---:|---|---|")
-    for workload, by_method in results.items():
-        ps = by_method.get("ps")
-        for method, r in by_method.items():
-            vs = (f"{ps['iteration_s'] / r['iteration_s']:.2f}x, {ps['loop'] / r['loop']:.2f}x"
-                  if ps else "-")
-            same = "n/a (async)" if r["asynchronous"] else "yes" if r["identical"] else "NO"
-            print(f"| {workload} | {method} | {r['iteration_s']:.3f} | {r['aggregation_s']:.3f} | "
-                  f"{r['loop']:.1f} | {r['share']:.1%} | {r['final']:.1f} | {same} | {vs} |")
-    print(f"\nTo the same final average reward (mean of the last {WINDOW} episodes of GMI 0; "
-          "target: the lowest final average of the methods), and the breakdown of an "
-          "iteration (medians, s):")
-    print("| workload | method | final average | target | iterations to target | s to target | "
-          "computation s | aggregation s | weight update s | server applied/dropped |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for workload, by_method in results.items():
-        target = min((r["final10"] for r in by_method.values()), default=float("nan"))
-        for method, r in by_method.items():
-            its, secs = to_target(r["episodes"], target)
-            comp, agg, upd = r["breakdown"]
-            print(f"| {workload} | {method} | {r['final10']:.1f} | {target:.1f} | {its:.0f} | "
-                  f"{secs:.1f} | {comp:.3f} | {agg:.3f} | {upd:.4f} | {r['applied_dropped']} |")
-    print(f"\nrun directories under {out}")
+    t0 = time.monotonic()
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    results: dict[int, dict[str, dict[str, dict]]] = {}
+    if 1 in a.workers:
+        results[1] = {w: {"single": attempt(None, w, "single", 1, a, out)} for w in a.workloads}
+    for n in reduced:
+        results[n] = {w: {} for w in a.workloads}
+        with Rack(n, None if n <= 4 else a.per_tor, a.rate_mbit, a.mtu, with_ps=True) as rack:
+            for workload in a.workloads:
+                for method in a.methods:
+                    results[n][workload][method] = attempt(rack, workload, method, n, a, out)
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    for n in reduced:
+        print_tables(results[n], n, a)
+    if len(a.workers) > 1:
+        print_scalability(results, a)
+    print(f"\nrun directories under {out}; {time.monotonic() - t0:.0f} s in all")
 
 
 if __name__ == "__main__":
