@@ -141,10 +141,11 @@ class ThresholdReducer(SwitchReducer):
 
     def _on_control(self, action: Action, value) -> None:
         if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
-            if value == Action.SETH:
-                self._mode_acked = True
-            else:
-                self._flush_acked = True
+            self._mode_acked = self._mode_acked or value == Action.SETH
+            return
+        if action == Action.FLUSHED:
+            self._flush_acked = True
+            self._learn(value, time.monotonic())
             return
         was = self._joined
         super()._on_control(action, value)
@@ -229,6 +230,18 @@ class ThresholdReducer(SwitchReducer):
             r.next += 1
             self._aggregates.append((r.index, a.mean))
 
+    def _learn(self, runs, now: float) -> None:
+        """`Action.FLUSHED`'s runs: where the switch completed aggregates of a region that this
+        worker has not seen (every result packet of one lost), wait for the last of them as
+        for one begun (so `_ask_again` asks for each in turn)."""
+        for first, n, number in runs:
+            for r in self._regions:
+                if first < r.base + r.nseg and r.base < first + n:
+                    ahead = (number - r.next) % P.ASYNC_TAG_MOD
+                    if 0 < ahead < P.ASYNC_TAG_MOD // 2:
+                        r.open.setdefault(r.next + ahead - 1, _Aggregate(
+                            np.empty(r.size, np.float32), np.zeros(r.nseg, bool), now))
+
     def _region_of(self, offset: int) -> _Region | None:
         for r in self._regions:
             if r.base <= offset < r.base + r.nseg:
@@ -288,11 +301,10 @@ class ThresholdReducer(SwitchReducer):
         the aggregates still missing (lost ones asked for again). ``deliver(aggregates)`` gets
         every aggregate that comes meanwhile, as `take` returns them.
 
-        Known defect: a worker that lost every result packet of an aggregate before the second
-        round does not know the aggregate exists, so it is not asked for again and that worker
-        leaves the barrier behind the others (seen in tests under CPU load; the chain of applied
-        aggregates stays the same on every worker). The fix is for the flush acknowledgement to
-        carry the switch's last aggregate per region.
+        The flush's answer (`protocol.Action.FLUSHED`) names each offset's aggregates
+        completed at the switch, so a worker that lost every result packet of an aggregate
+        learns that it exists and asks for it again: every worker leaves the barrier at the
+        same version.
 
         Raises:
             SwitchError: the group broke, or not settled within ``timeout_s``."""

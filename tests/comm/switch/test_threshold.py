@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -130,12 +131,76 @@ def test_fast_workers_fill_aggregates_weights_agree_and_staleness_holds(switches
     assert dropped > 0, "the slow worker's stale gradients should be dropped"
     assert stats["aggregates_completed"] == 3 * len(means)
     drains = {tuple(v["drained"]) for v in got.values()}  # versions at each drain, per worker
-    if len(drains) != 1:  # (checked last: every assertion above holds either way)
-        pytest.xfail(f"known defect, seen under load: a drain left "
-                     f"workers at different versions {sorted(drains)}; a worker that lost every "
-                     "result packet of an aggregate does not know it exists, so the barrier "
-                     "does not ask for it again (fix: the flush acknowledgement should carry "
-                     "the switch's last aggregate per region)")
+    assert len(drains) == 1, f"a drain left workers at different versions {sorted(drains)}"
+
+
+def _join_all(addr: str, n: int, h: int, s: int, native) -> dict[int, ThresholdReducer]:
+    reds: dict[int, ThresholdReducer] = {}
+
+    def join(rank: int) -> None:
+        reds[rank] = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native,
+                                      join_timeout_s=10)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(reds) == set(range(n))
+    return reds
+
+
+def _lose_everything_queued(red: ThresholdReducer) -> int:
+    """Read and discard every packet waiting at ``red``'s socket (results lost on the way)."""
+    lost = 0
+    while True:
+        try:
+            red._sock.recv(P.RX_BUFFER_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return lost
+        lost += 1
+
+
+@pytest.mark.distributed
+def test_a_barrier_brings_a_worker_that_lost_a_whole_aggregate_to_the_others(switches):
+    """H = 1: worker 0's gradient makes aggregate 0; every packet of it to worker 1 is lost
+    (read off its socket), so worker 1 has no trace of it and would never ask for it. The
+    barrier's flush answer names the switch's aggregates, so worker 1 asks for the lost one
+    (Help) and both leave the barrier at version 1 with the same mean."""
+    sw = switches("--mtu", "1500")
+    native = False if PLANE_AT.get(sw.addr) == "python" else None
+    reds = _join_all(sw.addr, 2, 1, 2, native)
+    try:
+        for red in reds.values():
+            assert red.region(P_FLOATS) == 0
+        vec = np.arange(P_FLOATS, dtype=np.float32)
+        assert reds[0].send(0, vec, 0)
+        end = time.monotonic() + 5
+        while sw.stats()["aggregates_completed"] < 3 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert _lose_everything_queued(reds[1]) >= 1  # (aggregate 0: coalesced where GRO)
+        got: dict[int, list] = {0: [], 1: []}
+        errors: list = []
+
+        def barrier(rank: int) -> None:
+            try:
+                reds[rank].barrier(got[rank].extend, timeout_s=10)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=barrier, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert [r for r, _ in got[0]] == [r for r, _ in got[1]] == [0]
+        assert np.array_equal(got[0][0][1], vec) and np.array_equal(got[1][0][1], vec)
+        assert sw.stats()["retransmissions_served"] >= 3
+    finally:
+        for red in reds.values():
+            red.close()
 
 
 @pytest.mark.distributed
