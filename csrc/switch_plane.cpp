@@ -621,7 +621,7 @@ class NativePlane {
         ++c_[MALFORMED_DROPPED];
         return;
       }
-      if ((flags & L_.flag_async) && thr_on_) {
+      if (flags & L_.flag_async) {  // (before this switch's own workers asked for the mode)
         on_parent_async(seq, count, k, payload);
         return;
       }

@@ -26,8 +26,13 @@ warning, H is lowered to the remaining members, and waiting slots complete witho
 Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
 (`protocol.ThresholdValue`: H gradient vectors per aggregate from any workers, staleness bound
 S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
-ends; the synchronous rounds' H is
-untouched. Only a root switch takes it (a tree does not aggregate threshold mode yet).
+ends; the synchronous rounds' H is untouched. A switch with a parent passes the SetH up and
+acknowledges it once the root did; it then relays its workers' gradient segments up as they
+come and the root's results down (kept for Help; Help for one it lacks, FBcast and the flush go
+up to the root, whose `Action.FLUSHED` it hands to the members that asked). The root alone
+aggregates: H counts gradients of any workers of the tree, S is checked per gradient exactly.
+Both data planes do both roles; a ToR needs no flag of its own (``--parent`` as in a
+synchronous tree; every switch of the tree with the same ``--mtu``).
 """
 
 from __future__ import annotations
@@ -355,6 +360,8 @@ class SwitchDaemon:
             self._control(addr, Action.ACK, int(action))
         elif action == Action.FBCAST:
             self._on_fbcast(value, addr)
+        elif action == Action.HELP and value == P.ASYNC_FLUSH and self._plane_mode():
+            self._where_are_aggregates(addr)
         elif action == Action.HELP:
             if not self._plane.help_from_member(value, addr[0], addr[1]) \
                     and self._relays_threshold():
@@ -442,6 +449,15 @@ class SwitchDaemon:
     def _relays_threshold(self) -> bool:
         """A child switch in threshold mode: it relays gradients up and results down."""
         return self._parent is not None and self._plane_mode() is not None
+
+    def _where_are_aggregates(self, addr) -> None:
+        """Threshold mode's Help of `protocol.ASYNC_FLUSH`: `Action.FLUSHED` without a flush
+        (a child switch asks the root, and passes its answer down)."""
+        if self._parent is not None:
+            self._control(self._parent, Action.HELP, P.ASYNC_FLUSH)
+            self._flushers.add(addr)
+        else:
+            self._control(addr, Action.FLUSHED, P.flushed_runs(self._plane.async_numbers()))
 
     def _on_fbcast(self, seq: int, addr) -> None:
         """FBcast: the data plane's, acknowledged; a flush in threshold mode (`protocol.

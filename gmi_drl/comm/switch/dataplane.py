@@ -37,6 +37,18 @@ of each offset are kept for members that lost one (Help). A worker's lost gradie
 not resent: the aggregate completes with the gradients that came, at the latest when a worker
 that waits for it asks (FBcast of that offset and number: broadcast as it is, a zero sum where
 nothing came); every worker applies the same.
+
+Threshold mode in a tree (a plane with a ``parent``): a child switch relays each gradient
+segment to its parent unchanged as it comes (its ``member`` field names the worker, which is
+what the root counts, dedupes and checks staleness by), and keeps each result from its parent
+(the last `KEPT_AGGREGATES` per offset) as it passes it to every member once. Why relay and not
+sum at the ToR: a ToR partial would either wait for a local share (so H would no longer mean H
+gradients of any workers, and a slow rack would hold its fast workers' gradients back) or mix
+gradients of several versions (so S could be checked only at the ToR, with the ToR's older
+view of the aggregate numbers) and could cut one gradient's segments into different partials
+(breaking the rule that keeps a vector's offsets in step); the relay keeps the single-switch
+semantics exactly, at the cost of the upward bandwidth reduction (the downward fan-out stays
+hierarchical).
 """
 
 from __future__ import annotations
@@ -282,7 +294,7 @@ class PyDataPlane:
         if is_parent:
             if not flags & P.FLAG_RESULT:
                 raise P.ProtocolError("data from the parent that is not a result")
-            if flags & P.FLAG_ASYNC and self._thr is not None:
+            if flags & P.FLAG_ASYNC:  # (before this switch's own workers asked for the mode)
                 self._on_parent_async(seq, count, k)
                 return
             self._on_result(seq, count, k)
