@@ -603,7 +603,7 @@ class SwitchDaemon:
                 log.warning("parent forgot us (restarted?): rejoining")
             self._parent_joined = False
             self._parent_ready = (False, self._parent_ready[1])
-            self._parent_mode = None  # (a restarted parent: the members' SetH asks again)
+            self._parent_mode = None  # (a restarted parent lost it: threshold.py, not covered)
             self._next_parent_msg = 0.0
             self._membership_changed()
         elif action == Action.HELP:

@@ -33,7 +33,9 @@ computed on (worker -> switch; the staleness check) or of the aggregate number (
 The answer to a worker's flush (`Action.FBCAST` of `ASYNC_FLUSH`) is `Action.FLUSHED`, whose
 Value lists every offset's aggregates completed so far as runs ``first:u16 n:u16 number:u16``
 (`FlushedValue`): a worker that lost every result packet of an aggregate learns it exists and
-asks for it (Help). In a tree the root answers, through the worker's switch.
+asks for it (Help). `Action.HELP` of `ASYNC_FLUSH` asks for the same answer without a flush (an
+idle worker that has seen no result for a while). In a tree the root answers both, through the
+worker's switch.
 
 ``seg_floats`` follows the path MTU: `seg_floats_for_mtu`. A switch announces it in `JoinAck`.
 """
@@ -81,7 +83,8 @@ ASYNC_TAG_MOD = 1 << 15
 """Push numbers and aggregate numbers in a threshold-mode ``seq`` are taken mod this (bits
 16..30; bit 31 stays 0)."""
 ASYNC_FLUSH = SEQ_MOD - 1
-"""`Action.FBCAST` Value that broadcasts every open threshold-mode aggregate as it is."""
+"""`Action.FBCAST` Value that broadcasts every open threshold-mode aggregate as it is; the
+switch answers `Action.FLUSHED` (to `Action.HELP` of it too, without the flush)."""
 
 
 class ProtocolError(ValueError):
@@ -107,7 +110,8 @@ class Action(enum.IntEnum):
     ACK = 12          # Value: u8 acknowledged action. Switch -> member (RESET, SETH, FBCAST).
     STATS = 13        # no Value. Anyone -> switch: send your counters.
     STATS_REPLY = 14  # Value: UTF-8 JSON object of counters.
-    FLUSHED = 15      # Value: FlushedValue. Switch -> member: the answer to FBCAST ASYNC_FLUSH.
+    FLUSHED = 15      # Value: FlushedValue. Switch -> member: the answer to FBCAST or HELP of
+                      # ASYNC_FLUSH (threshold mode).
 
 
 class MemberType(enum.IntEnum):

@@ -156,7 +156,7 @@ class ThresholdReducer(SwitchReducer):
             self._mode_acked = self._mode_acked or value == Action.SETH
             return
         if action == Action.FLUSHED:
-            self._learn(value, time.monotonic(), self._in_barrier)
+            self._learn(value, time.monotonic(), self._in_barrier and not self._flush_acked)
             self._flush_acked = True
             return
         was = self._joined
@@ -251,7 +251,9 @@ class ThresholdReducer(SwitchReducer):
         """`Action.FLUSHED`'s runs: where the switch completed aggregates of a region that this
         worker has not seen (every result packet of one lost), wait for the last of them as
         for one begun (so `_ask_again` asks for each in turn). In a ``barrier``, that last one
-        is the region's ``limit``: no later aggregate is handed out before the barrier ends."""
+        is the region's ``limit``: no later aggregate is handed out before the barrier ends
+        (the first answer's: a late answer to a repeated flush may count aggregates that the
+        others made after they left)."""
         for r in self._regions:
             last = r.next
             for first, n, number in runs:
@@ -263,7 +265,7 @@ class ThresholdReducer(SwitchReducer):
                 r.open.setdefault(last - 1, _Aggregate(
                     np.empty(r.size, np.float32), np.zeros(r.nseg, bool), now))
             if barrier:
-                r.limit = max(r.limit or 0, last)
+                r.limit = last
 
     def _region_of(self, offset: int) -> _Region | None:
         for r in self._regions:
