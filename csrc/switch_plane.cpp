@@ -416,8 +416,10 @@ class NativePlane {
   }
 
   // A member's Help: resend the kept result (counted as served) or the partial sent up.
-  void help_from_member(uint32_t seq, const std::string& ip, int port) {
+  // False where a threshold-mode result is not kept here (a child switch asks its parent).
+  bool help_from_member(uint32_t seq, const std::string& ip, int port) {
     if (thr_on_) {  // a threshold-mode result lost: resend the kept one
+      bool served = false;
       auto it = offsets_.find(seq & 0xFFFFu);
       if (it != offsets_.end()) {
         Offset& a = it->second;
@@ -426,10 +428,11 @@ class NativePlane {
           send_kept(it->first, a, number, make_addr(ip, port),
                     L_.flag_result | L_.flag_async | L_.flag_fbcast);
           ++c_[RETRANSMISSIONS_SERVED];
+          served = true;
         }
       }
       flush();
-      return;
+      return served;
     }
     uint32_t idx = seq & mask_;
     Slot& s = slots_[idx];
@@ -440,6 +443,14 @@ class NativePlane {
       send_up(idx);
     }
     flush();
+    return true;
+  }
+
+  // Threshold mode: (offset, aggregates completed) of every offset, ascending (a root's).
+  py::list async_numbers() const {
+    py::list out;
+    for (const auto& [o, a] : offsets_) out.append(py::make_tuple(o, a.number));
+    return out;
   }
 
   // The parent's Help: resend the partial, or (slot still filling) return the rows that have
@@ -610,6 +621,10 @@ class NativePlane {
         ++c_[MALFORMED_DROPPED];
         return;
       }
+      if (flags & L_.flag_async) {  // (before this switch's own workers asked for the mode)
+        on_parent_async(seq, count, k, payload);
+        return;
+      }
       on_result(seq, count, k, payload);
       return;
     }
@@ -676,15 +691,21 @@ class NativePlane {
     if (s.state == FILLING && int(s.contrib.size()) >= threshold_) complete(idx, now);
   }
 
-  // A worker's threshold-mode gradient segment (`PyDataPlane._on_async`).
+  // A threshold-mode gradient segment, a worker's own or relayed by a child switch (its
+  // member field names the worker); a child switch relays it up as it is
+  // (`PyDataPlane._on_async`).
   void on_async(const Member& m, uint32_t seq, uint32_t rnd, uint32_t mid, uint32_t count,
                 uint32_t flags, uint32_t k, const float* payload) {
-    if (!thr_on_ || (flags & L_.flag_result) || int(mid) != m.id || count != 1 || m.type != 0) {
+    if (!thr_on_ || (flags & L_.flag_result) || count != 1 || (m.type == 0 && int(mid) != m.id)) {
       ++c_[MALFORMED_DROPPED];
       return;
     }
     if (!ready_) {
       ++c_[NOT_READY_DROPPED];
+      return;
+    }
+    if (has_parent_) {
+      queue(parent_, seq, rnd, mid, count, flags, payload, k, 0);
       return;
     }
     uint32_t push = (seq >> 16) % kTagMod, o = seq & 0xFFFFu;
@@ -694,13 +715,13 @@ class NativePlane {
       ++c_[MALFORMED_DROPPED];
       return;
     }
-    auto last = a.last_push.find(m.id);
+    auto last = a.last_push.find(int(mid));
     if (last != a.last_push.end() && !tag_newer(push, last->second)) {
       ++c_[DUPLICATES];
       return;
     }
-    a.last_push[m.id] = push;
-    uint64_t key = (uint64_t(uint32_t(m.id)) << 32) | push;
+    a.last_push[int(mid)] = push;
+    uint64_t key = (uint64_t(mid) << 32) | push;
     auto f = fresh_.find(key);
     bool fresh;
     if (f == fresh_.end()) {  // the first segment of this gradient decides for all of it
@@ -718,7 +739,7 @@ class NativePlane {
       ++c_[STALENESS_DROPPED];
       return;
     }
-    a.contrib.push_back({m.id, ++arrivals_, std::vector<float>(payload, payload + k)});
+    a.contrib.push_back({int(mid), ++arrivals_, std::vector<float>(payload, payload + k)});
     a.count += count;
     c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
     if (a.count >= thr_h_) complete_offset(o, a);
@@ -752,6 +773,32 @@ class NativePlane {
     ++a.number;
     a.contrib.clear();
     a.count = 0;
+  }
+
+  // A child switch's threshold-mode result from its parent: kept (the last kKept per offset,
+  // for Help) and sent to every member, once (`PyDataPlane._on_parent_async`).
+  void on_parent_async(uint32_t seq, uint32_t count, uint32_t k, const float* payload) {
+    uint32_t tag = (seq >> 16) % kTagMod, o = seq & 0xFFFFu;
+    Offset& a = offsets_[o];
+    if (a.length == 0) a.length = k;
+    int64_t ahead = (tag - a.number) % kTagMod;
+    int64_t at = int64_t(a.number) + ahead - (ahead < kTagMod / 2 ? 0 : kTagMod);
+    if (k != a.length) {
+      ++c_[MALFORMED_DROPPED];
+      return;
+    }
+    uint32_t number = uint32_t(at);
+    if (at < 0 || at <= int64_t(a.number) - int64_t(kKept) || a.kept.count(number)) {
+      ++c_[DUPLICATES];
+      return;
+    }
+    if (a.kept.size() >= kKept) flush();  // queued sends may still read the one dropped
+    a.kept[number] = {std::vector<float>(payload, payload + k), count};
+    a.number = std::max(a.number, number + 1);
+    while (a.kept.size() > kKept) a.kept.erase(a.kept.begin());
+    for (const Member& m : members_) {
+      if (m.active) send_kept(o, a, number, m.addr, L_.flag_result | L_.flag_async);
+    }
   }
 
   void send_kept(uint32_t o, const Offset& a, uint32_t number, const sockaddr_in& to,
@@ -1228,6 +1275,7 @@ PYBIND11_MODULE(_plane, m) {
       .def("reset_slots", &NativePlane::reset_slots)
       .def("fbcast", &NativePlane::fbcast)
       .def("help_from_member", &NativePlane::help_from_member)
+      .def("async_numbers", &NativePlane::async_numbers)
       .def("help_from_parent", &NativePlane::help_from_parent)
       .def("tick", &NativePlane::tick)
       .def("send_control", &NativePlane::send_control)

@@ -199,28 +199,36 @@ def test_threshold_is_validated(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_async_iswitch_trains_through_the_cli(tmp_path):
+@pytest.mark.parametrize("tree", [False, True], ids=["one-switch", "tree"])
+def test_async_iswitch_trains_through_the_cli(tmp_path, tree):
     """``gmi-drl train ppo --gmi.reduction switch --gmi.staleness 2 --gmi.threshold 2`` with 3
-    GMIs on a loopback switch: it trains, the switch ran threshold mode, and every GMI ends
-    each iteration with the same weights."""
+    GMIs on a loopback switch (or on two ToRs under a root, ``--gmi.switch-addr`` naming each
+    GMI's ToR): it trains, the (root) switch ran threshold mode, and every GMI ends each
+    iteration with the same weights."""
     import subprocess
     import sys
 
     from tests.comm.switch.harness import Switch
 
-    switch = Switch("--mtu", "1500")
+    switches = [Switch("--mtu", "1500")]
+    if tree:
+        switches += [Switch("--mtu", "1500", "--parent", switches[0].addr, "--member-id", str(k),
+                            "--switch-id", str(k + 1)) for k in range(2)]
+    addrs = ",".join(s.addr for s in switches[1:] for _ in range(1 + (s is switches[1]))) \
+        if tree else switches[0].addr
     try:
         run = tmp_path / "run"
         out = subprocess.run(
             [sys.executable, "-m", "gmi_drl.cli", "train", "ppo", "--env.task-id", "CartPole-v1",
              "--env.num-envs", "4", "--algo.num-steps", "32", "--total-timesteps", "384",
              "--gmi.num-gmis", "3", "--gmi.reduction", "switch", "--gmi.switch-addr",
-             switch.addr, "--gmi.staleness", "2", "--gmi.threshold", "2",
+             addrs, "--gmi.staleness", "2", "--gmi.threshold", "2",
              "--log.no-tensorboard", "--no-compile", "--run-dir", str(run)],
             cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        stats = switch.stats()
+        stats = switches[0].stats()
     finally:
-        assert switch.stop() == 0, switch.stderr
+        for s in switches:
+            assert s.stop() == 0, s.stderr
     assert out.returncode == 0, out.stderr[-3000:]
     assert stats["aggregates_completed"] > 0 and stats["segments_completed"] > 0
     assert "weights identical on all 3 GMIs after every update: yes" in \

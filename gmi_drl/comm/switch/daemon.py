@@ -26,8 +26,13 @@ warning, H is lowered to the remaining members, and waiting slots complete witho
 Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
 (`protocol.ThresholdValue`: H gradient vectors per aggregate from any workers, staleness bound
 S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
-ends; the synchronous rounds' H is
-untouched. Only a root switch takes it (a tree does not aggregate threshold mode yet).
+ends; the synchronous rounds' H is untouched. A switch with a parent passes the SetH up and
+acknowledges it once the root did; it then relays its workers' gradient segments up as they
+come and the root's results down (kept for Help; Help for one it lacks, FBcast and the flush go
+up to the root, whose `Action.FLUSHED` it hands to the members that asked). The root alone
+aggregates: H counts gradients of any workers of the tree, S is checked per gradient exactly.
+Both data planes do both roles; a ToR needs no flag of its own (``--parent`` as in a
+synchronous tree; every switch of the tree with the same ``--mtu``).
 """
 
 from __future__ import annotations
@@ -349,15 +354,18 @@ class SwitchDaemon:
             self._control(addr, Action.ACK, int(action))
         elif action == Action.SETH:
             if isinstance(value, P.ThresholdValue):
-                self._threshold_mode(value)
-            else:
-                self._h = value
+                self._threshold_mode(value, addr)
+                return
+            self._h = value
             self._control(addr, Action.ACK, int(action))
         elif action == Action.FBCAST:
-            self._plane.fbcast(value)
-            self._control(addr, Action.ACK, int(action))
+            self._on_fbcast(value, addr)
+        elif action == Action.HELP and value == P.ASYNC_FLUSH and self._plane_mode():
+            self._where_are_aggregates(addr)
         elif action == Action.HELP:
-            self._plane.help_from_member(value, addr[0], addr[1])
+            if not self._plane.help_from_member(value, addr[0], addr[1]) \
+                    and self._relays_threshold():
+                self._control(self._parent, Action.HELP, value)  # the root keeps it
         else:
             raise P.ProtocolError(f"{action.name} is not sent to a switch")
 
@@ -424,17 +432,49 @@ class SwitchDaemon:
             self.epoch, self.seg_floats, self.window, cfg.switch_id, m.id))
         self._membership_changed(new=m)
 
-    def _threshold_mode(self, v: P.ThresholdValue) -> None:
-        """Threshold mode (H, S) for this job.
-
-        Raises:
-            ProtocolError: this switch has a parent (threshold mode is single-switch only)."""
-        if self._parent is not None:
-            raise P.ProtocolError("threshold mode on a switch with a parent: not supported")
-        if self._plane.threshold_mode != tuple(v):
+    def _threshold_mode(self, v: P.ThresholdValue, addr) -> None:
+        """Threshold mode (H, S) for this job; acknowledged to ``addr`` at once on a root, on
+        a child switch once its parent acknowledged it (the member asks again until then)."""
+        if self._plane_mode() != tuple(v):
             log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
-                     "S=%d", *v)
+                     "S=%d%s", *v, " (relayed to the parent)" if self._parent else "")
             self._plane.set_threshold_mode(*v)
+        if self._parent is not None:
+            if self._parent_mode != tuple(v):
+                self._mode_asked = tuple(v)
+                self._control(self._parent, Action.SETH, v)
+                return
+        self._control(addr, Action.ACK, int(Action.SETH))
+
+    def _relays_threshold(self) -> bool:
+        """A child switch in threshold mode: it relays gradients up and results down."""
+        return self._parent is not None and self._plane_mode() is not None
+
+    def _where_are_aggregates(self, addr) -> None:
+        """Threshold mode's Help of `protocol.ASYNC_FLUSH`: `Action.FLUSHED` without a flush
+        (a child switch asks the root, and passes its answer down)."""
+        if self._parent is not None:
+            self._control(self._parent, Action.HELP, P.ASYNC_FLUSH)
+            self._flushers.add(addr)
+        else:
+            self._control(addr, Action.FLUSHED, P.flushed_runs(self._plane.async_numbers()))
+
+    def _on_fbcast(self, seq: int, addr) -> None:
+        """FBcast: the data plane's, acknowledged; a flush in threshold mode (`protocol.
+        ASYNC_FLUSH`) is answered `Action.FLUSHED` by the root (a child switch passes it up and
+        the answer down; other FBcasts it passes up and acknowledges itself)."""
+        if self._relays_threshold():
+            self._control(self._parent, Action.FBCAST, seq)
+            if seq == P.ASYNC_FLUSH:
+                self._flushers.add(addr)
+                return
+        else:
+            self._plane.fbcast(seq)
+            if seq == P.ASYNC_FLUSH and self._plane_mode() is not None:
+                self._control(addr, Action.FLUSHED,
+                              P.flushed_runs(self._plane.async_numbers()))
+                return
+        self._control(addr, Action.ACK, int(Action.FBCAST))
 
     def _refusal(self, v: P.JoinValue) -> tuple[P.NackReason, str] | None:
         """Why a newcomer ``v`` cannot join the members there are (None: it can)."""
@@ -492,6 +532,9 @@ class SwitchDaemon:
         self._h = self.cfg.threshold
         self._dropped_workers = 0
         self._departed: dict = {}
+        self._parent_mode: tuple[int, int] | None = None  # threshold mode the parent acked
+        self._mode_asked: tuple[int, int] | None = None
+        self._flushers: set[tuple[str, int]] = set()  # members awaiting the root's FLUSHED
 
     def _threshold(self) -> int:
         n = len(self._members)
@@ -560,12 +603,20 @@ class SwitchDaemon:
                 log.warning("parent forgot us (restarted?): rejoining")
             self._parent_joined = False
             self._parent_ready = (False, self._parent_ready[1])
+            self._parent_mode = None  # (a restarted parent lost it: threshold.py, not covered)
             self._next_parent_msg = 0.0
             self._membership_changed()
         elif action == Action.HELP:
             rows = self._plane.help_from_parent(value)
             if rows is not None:  # still filling: pass the request on to our members
                 self._help_members(value, rows)
+        elif action == Action.ACK and value == Action.SETH:
+            self._parent_mode = self._mode_asked
+        elif action == Action.FLUSHED:
+            for addr in self._flushers:
+                if addr in self._by_addr:
+                    self._control(addr, Action.FLUSHED, value)
+            self._flushers.clear()
 
     def _parent_counts(self) -> tuple[int, int]:
         """(active, dropped) workers below this switch, as its Join to the parent says."""

@@ -37,6 +37,18 @@ of each offset are kept for members that lost one (Help). A worker's lost gradie
 not resent: the aggregate completes with the gradients that came, at the latest when a worker
 that waits for it asks (FBcast of that offset and number: broadcast as it is, a zero sum where
 nothing came); every worker applies the same.
+
+Threshold mode in a tree (a plane with a ``parent``): a child switch relays each gradient
+segment to its parent unchanged as it comes (its ``member`` field names the worker, which is
+what the root counts, dedupes and checks staleness by), and keeps each result from its parent
+(the last `KEPT_AGGREGATES` per offset) as it passes it to every member once. Why relay and not
+sum at the ToR: a ToR partial would either wait for a local share (so H would no longer mean H
+gradients of any workers, and a slow rack would hold its fast workers' gradients back) or mix
+gradients of several versions (so S could be checked only at the ToR, with the ToR's older
+view of the aggregate numbers) and could cut one gradient's segments into different partials
+(breaking the rule that keeps a vector's offsets in step); the relay keeps the single-switch
+semantics exactly, at the cost of the upward bandwidth reduction (the downward fan-out stays
+hierarchical).
 """
 
 from __future__ import annotations
@@ -106,6 +118,12 @@ def make_data_plane(kind: str, sock, *, seg_floats: int, slots: int, max_members
     if kind == "auto":
         log.warning("switch runs the Python data plane: %s", why)
     return PyDataPlane(sock, **args), "python"
+
+
+def _absolute(tag: int, number: int) -> int:
+    """The aggregate number whose `protocol.async_seq` tag is ``tag``, nearest to ``number``."""
+    ahead = (tag - number) % P.ASYNC_TAG_MOD
+    return number + ahead if ahead < P.ASYNC_TAG_MOD // 2 else number + ahead - P.ASYNC_TAG_MOD
 
 
 class _Slot:
@@ -276,6 +294,9 @@ class PyDataPlane:
         if is_parent:
             if not flags & P.FLAG_RESULT:
                 raise P.ProtocolError("data from the parent that is not a result")
+            if flags & P.FLAG_ASYNC:  # (before this switch's own workers asked for the mode)
+                self._on_parent_async(seq, count, k)
+                return
             self._on_result(seq, count, k)
             return
         m = self._members[row]
@@ -329,14 +350,19 @@ class PyDataPlane:
 
     def _on_async(self, m: _Member, seq: int, rnd: int, mid: int, count: int, flags: int,
                   k: int) -> None:
-        """A worker's threshold-mode gradient segment (see the module docstring)."""
+        """A threshold-mode gradient segment (see the module docstring): a worker's own, or one
+        a child switch relays (its ``member`` field names the worker). A child switch relays
+        it to its parent as it is."""
         c = self._c
-        if self._thr is None or flags & P.FLAG_RESULT or mid != m.id or count != 1 \
-                or m.type != P.MemberType.WORKER:
+        if self._thr is None or flags & P.FLAG_RESULT or count != 1 \
+                or (m.type == P.MemberType.WORKER and mid != m.id):
             raise P.ProtocolError(f"threshold-mode packet from member {m.id}: flags "
                                   f"{flags:#x}, member field {mid}, count {count}")
         if not self._ready:
             c["not_ready_dropped"] += 1
+            return
+        if self._parent is not None:
+            self._send(self._parent, bytes(self._rx[:P.HEADER_BYTES]), self._rx_f32[:k])
             return
         push, o = P.async_split(seq)
         a = self._offsets.get(o)
@@ -344,25 +370,43 @@ class PyDataPlane:
             a = self._offsets[o] = _Offset(k)
         if k != a.length:
             raise P.ProtocolError(f"offset {o}: {k} floats, it holds {a.length}")
-        last = a.last_push.get(m.id)
+        last = a.last_push.get(mid)
         if last is not None and not P.tag_newer(push, last):
             c["duplicates"] += 1
             return
-        a.last_push[m.id] = push
-        fresh = self._fresh.get((m.id, push))
+        a.last_push[mid] = push
+        fresh = self._fresh.get((mid, push))
         if fresh is None:  # the first segment of this gradient decides for all of it
-            fresh = self._fresh[(m.id, push)] = (a.number - rnd) % 256 <= self._thr[1]
+            fresh = self._fresh[(mid, push)] = (a.number - rnd) % 256 <= self._thr[1]
             if len(self._fresh) > 4096:
                 del self._fresh[next(iter(self._fresh))]
         if not fresh:
             c["staleness_dropped"] += 1
             return
         self._arrivals += 1
-        a.contrib.append((m.id, self._arrivals, self._rx_f32[:k].copy()))
+        a.contrib.append((mid, self._arrivals, self._rx_f32[:k].copy()))
         a.count += count
         c["bytes_aggregated"] += k * P.FLOAT_BYTES
         if a.count >= self._thr[0]:
             self._complete_offset(o, a)
+
+    def _on_parent_async(self, seq: int, count: int, k: int) -> None:
+        """A child switch's threshold-mode result from its parent: keep it (the last
+        `KEPT_AGGREGATES` per offset, for Help) and send it to every member, once."""
+        tag, o = P.async_split(seq)
+        a = self._offsets.get(o)
+        if a is None:
+            a = self._offsets[o] = _Offset(k)
+        number = _absolute(tag, a.number)
+        if k != a.length or number in a.kept or number <= max(a.number - KEPT_AGGREGATES, -1):
+            self._c["duplicates" if k == a.length else "malformed_dropped"] += 1
+            return
+        a.kept[number] = (self._rx_f32[:k].copy(), count)
+        a.number = max(a.number, number + 1)
+        while len(a.kept) > KEPT_AGGREGATES:
+            del a.kept[min(a.kept)]
+        for m in self._members.values():
+            self._send_kept(o, a, number, m.addr, P.FLAG_RESULT | P.FLAG_ASYNC)
 
     def _complete_offset(self, o: int, a: _Offset) -> None:
         """Sum offset ``o``'s open aggregate (ascending member id, then arrival), keep it and
@@ -385,16 +429,24 @@ class PyDataPlane:
         self._send(addr, P.data_header(P.async_seq(number, o), number, self._switch_id, count,
                                        flags), total)
 
-    def _async_help(self, seq: int, addr) -> None:
-        """A member lost threshold-mode result ``seq`` (`protocol.async_seq`): resend it."""
+    def _async_help(self, seq: int, addr) -> bool:
+        """A member lost threshold-mode result ``seq`` (`protocol.async_seq`): resend it.
+        Returns whether it was kept here."""
         tag, o = P.async_split(seq)
         a = self._offsets.get(o)
         if a is None:
-            return
+            return False
         number = a.number - (a.number - tag) % P.ASYNC_TAG_MOD
-        if number in a.kept:
-            self._send_kept(o, a, number, addr, P.FLAG_RESULT | P.FLAG_ASYNC | P.FLAG_FBCAST)
-            self._c["retransmissions_served"] += 1
+        if number not in a.kept:
+            return False
+        self._send_kept(o, a, number, addr, P.FLAG_RESULT | P.FLAG_ASYNC | P.FLAG_FBCAST)
+        self._c["retransmissions_served"] += 1
+        return True
+
+    def async_numbers(self) -> list[tuple[int, int]]:
+        """Threshold mode: ``(offset, aggregates completed)`` of every offset that holds one
+        (a root switch's; `protocol.flushed_runs`), in ascending offset."""
+        return sorted((o, a.number) for o, a in self._offsets.items())
 
     def _on_result(self, seq: int, count: int, k: int) -> None:
         c = self._c
@@ -492,12 +544,12 @@ class PyDataPlane:
         if s.seq == seq and s.state == FILLING and s.contrib:
             self._complete(idx, s, time.monotonic())
 
-    def help_from_member(self, seq: int, ip: str, port: int) -> None:
+    def help_from_member(self, seq: int, ip: str, port: int) -> bool:
         """A member lost the result of ``seq``: resend the kept result, or the partial sent up
-        (in threshold mode: ``seq`` is a `protocol.async_seq`)."""
+        (in threshold mode: ``seq`` is a `protocol.async_seq`). Returns False where a
+        threshold-mode result is not kept here (a child switch asks its parent)."""
         if self._thr is not None:
-            self._async_help(seq, (ip, port))
-            return
+            return self._async_help(seq, (ip, port))
         idx = seq & self._mask
         s = self._slots[idx]
         if s.seq == seq and s.state == DONE:
@@ -505,6 +557,7 @@ class PyDataPlane:
             self._c["retransmissions_served"] += 1
         elif s.seq == seq and s.state == UP:
             self._send_up(idx, s)
+        return True
 
     def help_from_parent(self, seq: int) -> tuple | None:
         """The parent misses ``seq``: resend the partial; for a slot still filling, return the

@@ -48,26 +48,27 @@ import torch
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 
 
-class _Engine:
-    """The LWU thread of one reducer, shared by every pipeline on it (a learner with several
-    optimised modules, e.g. DDPG's actor and critics, has one pipeline per module): it begins
-    rounds in push order across the pipelines, which is the same on every worker, and hands each
-    result to the pipeline that pushed it."""
+class LwuEngine:
+    """The LWU thread of one reducer, started on demand and woken through a socket pair that
+    the reducer's wait selects on (`SwitchReducer.pump`'s ``wake``); shared by every pipeline
+    on that reducer. Subclasses implement `_run` (the thread's loop); an exception there is
+    kept in ``error`` (the trainer's thread raises it) and every waiter on ``cond`` woken.
 
-    def __init__(self, reducer: SwitchReducer) -> None:
+    Attributes:
+        cond: the lock of the pipelines' shared state, notified on every change.
+        pending: what the trainer's thread handed over, not yet taken by the thread.
+        stop: the thread returns once its work is done; abandon: it returns now.
+    """
+
+    def __init__(self, reducer: SwitchReducer, name: str) -> None:
         self.reducer = reducer
         self.cond = threading.Condition()
-        self.pipes: list[StaleSyncPipeline] = []
-        self.pending: deque[tuple[StaleSyncPipeline, np.ndarray]] = deque()
-        self.owners: deque[StaleSyncPipeline] = deque()  # of the rounds begun, in order
+        self.pending: deque = deque()
         self.error: BaseException | None = None
-        self.stop = False       # the thread returns once every pushed gradient is applied
-        self.abandon = False    # ... returns now
+        self.stop = self.abandon = False
         self.thread: threading.Thread | None = None
+        self._name = name
         self._wake_r = self._wake_w = None  # a socket pair that wakes the thread
-
-    def applied_all(self) -> bool:
-        return all(p.version == p.pushed for p in self.pipes)
 
     def wake(self) -> None:
         """Start the thread if it is not running, and wake it."""
@@ -75,12 +76,13 @@ class _Engine:
             self.stop = self.abandon = False
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
-            self.thread = threading.Thread(target=self._lwu, daemon=True,
-                                           name=f"switch-lwu-{self.reducer.rank}")
+            self.thread = threading.Thread(target=self._main, daemon=True,
+                                           name=f"{self._name}-{self.reducer.rank}")
             self.thread.start()
         self._wake_w.send(b"\0")
 
     def join(self) -> None:
+        """Wake the thread and wait for it to return (set ``stop`` or ``abandon`` first)."""
         if self.thread is None:
             return
         self._wake_w.send(b"\0")
@@ -90,33 +92,58 @@ class _Engine:
         self._wake_w.close()
         self._wake_r = self._wake_w = None
 
-    def _lwu(self) -> None:
-        red = self.reducer
+    def _woken(self) -> None:
+        """Consume the wake-ups sent so far (the thread's loop calls it first)."""
         try:
-            while True:
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except BlockingIOError:
-                    pass
-                with self.cond:
-                    new, self.pending = self.pending, deque()
-                    stop = self.abandon or (self.stop and self.applied_all())
-                if stop:
-                    return
-                for pipe, vec in new:
-                    red.begin(vec)
-                    self.owners.append(pipe)
-                for mean in red.pump(0.5, self._wake_r):
-                    with self.cond:
-                        pipe = self.owners.popleft()
-                        pipe._apply(mean)
-                        pipe.version += 1
-                        self.cond.notify_all()
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _main(self) -> None:
+        try:
+            self._run()
         except BaseException as e:  # handed to the trainer's thread, which raises it
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _Engine(LwuEngine):
+    """The LWU thread of one reducer, shared by every pipeline on it (a learner with several
+    optimised modules, e.g. DDPG's actor and critics, has one pipeline per module): it begins
+    rounds in push order across the pipelines, which is the same on every worker, and hands each
+    result to the pipeline that pushed it."""
+
+    def __init__(self, reducer: SwitchReducer) -> None:
+        super().__init__(reducer, "switch-lwu")
+        self.pipes: list[StaleSyncPipeline] = []
+        self.owners: deque[StaleSyncPipeline] = deque()  # of the rounds begun, in order
+
+    def applied_all(self) -> bool:
+        return all(p.version == p.pushed for p in self.pipes)
+
+    def _run(self) -> None:
+        red = self.reducer
+        while True:
+            self._woken()
+            with self.cond:
+                new, self.pending = self.pending, deque()
+                stop = self.abandon or (self.stop and self.applied_all())
+            if stop:
+                return
+            for pipe, vec in new:
+                red.begin(vec)
+                self.owners.append(pipe)
+            for mean in red.pump(0.5, self._wake_r):
+                with self.cond:
+                    pipe = self.owners.popleft()
+                    pipe._apply(mean)
+                    pipe.version += 1
+                    self.cond.notify_all()
 
 
 _ENGINES: "weakref.WeakKeyDictionary[SwitchReducer, _Engine]" = weakref.WeakKeyDictionary()

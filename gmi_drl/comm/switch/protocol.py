@@ -30,6 +30,13 @@ number (worker -> switch) or the offset's aggregate number (result, switch -> wo
 mod `ASYNC_TAG_MOD`; ``round`` is the low 8 bits of the weight version the gradient was
 computed on (worker -> switch; the staleness check) or of the aggregate number (result).
 
+The answer to a worker's flush (`Action.FBCAST` of `ASYNC_FLUSH`) is `Action.FLUSHED`, whose
+Value lists every offset's aggregates completed so far as runs ``first:u16 n:u16 number:u16``
+(`FlushedValue`): a worker that lost every result packet of an aggregate learns it exists and
+asks for it (Help). `Action.HELP` of `ASYNC_FLUSH` asks for the same answer without a flush (an
+idle worker that has seen no result for a while). In a tree the root answers both, through the
+worker's switch.
+
 ``seg_floats`` follows the path MTU: `seg_floats_for_mtu`. A switch announces it in `JoinAck`.
 """
 
@@ -76,7 +83,8 @@ ASYNC_TAG_MOD = 1 << 15
 """Push numbers and aggregate numbers in a threshold-mode ``seq`` are taken mod this (bits
 16..30; bit 31 stays 0)."""
 ASYNC_FLUSH = SEQ_MOD - 1
-"""`Action.FBCAST` Value that broadcasts every open threshold-mode aggregate as it is."""
+"""`Action.FBCAST` Value that broadcasts every open threshold-mode aggregate as it is; the
+switch answers `Action.FLUSHED` (to `Action.HELP` of it too, without the flush)."""
 
 
 class ProtocolError(ValueError):
@@ -102,6 +110,8 @@ class Action(enum.IntEnum):
     ACK = 12          # Value: u8 acknowledged action. Switch -> member (RESET, SETH, FBCAST).
     STATS = 13        # no Value. Anyone -> switch: send your counters.
     STATS_REPLY = 14  # Value: UTF-8 JSON object of counters.
+    FLUSHED = 15      # Value: FlushedValue. Switch -> member: the answer to FBCAST or HELP of
+                      # ASYNC_FLUSH (threshold mode).
 
 
 class MemberType(enum.IntEnum):
@@ -161,6 +171,20 @@ class ThresholdValue(NamedTuple):
     staleness: int
 
 
+class FlushedRun(NamedTuple):
+    """One run of `Action.FLUSHED`'s Value: segment offsets ``[first, first + n)`` have each
+    completed ``number`` aggregates (mod `ASYNC_TAG_MOD`; the next one's number)."""
+
+    first: int
+    n: int
+    number: int
+
+
+FlushedValue = tuple
+"""Value of `Action.FLUSHED`: a tuple of `FlushedRun` in ascending ``first``, not overlapping
+(6 bytes each, big-endian u16 fields; empty where no offset holds an aggregate yet)."""
+
+
 class ReadyValue(NamedTuple):
     """``ready``: whether every worker of the job has joined (or been dropped);
     ``active_workers``: workers currently in the group."""
@@ -175,6 +199,9 @@ _U8 = struct.Struct("!B")
 _SETH2 = struct.Struct("!BB")
 _U32 = struct.Struct("!I")
 _READY = struct.Struct("!BH")
+_RUN = struct.Struct("!HHH")
+MAX_FLUSHED_RUNS = (MAX_UDP_PAYLOAD - 1) // _RUN.size
+"""Runs one `Action.FLUSHED` carries at most (`flushed_runs` keeps the first ones)."""
 _SEQ_ACTIONS = (Action.FBCAST, Action.HELP)
 _EMPTY_ACTIONS = (Action.LEAVE, Action.RESET, Action.HEARTBEAT, Action.NOT_MEMBER, Action.STATS)
 
@@ -224,6 +251,8 @@ def encode_control(action: Action, value=None) -> bytes:
         return a + _U32.pack(value % SEQ_MOD)
     if action == Action.READY:
         return a + _READY.pack(bool(value.ready), value.active_workers)
+    if action == Action.FLUSHED:
+        return a + b"".join(_RUN.pack(*r) for r in _check_runs(value))
     if action == Action.STATS_REPLY:
         return a + json.dumps(value, sort_keys=True).encode()
     if value is not None:
@@ -286,6 +315,11 @@ def decode_control(buf) -> tuple[Action, object]:
             if r > 1:
                 raise ProtocolError("READY flag neither 0 nor 1")
             return action, ReadyValue(bool(r), n)
+        if action == Action.FLUSHED:
+            if len(body) % _RUN.size:
+                raise ProtocolError(f"FLUSHED Value of {len(body)} bytes: not 6-byte runs")
+            return action, _check_runs(tuple(FlushedRun(*_RUN.unpack_from(body, i))
+                                             for i in range(0, len(body), _RUN.size)))
         if action == Action.STATS_REPLY:
             stats = json.loads(bytes(body).decode())
             if not isinstance(stats, dict):
@@ -297,6 +331,40 @@ def decode_control(buf) -> tuple[Action, object]:
         if isinstance(e, ProtocolError):
             raise
         raise ProtocolError(f"bad {action.name} Value: {e}") from None
+
+
+def _check_runs(runs) -> tuple:
+    """``runs`` as a `FlushedValue` of `FlushedRun`.
+
+    Raises:
+        ProtocolError: a run empty, past `ASYNC_OFFSETS`, out of order or overlapping, a number
+            not below `ASYNC_TAG_MOD`, or more than `MAX_FLUSHED_RUNS`."""
+    out, end = [], 0
+    for r in runs:
+        r = FlushedRun(*r)
+        if r.n < 1 or r.first < end or r.first + r.n > ASYNC_OFFSETS \
+                or not 0 <= r.number < ASYNC_TAG_MOD:
+            raise ProtocolError(f"FLUSHED run {tuple(r)} empty, out of order or out of range")
+        end = r.first + r.n
+        out.append(r)
+    if len(out) > MAX_FLUSHED_RUNS:
+        raise ProtocolError(f"FLUSHED with {len(out)} runs; at most {MAX_FLUSHED_RUNS}")
+    return tuple(out)
+
+
+def flushed_runs(numbers) -> tuple:
+    """The `FlushedValue` of ``numbers``: ``(offset, aggregates completed)`` pairs in ascending
+    offset (a data plane's `async_numbers`), equal numbers of consecutive offsets joined in one
+    run; past `MAX_FLUSHED_RUNS` runs the rest is left out (those offsets' workers then learn
+    of a lost aggregate from the next one's results only)."""
+    runs: list[list[int]] = []
+    for o, number in numbers:
+        number %= ASYNC_TAG_MOD
+        if runs and runs[-1][0] + runs[-1][1] == o and runs[-1][2] == number:
+            runs[-1][1] += 1
+        elif len(runs) < MAX_FLUSHED_RUNS:
+            runs.append([o, 1, number])
+    return tuple(FlushedRun(*r) for r in runs)
 
 
 def _exact(body, n: int, action: Action) -> None:

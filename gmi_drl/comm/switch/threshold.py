@@ -26,16 +26,22 @@ Loss recovery: a result lost on the way down is asked for again (Help; the switc
 `dataplane.KEPT_AGGREGATES` per segment); a worker's gradient segment lost on the way up is not
 resent: where it leaves an aggregate short of H while later ones came, the worker asks the
 switch to broadcast it as it is (FBcast; a zero sum where nothing came), and every worker
-applies the same, smaller, sum.
-Not covered (yet): a tree of switches (the switch refuses threshold mode when it has a
-parent), and a switch restarted after the first gradient (the worker raises `SwitchError`: the
-aggregate numbering is lost; the run resumes from its checkpoint).
+applies the same, smaller, sum. A drain's flush is answered with every offset's aggregates
+completed (`protocol.Action.FLUSHED`), so a worker that lost every packet of one learns of it.
+
+A tree of switches (iSwitch §3.4): a worker may join a ToR switch (one started with
+``--parent``); the ToR relays each gradient segment to the root as it comes (the header's member
+field names the worker), so the root counts H gradients of any workers of the whole tree and
+checks S per gradient exactly, as a single switch does, and its results go down through the
+ToRs, which keep the last `dataplane.KEPT_AGGREGATES` per offset for their workers' Help (one
+they lack they ask the root for); FBcast and the flush go up to the root, its answers down.
+Not covered (yet): a switch restarted after the first gradient (the worker raises
+`SwitchError`, or, for a restarted root under ToRs, the root drops the gradients: the aggregate
+numbering is lost; the run resumes from its checkpoint).
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import weakref
 from collections import Counter, deque
@@ -48,6 +54,7 @@ import torch
 from gmi_drl.comm.switch import protocol as P
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 from gmi_drl.comm.switch.dataplane import KEPT_AGGREGATES
+from gmi_drl.comm.switch.pipeline import LwuEngine
 from gmi_drl.comm.switch.protocol import Action
 
 
@@ -72,7 +79,9 @@ class _Region:
     next: int = 0
     """the next aggregate number to hand out (the region's version)"""
     open: dict = field(default_factory=dict)
-    """aggregate number -> `_Aggregate` not yet complete"""
+    """aggregate number -> `_Aggregate` not yet handed out"""
+    limit: int | None = None
+    """in a barrier, once the flush is answered: the version the region stops at"""
     helped: float = 0.0
 
 
@@ -86,8 +95,8 @@ class ThresholdReducer(SwitchReducer):
 
     Raises:
         ValueError: H or S out of range (and as `SwitchReducer`).
-        SwitchError: as `SwitchReducer`; or the switch did not take threshold mode within
-            ``join_timeout_s`` (a switch with a parent refuses it).
+        SwitchError: as `SwitchReducer`; or the switch (in a tree: the root, through this
+            worker's switch) did not take threshold mode within ``join_timeout_s``.
 
     Attributes:
         staleness_dropped: gradients this worker dropped before sending (older than S).
@@ -110,6 +119,8 @@ class ThresholdReducer(SwitchReducer):
         self._pushes = 0
         self._aggregates: list[tuple[int, np.ndarray]] = []  # complete, not yet returned
         self._flush_acked = False
+        self._asked_where = 0.0
+        self._in_barrier = False
         self._synced: list[np.ndarray] = []  # results of `barrier`'s rounds
         self.staleness_dropped = 0
         super().__init__(switch_addr, worker_id, num_workers, job_id, token,
@@ -134,17 +145,19 @@ class ThresholdReducer(SwitchReducer):
             if now > deadline:
                 raise SwitchError(
                     f"worker {self.rank}: switch {self._where} did not take threshold mode "
-                    f"(H={self.threshold}, S={self.staleness}) within {timeout_s} s: threshold "
-                    "mode needs a root switch (one started without --parent)")
+                    f"(H={self.threshold}, S={self.staleness}) within {timeout_s} s (in a tree, "
+                    "its root must take it too: is the root up and every switch's --mtu the "
+                    "same?)")
             self._send_mode(now)
             self._poll(min(0.05, deadline - now))
 
     def _on_control(self, action: Action, value) -> None:
         if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
-            if value == Action.SETH:
-                self._mode_acked = True
-            else:
-                self._flush_acked = True
+            self._mode_acked = self._mode_acked or value == Action.SETH
+            return
+        if action == Action.FLUSHED:
+            self._learn(value, time.monotonic(), self._in_barrier and not self._flush_acked)
+            self._flush_acked = True
             return
         was = self._joined
         super()._on_control(action, value)
@@ -224,10 +237,35 @@ class ThresholdReducer(SwitchReducer):
         a.got[i] = True
         a.n += 1
         self._last_progress = time.monotonic()
-        while (a := r.open.get(r.next)) is not None and a.n == r.nseg:
+        self._advance(r)
+
+    def _advance(self, r: _Region) -> None:
+        """Hand out region ``r``'s complete aggregates in order, up to its ``limit``."""
+        while (a := r.open.get(r.next)) is not None and a.n == r.nseg \
+                and (r.limit is None or r.next < r.limit):
             del r.open[r.next]
             r.next += 1
             self._aggregates.append((r.index, a.mean))
+
+    def _learn(self, runs, now: float, barrier: bool) -> None:
+        """`Action.FLUSHED`'s runs: where the switch completed aggregates of a region that this
+        worker has not seen (every result packet of one lost), wait for the last of them as
+        for one begun (so `_ask_again` asks for each in turn). In a ``barrier``, that last one
+        is the region's ``limit``: no later aggregate is handed out before the barrier ends
+        (the first answer's: a late answer to a repeated flush may count aggregates that the
+        others made after they left)."""
+        for r in self._regions:
+            last = r.next
+            for first, n, number in runs:
+                ahead = (number - r.next) % P.ASYNC_TAG_MOD
+                if first < r.base + r.nseg and r.base < first + n \
+                        and ahead < P.ASYNC_TAG_MOD // 2:
+                    last = max(last, r.next + ahead)
+            if last > r.next:
+                r.open.setdefault(last - 1, _Aggregate(
+                    np.empty(r.size, np.float32), np.zeros(r.nseg, bool), now))
+            if barrier:
+                r.limit = last
 
     def _region_of(self, offset: int) -> _Region | None:
         for r in self._regions:
@@ -240,7 +278,14 @@ class ThresholdReducer(SwitchReducer):
         one) waited past the retransmit timeout: Help for its missing segments (a result lost
         on the way down: the switch resends its kept copy), and from the second try on FBcast
         them too (a gradient segment lost on the way up left the switch one short of H: it
-        broadcasts what it holds)."""
+        broadcasts what it holds). Where nothing is open and no result came for a while, ask
+        the switch which aggregates it completed (Help of `protocol.ASYNC_FLUSH`, answered
+        `Action.FLUSHED` without a flush): every result of the last ones may have come before
+        this worker reserved its regions, or been lost."""
+        if self._pushes and not self._in_barrier and not any(r.open for r in self._regions) \
+                and now - max(self._last_progress, self._asked_where) > 4 * self._rto:
+            self._asked_where = now  # (results may have come before this worker's regions)
+            P.send_control(self._sock, self._switch, Action.HELP, P.ASYNC_FLUSH)
         for r in self._regions:
             if not r.open or now - r.helped < self._rto:
                 continue
@@ -288,15 +333,19 @@ class ThresholdReducer(SwitchReducer):
         the aggregates still missing (lost ones asked for again). ``deliver(aggregates)`` gets
         every aggregate that comes meanwhile, as `take` returns them.
 
-        Known defect: a worker that lost every result packet of an aggregate before the second
-        round does not know the aggregate exists, so it is not asked for again and that worker
-        leaves the barrier behind the others (seen in tests under CPU load; the chain of applied
-        aggregates stays the same on every worker). The fix is for the flush acknowledgement to
-        carry the switch's last aggregate per region.
+        The flush's answer (`protocol.Action.FLUSHED`) names each offset's aggregates
+        completed at the switch: the last aggregate of the phase, the same for every worker (the
+        first flush completes every open aggregate; no gradient comes before every worker
+        passed the second round). A worker that lost every result packet of an aggregate
+        learns from it that the aggregate exists and asks for it again; a worker that is late
+        (its second round's result lost, or it was not scheduled) holds back the aggregates
+        that the others made after they left, for its next `take`. So every worker leaves the
+        barrier at the same version.
 
         Raises:
             SwitchError: the group broke, or not settled within ``timeout_s``."""
         end = time.monotonic() + timeout_s
+        self._in_barrier = True  # (no query from here on: a FLUSHED now is the flush's)
         self._round_trip(deliver)
         self._flush_acked = False
         while not self._flush_acked:
@@ -306,12 +355,16 @@ class ThresholdReducer(SwitchReducer):
             P.send_control(self._sock, self._switch, Action.FBCAST, P.ASYNC_FLUSH)
             deliver(self.take(0.05))
         self._round_trip(deliver)
-        while any(r.open for r in self._regions):
+        while any(r.limit is not None and r.next < r.limit for r in self._regions):
             if time.monotonic() > end:
                 raise SwitchError(f"worker {self.rank}: aggregates still missing after "
                                   f"{timeout_s} s at the end of a phase")
             deliver(self.take(0.05))
         deliver(self.take(0.0))
+        for r in self._regions:  # (what the others made since: the next take's)
+            r.limit = None
+            self._advance(r)
+        self._in_barrier = False
 
     def _round_trip(self, deliver: Callable[[list], None]) -> None:
         """One synchronous round of one float (a barrier), delivering aggregates meanwhile."""
@@ -321,39 +374,14 @@ class ThresholdReducer(SwitchReducer):
         self._synced.clear()
 
 
-class _Engine:
+class _Engine(LwuEngine):
     """The LWU thread of one `ThresholdReducer`, shared by its pipelines (one per optimised
-    module): sends the gradients LGC hands over, applies each region's aggregates in order."""
+    module): sends the gradients LGC hands over (``pending``: ``(pipeline, vector, version)``),
+    applies each region's aggregates in order."""
 
     def __init__(self, reducer: ThresholdReducer) -> None:
-        self.reducer = reducer
-        self.cond = threading.Condition()
+        super().__init__(reducer, "switch-async-lwu")
         self.by_region: dict[int, ThresholdPipeline] = {}
-        self.pending: deque = deque()   # (pipeline, vector, version)
-        self.error: BaseException | None = None
-        self.stop = self.abandon = False
-        self.thread: threading.Thread | None = None
-        self._wake_r = self._wake_w = None
-
-    def wake(self) -> None:
-        if self.thread is None:
-            self.stop = self.abandon = False
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self.thread = threading.Thread(target=self._lwu, daemon=True,
-                                           name=f"switch-async-lwu-{self.reducer.rank}")
-            self.thread.start()
-        self._wake_w.send(b"\0")
-
-    def join(self) -> None:
-        if self.thread is None:
-            return
-        self._wake_w.send(b"\0")
-        self.thread.join()
-        self.thread = None
-        self._wake_r.close()
-        self._wake_w.close()
-        self._wake_r = self._wake_w = None
 
     def deliver(self, results) -> None:
         for region, mean in results:
@@ -363,37 +391,28 @@ class _Engine:
                 pipe.version += 1
                 self.cond.notify_all()
 
-    def _lwu(self) -> None:
+    def _run(self) -> None:
         red = self.reducer
-        try:
-            while True:
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except BlockingIOError:
-                    pass
-                with self.cond:
-                    new, self.pending = self.pending, deque()
-                    stop = self.abandon or (self.stop and not new)
-                if stop:
-                    return
-                for pipe, vec, version in new:
-                    staleness = pipe.version - version  # (only the LWU thread changes it)
-                    sent = red.send(pipe.region, vec, version)
-                    with self.cond:
-                        if sent:
-                            pipe.staleness_counts[staleness] += 1
-                        else:
-                            pipe.staleness_dropped += 1
-                with self.cond:
-                    for pipe, _, _ in new:
-                        pipe._sent += 1
-                    self.cond.notify_all()
-                self.deliver(red.take(0.5, self._wake_r))
-        except BaseException as e:  # handed to the trainer's thread, which raises it
+        while True:
+            self._woken()
             with self.cond:
-                self.error = e
+                new, self.pending = self.pending, deque()
+                stop = self.abandon or (self.stop and not new)
+            if stop:
+                return
+            for pipe, vec, version in new:
+                staleness = pipe.version - version  # (only the LWU thread changes it)
+                sent = red.send(pipe.region, vec, version)
+                with self.cond:
+                    if sent:
+                        pipe.staleness_counts[staleness] += 1
+                    else:
+                        pipe.staleness_dropped += 1
+            with self.cond:
+                for pipe, _, _ in new:
+                    pipe._sent += 1
                 self.cond.notify_all()
+            self.deliver(red.take(0.5, self._wake_r))
 
 
 _ENGINES: "weakref.WeakKeyDictionary[ThresholdReducer, _Engine]" = weakref.WeakKeyDictionary()

@@ -22,6 +22,7 @@ from gmi_drl.comm.switch.protocol import Action
     (Action.FBCAST, 2**32 - 1), (Action.HELP, 17),
     (Action.READY, P.ReadyValue(True, 9)),
     (Action.STATS_REPLY, {"packets_in": 3}),
+    (Action.FLUSHED, (P.FlushedRun(0, 3, 7), P.FlushedRun(5, 1, P.ASYNC_TAG_MOD - 1))),
 ])
 def test_control_round_trip(action, value):
     raw = P.encode_control(action, value)
@@ -30,6 +31,17 @@ def test_control_round_trip(action, value):
     if len(raw) > 1 and action != Action.JOIN_NACK:
         with pytest.raises(P.ProtocolError):
             P.decode_control(raw[:-1] if action != Action.STATS_REPLY else raw[:2])
+
+
+def test_flushed_runs_join_equal_numbers_of_consecutive_offsets():
+    pairs = [(0, 4), (1, 4), (2, 4), (3, 3), (7, 3), (8, P.ASYNC_TAG_MOD + 3)]
+    assert P.flushed_runs(pairs) == ((0, 3, 4), (3, 1, 3), (7, 2, 3))
+    assert P.flushed_runs([]) == ()
+    assert P.encode_control(Action.FLUSHED, ()) == bytes([Action.FLUSHED])
+    for bad in (((0, 0, 1),), ((4, 2, 1), (5, 1, 1)), ((0, 1, P.ASYNC_TAG_MOD),),
+                ((P.ASYNC_OFFSETS - 1, 2, 0),)):
+        with pytest.raises(P.ProtocolError):
+            P.encode_control(Action.FLUSHED, bad)
 
 
 def test_data_header_is_8_bytes_and_round_trips():
