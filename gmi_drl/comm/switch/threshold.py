@@ -120,6 +120,7 @@ class ThresholdReducer(SwitchReducer):
         self._aggregates: list[tuple[int, np.ndarray]] = []  # complete, not yet returned
         self._flush_acked = False
         self._asked_where = 0.0
+        self._queries_out = 0  # idle queries whose FLUSHED answer has not come (or was lost)
         self._in_barrier = False
         self._synced: list[np.ndarray] = []  # results of `barrier`'s rounds
         self.staleness_dropped = 0
@@ -156,8 +157,13 @@ class ThresholdReducer(SwitchReducer):
             self._mode_acked = self._mode_acked or value == Action.SETH
             return
         if action == Action.FLUSHED:
-            self._learn(value, time.monotonic(), self._in_barrier and not self._flush_acked)
-            self._flush_acked = True
+            # An answer may be an idle query's sent before the barrier (it cannot tell): taken
+            # as that while queries are out. A flush's answer taken so is harmless: the flush
+            # is sent again until answered, and a lost query's answer costs one such resend.
+            flush = self._in_barrier and not self._flush_acked and not self._queries_out
+            self._queries_out = max(0, self._queries_out - 1)
+            self._learn(value, time.monotonic(), flush)
+            self._flush_acked = self._flush_acked or flush
             return
         was = self._joined
         super()._on_control(action, value)
@@ -285,6 +291,7 @@ class ThresholdReducer(SwitchReducer):
         if self._pushes and not self._in_barrier and not any(r.open for r in self._regions) \
                 and now - max(self._last_progress, self._asked_where) > 4 * self._rto:
             self._asked_where = now  # (results may have come before this worker's regions)
+            self._queries_out += 1
             P.send_control(self._sock, self._switch, Action.HELP, P.ASYNC_FLUSH)
         for r in self._regions:
             if not r.open or now - r.helped < self._rto:

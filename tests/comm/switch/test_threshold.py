@@ -119,6 +119,20 @@ def test_fast_workers_fill_aggregates_weights_agree_and_staleness_holds(switches
     _check_async_training(got, sw.stats(), n, s)
 
 
+@pytest.mark.distributed
+def test_a_drain_after_every_step_behind_a_delayed_switch(switches):
+    """DDPG's pattern (a drain after every gradient step) with the switch's packets 2 ms late:
+    an idle query's answer (`Action.FLUSHED`) may come after the next barrier began, and must
+    not be taken for its flush's (a worker that did would leave the barrier before the flush,
+    and the others' next round would never complete)."""
+    n, steps = 4, 24
+    sw = switches("--mtu", "1500", "--delay-ms", "2")
+    got = _run(sw.addr, n, h=n, s=3, steps=steps, slow=0.02, drain_every=1)
+    drains = {tuple(v["drained"]) for v in got.values()}
+    assert len(drains) == 1 and len(next(iter(drains))) == steps
+    assert len({tuple(v["chain"]) for v in got.values()}) == 1
+
+
 def _check_async_training(got: dict, stats: dict, n: int, s: int) -> None:
     """What `_run` with a slow last worker must give: the same weights on every worker at every
     version and at each drain, every aggregate a mean (its counts sum its gradients), some
