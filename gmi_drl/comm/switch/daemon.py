@@ -455,7 +455,8 @@ class SwitchDaemon:
         (a child switch asks the root, and passes its answer down)."""
         if self._parent is not None:
             self._control(self._parent, Action.HELP, P.ASYNC_FLUSH)
-            self._flushers.add(addr)
+            self._askers.add(addr)
+            self._queries_up += 1
         else:
             self._control(addr, Action.FLUSHED, P.flushed_runs(self._plane.async_numbers()))
 
@@ -466,7 +467,7 @@ class SwitchDaemon:
         if self._relays_threshold():
             self._control(self._parent, Action.FBCAST, seq)
             if seq == P.ASYNC_FLUSH:
-                self._flushers.add(addr)
+                self._flushers.add(addr)  # (a flusher resends until answered)
                 return
         else:
             self._plane.fbcast(seq)
@@ -534,7 +535,12 @@ class SwitchDaemon:
         self._departed: dict = {}
         self._parent_mode: tuple[int, int] | None = None  # threshold mode the parent acked
         self._mode_asked: tuple[int, int] | None = None
-        self._flushers: set[tuple[str, int]] = set()  # members awaiting the root's FLUSHED
+        # Members awaiting the root's FLUSHED: after a flush, and after a query (whose answer
+        # may tell of the state before a flush: never a flusher's); `_queries_up`: queries
+        # passed up whose answer has not come (a lost one costs a flusher one resend).
+        self._flushers: set[tuple[str, int]] = set()
+        self._askers: set[tuple[str, int]] = set()
+        self._queries_up = 0
 
     def _threshold(self) -> int:
         n = len(self._members)
@@ -613,10 +619,12 @@ class SwitchDaemon:
         elif action == Action.ACK and value == Action.SETH:
             self._parent_mode = self._mode_asked
         elif action == Action.FLUSHED:
-            for addr in self._flushers:
+            waiting = self._askers if self._queries_up else self._flushers
+            self._queries_up = max(0, self._queries_up - 1)
+            for addr in waiting:
                 if addr in self._by_addr:
                     self._control(addr, Action.FLUSHED, value)
-            self._flushers.clear()
+            waiting.clear()
 
     def _parent_counts(self) -> tuple[int, int]:
         """(active, dropped) workers below this switch, as its Join to the parent says."""
