@@ -4,6 +4,7 @@ hyper-parameters, one invocation.
     .venv/bin/python benchmarks/algo_throughput.py                     # dqn, a2c, ddpg; 3 repeats
     .venv/bin/python benchmarks/algo_throughput.py --algos td3 --repeats 5
     .venv/bin/python benchmarks/algo_throughput.py --algos sac           # issue 49: >= 2x SB3
+    .venv/bin/python benchmarks/algo_throughput.py --algos sac td3 --precisions fp32 bf16-mixed
     python benchmarks/algo_throughput.py --device cuda --sb3-device cpu   # each side's device
 
 Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
@@ -15,6 +16,9 @@ Cases (RL-Zoo hyper-parameters on both sides, one torch thread each):
   1,000 (RL-Zoo: 10,000; fewer, so the run measures training), Gaussian noise 0.1; 3,000 steps.
 - ``sac``: HalfCheetah-v5, 1 env, 256:256 ReLU, lr 3e-4, batch 256, one gradient step per env
   step, entropy coefficient tuned from 1.0, learning starts 1,000; 3,000 steps.
+
+``--precisions`` runs gmi-drl once per precision (``cfg.precision``: ``bf16-mixed`` computes
+the gradient steps under autocast to bfloat16; SB3 runs in float32), one table row each.
 
 Train steps/s = env steps / wall time of the training call. The *steady* steps/s count only
 training: gmi-drl's leaves out the iterations up to the end of the first logged iteration after
@@ -112,6 +116,8 @@ class Args:
     """gmi-drl's ``cfg.cuda_graphs`` (its gradient steps as CUDA graphs, with --device cuda)"""
     sb3: bool = True
     """run SB3's side too (--no-sb3: gmi-drl's figures alone, e.g. to compare its own options)"""
+    precisions: tuple[str, ...] = ("fp32",)
+    """gmi-drl's ``cfg.precision`` values, each run per repeat (fp32, bf16-mixed)"""
 
 
 GMI = """
@@ -120,7 +126,7 @@ from gmi_drl.config import preset
 from gmi_drl.train import train
 {setup}
 cfg.total_timesteps, cfg.seed, cfg.run_dir = {steps}, {seed}, {run_dir!r}
-cfg.device, cfg.cuda_graphs = {device!r}, {cuda_graphs!r}
+cfg.device, cfg.cuda_graphs, cfg.precision = {device!r}, {cuda_graphs!r}, {precision!r}
 cfg.log.tensorboard, cfg.log.log_every = False, max(1, {log_every})
 t0 = time.perf_counter(); r = train(cfg); wall = time.perf_counter() - t0
 print(json.dumps({{"steps": r.global_step, "wall": wall}}))
@@ -187,19 +193,24 @@ def _steady_sps(run_dir: Path, learning_starts: int) -> float:
     return (steps[-1] - steps[0]) / (elapsed[steps[-1]] - elapsed[steps[0]])
 
 
-def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, float, float]:
-    """Medians over the repeats: gmi-drl's whole-call and steady steps/s, SB3's whole-call and
-    steady steps/s."""
+def _case(name: str, case: Case, args: Args, tmp: Path) -> list[tuple[float, ...]]:
+    """Medians over the repeats, one row per ``--precisions`` value: gmi-drl's whole-call and
+    steady steps/s, SB3's whole-call and steady steps/s (the same SB3 runs in every row)."""
     steps = int(case.steps * args.scale)
-    gmi, steady, sb3, sb3_steady = [], [], [], []
+    gmi = {p: ([], []) for p in args.precisions}
+    sb3, sb3_steady = [], []
     for seed in range(1, args.repeats + 1):
-        run_dir = tmp / f"{name}-{seed}"
-        # about 20 logged rows per run: the steady figure needs a few after learning_starts
-        r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
-                            log_every=f"{steps // 20} // cfg.batch_size", device=args.device,
-                            cuda_graphs=args.cuda_graphs), f"gmi-drl {name}")
-        gmi.append(r["steps"] / r["wall"])
-        steady.append(_steady_sps(run_dir, case.learning_starts))
+        line = []
+        for precision, (whole, steady) in gmi.items():
+            run_dir = tmp / f"{name}-{precision}-{seed}"
+            # about 20 logged rows per run: the steady figure needs a few after learning_starts
+            r = _run(GMI.format(setup=case.gmi, steps=steps, seed=seed, run_dir=str(run_dir),
+                                log_every=f"{steps // 20} // cfg.batch_size",
+                                device=args.device, cuda_graphs=args.cuda_graphs,
+                                precision=precision), f"gmi-drl {name}")
+            whole.append(r["steps"] / r["wall"])
+            steady.append(_steady_sps(run_dir, case.learning_starts))
+            line.append(f"gmi-drl {precision} {whole[-1]:,.0f} (steady {steady[-1]:,.0f})")
         if args.sb3:
             model = case.sb3.replace("SEED", str(seed)).replace(
                 "DEVICE", repr(args.sb3_device or args.device))
@@ -209,9 +220,11 @@ def _case(name: str, case: Case, args: Args, tmp: Path) -> tuple[float, float, f
             s = {"steps": float("nan"), "wall": 1.0, "steady": float("nan")}
         sb3.append(s["steps"] / s["wall"])
         sb3_steady.append(s["steady"])
-        print(f"{name} seed {seed}: gmi-drl {gmi[-1]:,.0f} (steady {steady[-1]:,.0f}) | "
-              f"SB3 {sb3[-1]:,.0f} (steady {sb3_steady[-1]:,.0f}) steps/s", flush=True)
-    return tuple(statistics.median(x) for x in (gmi, steady, sb3, sb3_steady))
+        print(f"{name} seed {seed}: {' | '.join(line)} | SB3 {sb3[-1]:,.0f} "
+              f"(steady {sb3_steady[-1]:,.0f}) steps/s", flush=True)
+    theirs = [statistics.median(x) for x in (sb3, sb3_steady)]
+    return [(p, statistics.median(w), statistics.median(st), *theirs)
+            for p, (w, st) in gmi.items()]
 
 
 def main(args: Args) -> None:
@@ -220,6 +233,11 @@ def main(args: Args) -> None:
         raise ValueError(f"unknown --algos {unknown}: choose from {list(CASES)}")
     if args.repeats < 1 or args.scale <= 0:
         raise ValueError(f"--repeats {args.repeats} must be >= 1 and --scale {args.scale} > 0")
+    from gmi_drl.optim.grad_step import PRECISIONS
+
+    bad = [p for p in args.precisions if p not in PRECISIONS]
+    if bad or not args.precisions:
+        raise ValueError(f"--precisions {list(args.precisions)}: choose from {PRECISIONS}")
     import torch
 
     for device in {args.device, args.sb3_device or args.device} - {"cpu"}:
@@ -229,16 +247,17 @@ def main(args: Args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.algos:
             case = CASES[name]
-            rows.append((name, case, *_case(name, case, args, Path(tmp))))
+            rows += [(name, case, *row) for row in _case(name, case, args, Path(tmp))]
     print(f"\nTrain steps/s vs Stable-Baselines3, RL-Zoo hyper-parameters, one torch thread, "
           f"median of {args.repeats}; devices: gmi-drl {args.device}, SB3 "
           f"{args.sb3_device or args.device}"
           + (f"; gmi-drl's CUDA graphs {'on' if args.cuda_graphs else 'off'}"
              if args.device == "cuda" else ""))
-    print("| algo | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | SB3 steady | "
-          "steady ratio (target) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, case, g, gs, s, ss in rows:
-        print(f"| {name} | {case.task_id} | {int(case.steps * args.scale):,} | {g:,.0f} | "
+    print("| algo | precision | task | env steps | gmi-drl | SB3 | ratio | gmi-drl steady | "
+          "SB3 steady | steady ratio (target) |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, case, precision, g, gs, s, ss in rows:
+        print(f"| {name} | {precision} | {case.task_id} | {int(case.steps * args.scale):,} | "
+              f"{g:,.0f} | "
               f"{s:,.0f} | {g / s:.2f} | {gs:,.0f} | {ss:,.0f} | {gs / ss:.2f} "
               f"(>= {case.target:g}) |")
 

@@ -116,6 +116,10 @@ class Algorithm(Protocol):
     def close(self) -> None:
         """Stop any thread the algorithm's gradient steps run (idempotent)."""
 
+    # optional: ``drain() -> dict[str, float]``, for an algorithm whose `update` leaves
+    # stale-sync steps in flight (the replay actor-critics): the runner calls it on every GMI at
+    # the iterations whose weights it digests or saves (`gmi_drl.runner.shell`)
+
 
 class AsyncAlgorithm(Protocol):
     """The learner of a trainer GMI in the ``async_training`` template (GMI-DRL §5.1), the

@@ -32,8 +32,7 @@ from torch import nn
 from gmi_drl.algos.base import AlgoContext, load_modules
 from gmi_drl.models.actor_critic import ActResult
 from gmi_drl.models.mlp import MLP
-from gmi_drl.optim.flat import FlatParams, soft_update_
-from gmi_drl.optim.grad_step import StaleSyncGradStep
+from gmi_drl.optim.flat import FlatParams
 from gmi_drl.rollout.acting import mlp_forward
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
@@ -336,15 +335,17 @@ class ReplayActorCritic:
 
     ``collect`` steps every env ``train_frequency`` times into the replay buffer (uniform random
     actions for the first ``learning_starts`` env steps); ``update`` takes ``gradient_steps``
-    critic steps, after every ``policy_delay``-th one the actor's steps (`_actor_steps`) and
-    the soft update of the target networks (after every critic step where
-    ``targets_follow_critic``). Each network has its own `GradStep` (each a collective over the
-    trainers); the targets live beside them as flat vectors.
+    critic steps, after every ``policy_delay``-th one the actor's steps (`_actor_steps`). Each
+    network has its own `GradStep` (each a collective over the trainers); each target network
+    follows its network's step (`GradStep.follow`: a soft update after every step of the actor,
+    and after every ``policy_delay``-th of the critics, or every one for SAC), where the step
+    is taken: with stale-sync steps on their LWU thread, so the steps' pipelines are drained
+    only where the weights must agree (`drain`, which the runner calls at logged and
+    checkpointed iterations).
 
     A subclass's `_build` makes ``actor``, ``critics``, ``critic_step``, ``actor_step``,
-    ``acting``, ``_targets`` (``(target FlatParams, online FlatParams)`` pairs), ``_steps``
-    (``{name: GradStep}``, the critics' first: the optimizers of the checkpoint, named as their
-    modules, drained in that order) and
+    ``acting``, the targets' `GradStep.follow`, ``_steps`` (``{name: GradStep}``, the critics'
+    first: the optimizers of the checkpoint, named as their modules, drained in that order) and
     ``_module_names`` (the checkpoint's modules, targets included).
 
     With observation normalisation (``--norm.obs``; FastTD3 and FastSAC use it) the replay
@@ -359,8 +360,6 @@ class ReplayActorCritic:
             other than ``mlp``.
     """
 
-    targets_follow_critic = False
-    """soft-update the targets after every critic step (SAC) rather than after the actor's"""
     actor_metrics: tuple[str, ...] = ("losses/actor_loss",)
     """names of what `_actor_steps` returns, in its order"""
 
@@ -383,9 +382,6 @@ class ReplayActorCritic:
         obs_dim = int(np.prod(spec.observation_space.shape))
         self.action_dim = int(np.prod(spec.action_space.shape))
         self._build(obs_dim, self.action_dim)
-        # Stale-sync steps compute on local copies that workers hold at different versions
-        # until the drain; targets follow the drained weights, so they stay identical on all.
-        self._stale_sync = isinstance(self.critic_step, StaleSyncGradStep)
         self.replay: ReplayBuffer | FrameReplayBuffer | None = None  # the first collect makes it
         self._refill_until = 0
         """env steps at which a run resumed without its replay trains again (counted in env
@@ -460,12 +456,11 @@ class ReplayActorCritic:
 
     def update(self) -> dict[str, float]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none
-        before), each ``policy_delay``-th followed by the actor's steps, and the soft target
-        updates (stale-sync: the ``n`` of one update applied after its drain, as one with
-        ``tau_n = 1 - (1 - tau)^n``, so every GMI's targets follow the same weights).
-        Returns ``losses/critic_loss``, ``losses/q_values`` (means over the critic steps),
-        the `actor_metrics` (means over the actor steps of the latest iteration that had any:
-        with ``policy_delay`` an iteration may have none) and the steps' metrics."""
+        before), each ``policy_delay``-th followed by the actor's steps (the targets follow
+        their steps). Returns ``losses/critic_loss``, ``losses/q_values`` (means over the
+        critic steps) and the `actor_metrics` (means over the actor steps of the latest
+        iteration that had any: with ``policy_delay`` an iteration may have none); stale-sync
+        steps are not drained here (`drain`)."""
         cfg = self.cfg
         self.iteration += 1
         if self.env_steps < cfg.learning_starts:
@@ -473,27 +468,15 @@ class ReplayActorCritic:
         if self.env_steps < self._refill_until:  # resumed without its replay: refill first
             return {}
         critic_aux, actor_aux = [], []
-        deferred = 0  # stale-sync: soft target updates applied after the drain
         normalize = self._batch_normalizer()
         for _ in range(cfg.gradient_steps):
             batch = normalize(self.replay.sample(cfg.minibatch_size, self.generator))
             critic_aux.append(torch.stack(self._critic_update(batch)))
             self.critic_updates += 1
-            actor_turn = self.critic_updates % cfg.policy_delay == 0
-            if actor_turn:
+            if self.critic_updates % cfg.policy_delay == 0:
                 actor_aux.append(self._actor_steps(batch))
-            if actor_turn or self.targets_follow_critic:
-                if self._stale_sync:
-                    deferred += 1
-                else:
-                    self._update_targets(cfg.tau)
         means = torch.stack(critic_aux).mean(0).tolist()
         metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1]}
-        for step in self._steps.values():
-            metrics.update(step.drain())
-        if deferred:
-            # n soft updates towards the drained weights, in one: tau_n = 1 - (1 - tau)^n
-            self._update_targets(1.0 - (1.0 - cfg.tau) ** deferred)
         if actor_aux:
             self._actor_means = dict(zip(self.actor_metrics,
                                          torch.stack(actor_aux).mean(0).tolist()))
@@ -518,9 +501,15 @@ class ReplayActorCritic:
                                                                                  norm.clip))
         return normalize
 
-    def _update_targets(self, tau: float) -> None:
-        for target, online in self._targets:
-            soft_update_(target, online, tau)
+    def drain(self) -> dict[str, float]:
+        """End the overlap of the stale-sync steps (`GradStep.drain`, the critics' first):
+        every step taken is in the weights and targets, identical on every GMI (a collective:
+        every GMI calls it at the same iteration). Returns the steps' metrics since the last
+        drain (none for synchronous steps)."""
+        metrics = {}
+        for step in self._steps.values():
+            metrics.update(step.drain())
+        return metrics
 
     def state_dict(self) -> dict:
         """The networks (``modules``, targets included), the optimizers, the sampling RNG, the
@@ -592,8 +581,8 @@ class DDPG(ReplayActorCritic):
         self.actor_step = ctx.make_grad_step(
             self.actor, functools.partial(actor_objective, critics=self.critics),
             cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps, weight_decay=cfg.weight_decay)
-        self._targets = ((FlatParams(self.actor_target), self.actor_step.params),
-                         (FlatParams(self.critics_target), self.critic_step.params))
+        self.actor_step.follow(FlatParams(self.actor_target), cfg.tau)
+        self.critic_step.follow(FlatParams(self.critics_target), cfg.tau, cfg.policy_delay)
         self._steps = {"critics": self.critic_step, "actor": self.actor_step}
         self._module_names = ("actor", "critics", "actor_target", "critics_target")
         self.acting = self.make_acting(ctx.arrays)

@@ -257,7 +257,6 @@ class SAC(ReplayActorCritic):
     """
 
     cfg: SACConfig
-    targets_follow_critic = True
     actor_metrics = ("losses/actor_loss", "losses/alpha_loss", "losses/alpha",
                      "losses/entropy")
 
@@ -289,7 +288,7 @@ class SAC(ReplayActorCritic):
                                                 target_entropy=self.target_entropy),
                 cfg.learning_rate, cfg.max_grad_norm, cfg.adam_eps)
             self._steps["entropy"] = self.alpha_step
-        self._targets = ((FlatParams(self.critics_target), self.critic_step.params),)
+        self.critic_step.follow(FlatParams(self.critics_target), cfg.tau)
         self._module_names = ("actor", "critics", "critics_target", "entropy")
         self.acting = self.make_acting(ctx.arrays)
 

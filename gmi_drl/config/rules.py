@@ -150,6 +150,10 @@ def _validate_machine(cfg: TrainConfig, need: Callable[[bool, str], None]) -> No
         need(torch.cuda.is_available(),
              "device='cuda' but torch sees no CUDA device (CPU build of torch, or no driver); "
              "use --device cpu")
+        need(cfg.precision != "bf16-mixed" or not torch.cuda.is_available()
+             or torch.cuda.is_bf16_supported(),
+             "precision='bf16-mixed' but this GPU has no bfloat16 arithmetic (before Ampere); "
+             "use --precision fp32")
     algo = algo_name(cfg.algo)
     need(cfg.preset == "auto" or cfg.preset in PRESETS.get(algo, {}),
          f"preset={cfg.preset!r} must be one of {['auto', *PRESETS.get(algo, {})]}")

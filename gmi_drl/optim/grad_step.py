@@ -23,6 +23,12 @@ trainer and no reducer the clip and the Adam step join the same graph, so a whol
 call. The eager path (``loss.backward()``) is the reference the compiled one is tested against.
 With ``cuda_graphs=True`` on a CUDA device the compiled body is replayed as one CUDA graph per
 minibatch shape (`gmi_drl.optim.cuda_graph.GraphedStep`): one launch instead of dozens.
+With ``precision="bf16-mixed"`` the loss and its gradient are computed under
+``torch.autocast`` to bfloat16 (matrix products in bfloat16, reductions and the loss's
+``float32`` ops as autocast chooses); the weights, the gradient, its reduction and the
+optimizer's state stay ``float32`` (mixed precision, Micikevicius et al. 2018, with bfloat16's
+range: no loss scaling). It serves every algorithm, compiled or eager, on a CPU with bfloat16
+instructions (AVX512-BF16, AMX) or a CUDA GPU from Ampere on.
 
 Timer sections per step: ``forward`` and ``backward`` (eager) or ``compiled_grad`` (compiled)
 or ``compiled_step`` (compiled, with clip and optimizer); ``allreduce``; ``optimizer``.
@@ -30,9 +36,10 @@ or ``compiled_step`` (compiled, with clip and optimizer); ``allreduce``; ``optim
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -42,10 +49,14 @@ from gmi_drl.comm.ps import AsyncPSClient
 from gmi_drl.comm.reducer import GradReducer, IdentityReducer
 from gmi_drl.models.compiled import compile_graph
 from gmi_drl.optim.cuda_graph import CaptureError, GraphedStep
-from gmi_drl.optim.flat import FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer
+from gmi_drl.optim.flat import (FlatParams, clip_factor, clip_grad_norm_, make_flat_optimizer,
+                               soft_update_)
 from gmi_drl.telemetry.timer import timer
 
 log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16-mixed")
+"""what `GradStep` computes a loss and its gradient in (see the module docstring)"""
 
 RECOMPILE_LIMIT = 64
 """graphs one process may compile for gradient steps (one per model and minibatch shape)"""
@@ -54,6 +65,21 @@ Loss = Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
 """``loss(module, *batch) -> (loss, aux)``: a 0-d loss to minimise and a tuple of tensors to
 return to the caller (loss terms, per-sample statistics). A pure function of its arguments
 (hyper-parameters bound in a closure are constants), so it can be compiled."""
+
+
+@functools.cache
+def _warn_without_bf16_instructions() -> None:
+    """Once per process: a warning where the CPU lists neither AVX512-BF16 nor AMX (Linux's
+    ``/proc/cpuinfo``), whose bfloat16 products are emulated and slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return  # not Linux: no way to tell, no warning
+    if not {"avx512_bf16", "amx_bf16"} & set(flags):
+        log.warning("precision bf16-mixed on a CPU without AVX512-BF16 or AMX: bfloat16 "
+                    "products are emulated there and likely slower than --precision fp32")
 
 
 class _Bound(nn.Module):
@@ -81,24 +107,34 @@ class GradStep:
         cuda_graphs: replay the compiled body as a CUDA graph (only with ``compile`` and
             parameters on a CUDA device; ignored elsewhere).
         weight_decay: Adam's decoupled weight decay (AdamW; `gmi_drl.optim.flat.FlatAdam`).
+        precision: ``"fp32"`` or ``"bf16-mixed"`` (the forward and backward under autocast to
+            bfloat16; see the module docstring).
 
     Raises:
-        ValueError: the module has no parameters; an unknown optimizer.
+        ValueError: the module has no parameters; an unknown optimizer or precision.
     """
 
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
-                 cuda_graphs: bool = False, weight_decay: float = 0.0) -> None:
+                 cuda_graphs: bool = False, weight_decay: float = 0.0,
+                 precision: str = "fp32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
         self.module, self.loss, self.max_grad_norm = module, loss, max_grad_norm
         self.reducer = reducer or IdentityReducer()
         self.params = FlatParams(module)
+        self.precision = precision
+        if precision == "bf16-mixed" and self.params.data.device.type == "cpu":
+            _warn_without_bf16_instructions()
         self.fused = compile and self.reducer.world_size == 1 and self._fusable()
         self.optimizer_name, self.weight_decay = optimizer, weight_decay
         self.optimizer = make_flat_optimizer(optimizer, self._stepped(), lr, eps, self.fused,
                                              weight_decay)
         self._compiled, self._compiled_ok = None, False
         self._graphed: GraphedStep | None = None
+        self._followers: list[tuple[FlatParams, float, int]] = []
+        self._taken = 0  # optimizer steps taken, as the followers count them
         self._want_graphs = cuda_graphs and self.params.data.device.type == "cuda"
         if compile:
             self._bound = _Bound(module, loss)
@@ -124,14 +160,39 @@ class GradStep:
         Raises:
             RuntimeError: the reduction group broke.
         """
+        aux = None
         if self.fused:
             with timer("compiled_step"):
                 aux = self._try_compiled(batch)
-            if aux is not None:
-                return aux
-        aux = self._gradient(batch)
-        self._apply()
+        if aux is None:
+            aux = self._gradient(batch)
+            self._apply()
+        self._step_followers(self.params)
         return aux
+
+    def follow(self, target: FlatParams, tau: float, every: int = 1) -> None:
+        """Keep ``target`` (a target network of the same layout) a Polyak average of these
+        weights: after every ``every``-th optimizer step, ``target <- tau theta + (1 - tau)
+        target`` (Lillicrap et al. 2016, Algorithm 1; Fujimoto et al. 2018's delayed updates
+        with ``every`` > 1), where the step is taken: here after each call, and with stale-sync
+        steps on the LWU thread after each applied aggregate, so the targets follow the same
+        sequence of weights on every worker without a drain.
+
+        Raises:
+            ValueError: ``target`` has another number of parameters, ``tau`` outside (0, 1]
+                or ``every < 1``.
+        """
+        if target.numel != self.params.numel or not 0 < tau <= 1 or every < 1:
+            raise ValueError(f"a target of {target.numel} parameters (these weights: "
+                             f"{self.params.numel}), tau={tau} in (0, 1], every={every} >= 1")
+        self._followers.append((target, tau, every))
+
+    def _step_followers(self, weights: FlatParams) -> None:
+        """One optimizer step was taken on ``weights``: the targets due follow them."""
+        self._taken += 1
+        for target, tau, every in self._followers:
+            if self._taken % every == 0:
+                soft_update_(target, weights, tau)
 
     def drain(self) -> dict[str, float]:
         """End of an update: every step taken is in the weights. Returns metrics of the steps
@@ -145,6 +206,7 @@ class GradStep:
     def load_state_dict(self, state: dict) -> None:
         """Raises ``ValueError`` when the state is for another number of parameters."""
         self.optimizer.load_state_dict(state)
+        self._taken = self.optimizer.steps  # the followers' schedule goes on where it was
 
     def close(self) -> None:
         """Release what the step holds (nothing here). Idempotent."""
@@ -165,7 +227,7 @@ class GradStep:
                 aux = self._try_compiled(batch)
             if aux is not None:
                 return aux
-        with timer("forward"):
+        with timer("forward"), self._autocast():
             loss, aux = self.loss(self.module, *batch)
         with timer("backward"):
             self.params.zero_grad()
@@ -219,11 +281,17 @@ class GradStep:
         self.params.data.copy_(data)
         self.optimizer.load_state_dict(optimizer)
 
+    def _autocast(self) -> torch.autocast:
+        """The loss's precision: autocast to bfloat16 with ``bf16-mixed``, else a no-op."""
+        return torch.autocast(self.params.data.device.type, torch.bfloat16,
+                              enabled=self.precision == "bf16-mixed")
+
     def _loss_at(self, theta: torch.Tensor, *batch):
         names, sizes, shapes = self._layout
         weights = {name: part.view(shape)
                    for name, part, shape in zip(names, theta.split(sizes), shapes)}
-        return torch.func.functional_call(self._bound, weights, batch)
+        with self._autocast():
+            return torch.func.functional_call(self._bound, weights, batch)
 
     def _grad_body(self, *batch):
         grad, aux = torch.func.grad(self._loss_at, has_aux=True)(self.params.data, *batch)
@@ -276,7 +344,7 @@ class StaleSyncGradStep(GradStep):
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
                  staleness_bound: int = 0, cuda_graphs: bool = False,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, precision: str = "fp32") -> None:
         import copy
 
         from gmi_drl.comm.switch.pipeline import StaleSyncPipeline
@@ -284,12 +352,22 @@ class StaleSyncGradStep(GradStep):
 
         self._weights = FlatParams(copy.deepcopy(module))  # θ, before the module is re-homed
         super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                         cuda_graphs, weight_decay)
+                         cuda_graphs, weight_decay, precision)
         if isinstance(self.reducer, ThresholdReducer):  # Async iSwitch: S is the reducer's
             self.pipeline = ThresholdPipeline(self.reducer, self._apply_mean)
         else:
             self.pipeline = StaleSyncPipeline(self.reducer, staleness_bound, self._apply_mean)
         self._counts_before: Counter[int] = Counter()
+        self._shadows: list[tuple[FlatParams, _Shadow]] = []  # (target, what follows θ)
+
+    def follow(self, target: FlatParams, tau: float, every: int = 1) -> None:
+        """As `GradStep.follow`; the LWU thread steps a shadow of ``target`` after each
+        aggregate it applies to ``θ``, and the shadow is copied into ``target`` with ``θ``
+        (`fetch`, `drain`): the target the gradient sees is that of the weights it sees."""
+        super().follow(target, tau, every)
+        shadow = _Shadow(target.data.clone(), target.numel)
+        self._shadows.append((target, shadow))
+        self._followers[-1] = (shadow, tau, every)
 
     def _stepped(self) -> FlatParams:
         return self._weights
@@ -321,14 +399,19 @@ class StaleSyncGradStep(GradStep):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._weights.data.copy_(self.params.data)  # θ = θ_local = the loaded weights
+        for target, shadow in self._shadows:  # (the algorithm loads its targets first)
+            shadow.data.copy_(target.data)
 
     def close(self) -> None:
         """Stop the pipeline's thread, if one still runs (after an error). Idempotent."""
         self.pipeline.close()
 
     def _pull(self) -> None:
-        """``θ_local ← θ`` (the pipeline calls it under its lock)."""
+        """``θ_local ← θ``, and each target from its shadow (the pipeline calls it under its
+        lock)."""
         self.params.data.copy_(self._weights.data)
+        for target, shadow in self._shadows:
+            target.data.copy_(shadow.data)
 
     def _apply_mean(self, mean) -> None:
         """The LWU thread: the synchronous path's step on ``θ`` with the aggregated mean gradient
@@ -337,6 +420,14 @@ class StaleSyncGradStep(GradStep):
         w.grad.copy_(torch.from_numpy(mean))
         clip_grad_norm_(w.grad, self.max_grad_norm)
         self.optimizer.step()
+        self._step_followers(w)
+
+
+class _Shadow(NamedTuple):
+    """A stale-sync target's copy on the LWU thread (what `soft_update_` steps)."""
+
+    data: torch.Tensor
+    numel: int
 
 
 class AsyncPSGradStep(GradStep):
@@ -366,12 +457,13 @@ class AsyncPSGradStep(GradStep):
     def __init__(self, module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                  eps: float = 1e-8, reducer: GradReducer | None = None,
                  compile: bool = False, optimizer: str = "adam",
-                 cuda_graphs: bool = False, weight_decay: float = 0.0) -> None:
+                 cuda_graphs: bool = False, weight_decay: float = 0.0,
+                 precision: str = "fp32") -> None:
         if not isinstance(reducer, AsyncPSClient):
             raise ValueError("asynchronous steps need the asynchronous parameter server's "
                              f"client (AsyncPSClient); got {type(reducer).__name__}")
         super().__init__(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                         cuda_graphs, weight_decay)
+                         cuda_graphs, weight_decay, precision)
         self.client: AsyncPSClient = reducer
         self.stream = reducer.new_stream()
         self.version: int | None = None  # of the module's weights at the server; None: unpulled
@@ -404,6 +496,7 @@ class AsyncPSGradStep(GradStep):
             self._staleness[now - 1 - version] += 1
         else:
             self._dropped += 1
+        self._step_followers(self.params)  # the targets follow the server's weights
         return aux
 
     def drain(self) -> dict[str, float]:
@@ -434,7 +527,8 @@ class AsyncPSGradStep(GradStep):
 def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: float,
                    eps: float = 1e-8, reducer: GradReducer | None = None, compile: bool = False,
                    staleness_bound: int | None = None, optimizer: str = "adam",
-                   cuda_graphs: bool = False, weight_decay: float = 0.0) -> GradStep:
+                   cuda_graphs: bool = False, weight_decay: float = 0.0,
+                   precision: str = "fp32") -> GradStep:
     """A `GradStep`; with ``staleness_bound`` an int, an `AsyncPSGradStep` when ``reducer`` is an
     `AsyncPSClient` (whose bound must be ``staleness_bound``) and a `StaleSyncGradStep` otherwise
     (see there).
@@ -444,12 +538,12 @@ def make_grad_step(module: nn.Module, loss: Loss, lr: float, max_grad_norm: floa
     """
     if staleness_bound is None:
         return GradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                        cuda_graphs, weight_decay)
+                        cuda_graphs, weight_decay, precision)
     if isinstance(reducer, AsyncPSClient):
         if reducer.staleness_bound != staleness_bound:
             raise ValueError(f"staleness_bound={staleness_bound}, but the parameter server's "
                              f"client announced S = {reducer.staleness_bound}")
         return AsyncPSGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile,
-                               optimizer, cuda_graphs, weight_decay)
+                               optimizer, cuda_graphs, weight_decay, precision)
     return StaleSyncGradStep(module, loss, lr, max_grad_norm, eps, reducer, compile, optimizer,
-                             staleness_bound, cuda_graphs, weight_decay)
+                             staleness_bound, cuda_graphs, weight_decay, precision)

@@ -176,7 +176,7 @@ class TrainerGMI(GMIShell):
                                        arrays=arrays_for(device)) if cfg.norm.obs else None)
         self.reducer = _trainer_reducer(spec, rank, group_store)
         steps = functools.partial(make_grad_step, reducer=self.reducer, compile=cfg.compile,
-                                  cuda_graphs=cfg.cuda_graphs)
+                                  cuda_graphs=cfg.cuda_graphs, precision=cfg.precision)
         self.start_timing(f"gmi-{rank} trainer")
         torch.manual_seed(cfg.seed)
         self.learner = build_algorithm(cfg.algo, AlgoContext(

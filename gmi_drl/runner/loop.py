@@ -99,7 +99,7 @@ class HolisticGMI(GMIShell):
                                                              + start_step)
         g = cfg.gmi
         steps = functools.partial(make_grad_step, reducer=reducer, compile=cfg.compile,
-                                  cuda_graphs=cfg.cuda_graphs,
+                                  cuda_graphs=cfg.cuda_graphs, precision=cfg.precision,
                                   staleness_bound=g.staleness
                                   if g.staleness or g.threshold is not None else None)
         self.start_timing(f"gmi-{rank}", cpu_times=cfg.log.cpu_times)
@@ -131,6 +131,11 @@ class HolisticGMI(GMIShell):
         episodes = self.algo.collect(self.pool)
         with self.profiler.phase("update"):
             return episodes, self.algo.update()
+
+    def drain(self) -> dict[str, float]:
+        # an algorithm that leaves stale-sync steps in flight across updates drains them here
+        drain = getattr(self.algo, "drain", None)
+        return drain() if drain is not None else {}
 
     def trained_modules(self) -> dict:
         return self.algo.state_dict()["modules"]

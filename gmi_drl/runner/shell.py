@@ -114,6 +114,12 @@ class GMIShell:
         """Iteration ``k``'s work: the episodes that ended in it and the learner's metrics."""
         raise NotImplementedError
 
+    def drain(self) -> dict[str, float]:
+        """Before an iteration's weights are digested or saved: every gradient step the
+        learner left in flight is in them, identical on every GMI (every GMI calls it at the
+        same iteration); returns the steps' metrics. Nothing to do by default."""
+        return {}
+
     def trained_modules(self) -> dict:
         """``{name: state_dict}`` of the weights the learner trains (digested, checked)."""
         raise NotImplementedError
@@ -179,11 +185,16 @@ class GMIShell:
                 with self.iteration(k), self.tree.iteration(k):
                     episodes, metrics = self.run_iteration(k)
                     global_step, last = (k + 1) * batch, k + 1 == n_iter
+                    every = cfg.checkpoint.every
+                    logged = (k + 1) % cfg.log.log_every == 0 or last
+                    if logged or (every and (k + 1) % every == 0):
+                        with self.phase("update"):  # every GMI at the same k: a collective
+                            metrics = {**metrics, **self.drain()}
                     with self.phase("log"):
                         elapsed = time.perf_counter() - t0
                         first_s = elapsed if k == first else first_s
                         self.record(episodes, global_step, elapsed)
-                        if (k + 1) % cfg.log.log_every == 0 or last:
+                        if logged:
                             modules = self.trained_modules()
                             _digest(chain, modules)
                             check_finite(modules, global_step, metrics)
@@ -192,7 +203,6 @@ class GMIShell:
                             before, logged_k = now, k + 1
                             self._log(global_step, metrics, (k + 1 - first) * batch / elapsed,
                                       elapsed, progress)
-                    every = cfg.checkpoint.every
                     if self.rank == 0 and ((every and (k + 1) % every == 0) or last):
                         with self.phase("checkpoint"):
                             self.run.save_checkpoint(self.state_dict(global_step, k + 1))

@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from gmi_drl import envs
 from gmi_drl.algos import DDPG, TD3, AlgoContext, DDPGConfig, ModelConfig, TD3Config
@@ -96,12 +97,12 @@ def test_td3_updates_the_actor_and_targets_every_policy_delay_critic_steps():
         for _ in range(4):
             algo.collect(pool)
     actor_before = algo.actor_step.params.data.clone()
-    target_before = algo._targets[0][0].data.clone()
+    target_before = parameters_to_vector(algo.actor_target.parameters()).clone()
     algo.update()
     assert algo.critic_step.optimizer.steps == 3 and algo.actor_step.optimizer.steps == 1
     assert not torch.equal(algo.actor_step.params.data, actor_before)
     # the one soft update ran after the actor step: target = (target + actor) / 2
-    torch.testing.assert_close(algo._targets[0][0].data,
+    torch.testing.assert_close(parameters_to_vector(algo.actor_target.parameters()),
                                0.5 * target_before + 0.5 * algo.actor_step.params.data)
     algo.update()  # critic steps 4, 5, 6: actor steps after 4 and 6
     assert algo.critic_step.optimizer.steps == 6 and algo.actor_step.optimizer.steps == 3

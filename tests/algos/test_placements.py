@@ -94,3 +94,34 @@ def test_the_aggregation_switch_reduces_every_algorithm(tmp_path, algo, stalenes
         assert switch.stop() == 0, switch.stderr
     _check(result, cfg)
     assert stats["segments_completed"] > 0
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo, threshold", [("td3", None), ("sac", 1)])
+def test_replay_actor_critics_drain_only_where_the_weights_are_digested(tmp_path, monkeypatch,
+                                                                        algo, threshold):
+    """Stale-sync (S = 2) and threshold (H = 1) steps stay in flight across iterations: the
+    targets follow their networks on the LWU thread, the steps drain only at the logged
+    iterations (3 and 6 of 6, both GMIs), and both GMIs end each with identical weights."""
+    from gmi_drl.algos.ddpg import ReplayActorCritic
+    from tests.comm.switch.harness import Switch
+
+    drains = []
+    drain = ReplayActorCritic.drain
+
+    def counted(self):
+        drains.append(self.iteration)
+        return drain(self)
+
+    monkeypatch.setattr(ReplayActorCritic, "drain", counted)
+    switch = Switch("--mtu", "1500")
+    try:
+        cfg = small_cfg(tmp_path, algo, 2, "switch")
+        cfg.placement, cfg.log.log_every = "serial", 3
+        cfg.gmi.reduction, cfg.gmi.switch_addr = "switch", switch.addr
+        cfg.gmi.staleness, cfg.gmi.threshold = 2, threshold
+        result = train(cfg)
+    finally:
+        assert switch.stop() == 0, switch.stderr
+    _check(result, cfg)
+    assert sorted(drains) == [3, 3, 6, 6]

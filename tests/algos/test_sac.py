@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from gmi_drl import envs
 from gmi_drl.algos import SAC, AlgoContext, ModelConfig, SACConfig
@@ -85,7 +86,7 @@ def test_one_update_equals_the_losses_derived_by_hand():
     critic_noise, actor_noise = (torch.randn((3, 1), generator=draws).tolist() for _ in "ca")
     actor, critics = _layers(algo.actor.mlp), [_layers(q) for q in algo.critics.q]
     targets = [_layers(q) for q in algo.critics_target.q]
-    target_flat = algo._targets[0][0].data.clone()
+    target_flat = parameters_to_vector(algo.critics_target.parameters()).clone()
 
     metrics = algo.update()
 
@@ -114,7 +115,7 @@ def test_one_update_equals_the_losses_derived_by_hand():
     grad = -(mean_logp - 0.3)
     assert algo.entropy.log_alpha.item() == pytest.approx(
         math.log(alpha) - 1e-3 * math.copysign(1.0, grad), abs=1e-6)
-    torch.testing.assert_close(algo._targets[0][0].data,
+    torch.testing.assert_close(parameters_to_vector(algo.critics_target.parameters()),
                                0.9 * target_flat + 0.1 * algo.critic_step.params.data)
 
 
@@ -170,10 +171,10 @@ def test_policy_delay_takes_that_many_actor_steps_and_the_targets_follow_every_c
     assert algo.critic_step.optimizer.steps == 4
     assert algo.actor_step.optimizer.steps == algo.alpha_step.optimizer.steps == 4  # 2 turns x 2
     algo.cfg.gradient_steps = 1  # critic step 5: no actor turn, but a target update
-    before = algo._targets[0][0].data.clone()
+    before = parameters_to_vector(algo.critics_target.parameters()).clone()
     metrics = algo.update()
     assert algo.actor_step.optimizer.steps == 4 and "losses/actor_loss" in metrics
-    torch.testing.assert_close(algo._targets[0][0].data,
+    torch.testing.assert_close(parameters_to_vector(algo.critics_target.parameters()),
                                0.5 * before + 0.5 * algo.critic_step.params.data)
 
 
