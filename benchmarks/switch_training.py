@@ -116,7 +116,7 @@ def workload_config(name: str, workers: int, a):
     warmup_iterations = -(-warmup * workers // per_iteration)
     cfg.total_timesteps = (warmup_iterations + a.iterations[name]) * per_iteration
     cfg.seed = a.seed
-    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, 1, 0
+    cfg.log.tensorboard, cfg.log.log_every, cfg.checkpoint.every = False, a.log_every, 0
     cfg.compile = False  # its one-time cost (seconds, varying) would swamp short budgets
     return cfg, warmup_iterations
 
@@ -197,23 +197,30 @@ def run_method(rack, workload: str, method: str, workers: int, a, out: Path) -> 
         rows = list(csv.DictReader(f))
     # (env steps of every GMI, seconds since the loop began) at each logged iteration:
     # global_step / perf/sps
-    elapsed = sorted((int(r["global_step"]), int(r["global_step"]) / float(r["value"]))
+    # (iteration, seconds since the loop began) at each logged iteration: global_step /
+    # perf/sps; a row's phase figures are means per iteration since the row before
+    batch = cfg.batch_size
+    elapsed = sorted((int(r["global_step"]) // batch, int(r["global_step"]) / float(r["value"]))
                      for r in rows if r["name"] == "perf/sps" and float(r["value"]) > 0)
-    timed = elapsed[warmup_iterations:]  # from the first gradient step's end
-    per_iteration = statistics.median(b[1] - a_[1] for a_, b in itertools.pairwise(timed))
-    waits = [float(r["value"]) for r in rows if r["name"] == "perf/update/allreduce_s"]
+    timed = [e for e in elapsed if e[0] > warmup_iterations]  # from the first gradient step's end
+    per_iteration = statistics.median((b[1] - a_[1]) / (b[0] - a_[0])
+                                      for a_, b in itertools.pairwise(timed))
+    waits = [(int(r["global_step"]) // batch, float(r["value"])) for r in rows
+             if r["name"] == "perf/update/allreduce_s"]
+    spans = [k - j for j, k in itertools.pairwise([0] + [k for k, _ in waits])]
     returns = result.episode_returns
     server = dict(zip(tail.split()[::2], tail.split()[1::2]))  # the server's closing counters
     return {"iteration_s": per_iteration, "loop": elapsed[-1][1],
-            "sps": (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1]),
-            "aggregation_s": statistics.median(waits[1:] or waits or [float("nan")]),
-            "share": sum(waits) / elapsed[-1][1],
+            "sps": (timed[-1][0] - timed[0][0]) * batch / (timed[-1][1] - timed[0][1]),
+            "aggregation_s": statistics.median([w for _, w in waits][1:]
+                                               or [w for _, w in waits] or [float("nan")]),
+            "share": sum(n * w for n, (_, w) in zip(spans, waits)) / elapsed[-1][1],
             "final": float(returns[-20:].mean()) if len(returns) else float("nan"),
             "final10": (float(returns[-WINDOW:].mean()) if len(returns) >= WINDOW
                         else float("nan")),
             "episodes": (np.asarray(result.episode_steps) / cfg.batch_size, returns,
                          np.asarray(result.episode_wall_s)),
-            "breakdown": breakdown(rows, warmup_iterations),
+            "breakdown": breakdown(rows, warmup_iterations * batch),
             "applied_dropped": (f"{server['applied']}/{server['dropped']}"
                                 if method == "async-ps" else "-"),
             "identical": len(set(result.weight_digests)) == 1,
@@ -235,10 +242,10 @@ def attempt(rack, workload: str, method: str, workers: int, a, out: Path) -> dic
         return {"failed": why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ..."}
 
 
-def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, float]:
-    """Medians over the iterations after the warm-up of GMI 0's seconds per iteration in
-    computation (`COMPUTATION`), aggregation (``allreduce``) and weight update
-    (``optimizer``)."""
+def breakdown(rows: list[dict], warmup_steps: int) -> tuple[float, float, float]:
+    """Medians over the logged rows after the warm-up's ``warmup_steps`` env steps of GMI 0's
+    seconds per iteration in computation (`COMPUTATION`), aggregation (``allreduce``) and
+    weight update (``optimizer``)."""
     per_step: dict[int, list[float]] = {}
     for r in rows:
         name = r["name"]
@@ -248,7 +255,8 @@ def breakdown(rows: list[dict], warmup_iterations: int) -> tuple[float, float, f
         if k is not None:
             parts = per_step.setdefault(int(r["global_step"]), [0.0, 0.0, 0.0])
             parts[("computation", "aggregation", "update").index(k)] += float(r["value"])
-    timed = [v for _, v in sorted(per_step.items())][warmup_iterations:] or [[float("nan")] * 3]
+    timed = [v for step, v in sorted(per_step.items()) if step > warmup_steps] or [
+        [float("nan")] * 3]
     return tuple(statistics.median(p[i] for p in timed) for i in range(3))
 
 
@@ -364,6 +372,10 @@ def main(argv=None) -> None:
                    help="multiply every workload's training iterations by this (> 0; each "
                         "workload trains at least 2 iterations)")
     p.add_argument("--seed", type=int, default=1, help="seed of every run")
+    p.add_argument("--log-every", type=int, default=1,
+                   help="iterations per metrics row (cfg.log.log_every); the replay "
+                        "actor-critics (DDPG) drain stale-sync and threshold steps only at "
+                        "logged iterations")
     p.add_argument("--rate-mbit", type=float, default=100.0,
                    help="tbf rate of every link, both directions, Mbit/s (> 0)")
     p.add_argument("--mtu", type=int, default=9000,
@@ -378,8 +390,8 @@ def main(argv=None) -> None:
         p.error(f"--async-staleness {a.async_staleness}: must be >= 0")
     if a.threshold is not None and not 1 <= a.threshold <= reduced[0]:
         p.error(f"--threshold {a.threshold}: must be in [1, the fewest workers={reduced[0]}]")
-    if a.per_tor < 1:
-        p.error(f"--per-tor {a.per_tor}: must be >= 1")
+    if a.per_tor < 1 or a.log_every < 1:
+        p.error(f"--per-tor {a.per_tor} and --log-every {a.log_every}: must be >= 1")
     for flag, value in (("--scale", a.scale), ("--rate-mbit", a.rate_mbit)):
         if value <= 0:
             p.error(f"{flag} {value:g}: must be > 0")

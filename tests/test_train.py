@@ -450,3 +450,16 @@ def test_the_model_size_counts_the_trained_networks_not_their_targets(algo, pres
     assert sorted(modules) != sorted(trained) or algo == "ppo"  # (DQN, DDPG: with targets)
     assert weight_count(cfg) == sum(t.numel() for name in trained
                                     for t in modules[name].values())
+
+
+def test_precision_reaches_every_gradient_step_of_the_run(tmp_path):
+    """``--precision bf16-mixed`` builds the run's gradient steps (SAC's three) in it, and
+    an fp32 run's stay fp32."""
+    for precision in ("fp32", "bf16-mixed"):
+        cfg = preset("classic", "Pendulum-v1", algo="sac")
+        cfg.run_dir, cfg.precision = str(tmp_path / precision), precision
+        cfg.log.tensorboard, cfg.compile = False, False
+        _, gmi0 = _two_iterations(cfg)
+        steps = gmi0.algo._steps.values()
+        assert len(steps) == 3 and {s.precision for s in steps} == {precision}
+        gmi0.close()
