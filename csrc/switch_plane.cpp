@@ -30,6 +30,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
+#include <set>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -199,8 +201,32 @@ struct Contribution {
 struct Offset {
   uint32_t number = 0, length = 0, count = 0;
   std::vector<Contribution> contrib;
-  std::unordered_map<int, uint32_t> last_push;
+  std::unordered_map<int, uint32_t> last_push;  // worker id -> its newest push tag taken
+  std::unordered_map<uint64_t, bool> taken;     // (switch key, batch) taken, the last 1024
+  std::deque<uint64_t> taken_order;
   std::map<uint32_t, std::pair<std::vector<float>, uint32_t>> kept;
+};
+
+// Threshold mode at a child switch (`dataplane._Batch`): gradients of one version and region,
+// summed per offset into one partial each.
+struct Part {
+  int key;
+  uint32_t push, count;
+  std::vector<float> data;
+  bool operator<(const Part& o) const { return key != o.key ? key < o.key : push < o.push; }
+};
+
+struct Batch {
+  uint32_t number = 0, key = 0, version = 0;
+  int grads = 0;
+  uint32_t count = 0;
+  bool closed = false, gone = false;
+  std::map<uint32_t, std::vector<Part>> parts;  // offset -> its segments
+  std::map<uint32_t, uint32_t> length;           // offset -> floats
+  std::set<uint32_t> sent;                       // offsets whose partial went up
+  std::map<uint32_t, std::vector<float>> totals;  // offset -> the partial sent (queued sends
+                                                  // read it until the next flush)
+  double opened = 0, last = 0;
 };
 
 bool tag_newer(uint32_t a, uint32_t b) {
@@ -323,6 +349,7 @@ class NativePlane {
       offsets_.clear();
       fresh_.clear();
       fresh_order_.clear();
+      clear_batches();
       return;
     }
     thr_on_ = true;
@@ -392,11 +419,14 @@ class NativePlane {
     offsets_.clear();
     fresh_.clear();
     fresh_order_.clear();
+    clear_batches();
   }
 
   void fbcast(uint32_t seq) {
     if (thr_on_) {  // `PyDataPlane.fbcast`: one offset's open aggregate, or every one
-      if (seq == kFlush) {
+      if (has_parent_) {  // a child's batches go up as they are (the daemon passes it up)
+        flush_batches();
+      } else if (seq == kFlush) {
         for (auto& [o, a] : offsets_) {
           if (!a.contrib.empty()) complete_offset(o, a);
         }
@@ -473,6 +503,7 @@ class NativePlane {
   // (seq, contributed rows) of a filling slot for the control plane to send Help.
   py::list tick(double now) {
     py::list help;
+    if (!batches_.empty()) tick_batches(now);
     for (int idx : active_list()) {
       Slot& s = slots_[idx];
       if (now - s.helped < help_after_) continue;
@@ -691,12 +722,12 @@ class NativePlane {
     if (s.state == FILLING && int(s.contrib.size()) >= threshold_) complete(idx, now);
   }
 
-  // A threshold-mode gradient segment, a worker's own or relayed by a child switch (its
-  // member field names the worker); a child switch relays it up as it is
-  // (`PyDataPlane._on_async`).
+  // A threshold-mode gradient segment: a worker's own (count 1), or a member switch's partial
+  // of `count` gradients; a child switch adds it to a batch, the root to its offset's open
+  // aggregate (`PyDataPlane._on_async`).
   void on_async(const Member& m, uint32_t seq, uint32_t rnd, uint32_t mid, uint32_t count,
                 uint32_t flags, uint32_t k, const float* payload) {
-    if (!thr_on_ || (flags & L_.flag_result) || count != 1 || (m.type == 0 && int(mid) != m.id)) {
+    if (!thr_on_ || (flags & L_.flag_result) || int(mid) != m.id || (m.type == 0 && count != 1)) {
       ++c_[MALFORMED_DROPPED];
       return;
     }
@@ -704,24 +735,38 @@ class NativePlane {
       ++c_[NOT_READY_DROPPED];
       return;
     }
+    int skey = m.type == 0 ? int(mid) : 256 + int(mid);  // (ids of either kind)
+    uint32_t push = (seq >> 16) % kTagMod, o = seq & 0xFFFFu;
     if (has_parent_) {
-      queue(parent_, seq, rnd, mid, count, flags, payload, k, 0);
+      batch_segment(skey, push, o, rnd, count, k, payload);
       return;
     }
-    uint32_t push = (seq >> 16) % kTagMod, o = seq & 0xFFFFu;
     Offset& a = offsets_[o];
     if (a.length == 0) a.length = k;
     if (k != a.length) {
       ++c_[MALFORMED_DROPPED];
       return;
     }
-    auto last = a.last_push.find(int(mid));
-    if (last != a.last_push.end() && !tag_newer(push, last->second)) {
-      ++c_[DUPLICATES];
-      return;
+    uint64_t key = (uint64_t(skey) << 32) | push;
+    if (skey < 256) {  // a worker's pushes come in order; a switch's batches in any
+      auto last = a.last_push.find(skey);
+      if (last != a.last_push.end() && !tag_newer(push, last->second)) {
+        ++c_[DUPLICATES];
+        return;
+      }
+      a.last_push[skey] = push;
+    } else {
+      if (a.taken.count(key)) {
+        ++c_[DUPLICATES];
+        return;
+      }
+      a.taken[key] = true;
+      a.taken_order.push_back(key);
+      if (a.taken_order.size() > 1024) {
+        a.taken.erase(a.taken_order.front());
+        a.taken_order.pop_front();
+      }
     }
-    a.last_push[int(mid)] = push;
-    uint64_t key = (uint64_t(mid) << 32) | push;
     auto f = fresh_.find(key);
     bool fresh;
     if (f == fresh_.end()) {  // the first segment of this gradient decides for all of it
@@ -739,10 +784,146 @@ class NativePlane {
       ++c_[STALENESS_DROPPED];
       return;
     }
-    a.contrib.push_back({int(mid), ++arrivals_, std::vector<float>(payload, payload + k)});
+    a.contrib.push_back({skey, ++arrivals_, std::vector<float>(payload, payload + k)});
     a.count += count;
     c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
     if (a.count >= thr_h_) complete_offset(o, a);
+  }
+
+  // ---- a child switch's batches (`PyDataPlane._batch_segment` and the methods after it) ----
+
+  void batch_segment(int skey, uint32_t push, uint32_t o, uint32_t rnd, uint32_t count,
+                     uint32_t k, const float* payload) {
+    double now = monotonic();
+    uint64_t g = (uint64_t(skey) << 32) | push;
+    std::shared_ptr<Batch> b;
+    auto it = assigned_.find(g);
+    if (it == assigned_.end()) {
+      b = batch_for(o, rnd, now);
+      assigned_[g] = b;
+      assigned_order_.push_back(g);
+      if (assigned_order_.size() > 4096) {
+        assigned_.erase(assigned_order_.front());
+        assigned_order_.pop_front();
+      }
+      b->grads += 1;
+      b->count += count;
+      int below = 0;
+      for (const Member& x : members_) {
+        if (x.active) below += x.workers_below;
+      }
+      if (int(b->count) >= std::max(1, below)) b->closed = true;
+    } else {
+      b = it->second;
+    }
+    if (b->gone || b->sent.count(o)) {
+      ++c_[STALE_DROPPED];
+      return;
+    }
+    auto len = b->length.emplace(o, k).first;
+    if (len->second != k) {
+      ++c_[MALFORMED_DROPPED];
+      return;
+    }
+    std::vector<Part>& parts = b->parts[o];
+    for (const Part& p : parts) {
+      if (p.key == skey && p.push == push) {
+        ++c_[DUPLICATES];
+        return;
+      }
+    }
+    parts.push_back({skey, push, count, std::vector<float>(payload, payload + k)});
+    c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
+    b->last = now;
+    if (b->closed) send_complete(*b);
+  }
+
+  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, double now) {
+    std::shared_ptr<Batch> found;
+    for (auto& b : batches_) {
+      if (b->key != o || b->closed) continue;
+      uint32_t d = (rnd - b->version) & 0xFFu;
+      if (d == 0) {
+        found = b;
+      } else if (d < 128) {
+        b->closed = true;
+        send_complete(*b);
+      }
+    }
+    if (!found) {
+      found = std::make_shared<Batch>();
+      found->number = batch_number_;
+      found->key = o;
+      found->version = rnd & 0xFFu;
+      found->opened = found->last = now;
+      batch_number_ = (batch_number_ + 1) % kTagMod;
+      batches_.push_back(found);
+    }
+    return found;
+  }
+
+  void send_complete(Batch& b) {
+    for (auto& [o, parts] : b.parts) {
+      if (!b.sent.count(o) && int(parts.size()) == b.grads) send_partial(b, o);
+    }
+  }
+
+  // Batch b's partial at offset o as it is (ascending sender, then push).
+  void send_partial(Batch& b, uint32_t o) {
+    std::vector<Part>& parts = b.parts[o];
+    std::sort(parts.begin(), parts.end());
+    std::vector<float>& total = b.totals[o] = std::move(parts[0].data);
+    uint32_t n = parts[0].count;
+    for (size_t r = 1; r < parts.size(); ++r) {
+      const float* __restrict c = parts[r].data.data();
+      for (size_t j = 0; j < total.size(); ++j) total[j] += c[j];
+      n += parts[r].count;
+    }
+    b.sent.insert(o);
+    parts.clear();
+    ++c_[SEGMENTS_COMPLETED];
+    queue(parent_, ((b.number % kTagMod) << 16) | o, b.version, uint32_t(member_id_), n,
+          L_.flag_async, total.data(), uint32_t(total.size()), 0);
+  }
+
+  void flush_batches() {
+    for (auto& b : batches_) {
+      b->closed = true;
+      for (auto& [o, parts] : b->parts) {
+        if (!parts.empty() && !b->sent.count(o)) send_partial(*b, o);
+      }
+    }
+  }
+
+  void tick_batches(double now) {
+    std::deque<std::shared_ptr<Batch>> keep, retired;
+    for (auto& b : batches_) {
+      if (now - b->opened >= help_after_) b->closed = true;
+      if (b->closed && now - b->last >= help_after_) {
+        for (auto& [o, parts] : b->parts) {
+          if (!parts.empty() && !b->sent.count(o)) send_partial(*b, o);
+        }
+        if (now - b->last >= 2 * help_after_) {
+          b->gone = true;  // (kept in assigned_ as such: later segments of its gradients drop)
+          retired.push_back(b);
+          continue;
+        }
+      }
+      keep.push_back(b);
+    }
+    flush();  // queued sends may still read a retired batch's partial
+    for (auto& b : retired) {
+      b->parts.clear();
+      b->totals.clear();
+    }
+    batches_.swap(keep);
+  }
+
+  void clear_batches() {
+    flush();  // queued sends may still read a partial
+    batches_.clear();
+    assigned_.clear();
+    assigned_order_.clear();
   }
 
   // Sum an offset's open aggregate (ascending member id, then arrival; a zero sum of count 1
@@ -854,6 +1035,7 @@ class NativePlane {
     }
     ++c_[SEGMENTS_COMPLETED];
     if (has_parent_) {
+      if (!batches_.empty()) flush_batches();  // (a barrier's round: earlier gradients first)
       s.state = UP;
       s.helped = now;
       send_up(idx);
@@ -1024,6 +1206,10 @@ class NativePlane {
   std::map<uint32_t, Offset> offsets_;
   std::unordered_map<uint64_t, bool> fresh_;  // (member id, push) -> within S
   std::deque<uint64_t> fresh_order_;
+  std::deque<std::shared_ptr<Batch>> batches_;  // a child's, open or sending, in batch order
+  std::unordered_map<uint64_t, std::shared_ptr<Batch>> assigned_;  // (key, push) -> batch
+  std::deque<uint64_t> assigned_order_;
+  uint32_t batch_number_ = 0;
   sockaddr_in parent_{};
   std::mt19937_64 rng_;
   std::vector<float> rows_, partial_, result_;

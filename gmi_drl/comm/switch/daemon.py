@@ -27,10 +27,12 @@ Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
 (`protocol.ThresholdValue`: H gradient vectors per aggregate from any workers, staleness bound
 S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
 ends; the synchronous rounds' H is untouched. A switch with a parent passes the SetH up and
-acknowledges it once the root did; it then relays its workers' gradient segments up as they
-come and the root's results down (kept for Help; Help for one it lacks, FBcast and the flush go
-up to the root, whose `Action.FLUSHED` it hands to the members that asked). The root alone
-aggregates: H counts gradients of any workers of the tree, S is checked per gradient exactly.
+acknowledges it once the root did; it then sends its workers' gradients up in per-rack
+partials, each of one weight version and counted whole at the root (`dataplane` module
+docstring), and the root's results down (kept for Help; Help for one it lacks, FBcast and the
+flush go up to the root, after its partials as they are, and it hands the root's
+`Action.FLUSHED` to the members that asked). H counts gradients of any workers of the tree, S
+is checked exactly at the root.
 Both data planes do both roles; a ToR needs no flag of its own (``--parent`` as in a
 synchronous tree; every switch of the tree with the same ``--mtu``).
 """
@@ -447,7 +449,8 @@ class SwitchDaemon:
         self._control(addr, Action.ACK, int(Action.SETH))
 
     def _relays_threshold(self) -> bool:
-        """A child switch in threshold mode: it relays gradients up and results down."""
+        """A child switch in threshold mode: it sends its members' gradients up in per-rack
+        partials, relays FBcast, Help and the flush up and results down."""
         return self._parent is not None and self._plane_mode() is not None
 
     def _where_are_aggregates(self, addr) -> None:
@@ -463,8 +466,10 @@ class SwitchDaemon:
     def _on_fbcast(self, seq: int, addr) -> None:
         """FBcast: the data plane's, acknowledged; a flush in threshold mode (`protocol.
         ASYNC_FLUSH`) is answered `Action.FLUSHED` by the root (a child switch passes it up and
-        the answer down; other FBcasts it passes up and acknowledges itself)."""
+        the answer down; other FBcasts it passes up and acknowledges itself, each after its
+        batches' partials as they are, `dataplane` module docstring)."""
         if self._relays_threshold():
+            self._plane.fbcast(seq)
             self._control(self._parent, Action.FBCAST, seq)
             if seq == P.ASYNC_FLUSH:
                 self._flushers.add(addr)  # (a flusher resends until answered)

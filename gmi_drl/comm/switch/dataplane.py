@@ -38,17 +38,26 @@ not resent: the aggregate completes with the gradients that came, at the latest 
 that waits for it asks (FBcast of that offset and number: broadcast as it is, a zero sum where
 nothing came); every worker applies the same.
 
-Threshold mode in a tree (a plane with a ``parent``): a child switch relays each gradient
-segment to its parent unchanged as it comes (its ``member`` field names the worker, which is
-what the root counts, dedupes and checks staleness by), and keeps each result from its parent
-(the last `KEPT_AGGREGATES` per offset) as it passes it to every member once. Why relay and not
-sum at the ToR: a ToR partial would either wait for a local share (so H would no longer mean H
-gradients of any workers, and a slow rack would hold its fast workers' gradients back) or mix
-gradients of several versions (so S could be checked only at the ToR, with the ToR's older
-view of the aggregate numbers) and could cut one gradient's segments into different partials
-(breaking the rule that keeps a vector's offsets in step); the relay keeps the single-switch
-semantics exactly, at the cost of the upward bandwidth reduction (the downward fan-out stays
-hierarchical).
+Threshold mode in a tree (a plane with a ``parent``; iSwitch §3.4's hierarchical aggregation):
+a child switch sums its members' gradients into per-rack partials and sends each partial up with
+the count of gradients it holds (a member switch's partial counts as its count). Gradients are
+assigned whole to a *batch* on the first segment of theirs the child sees: the open batch of
+that segment's offset (the first offset of the sender's region, as segments go out in order)
+and of the gradient's weight version, so every gradient in a batch has the same version and
+the same offsets, and the root checks S per batch exactly as per gradient. A batch closes to
+new gradients once it holds as many gradients as there are workers below the child, once a
+gradient of a newer version opens a batch at its offset, or after ``help_after_s``; a closed
+batch sends each offset's partial as soon as every gradient of the batch gave its segment there
+(after ``help_after_s`` without, as it is: a segment lost on the way up), in batch order per
+offset. A synchronous round (a barrier's) and any FBcast flush the open batches first, so what
+reached the child before them reaches the parent before them. The root takes a member switch's
+partial as one contribution of ``count`` gradients, keyed (for duplicates and staleness) by
+that switch and its batch number; an aggregate completes once its counts reach H, so one may
+hold up to H + (rack size - 1) gradients. Why per-version batches and not a running sum: a
+partial mixing versions could be checked against S only at the child, with its older view of
+the aggregate numbers, and a partial taking segments as they come could split one gradient's
+segments over partials. The results come down as before: the child keeps each result from its
+parent (the last `KEPT_AGGREGATES` per offset) as it passes it to every member once.
 """
 
 from __future__ import annotations
@@ -143,15 +152,35 @@ class _Slot:
 class _Offset:
     """Threshold mode: one segment offset's open aggregate and kept results."""
 
-    __slots__ = ("number", "length", "contrib", "count", "last_push", "kept")
+    __slots__ = ("number", "length", "contrib", "count", "last_push", "taken", "kept")
 
     def __init__(self, length: int) -> None:
         self.number = 0              # aggregates broadcast so far (the open one's number)
         self.length = length
         self.contrib: list = []      # (member id, arrival, payload copy)
         self.count = 0
-        self.last_push: dict[int, int] = {}  # member id -> its newest push tag taken
+        self.last_push: dict[int, int] = {}  # worker id -> its newest push tag taken
+        self.taken: dict[tuple[int, int], None] = {}  # (switch key, batch) taken, the last 1024
         self.kept: dict[int, tuple[np.ndarray, int]] = {}  # number -> (sum, count)
+
+
+class _Batch:
+    """Threshold mode at a child switch: gradients of one version and region, summed per
+    offset into one partial each (see the module docstring)."""
+
+    __slots__ = ("number", "key", "version", "grads", "count", "closed", "parts", "sent",
+                 "length", "opened", "last", "gone")
+
+    def __init__(self, number: int, key: int, version: int, now: float) -> None:
+        self.number, self.key, self.version = number, key, version  # key: first offset
+        self.grads = 0               # gradients assigned
+        self.count = 0               # the gradients they stand for (partials count theirs)
+        self.closed = False
+        self.parts: dict[int, list] = {}  # offset -> [(sender key, push, count, payload)]
+        self.sent: set[int] = set()  # offsets whose partial went up
+        self.length: dict[int, int] = {}  # offset -> floats
+        self.opened = self.last = now
+        self.gone = False            # retired: later segments of its gradients are dropped
 
 
 class _Member:
@@ -191,8 +220,11 @@ class PyDataPlane:
         self._c = dict.fromkeys(COUNTERS, 0)
         self._thr: tuple[int, int] | None = None  # threshold mode's (H, S)
         self._offsets: dict[int, _Offset] = {}
-        self._fresh: dict[tuple[int, int], bool] = {}  # (member id, push) -> within S
+        self._fresh: dict[tuple[int, int], bool] = {}  # (sender key, push) -> within S
         self._arrivals = 0
+        self._batches: list[_Batch] = []  # a child's, open or sending, in batch order
+        self._assigned: dict[tuple[int, int], _Batch] = {}  # (sender key, push) -> its batch
+        self._batch_number = 0
 
     # ---- the member table and group state -------------------------------------------------------
 
@@ -227,6 +259,8 @@ class PyDataPlane:
             self._thr = None
             self._offsets.clear()
             self._fresh.clear()
+            self._batches.clear()
+            self._assigned.clear()
             return
         self._thr = (threshold, staleness)
         for o, a in list(self._offsets.items()):
@@ -350,45 +384,148 @@ class PyDataPlane:
 
     def _on_async(self, m: _Member, seq: int, rnd: int, mid: int, count: int, flags: int,
                   k: int) -> None:
-        """A threshold-mode gradient segment (see the module docstring): a worker's own, or one
-        a child switch relays (its ``member`` field names the worker). A child switch relays
-        it to its parent as it is."""
+        """A threshold-mode gradient segment (see the module docstring): a worker's own
+        (``count`` 1), or a member switch's partial of ``count`` gradients. A child switch adds
+        it to a batch; the root to its offset's open aggregate."""
         c = self._c
-        if self._thr is None or flags & P.FLAG_RESULT or count != 1 \
-                or (m.type == P.MemberType.WORKER and mid != m.id):
+        if self._thr is None or flags & P.FLAG_RESULT or mid != m.id \
+                or (m.type == P.MemberType.WORKER and count != 1):
             raise P.ProtocolError(f"threshold-mode packet from member {m.id}: flags "
                                   f"{flags:#x}, member field {mid}, count {count}")
         if not self._ready:
             c["not_ready_dropped"] += 1
             return
-        if self._parent is not None:
-            self._send(self._parent, bytes(self._rx[:P.HEADER_BYTES]), self._rx_f32[:k])
-            return
+        key = mid if m.type == P.MemberType.WORKER else 256 + mid  # (ids of either kind)
         push, o = P.async_split(seq)
+        if self._parent is not None:
+            self._batch_segment(key, push, o, rnd, count, k)
+            return
         a = self._offsets.get(o)
         if a is None:
             a = self._offsets[o] = _Offset(k)
         if k != a.length:
             raise P.ProtocolError(f"offset {o}: {k} floats, it holds {a.length}")
-        last = a.last_push.get(mid)
-        if last is not None and not P.tag_newer(push, last):
-            c["duplicates"] += 1
-            return
-        a.last_push[mid] = push
-        fresh = self._fresh.get((mid, push))
+        if key < 256:  # a worker's pushes come in order; a switch's batches in any
+            last = a.last_push.get(key)
+            if last is not None and not P.tag_newer(push, last):
+                c["duplicates"] += 1
+                return
+            a.last_push[key] = push
+        else:
+            if (key, push) in a.taken:
+                c["duplicates"] += 1
+                return
+            a.taken[(key, push)] = None
+            if len(a.taken) > 1024:
+                del a.taken[next(iter(a.taken))]
+        fresh = self._fresh.get((key, push))
         if fresh is None:  # the first segment of this gradient decides for all of it
-            fresh = self._fresh[(mid, push)] = (a.number - rnd) % 256 <= self._thr[1]
+            fresh = self._fresh[(key, push)] = (a.number - rnd) % 256 <= self._thr[1]
             if len(self._fresh) > 4096:
                 del self._fresh[next(iter(self._fresh))]
         if not fresh:
             c["staleness_dropped"] += 1
             return
         self._arrivals += 1
-        a.contrib.append((mid, self._arrivals, self._rx_f32[:k].copy()))
+        a.contrib.append((key, self._arrivals, self._rx_f32[:k].copy()))
         a.count += count
         c["bytes_aggregated"] += k * P.FLOAT_BYTES
         if a.count >= self._thr[0]:
             self._complete_offset(o, a)
+
+    # ---- a child switch's batches (threshold mode in a tree) ---------------------------------
+
+    def _batch_segment(self, key: int, push: int, o: int, rnd: int, count: int, k: int) -> None:
+        """Add a gradient segment (or a member switch's partial) to its batch; send what is
+        complete."""
+        c, now = self._c, time.monotonic()
+        g = (key, push)
+        b = self._assigned.get(g)
+        if b is None:
+            b = self._assigned[g] = self._batch_for(o, rnd, now)
+            if len(self._assigned) > 4096:
+                del self._assigned[next(iter(self._assigned))]
+            b.grads += 1
+            b.count += count
+            if b.count >= max(1, sum(x.workers_below for x in self._members.values())):
+                b.closed = True
+        if b.gone or o in b.sent:
+            c["stale_dropped"] += 1
+            return
+        parts = b.parts.setdefault(o, [])
+        if b.length.setdefault(o, k) != k:
+            raise P.ProtocolError(f"offset {o}: {k} floats, its batch holds {b.length[o]}")
+        if any(p[0] == key and p[1] == push for p in parts):
+            c["duplicates"] += 1
+            return
+        parts.append((key, push, count, self._rx_f32[:k].copy()))
+        c["bytes_aggregated"] += k * P.FLOAT_BYTES
+        b.last = now
+        if b.closed:
+            self._send_complete(b)
+
+    def _batch_for(self, o: int, rnd: int, now: float) -> _Batch:
+        """The open batch at first offset ``o`` of version ``rnd``, a new one if none; a newer
+        version closes the older open ones there."""
+        found = None
+        for b in self._batches:
+            if b.key != o or b.closed:
+                continue
+            if b.version == rnd:
+                found = b
+            elif 0 < (rnd - b.version) % 256 < 128:
+                b.closed = True
+                self._send_complete(b)
+        if found is None:
+            found = _Batch(self._batch_number, o, rnd, now)
+            self._batch_number = (self._batch_number + 1) % P.ASYNC_TAG_MOD
+            self._batches.append(found)
+        return found
+
+    def _send_complete(self, b: _Batch) -> None:
+        """A closed batch: send each offset's partial that every gradient gave its segment."""
+        for o, parts in b.parts.items():
+            if o not in b.sent and len(parts) == b.grads:
+                self._send_partial(b, o)
+
+    def _send_partial(self, b: _Batch, o: int) -> None:
+        """Send batch ``b``'s partial at offset ``o`` as it is (ascending sender, then push)."""
+        parts = sorted(b.parts[o], key=lambda p: p[:2])
+        total = parts[0][3].copy()
+        for p in parts[1:]:
+            total += p[3]
+        n = sum(p[2] for p in parts)
+        b.sent.add(o)
+        b.parts[o] = []
+        self._c["segments_completed"] += 1
+        self._send(self._parent, P.data_header(P.async_seq(b.number, o), b.version,
+                                               self._member_id, n, P.FLAG_ASYNC), total)
+
+    def _flush_batches(self) -> None:
+        """Close every batch and send every partial it holds, as it is (a barrier's round, an
+        FBcast)."""
+        for b in self._batches:
+            b.closed = True
+            for o, parts in b.parts.items():
+                if parts and o not in b.sent:
+                    self._send_partial(b, o)
+
+    def _tick_batches(self, now: float) -> None:
+        """Close batches open ``help_after_s``; send the partials of closed ones that waited
+        that long for a segment (lost on the way up) as they are; retire the finished ones."""
+        keep = []
+        for b in self._batches:
+            if now - b.opened >= self._help_after:
+                b.closed = True
+            if b.closed and now - b.last >= self._help_after:
+                for o, parts in b.parts.items():
+                    if parts and o not in b.sent:
+                        self._send_partial(b, o)
+                if now - b.last >= 2 * self._help_after:
+                    b.gone = True
+                    continue
+            keep.append(b)
+        self._batches = keep
 
     def _on_parent_async(self, seq: int, count: int, k: int) -> None:
         """A child switch's threshold-mode result from its parent: keep it (the last
@@ -483,6 +620,8 @@ class PyDataPlane:
                 out += block[r, :k]
         self._c["segments_completed"] += 1
         if self._parent is not None:
+            if self._batches:  # (a barrier's round: the gradients that came before it go first)
+                self._flush_batches()
             s.state, s.helped = UP, now
             self._send_up(idx, s)
         else:
@@ -522,13 +661,20 @@ class PyDataPlane:
         self._active.clear()
         self._offsets.clear()
         self._fresh.clear()
+        self._batches.clear()
+        self._assigned.clear()
 
     def fbcast(self, seq: int) -> None:
         """Complete slot ``seq`` now with what it holds (Action.FBCAST). In threshold mode
         ``seq`` is a `protocol.async_seq`: that offset's open aggregate if it is the one named,
         even empty (a zero sum of count 1: its gradient segments were lost, and the workers
-        wait for it); `protocol.ASYNC_FLUSH`: every open aggregate that holds a gradient."""
+        wait for it); `protocol.ASYNC_FLUSH`: every open aggregate that holds a gradient. A
+        child switch in threshold mode sends its batches' partials as they are (the daemon
+        passes the FBcast up)."""
         if self._thr is not None:
+            if self._parent is not None:
+                self._flush_batches()
+                return
             if seq == P.ASYNC_FLUSH:
                 for o, a in list(self._offsets.items()):
                     if a.contrib:
@@ -573,7 +719,10 @@ class PyDataPlane:
 
     def tick(self, now: float) -> list[tuple[int, tuple]]:
         """Per slot waiting ``help_after_s``: resend a partial that went up; return
-        ``(seq, contributed rows)`` of each filling one (the daemon sends Help)."""
+        ``(seq, contributed rows)`` of each filling one (the daemon sends Help). Threshold mode
+        at a child switch: its batches' timers (`_tick_batches`)."""
+        if self._batches:
+            self._tick_batches(now)
         help_ = []
         for idx in list(self._active):
             s = self._slots[idx]

@@ -169,17 +169,23 @@ def _tree(switches, *faults: str) -> tuple:
 
 @pytest.mark.distributed
 def test_threshold_mode_through_a_tree_of_switches(switches):
-    """Root + 2 ToRs, 4 workers, the last slow: the ToRs relay every gradient segment to the
-    root (H counts gradients of any workers across the tree, S is checked there exactly) and
-    its results down; fast workers fill aggregates, every worker applies the same aggregates
-    and drains to the same weights, no applied gradient is staler than S."""
+    """Root + 2 ToRs, 4 workers, the last slow: each ToR sends its workers' gradients up in
+    per-rack partials (batches of one version, counted whole at the root: H counts gradients of
+    any workers across the tree, S is checked there exactly per batch) and the root's results
+    down; fast workers fill aggregates, every worker applies the same aggregates and drains to
+    the same weights, no applied gradient is staler than S."""
     h, s, n = 2, 2, 4
     root, tors, addrs = _tree(switches)
     got = _run(root.addr, n, addrs=addrs, h=h, s=s, steps=12, slow=0.1, drain_every=6)
     _check_async_training(got, root.stats(), n, s)
-    for tor in tors:  # (relays: the root alone aggregates)
+    drains = len(got[0]["drained"])
+    for k, tor in enumerate(tors):
         st = tor.stats()
-        assert st["aggregates_completed"] == st["malformed_dropped"] == 0
+        assert st["aggregates_completed"] == st["malformed_dropped"] == 0  # (the root's job)
+        sent = sum(got[r]["pushed"] - got[r]["dropped"] for r in (2 * k, 2 * k + 1))
+        partials = st["segments_completed"] - 2 * drains  # (less a barrier's 2 rounds)
+        assert 0 < partials <= 0.75 * 3 * sent, \
+            f"ToR {k}: {partials} partials up for {3 * sent} gradient segments in"
 
 
 @pytest.mark.distributed
