@@ -144,7 +144,7 @@ struct Field {
 };
 
 struct Layout {
-  int header_bytes, float_bytes, tos_data, tos_control, rx_bytes, action_stats;
+  int header_bytes, float_bytes, tos_data, tos_control, rx_bytes, action_stats, max_count;
   uint32_t flag_result, flag_fbcast, flag_async, known_flags;
   Field seq, round, member, count, flags;
 
@@ -164,6 +164,7 @@ struct Layout {
     tos_control = i("tos_control");
     rx_bytes = i("rx_buffer_bytes");
     action_stats = i("action_stats");
+    max_count = i("max_count");
     flag_result = i("flag_result");
     flag_fbcast = i("flag_fbcast");
     flag_async = i("flag_async");
@@ -199,7 +200,8 @@ struct Contribution {
 };
 
 struct Offset {
-  uint32_t number = 0, length = 0, count = 0;
+  uint32_t number = 0, length = 0, count = 0;  // count: gradients in the open aggregate
+  uint32_t units = 0;  // contributions in it: a gradient, or a switch's partial
   std::vector<Contribution> contrib;
   std::unordered_map<int, uint32_t> last_push;  // worker id -> its newest push tag taken
   std::unordered_map<uint64_t, bool> taken;     // (switch key, batch) taken, the last 1024
@@ -317,6 +319,7 @@ class NativePlane {
     if (m.active) addr_row_.erase(addr_key(m.addr));
     m = Member{true, id, type, workers_below, make_addr(ip, port)};
     addr_row_[addr_key(m.addr)] = row;
+    set_units();
   }
 
   void remove_member(int row) {
@@ -324,6 +327,19 @@ class NativePlane {
     Member& m = members_[row];
     if (m.active) addr_row_.erase(addr_key(m.addr));
     m.active = false;
+    set_units();
+  }
+
+  // Threshold mode: the contributions that complete an aggregate (`PyDataPlane._set_units`).
+  void set_units() {
+    int64_t h = thr_on_ ? thr_h_ : 1, n = 0, below = 0;
+    for (const Member& x : members_) {
+      if (!x.active) continue;
+      ++n;
+      below += std::max(1, x.workers_below);
+    }
+    int64_t u = (h * n + std::max<int64_t>(1, below) - 1) / std::max<int64_t>(1, below);
+    units_ = uint32_t(std::max<int64_t>(1, std::min(h, u)));
   }
 
   // `ready`: the group is complete; `threshold`: H in members (0 = no members). Slots that
@@ -355,8 +371,9 @@ class NativePlane {
     thr_on_ = true;
     thr_h_ = uint32_t(threshold);
     thr_s_ = uint32_t(staleness);
+    set_units();
     for (auto& [o, a] : offsets_) {
-      if (a.count >= thr_h_) complete_offset(o, a);
+      if (a.units >= units_) complete_offset(o, a);
     }
     flush();
   }
@@ -424,8 +441,8 @@ class NativePlane {
 
   void fbcast(uint32_t seq) {
     if (thr_on_) {  // `PyDataPlane.fbcast`: one offset's open aggregate, or every one
-      if (has_parent_) {  // a child's batches go up as they are (the daemon passes it up)
-        flush_batches();
+      if (has_parent_) {  // a child's batches go up (the daemon passes the FBcast up)
+        flush_batches(seq != kFlush);
       } else if (seq == kFlush) {
         for (auto& [o, a] : offsets_) {
           if (!a.contrib.empty()) complete_offset(o, a);
@@ -784,10 +801,12 @@ class NativePlane {
       ++c_[STALENESS_DROPPED];
       return;
     }
+    if (!a.contrib.empty() && a.count + count > uint32_t(L_.max_count)) complete_offset(o, a);
     a.contrib.push_back({skey, ++arrivals_, std::vector<float>(payload, payload + k)});
     a.count += count;
+    a.units += 1;
     c_[BYTES_AGGREGATED] += uint64_t(k) * 4;
-    if (a.count >= thr_h_) complete_offset(o, a);
+    if (a.units >= units_) complete_offset(o, a);
   }
 
   // ---- a child switch's batches (`PyDataPlane._batch_segment` and the methods after it) ----
@@ -799,7 +818,7 @@ class NativePlane {
     std::shared_ptr<Batch> b;
     auto it = assigned_.find(g);
     if (it == assigned_.end()) {
-      b = batch_for(o, rnd, now);
+      b = batch_for(o, rnd, count, now);
       assigned_[g] = b;
       assigned_order_.push_back(g);
       if (assigned_order_.size() > 4096) {
@@ -810,7 +829,7 @@ class NativePlane {
       b->count += count;
       int below = 0;
       for (const Member& x : members_) {
-        if (x.active) below += x.workers_below;
+        if (x.active) below += std::max(1, x.workers_below);
       }
       if (int(b->count) >= std::max(1, below)) b->closed = true;
     } else {
@@ -838,12 +857,15 @@ class NativePlane {
     if (b->closed) send_complete(*b);
   }
 
-  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, double now) {
+  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, uint32_t count, double now) {
     std::shared_ptr<Batch> found;
     for (auto& b : batches_) {
       if (b->key != o || b->closed) continue;
       uint32_t d = (rnd - b->version) & 0xFFu;
-      if (d == 0) {
+      if (d == 0 && b->count + count > uint32_t(L_.max_count)) {
+        b->closed = true;
+        send_complete(*b);
+      } else if (d == 0) {
         found = b;
       } else if (d < 128) {
         b->closed = true;
@@ -886,9 +908,15 @@ class NativePlane {
           L_.flag_async, total.data(), uint32_t(total.size()), 0);
   }
 
-  void flush_batches() {
+  // Close every batch; send every partial it holds as it is, or (`whole`) only those every
+  // gradient of the batch gave (`PyDataPlane._flush_batches`).
+  void flush_batches(bool whole = false) {
     for (auto& b : batches_) {
       b->closed = true;
+      if (whole) {
+        send_complete(*b);
+        continue;
+      }
       for (auto& [o, parts] : b->parts) {
         if (!parts.empty() && !b->sent.count(o)) send_partial(*b, o);
       }
@@ -898,7 +926,10 @@ class NativePlane {
   void tick_batches(double now) {
     std::deque<std::shared_ptr<Batch>> keep, retired;
     for (auto& b : batches_) {
-      if (now - b->opened >= help_after_) b->closed = true;
+      if (!b->closed && now - b->opened >= help_after_) {
+        b->closed = true;
+        send_complete(*b);
+      }
       if (b->closed && now - b->last >= help_after_) {
         for (auto& [o, parts] : b->parts) {
           if (!parts.empty() && !b->sent.count(o)) send_partial(*b, o);
@@ -954,6 +985,7 @@ class NativePlane {
     ++a.number;
     a.contrib.clear();
     a.count = 0;
+    a.units = 0;
   }
 
   // A child switch's threshold-mode result from its parent: kept (the last kKept per offset,
@@ -1201,7 +1233,7 @@ class NativePlane {
   int threshold_ = 0;
   // threshold mode
   bool thr_on_ = false;
-  uint32_t thr_h_ = 0, thr_s_ = 0;
+  uint32_t thr_h_ = 0, thr_s_ = 0, units_ = 1;
   uint64_t arrivals_ = 0;
   std::map<uint32_t, Offset> offsets_;
   std::unordered_map<uint64_t, bool> fresh_;  // (member id, push) -> within S

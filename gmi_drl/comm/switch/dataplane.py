@@ -40,24 +40,34 @@ nothing came); every worker applies the same.
 
 Threshold mode in a tree (a plane with a ``parent``; iSwitch §3.4's hierarchical aggregation):
 a child switch sums its members' gradients into per-rack partials and sends each partial up with
-the count of gradients it holds (a member switch's partial counts as its count). Gradients are
+the count of gradients it holds (a member switch's partial adds its count). Gradients are
 assigned whole to a *batch* on the first segment of theirs the child sees: the open batch of
 that segment's offset (the first offset of the sender's region, as segments go out in order)
 and of the gradient's weight version, so every gradient in a batch has the same version and
 the same offsets, and the root checks S per batch exactly as per gradient. A batch closes to
 new gradients once it holds as many gradients as there are workers below the child, once a
-gradient of a newer version opens a batch at its offset, or after ``help_after_s``; a closed
-batch sends each offset's partial as soon as every gradient of the batch gave its segment there
-(after ``help_after_s`` without, as it is: a segment lost on the way up), in batch order per
-offset. A synchronous round (a barrier's) and any FBcast flush the open batches first, so what
-reached the child before them reaches the parent before them. The root takes a member switch's
-partial as one contribution of ``count`` gradients, keyed (for duplicates and staleness) by
-that switch and its batch number; an aggregate completes once its counts reach H, so one may
-hold up to H + (rack size - 1) gradients. Why per-version batches and not a running sum: a
-partial mixing versions could be checked against S only at the child, with its older view of
-the aggregate numbers, and a partial taking segments as they come could split one gradient's
-segments over partials. The results come down as before: the child keeps each result from its
-parent (the last `KEPT_AGGREGATES` per offset) as it passes it to every member once.
+gradient of a newer version opens a batch at its offset, or after ``help_after_s`` (so a slow
+worker holds its rack-mates' gradients of one version back that long at most); a closed
+batch sends each offset's partial, in ascending offset, as soon as every gradient of the batch
+gave its segment there (after ``help_after_s`` without, as it is: a segment lost on the way
+up). A synchronous round (a barrier's) and the flush send the open batches as they are first
+(every worker stopped sending), so what reached the child before them reaches the parent
+before them; a worker's FBcast of one aggregate sends the whole ones only. The root takes a
+member switch's partial as one *contribution* (a worker's gradient is one too): it keys it (for
+duplicates and staleness) by that switch and its batch number, and completes an aggregate once
+it holds ``ceil(H * members / workers below)`` contributions (H where every member is a
+worker), broadcasting the sum with its gradient count, so the mean is over gradients. Why
+count contributions and not gradients: each offset cuts its aggregates on its own, in the order
+its packets came; with a unit per contribution every offset cuts after the same numbers of
+contributions, so the offsets' aggregate numbers stay in step and a vector's first offset
+(every contribution reaches it first) stays the furthest along, where S is checked, as with
+single gradients; with the counts of partials as weights the cuts would depend on the order.
+Why per-version batches and not a running sum: a partial mixing versions could be checked
+against S only at the child, with its older view of the aggregate numbers, and a partial
+taking segments as they come could split one gradient's segments over partials. A batch, and
+an aggregate, never holds more than `protocol.MAX_COUNT` gradients (the header's count field):
+one that would is closed first. The results come down as before: the child keeps each result
+from its parent (the last `KEPT_AGGREGATES` per offset) as it passes it to every member once.
 """
 
 from __future__ import annotations
@@ -152,13 +162,14 @@ class _Slot:
 class _Offset:
     """Threshold mode: one segment offset's open aggregate and kept results."""
 
-    __slots__ = ("number", "length", "contrib", "count", "last_push", "taken", "kept")
+    __slots__ = ("number", "length", "contrib", "count", "units", "last_push", "taken", "kept")
 
     def __init__(self, length: int) -> None:
         self.number = 0              # aggregates broadcast so far (the open one's number)
         self.length = length
         self.contrib: list = []      # (member id, arrival, payload copy)
-        self.count = 0
+        self.count = 0               # gradients in the open aggregate (the divisor)
+        self.units = 0               # contributions in it: a gradient, or a switch's partial
         self.last_push: dict[int, int] = {}  # worker id -> its newest push tag taken
         self.taken: dict[tuple[int, int], None] = {}  # (switch key, batch) taken, the last 1024
         self.kept: dict[int, tuple[np.ndarray, int]] = {}  # number -> (sum, count)
@@ -225,6 +236,7 @@ class PyDataPlane:
         self._batches: list[_Batch] = []  # a child's, open or sending, in batch order
         self._assigned: dict[tuple[int, int], _Batch] = {}  # (sender key, push) -> its batch
         self._batch_number = 0
+        self._units = 1  # threshold mode at a root: contributions per aggregate (`_set_units`)
 
     # ---- the member table and group state -------------------------------------------------------
 
@@ -234,12 +246,21 @@ class PyDataPlane:
         self.remove_member(row)
         self._members[row] = _Member(id_, type_, (ip, port), workers_below)
         self._by_addr[(ip, port)] = row
+        self._set_units()
 
     def remove_member(self, row: int) -> None:
         """Row ``row`` is free (a member left or was dropped); its contributions stay."""
         m = self._members.pop(row, None)
         if m is not None:
             self._by_addr.pop(m.addr, None)
+        self._set_units()
+
+    def _set_units(self) -> None:
+        """Threshold mode: the contributions that complete an aggregate, H scaled by members
+        over the workers below them (H itself where every member is a worker)."""
+        h = self._thr[0] if self._thr is not None else 1
+        below = sum(max(1, m.workers_below) for m in self._members.values())
+        self._units = max(1, min(h, -(-h * len(self._members) // max(1, below))))
 
     def set_state(self, ready: bool, threshold: int) -> None:
         """Whether the group is complete, and H (0: no members). Slots already holding H
@@ -263,8 +284,9 @@ class PyDataPlane:
             self._assigned.clear()
             return
         self._thr = (threshold, staleness)
+        self._set_units()
         for o, a in list(self._offsets.items()):
-            if a.count >= threshold:
+            if a.units >= self._units:
                 self._complete_offset(o, a)
 
     @property
@@ -426,11 +448,14 @@ class PyDataPlane:
         if not fresh:
             c["staleness_dropped"] += 1
             return
+        if a.contrib and a.count + count > P.MAX_COUNT:  # (the header's count field)
+            self._complete_offset(o, a)
         self._arrivals += 1
         a.contrib.append((key, self._arrivals, self._rx_f32[:k].copy()))
         a.count += count
+        a.units += 1
         c["bytes_aggregated"] += k * P.FLOAT_BYTES
-        if a.count >= self._thr[0]:
+        if a.units >= self._units:
             self._complete_offset(o, a)
 
     # ---- a child switch's batches (threshold mode in a tree) ---------------------------------
@@ -442,12 +467,12 @@ class PyDataPlane:
         g = (key, push)
         b = self._assigned.get(g)
         if b is None:
-            b = self._assigned[g] = self._batch_for(o, rnd, now)
+            b = self._assigned[g] = self._batch_for(o, rnd, count, now)
             if len(self._assigned) > 4096:
                 del self._assigned[next(iter(self._assigned))]
             b.grads += 1
             b.count += count
-            if b.count >= max(1, sum(x.workers_below for x in self._members.values())):
+            if b.count >= max(1, sum(max(1, x.workers_below) for x in self._members.values())):
                 b.closed = True
         if b.gone or o in b.sent:
             c["stale_dropped"] += 1
@@ -464,14 +489,17 @@ class PyDataPlane:
         if b.closed:
             self._send_complete(b)
 
-    def _batch_for(self, o: int, rnd: int, now: float) -> _Batch:
-        """The open batch at first offset ``o`` of version ``rnd``, a new one if none; a newer
-        version closes the older open ones there."""
+    def _batch_for(self, o: int, rnd: int, count: int, now: float) -> _Batch:
+        """The open batch at first offset ``o`` of version ``rnd`` with room for ``count``
+        gradients, a new one if none; a newer version closes the older open ones there."""
         found = None
         for b in self._batches:
             if b.key != o or b.closed:
                 continue
-            if b.version == rnd:
+            if b.version == rnd and b.count + count > P.MAX_COUNT:
+                b.closed = True
+                self._send_complete(b)
+            elif b.version == rnd:
                 found = b
             elif 0 < (rnd - b.version) % 256 < 128:
                 b.closed = True
@@ -484,8 +512,8 @@ class PyDataPlane:
 
     def _send_complete(self, b: _Batch) -> None:
         """A closed batch: send each offset's partial that every gradient gave its segment."""
-        for o, parts in b.parts.items():
-            if o not in b.sent and len(parts) == b.grads:
+        for o in sorted(b.parts):  # (ascending: a vector's first offset leads at the root)
+            if o not in b.sent and len(b.parts[o]) == b.grads:
                 self._send_partial(b, o)
 
     def _send_partial(self, b: _Batch, o: int) -> None:
@@ -501,13 +529,17 @@ class PyDataPlane:
         self._send(self._parent, P.data_header(P.async_seq(b.number, o), b.version,
                                                self._member_id, n, P.FLAG_ASYNC), total)
 
-    def _flush_batches(self) -> None:
-        """Close every batch and send every partial it holds, as it is (a barrier's round, an
-        FBcast)."""
+    def _flush_batches(self, whole: bool = False) -> None:
+        """Close every batch and send every partial it holds as it is (a barrier's round, its
+        flush: every worker stopped sending); ``whole``: only those every gradient of the
+        batch gave (a worker's FBcast of one aggregate, while the others may still send)."""
         for b in self._batches:
             b.closed = True
-            for o, parts in b.parts.items():
-                if parts and o not in b.sent:
+            if whole:
+                self._send_complete(b)
+                continue
+            for o in sorted(b.parts):
+                if b.parts[o] and o not in b.sent:
                     self._send_partial(b, o)
 
     def _tick_batches(self, now: float) -> None:
@@ -515,11 +547,12 @@ class PyDataPlane:
         that long for a segment (lost on the way up) as they are; retire the finished ones."""
         keep = []
         for b in self._batches:
-            if now - b.opened >= self._help_after:
+            if not b.closed and now - b.opened >= self._help_after:
                 b.closed = True
+                self._send_complete(b)
             if b.closed and now - b.last >= self._help_after:
-                for o, parts in b.parts.items():
-                    if parts and o not in b.sent:
+                for o in sorted(b.parts):
+                    if b.parts[o] and o not in b.sent:
                         self._send_partial(b, o)
                 if now - b.last >= 2 * self._help_after:
                     b.gone = True
@@ -559,7 +592,7 @@ class PyDataPlane:
         for m in self._members.values():
             self._send_kept(o, a, a.number, m.addr, P.FLAG_RESULT | P.FLAG_ASYNC)
         a.number += 1
-        a.contrib, a.count = [], 0
+        a.contrib, a.count, a.units = [], 0, 0
 
     def _send_kept(self, o: int, a: _Offset, number: int, addr, flags: int) -> None:
         total, count = a.kept[number]
@@ -673,7 +706,7 @@ class PyDataPlane:
         passes the FBcast up)."""
         if self._thr is not None:
             if self._parent is not None:
-                self._flush_batches()
+                self._flush_batches(whole=seq != P.ASYNC_FLUSH)
                 return
             if seq == P.ASYNC_FLUSH:
                 for o, a in list(self._offsets.items()):

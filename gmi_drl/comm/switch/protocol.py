@@ -65,6 +65,8 @@ DATA_HEADER = struct.Struct("!IBBBB")
 """Seg header: seq u32, round u8, member u8, count u8, flags u8 (8 bytes)."""
 HEADER_BYTES = DATA_HEADER.size
 FLOAT_BYTES = 4
+MAX_COUNT = 255
+"""The most gradients one data packet's count field can name (u8)."""
 
 FLAG_RESULT = 0x01
 """The payload is an aggregated result travelling down the tree (switch -> member)."""
@@ -420,7 +422,7 @@ def native_layout() -> dict[str, int]:
     out = {"header_bytes": HEADER_BYTES, "float_bytes": FLOAT_BYTES, "tos_data": TOS_DATA,
            "tos_control": TOS_CONTROL, "flag_result": FLAG_RESULT, "flag_fbcast": FLAG_FBCAST,
            "flag_async": FLAG_ASYNC, "known_flags": KNOWN_FLAGS, "action_stats": int(Action.STATS),
-           "rx_buffer_bytes": RX_BUFFER_BYTES}
+           "rx_buffer_bytes": RX_BUFFER_BYTES, "max_count": MAX_COUNT}
     for i, name in enumerate(("seq", "round", "member", "count", "flags")):
         out[f"{name}_offset"] = struct.calcsize(order + codes[:i])
         out[f"{name}_size"] = struct.calcsize(order + codes[i])

@@ -448,3 +448,48 @@ def test_ppo_through_the_runners_gradient_step(switches):
     assert fast[0][0] == fast[1][0] and fast[0][0] != sync[0][0]
     assert {"comm/staleness_max", "comm/staleness_dropped"} <= set(fast[0][1][1])
     assert 0 <= fast[0][1][1]["comm/staleness_max"] <= 2
+
+
+def test_a_root_cuts_every_offset_after_the_same_contributions(data_plane):
+    """Two ToRs' partials of 1 and 2 gradients reach the root's two offsets in opposite orders
+    (A, B at offset 0; B, A at offset 1): the root counts contributions, not gradients, so both
+    offsets' first aggregate holds both partials (3 gradients, one sum), not B alone at offset 1
+    (with the partials' counts as weights, offset 1 would complete on B and run one aggregate
+    ahead of offset 0)."""
+    from gmi_drl.comm.switch.dataplane import make_data_plane
+
+    root = P.open_socket(("127.0.0.1", 0))
+    root.setblocking(False)
+    tors = [P.open_socket(("127.0.0.1", 0)) for _ in range(2)]
+    try:
+        plane, _ = make_data_plane(data_plane, root, seg_floats=4, slots=8, max_members=4, switch_id=9,
+                                   member_id=0, parent=None, drop_rate=0.0, dup_rate=0.0,
+                                   delay_ms=0.0, help_after_s=0.2, seed=1)
+        for row, (sock, below) in enumerate(zip(tors, (1, 2))):
+            plane.set_member(row, row + 1, int(P.MemberType.SWITCH), *sock.getsockname(), below)
+        plane.set_state(True, 2)
+        plane.set_threshold_mode(2, 3)
+        vec = {1: np.full(4, 1.0, np.float32), 2: np.full(4, 10.0, np.float32)}  # A, B
+        for o, order in ((0, (1, 2)), (1, (2, 1))):
+            for member in order:
+                hdr = P.data_header(P.async_seq(0, o), 0, member, member, P.FLAG_ASYNC)
+                P.send_data(tors[member - 1], root.getsockname(), hdr, vec[member])
+                time.sleep(0.05)
+                plane.drain(64)
+        results = {}
+        tors[0].settimeout(2.0)
+        buf = bytearray(P.RX_BUFFER_BYTES)
+        while len(results) < 2:
+            nbytes, _tos, _addr = P.recv_packet(tors[0], buf)
+            seq, _rnd, _m, count, flags, k = P.decode_data(buf, nbytes, 4)
+            tag, o = P.async_split(seq)
+            payload = np.frombuffer(bytes(buf[P.HEADER_BYTES:nbytes]), "<f4")
+            results.setdefault(o, (tag, count, payload))
+        for o in (0, 1):
+            tag, count, total = results[o]
+            assert (tag, count) == (0, 3), f"offset {o}: aggregate {tag} of {count} gradients"
+            assert np.array_equal(total, np.full(4, 11.0, np.float32))
+        assert plane.async_numbers() == [(0, 1), (1, 1)]
+    finally:
+        for s in (root, *tors):
+            s.close()
