@@ -31,8 +31,8 @@ acknowledges it once the root did; it then sends its workers' gradients up in pe
 partials, each of one weight version and counted whole at the root (`dataplane` module
 docstring), and the root's results down (kept for Help; Help for one it lacks, FBcast and the
 flush go up to the root, after its partials as they are, and it hands the root's
-`Action.FLUSHED` to the members that asked). H counts gradients of any workers of the tree, S
-is checked exactly at the root.
+`Action.FLUSHED` to the members that asked). The root counts contributions (a gradient, or a
+ToR's partial) toward H, scaled by members over workers below, and checks S exactly.
 Both data planes do both roles; a ToR needs no flag of its own (``--parent`` as in a
 synchronous tree; every switch of the tree with the same ``--mtu``).
 """
@@ -466,8 +466,9 @@ class SwitchDaemon:
     def _on_fbcast(self, seq: int, addr) -> None:
         """FBcast: the data plane's, acknowledged; a flush in threshold mode (`protocol.
         ASYNC_FLUSH`) is answered `Action.FLUSHED` by the root (a child switch passes it up and
-        the answer down; other FBcasts it passes up and acknowledges itself, each after its
-        batches' partials as they are, `dataplane` module docstring)."""
+        the answer down; other FBcasts it passes up and acknowledges itself; each after its
+        batches' partials: as they are for the flush, the whole ones for one aggregate's,
+        `dataplane` module docstring)."""
         if self._relays_threshold():
             self._plane.fbcast(seq)
             self._control(self._parent, Action.FBCAST, seq)
