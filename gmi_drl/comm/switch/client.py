@@ -334,33 +334,43 @@ class SwitchReducer(GradReducer):
         r.done[i] = True
         self._took(r, i, 1)
 
-    def _on_results(self, nbytes: int, seg: int) -> int:
-        """Results coalesced by GRO in ``self._rx[:nbytes]``, ``seg`` bytes each: where the full
-        datagrams are consecutive new results of one round (the usual case), take them with one
-        division. Returns the bytes taken (0: none; the caller handles the rest one by one)."""
-        f = self._seg_floats
-        if seg != P.HEADER_BYTES + P.FLOAT_BYTES * f:
-            return 0
+    def _coalesced(self, nbytes: int, seg: int) -> tuple[int, int, int, np.ndarray] | None:
+        """Where ``self._rx[:nbytes]`` (a GRO buffer of ``seg``-byte datagrams) starts with at
+        least two full datagrams that are results with one count and consecutive seq:
+        ``(first seq, m, count, rows)``, ``rows`` the ``m`` datagrams as ``(m, seg)`` uint8;
+        else None."""
+        if seg != P.HEADER_BYTES + P.FLOAT_BYTES * self._seg_floats:
+            return None
         if self._native is not None:
             head = self._native.results(self._rx, nbytes, seg)
             if head is None:
-                return 0
+                return None
             seq, m, count = head
         else:
             m = nbytes // seg
             if m < 2:
-                return 0
+                return None
             seqs, counts, flags = P.unpack_data_headers(
                 np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg))
             seq, count = int(seqs[0]), int(counts[0])
             if (not (flags & P.FLAG_RESULT).all() or (counts != count).any() or count == 0
                     or ((seqs - seq) % P.SEQ_MOD != np.arange(m)).any()):
-                return 0
+                return None
+        return seq, m, count, np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)
+
+    def _on_results(self, nbytes: int, seg: int) -> int:
+        """Results coalesced by GRO in ``self._rx[:nbytes]``, ``seg`` bytes each: where the full
+        datagrams are consecutive new results of one round (the usual case), take them with one
+        division. Returns the bytes taken (0: none; the caller handles the rest one by one)."""
+        head = self._coalesced(nbytes, seg)
+        if head is None:
+            return 0
+        seq, m, count, rows = head
+        f = self._seg_floats
         r, i = self._find(seq, self._rounds)
         if r is None or i + m > r.sent or (i + m) * f > r.out.size or r.done[i:i + m].any():
             return 0
         self._check_count(count, seq)
-        rows = np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)
         payload = rows[:, P.HEADER_BYTES:].view("<f4")
         np.divide(payload, np.float32(count), out=r.out[i * f:(i + m) * f].reshape(m, f))
         r.done[i:i + m] = True
@@ -406,38 +416,48 @@ class SwitchReducer(GradReducer):
         P.send_data(self._sock, self._switch, hdr, r.inp[lo:lo + f])
 
     def _send_range(self, r: _Round, a: int, b: int) -> None:
-        """First sends of segments ``[a, b)`` of ``r``: UDP_SEGMENT messages of up to 64 KB
-        (one system call each; header and payload buffers after one another, the payloads
-        read in place), or one by one where the kernel refuses segmentation."""
+        """First sends of segments ``[a, b)`` of ``r``."""
+        self._send_segments(r.inp, a, b, r.base, r.number, 0)
+
+    def _send_segments(self, inp: np.ndarray, a: int, b: int, base: int, round_: int,
+                       flags: int) -> None:
+        """Segments ``[a, b)`` of ``inp`` (float32, ``self._seg_floats`` per segment, the last
+        may be shorter), segment ``i`` with ``seq = base + i``: UDP_SEGMENT messages of up to
+        64 KB (one system call each; header and payload buffers after one another, the
+        payloads read in place), or one by one where the kernel refuses segmentation."""
         f = self._seg_floats
         size = P.HEADER_BYTES + P.FLOAT_BYTES * f
         per = min(P.GSO_MAX_SEGMENTS, P.GSO_MAX_BYTES // size)
+
+        def one_by_one(lo: int) -> None:
+            for i in range(lo, b):
+                P.send_data(self._sock, self._switch,
+                            P.data_header(base + i, round_, self.rank, 1, flags),
+                            inp[i * f:(i + 1) * f])
+
         if not self._gso or per < 2 or b - a < 2:
-            for i in range(a, b):
-                self._send_segment(r, i, 0)
+            one_by_one(a)
             return
         if self._native is not None:
-            sent = self._native.send(*self._switch, r.inp, f, a, b, r.base, r.number,
-                                     self.rank, 0)
+            sent = self._native.send(*self._switch, inp, f, a, b, base, round_, self.rank,
+                                     flags)
             if sent < b - a:  # the kernel refused segmentation
                 self._gso = False
-                for i in range(a + sent, b):
-                    self._send_segment(r, i, 0)
+                one_by_one(a + sent)
             return
         if self._tx is None or self._tx.shape[0] != per:
             self._tx = np.empty((per, P.HEADER_BYTES), np.uint8)
-        hdrs, inp, step = self._tx, memoryview(r.inp).cast("B"), P.FLOAT_BYTES * f
+        hdrs, view, step = self._tx, memoryview(inp).cast("B"), P.FLOAT_BYTES * f
         for lo in range(a, b, per):
             hi = min(b, lo + per)
-            P.pack_data_headers(hdrs[:hi - lo], np.arange(r.base + lo, r.base + hi), r.number,
-                                self.rank, 1, 0)
+            P.pack_data_headers(hdrs[:hi - lo], np.arange(base + lo, base + hi), round_,
+                                self.rank, 1, flags)
             bufs = []
             for j, at in enumerate(range(lo * step, hi * step, step)):
-                bufs += (hdrs[j], inp[at:at + step])
+                bufs += (hdrs[j], view[at:at + step])
             if not P.send_segmented(self._sock, self._switch, bufs, size):
                 self._gso = False
-                for i in range(lo, b):
-                    self._send_segment(r, i, 0)
+                one_by_one(lo)
                 return
 
     def _send_new(self, now: float) -> None:

@@ -578,6 +578,13 @@ def unpack_data_headers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return out[0], out[1], out[2]
 
 
+def data_flags(rows: np.ndarray) -> np.ndarray:
+    """The ``flags`` (``(m,)`` int64) of the Seg headers at the start of the rows of ``rows``
+    (``(m, >= 8)`` uint8)."""
+    off, size = _LAYOUT["flags_offset"], _LAYOUT["flags_size"]
+    return np.ascontiguousarray(rows[:, off:off + size]).view(f">u{size}")[:, 0].astype(np.int64)
+
+
 def send_segmented(sock: socket.socket, addr, bufs, seg_bytes: int) -> bool:
     """Send the concatenation of the buffers ``bufs`` (``[header | payload]`` datagrams of
     ``seg_bytes`` bytes back to back, the last may be shorter; at most `GSO_MAX_BYTES` and

@@ -55,7 +55,6 @@ import torch
 from gmi_drl.comm.switch import protocol as P
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 from gmi_drl.comm.switch.dataplane import KEPT_AGGREGATES
-from gmi_drl.comm.switch.pipeline import LwuEngine
 from gmi_drl.comm.switch.protocol import Action
 
 
@@ -204,12 +203,11 @@ class ThresholdReducer(SwitchReducer):
         if r.next - version > self.staleness:
             self.staleness_dropped += 1
             return False
-        f, tag = self._seg_floats, self._pushes
+        tag = self._pushes
         self._pushes += 1
-        for i in range(r.nseg):
-            hdr = P.data_header(P.async_seq(tag, r.base + i), version, self.rank, 1,
-                                P.FLAG_ASYNC)
-            P.send_data(self._sock, self._switch, hdr, vec[i * f:(i + 1) * f])
+        # (a region's offsets are consecutive in the low 16 bits of seq: `region`)
+        self._send_segments(np.ascontiguousarray(vec, np.float32), 0, r.nseg,
+                            P.async_seq(tag, r.base), version, P.FLAG_ASYNC)
         return True
 
     # ---- receiving ---------------------------------------------------------------------------
@@ -233,10 +231,7 @@ class ThresholdReducer(SwitchReducer):
         f = self._seg_floats
         if k != min(f, r.size - i * f):
             return
-        a = r.open.get(number)
-        if a is None:
-            a = r.open[number] = _Aggregate(np.empty(r.size, np.float32),
-                                            np.zeros(r.nseg, bool), time.monotonic())
+        a = self._aggregate(r, number)
         if a.got[i]:
             return
         at = off // P.FLOAT_BYTES
@@ -245,6 +240,44 @@ class ThresholdReducer(SwitchReducer):
         a.n += 1
         self._last_progress = time.monotonic()
         self._advance(r)
+
+    def _on_results(self, nbytes: int, seg: int) -> int:
+        """Threshold-mode results coalesced by GRO in ``self._rx[:nbytes]``, ``seg`` bytes each:
+        where the full datagrams are consecutive segments of one aggregate of one region (the
+        usual case: a ToR or the root sends an aggregate's segments back to back), take them
+        with one division, as `_on_result` takes each. Returns the bytes taken (0: none; the
+        caller handles the rest one by one)."""
+        head = self._coalesced(nbytes, seg)
+        if head is None:
+            return 0
+        seq, m, count, rows = head
+        if not (P.data_flags(rows) & P.FLAG_ASYNC).all():
+            return 0  # (a barrier's synchronous results: one by one)
+        tag, o = P.async_split(seq)
+        r, f = self._region_of(o), self._seg_floats
+        if r is None or o + m > r.base + r.nseg or (o - r.base + m) * f > r.size:
+            return 0  # (seq's offsets run on past the region: one by one)
+        ahead = (tag - r.next) % P.ASYNC_TAG_MOD
+        if ahead >= P.ASYNC_TAG_MOD // 2:
+            return m * seg  # an aggregate already applied
+        i, a = o - r.base, self._aggregate(r, r.next + ahead)
+        if a.got[i:i + m].any():
+            return 0  # (duplicates of segments already in: one by one)
+        np.divide(rows[:, P.HEADER_BYTES:].view("<f4"), np.float32(count),
+                  out=a.mean[i * f:(i + m) * f].reshape(m, f))
+        a.got[i:i + m] = True
+        a.n += m
+        self._last_progress = time.monotonic()
+        self._advance(r)
+        return m * seg
+
+    def _aggregate(self, r: _Region, number: int) -> _Aggregate:
+        """Region ``r``'s aggregate ``number`` being assembled (begun here where it is not)."""
+        a = r.open.get(number)
+        if a is None:
+            a = r.open[number] = _Aggregate(np.empty(r.size, np.float32),
+                                            np.zeros(r.nseg, bool), time.monotonic())
+        return a
 
     def _advance(self, r: _Region) -> None:
         """Hand out region ``r``'s complete aggregates in order, up to its ``limit``."""
@@ -382,71 +415,57 @@ class ThresholdReducer(SwitchReducer):
         self._synced.clear()
 
 
-class _Engine(LwuEngine):
-    """The LWU thread of one `ThresholdReducer`, shared by its pipelines (one per optimised
-    module): sends the gradients LGC hands over (``pending``: ``(pipeline, vector, version)``),
-    applies each region's aggregates in order."""
+class _Shared:
+    """What the pipelines of one `ThresholdReducer` share (one pipeline per optimised module):
+    which pipeline owns each region, and the delivery of aggregates to them."""
 
     def __init__(self, reducer: ThresholdReducer) -> None:
-        super().__init__(reducer, "switch-async-lwu")
+        self.reducer = reducer
         self.by_region: dict[int, ThresholdPipeline] = {}
 
     def deliver(self, results) -> None:
+        """Apply each ``(region, mean)`` to its pipeline's ``θ``, in order."""
         for region, mean in results:
-            with self.cond:
-                pipe = self.by_region[region]
-                pipe._apply(mean)
-                pipe.version += 1
-                self.cond.notify_all()
+            pipe = self.by_region[region]
+            pipe._apply(mean)
+            pipe.version += 1
 
-    def _run(self) -> None:
-        red = self.reducer
-        while True:
-            self._woken()
-            with self.cond:
-                new, self.pending = self.pending, deque()
-                stop = self.abandon or (self.stop and not new)
-            if stop:
-                return
-            for pipe, vec, version in new:
-                staleness = pipe.version - version  # (only the LWU thread changes it)
-                sent = red.send(pipe.region, vec, version)
-                with self.cond:
-                    if sent:
-                        pipe.staleness_counts[staleness] += 1
-                    else:
-                        pipe.staleness_dropped += 1
-            with self.cond:
-                for pipe, _, _ in new:
-                    pipe._sent += 1
-                self.cond.notify_all()
-            self.deliver(red.take(0.5, self._wake_r))
+    def poll(self, timeout_s: float) -> None:
+        """Apply the aggregates that came (waiting up to ``timeout_s`` for one)."""
+        self.deliver(self.reducer.take(timeout_s))
 
 
-_ENGINES: "weakref.WeakKeyDictionary[ThresholdReducer, _Engine]" = weakref.WeakKeyDictionary()
+_SHARED: "weakref.WeakKeyDictionary[ThresholdReducer, _Shared]" = weakref.WeakKeyDictionary()
 
 
 class ThresholdPipeline:
     """One worker's LGC/GA/LWU pipeline of Async iSwitch (H, S); see the module docstring.
 
     The interface of `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`: per gradient, `fetch`
-    (copy ``θ`` into the weights LGC computes on; waits only while ``S + 1`` gradients were
-    computed on the current version), compute, `push` (returns at once). `drain` before the
-    weights are read as a whole (a rollout, a checkpoint): it brings every worker to the same
-    last aggregate, so ``θ`` is the same everywhere after it.
+    (apply the aggregates that came, copy ``θ`` into the weights LGC computes on; waits only
+    while ``S + 1`` gradients were computed on the current version), compute, `push` (a
+    non-blocking send). `drain` before the weights are read as a whole (a rollout, a
+    checkpoint): it brings every worker to the same last aggregate, so ``θ`` is the same
+    everywhere after it.
+
+    The three stages run on the caller's thread: the switch aggregates (GA) while LGC computes,
+    and the results wait in the socket's buffer until the next `fetch` applies them (LWU). A
+    thread of its own for LWU, as `StaleSyncPipeline` has, was measured slower: with DDPG on
+    12 GMIs sharing 2 cores, its wake-ups and lock hand-overs cost more CPU than the overlap of
+    the weight update won (docs/benchmarks.md, the aggregation switch).
 
     Args:
-        reducer: the `ThresholdReducer`; the LWU thread owns it between the first `push` and
-            the last `drain`.
+        reducer: the `ThresholdReducer`, the pipeline's own between the first `push` and the
+            last `drain`.
         apply: the local weight update ``apply(mean)``, ``mean`` ``(P,) float32`` (valid during
-            the call), called on the LWU thread in the switch's order, holding the lock.
+            the call), called in the switch's order (in `fetch` and `drain`).
 
     Raises:
         ValueError: ``reducer`` is not a `ThresholdReducer`.
 
     Attributes:
         version: aggregates applied to ``θ``.
-        pushed: gradients handed over.
+        pushed: gradients pushed (sent or dropped).
         staleness_counts: ``{V - v: gradients sent}``, ``V`` the version when sent, ``v`` the
             one computed on (at most S; a lower bound of the staleness at the switch).
         staleness_dropped: gradients this worker dropped before sending (older than S).
@@ -457,96 +476,69 @@ class ThresholdPipeline:
             raise ValueError("Async iSwitch training needs a ThresholdReducer, got "
                              f"{type(reducer).__name__}")
         self.reducer, self.staleness_bound, self._apply = reducer, reducer.staleness, apply
-        engine = _ENGINES.get(reducer)
-        if engine is None:
-            engine = _ENGINES[reducer] = _Engine(reducer)
-        self._engine, self._cond = engine, engine.cond
+        shared = _SHARED.get(reducer)
+        if shared is None:
+            shared = _SHARED[reducer] = _Shared(reducer)
+        self._shared = shared
         self.region: int | None = None
-        self.version = self.pushed = self._sent = 0
+        self.version = self.pushed = 0
         self.staleness_dropped = 0
         self.staleness_counts: Counter[int] = Counter()
         self._copied = -1
         self._computing: int | None = None
         self._on_version = (0, 0)  # (version, gradients computed on it)
 
-    # ---- the trainer's thread (LGC) ------------------------------------------------------------
-
     def fetch(self, copy: Callable[[], None]) -> int:
-        """Wait while ``S + 1`` gradients were computed on the current ``θ``, then run
-        ``copy()`` (``θ_local ← θ``, skipped when unchanged) under the lock. Returns the version
-        copied. Blocking.
+        """Apply the aggregates that came; wait (applying them) while ``S + 1`` gradients were
+        computed on the current ``θ``; then run ``copy()`` (``θ_local ← θ``, skipped when
+        unchanged). Returns the version copied. Blocking.
 
         Raises:
-            RuntimeError: the LWU thread failed (its error chained; `SwitchError` for the
-                switch's)."""
-        with self._cond:
-            while (self._on_version[0] == self.version
-                   and self._on_version[1] > self.staleness_bound
-                   and self._engine.error is None):
-                self._cond.wait()
-            self._raise()
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
-            self._computing = self.version
+            SwitchError: the switch refused this worker, or a result stayed lost."""
+        shared = self._shared
+        shared.poll(0.0)
+        while self._on_version[0] == self.version and self._on_version[1] > self.staleness_bound:
+            shared.poll(0.5)
+        if self._copied != self.version:
+            copy()
+            self._copied = self.version
+        self._computing = self.version
         return self._computing
 
     def push(self, grad: torch.Tensor) -> None:
-        """Hand over the gradient computed since `fetch` (``(P,) float32``, any device; copied).
-        Non-blocking.
+        """Send the gradient computed since `fetch` (``(P,) float32``, any device; copied), or
+        drop it where it is older than S already. Non-blocking.
 
         Raises:
-            RuntimeError: no `fetch` since the last push, or the LWU thread failed."""
+            RuntimeError: no `fetch` since the last push."""
         if self._computing is None:
             raise RuntimeError("push without fetch: call fetch before computing each gradient")
         vec = np.empty(grad.numel(), np.float32)
         torch.from_numpy(vec).copy_(grad.reshape(-1))
         v = self._computing
-        with self._cond:
-            self._raise()
-            if self.region is None:  # the first push: every worker's pipelines in one order
-                self.region = self.reducer.region(vec.size)
-                self._engine.by_region[self.region] = self
-            n = self._on_version[1] + 1 if self._on_version[0] == v else 1
-            self._on_version = (v, n)
-            self._engine.pending.append((self, vec, v))
-            self.pushed += 1
-            self._engine.wake()
+        if self.region is None:  # the first push: every worker's pipelines in one order
+            self.region = self.reducer.region(vec.size)
+            self._shared.by_region[self.region] = self
+        n = self._on_version[1] + 1 if self._on_version[0] == v else 1
+        self._on_version = (v, n)
+        self.pushed += 1
+        if self.reducer.send(self.region, vec, v):
+            self.staleness_counts[self.version - v] += 1
+        else:
+            self.staleness_dropped += 1
         self._computing = None
 
     def drain(self, copy: Callable[[], None]) -> None:
-        """Wait until every gradient pushed to the reducer (by any of its pipelines) is sent,
-        stop the LWU thread and bring every worker to the same last aggregate
-        (`ThresholdReducer.barrier`: collective, so every worker drains as often, as the
-        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking;
-        the reducer is the caller's until the next `push`.
+        """Bring every worker to the same last aggregate (`ThresholdReducer.barrier`:
+        collective, so every worker drains as often, as the synchronous path reduces as
+        often); then run ``copy()`` where ``θ`` changed. Blocking.
 
         Raises:
-            RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
-        engine = self._engine
-        with self._cond:
-            while (any(p._sent < p.pushed for p in engine.by_region.values())
-                   and engine.error is None):
-                self._cond.wait()
-            engine.stop = True
-        engine.join()
-        self._raise()
-        self.reducer.barrier(engine.deliver)
-        with self._cond:
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
+            SwitchError: the group broke."""
+        self.reducer.barrier(self._shared.deliver)
+        if self._copied != self.version:
+            copy()
+            self._copied = self.version
 
     def close(self) -> None:
-        """Stop the LWU thread now, abandoning gradients not yet sent. Idempotent; the reducer
-        stays open."""
-        with self._cond:
-            self._engine.abandon = True
-        self._engine.join()
-
-    def _raise(self) -> None:
-        error = self._engine.error
-        if error is not None:
-            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
-            raise cls(f"the Async iSwitch pipeline of worker {self.reducer.rank} failed: "
-                      f"{error}") from error
+        """Nothing runs beside the caller: kept for `StaleSyncPipeline`'s interface."""

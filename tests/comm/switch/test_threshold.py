@@ -12,6 +12,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -493,3 +494,46 @@ def test_a_root_cuts_every_offset_after_the_same_contributions(data_plane):
     finally:
         for s in (root, *tors):
             s.close()
+
+
+@pytest.mark.distributed
+def test_an_aggregate_coalesced_by_gro_is_taken_whole_and_exact(switches, monkeypatch):
+    """A gradient goes out in one segmented send and the switch's results come back coalesced
+    (GRO, where the plane sends with GSO): each aggregate is the exact mean on both workers,
+    and with the native plane the coalesced path took more than half of the 2 x 6 x 51
+    segments."""
+    sw = switches("--mtu", "1500")
+    native = False if PLANE_AT.get(sw.addr) == "python" else None
+    whole = Counter()
+    take = ThresholdReducer._on_results
+
+    def counted(self, nbytes: int, seg: int) -> int:
+        got = take(self, nbytes, seg)
+        whole[self.rank] += got // seg
+        return got
+
+    monkeypatch.setattr(ThresholdReducer, "_on_results", counted)
+    reds = _join_all(sw.addr, 2, 2, 3, native)
+    size = 50 * 366 + 7  # 51 segments at MTU 1500, the last short
+    try:
+        for red in reds.values():
+            assert red.region(size) == 0
+        got: dict[int, list] = {0: [], 1: []}
+        for step in range(6):
+            for rank, red in reds.items():
+                vec = np.arange(size, dtype=np.float32) * (rank + 1) + step
+                assert red.send(0, vec, step)
+            end = time.monotonic() + 10
+            while min(len(g) for g in got.values()) <= step and time.monotonic() < end:
+                for rank, red in reds.items():
+                    got[rank] += red.take(0.01)
+        for rank in reds:
+            assert [region for region, _ in got[rank]] == [0] * 6
+            for step, (_, mean) in enumerate(got[rank]):
+                want = (np.arange(size, dtype=np.float32) * 3 + 2 * step) / np.float32(2)
+                np.testing.assert_array_equal(mean, want)
+        if PLANE_AT.get(sw.addr) == "native":
+            assert sum(whole.values()) > 6 * 51, f"segments taken coalesced: {dict(whole)}"
+    finally:
+        for red in reds.values():
+            red.close()
