@@ -209,8 +209,8 @@ struct Offset {
   std::map<uint32_t, std::pair<std::vector<float>, uint32_t>> kept;
 };
 
-// Threshold mode at a child switch (`dataplane._Batch`): gradients of one region, summed per
-// offset into one partial each, with the oldest one's version.
+// Threshold mode at a child switch (`dataplane._Batch`): gradients of one version and region,
+// summed per offset into one partial each.
 struct Part {
   int key;
   uint32_t push, count;
@@ -861,11 +861,15 @@ class NativePlane {
     std::shared_ptr<Batch> found;
     for (auto& b : batches_) {
       if (b->key != o || b->closed) continue;
-      if (b->count + count > uint32_t(L_.max_count)) {
+      uint32_t d = (rnd - b->version) & 0xFFu;
+      if (d == 0 && b->count + count > uint32_t(L_.max_count)) {
         b->closed = true;
         send_complete(*b);
-      } else {
+      } else if (d == 0) {
         found = b;
+      } else if (d < 128) {
+        b->closed = true;
+        send_complete(*b);
       }
     }
     if (!found) {
@@ -876,9 +880,6 @@ class NativePlane {
       found->opened = found->last = now;
       batch_number_ = (batch_number_ + 1) % kTagMod;
       batches_.push_back(found);
-    } else {
-      uint32_t d = (found->version - rnd) & 0xFFu;
-      if (d != 0 && d < 128) found->version = rnd & 0xFFu;  // (the oldest gradient's)
     }
     return found;
   }

@@ -42,13 +42,12 @@ Threshold mode in a tree (a plane with a ``parent``; iSwitch §3.4's hierarchica
 a child switch sums its members' gradients into per-rack partials and sends each partial up with
 the count of gradients it holds (a member switch's partial adds its count). Gradients are
 assigned whole to a *batch* on the first segment of theirs the child sees: the open batch of
-that segment's offset (the first offset of the sender's region, as segments go out in order),
-so every gradient in a batch has the same offsets. A batch's version is its oldest gradient's,
-and the root checks S per batch against it, so no gradient in it is staler than S (one up to
-the batch's spread of versions fresher may be dropped with it). A batch closes to new
-gradients once it holds as many gradients as there are workers below the child, or after
-``help_after_s`` (so a slow worker holds its rack-mates' gradients back that long at most); a
-closed
+that segment's offset (the first offset of the sender's region, as segments go out in order)
+and of the gradient's weight version, so every gradient in a batch has the same version and
+the same offsets, and the root checks S per batch exactly as per gradient. A batch closes to
+new gradients once it holds as many gradients as there are workers below the child, once a
+gradient of a newer version opens a batch at its offset, or after ``help_after_s`` (so a slow
+worker holds its rack-mates' gradients of one version back that long at most); a closed
 batch sends each offset's partial, in ascending offset, as soon as every gradient of the batch
 gave its segment there (after ``help_after_s`` without, as it is: a segment lost on the way
 up). A synchronous round (a barrier's) and the flush send the open batches as they are first
@@ -63,12 +62,9 @@ its packets came; with a unit per contribution every offset cuts after the same 
 contributions, so the offsets' aggregate numbers stay in step and a vector's first offset
 (every contribution reaches it first) stays the furthest along, where S is checked, as with
 single gradients; with the counts of partials as weights the cuts would depend on the order.
-Why batches of whole gradients and not a running sum per offset: a partial taking segments as
-they come could split one gradient's segments over partials, and mix versions with no one
-version to check S by. Why not one batch per version: the workers compute on different
-versions (with H of the whole tree's gradients to an aggregate, the version moves more than
-once between two gradients of one worker), so per-version partials held about 2 gradients in
-racks of 3 (DDPG, 12 workers: 1.6x the aggregates, each of about 8 gradients where H was 12). A batch, and
+Why per-version batches and not a running sum: a partial mixing versions could be checked
+against S only at the child, with its older view of the aggregate numbers, and a partial
+taking segments as they come could split one gradient's segments over partials. A batch, and
 an aggregate, never holds more than `protocol.MAX_COUNT` gradients (the header's count field):
 one that would is closed first. The results come down as before: the child keeps each result
 from its parent (the last `KEPT_AGGREGATES` per offset) as it passes it to every member once.
@@ -180,8 +176,8 @@ class _Offset:
 
 
 class _Batch:
-    """Threshold mode at a child switch: gradients of one region, summed per offset into one
-    partial each, with the oldest one's version (see the module docstring)."""
+    """Threshold mode at a child switch: gradients of one version and region, summed per
+    offset into one partial each (see the module docstring)."""
 
     __slots__ = ("number", "key", "version", "grads", "count", "closed", "parts", "sent",
                  "length", "opened", "last", "gone")
@@ -494,23 +490,24 @@ class PyDataPlane:
             self._send_complete(b)
 
     def _batch_for(self, o: int, rnd: int, count: int, now: float) -> _Batch:
-        """The open batch at first offset ``o`` with room for ``count`` gradients (a new one if
-        none), its version lowered to ``rnd`` where that is older."""
+        """The open batch at first offset ``o`` of version ``rnd`` with room for ``count``
+        gradients, a new one if none; a newer version closes the older open ones there."""
         found = None
         for b in self._batches:
             if b.key != o or b.closed:
                 continue
-            if b.count + count > P.MAX_COUNT:
+            if b.version == rnd and b.count + count > P.MAX_COUNT:
                 b.closed = True
                 self._send_complete(b)
-            else:
+            elif b.version == rnd:
                 found = b
+            elif 0 < (rnd - b.version) % 256 < 128:
+                b.closed = True
+                self._send_complete(b)
         if found is None:
             found = _Batch(self._batch_number, o, rnd, now)
             self._batch_number = (self._batch_number + 1) % P.ASYNC_TAG_MOD
             self._batches.append(found)
-        elif 0 < (found.version - rnd) % 256 < 128:
-            found.version = rnd
         return found
 
     def _send_complete(self, b: _Batch) -> None:
