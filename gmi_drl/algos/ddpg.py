@@ -339,7 +339,7 @@ class ReplayActorCritic:
     network has its own `GradStep` (each a collective over the trainers); each target network
     follows its network's step (`GradStep.follow`: a soft update after every step of the actor,
     and after every ``policy_delay``-th of the critics, or every one for SAC), where the step
-    is taken: with stale-sync steps in their LWU stage, so the steps' pipelines are drained
+    is taken: with stale-sync steps on their LWU thread, so the steps' pipelines are drained
     only where the weights must agree (`drain`, which the runner calls at logged and
     checkpointed iterations).
 

@@ -10,8 +10,7 @@ the reducer or the optimizer itself. Two variants:
   Adam. Every trainer holds identical weights after every step.
 - `StaleSyncGradStep` ("stale-sync", iSwitch §4.1): the gradient is handed to the switch
   pipeline (`gmi_drl.comm.switch.pipeline.StaleSyncPipeline`) and computed on weights that miss
-  at most ``S`` aggregated steps; the pipeline's LWU stage takes the steps (a thread of its own;
-  Async iSwitch's at each call, before the gradient). `drain` ends the overlap.
+  at most ``S`` aggregated steps; the pipeline's thread takes the steps. `drain` ends the overlap.
 - `AsyncPSGradStep` ("Async PS", the iSwitch paper's asynchronous baseline, §2.2 Fig. 3, §6.2):
   the step's clip and optimizer turn the gradient into an update of the weights it was computed
   on, the update goes to an asynchronous parameter server (`gmi_drl.comm.ps.AsyncPSClient`),
@@ -176,8 +175,8 @@ class GradStep:
         weights: after every ``every``-th optimizer step, ``target <- tau theta + (1 - tau)
         target`` (Lillicrap et al. 2016, Algorithm 1; Fujimoto et al. 2018's delayed updates
         with ``every`` > 1), where the step is taken: here after each call, and with stale-sync
-        steps in the pipeline's LWU stage after each applied aggregate, so the targets follow
-        the same sequence of weights on every worker without a drain.
+        steps on the LWU thread after each applied aggregate, so the targets follow the same
+        sequence of weights on every worker without a drain.
 
         Raises:
             ValueError: ``target`` has another number of parameters, ``tau`` outside (0, 1]
@@ -320,7 +319,7 @@ class StaleSyncGradStep(GradStep):
     """Stale-sync gradient steps through the aggregation switch (iSwitch §4.1, Algorithm 1).
 
     The module's weights are ``θ_local``, what gradients are computed on; the optimizer steps a
-    second copy ``θ`` in the pipeline's LWU stage, in aggregation order, so every worker's
+    second copy ``θ`` on the pipeline's LWU thread, in aggregation order, so every worker's
     ``θ`` is bit-identical after every step. Each call waits until ``θ`` misses at most
     ``staleness_bound`` steps, copies it into ``θ_local``, computes the gradient and hands it
     over (the ``allreduce`` section times the waits). `drain` waits for every step and copies
@@ -362,7 +361,7 @@ class StaleSyncGradStep(GradStep):
         self._shadows: list[tuple[FlatParams, _Shadow]] = []  # (target, what follows θ)
 
     def follow(self, target: FlatParams, tau: float, every: int = 1) -> None:
-        """As `GradStep.follow`; the LWU stage steps a shadow of ``target`` after each
+        """As `GradStep.follow`; the LWU thread steps a shadow of ``target`` after each
         aggregate it applies to ``θ``, and the shadow is copied into ``target`` with ``θ``
         (`fetch`, `drain`): the target the gradient sees is that of the weights it sees."""
         super().follow(target, tau, every)
@@ -374,7 +373,7 @@ class StaleSyncGradStep(GradStep):
         return self._weights
 
     def _fusable(self) -> bool:
-        return False  # the optimizer runs in the pipeline's LWU stage
+        return False  # the optimizer runs on the pipeline's thread
 
     def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
         with timer("allreduce"):  # blocked by the staleness bound
@@ -415,7 +414,7 @@ class StaleSyncGradStep(GradStep):
             target.data.copy_(shadow.data)
 
     def _apply_mean(self, mean) -> None:
-        """The LWU stage: the synchronous path's step on ``θ`` with the aggregated mean gradient
+        """The LWU thread: the synchronous path's step on ``θ`` with the aggregated mean gradient
         ``(P,) float32`` (NumPy): clip the norm, one optimizer step."""
         w = self._weights
         w.grad.copy_(torch.from_numpy(mean))
@@ -425,7 +424,7 @@ class StaleSyncGradStep(GradStep):
 
 
 class _Shadow(NamedTuple):
-    """A stale-sync target's copy in the LWU stage (what `soft_update_` steps)."""
+    """A stale-sync target's copy on the LWU thread (what `soft_update_` steps)."""
 
     data: torch.Tensor
     numel: int

@@ -353,7 +353,8 @@ class SwitchReducer(GradReducer):
             seqs, counts, flags = P.unpack_data_headers(
                 np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg))
             seq, count = int(seqs[0]), int(counts[0])
-            if (not (flags & P.FLAG_RESULT).all() or (counts != count).any() or count == 0
+            if (not (flags & P.FLAG_RESULT).all() or (flags & ~P.KNOWN_FLAGS).any()
+                    or (counts != count).any() or count == 0
                     or ((seqs - seq) % P.SEQ_MOD != np.arange(m)).any()):
                 return None
         return seq, m, count, np.frombuffer(self._rx, np.uint8, m * seg).reshape(m, seg)

@@ -55,6 +55,7 @@ import torch
 from gmi_drl.comm.switch import protocol as P
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 from gmi_drl.comm.switch.dataplane import KEPT_AGGREGATES
+from gmi_drl.comm.switch.pipeline import LwuEngine
 from gmi_drl.comm.switch.protocol import Action
 
 
@@ -415,57 +416,71 @@ class ThresholdReducer(SwitchReducer):
         self._synced.clear()
 
 
-class _Shared:
-    """What the pipelines of one `ThresholdReducer` share (one pipeline per optimised module):
-    which pipeline owns each region, and the delivery of aggregates to them."""
+class _Engine(LwuEngine):
+    """The LWU thread of one `ThresholdReducer`, shared by its pipelines (one per optimised
+    module): sends the gradients LGC hands over (``pending``: ``(pipeline, vector, version)``),
+    applies each region's aggregates in order."""
 
     def __init__(self, reducer: ThresholdReducer) -> None:
-        self.reducer = reducer
+        super().__init__(reducer, "switch-async-lwu")
         self.by_region: dict[int, ThresholdPipeline] = {}
 
     def deliver(self, results) -> None:
-        """Apply each ``(region, mean)`` to its pipeline's ``θ``, in order."""
         for region, mean in results:
-            pipe = self.by_region[region]
-            pipe._apply(mean)
-            pipe.version += 1
+            with self.cond:
+                pipe = self.by_region[region]
+                pipe._apply(mean)
+                pipe.version += 1
+                self.cond.notify_all()
 
-    def poll(self, timeout_s: float) -> None:
-        """Apply the aggregates that came (waiting up to ``timeout_s`` for one)."""
-        self.deliver(self.reducer.take(timeout_s))
+    def _run(self) -> None:
+        red = self.reducer
+        while True:
+            self._woken()
+            with self.cond:
+                new, self.pending = self.pending, deque()
+                stop = self.abandon or (self.stop and not new)
+            if stop:
+                return
+            for pipe, vec, version in new:
+                staleness = pipe.version - version  # (only the LWU thread changes it)
+                sent = red.send(pipe.region, vec, version)
+                with self.cond:
+                    if sent:
+                        pipe.staleness_counts[staleness] += 1
+                    else:
+                        pipe.staleness_dropped += 1
+            with self.cond:
+                for pipe, _, _ in new:
+                    pipe._sent += 1
+                self.cond.notify_all()
+            self.deliver(red.take(0.5, self._wake_r))
 
 
-_SHARED: "weakref.WeakKeyDictionary[ThresholdReducer, _Shared]" = weakref.WeakKeyDictionary()
+_ENGINES: "weakref.WeakKeyDictionary[ThresholdReducer, _Engine]" = weakref.WeakKeyDictionary()
 
 
 class ThresholdPipeline:
     """One worker's LGC/GA/LWU pipeline of Async iSwitch (H, S); see the module docstring.
 
     The interface of `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`: per gradient, `fetch`
-    (apply the aggregates that came, copy ``θ`` into the weights LGC computes on; waits only
-    while ``S + 1`` gradients were computed on the current version), compute, `push` (a
-    non-blocking send). `drain` before the weights are read as a whole (a rollout, a
-    checkpoint): it brings every worker to the same last aggregate, so ``θ`` is the same
-    everywhere after it.
-
-    The three stages run on the caller's thread: the switch aggregates (GA) while LGC computes,
-    and the results wait in the socket's buffer until the next `fetch` applies them (LWU). A
-    thread of its own for LWU, as `StaleSyncPipeline` has, was measured slower: with DDPG on
-    12 GMIs sharing 2 cores, its wake-ups and lock hand-overs cost more CPU than the overlap of
-    the weight update won (docs/benchmarks.md, the aggregation switch).
+    (copy ``θ`` into the weights LGC computes on; waits only while ``S + 1`` gradients were
+    computed on the current version), compute, `push` (returns at once). `drain` before the
+    weights are read as a whole (a rollout, a checkpoint): it brings every worker to the same
+    last aggregate, so ``θ`` is the same everywhere after it.
 
     Args:
-        reducer: the `ThresholdReducer`, the pipeline's own between the first `push` and the
-            last `drain`.
+        reducer: the `ThresholdReducer`; the LWU thread owns it between the first `push` and
+            the last `drain`.
         apply: the local weight update ``apply(mean)``, ``mean`` ``(P,) float32`` (valid during
-            the call), called in the switch's order (in `fetch` and `drain`).
+            the call), called on the LWU thread in the switch's order, holding the lock.
 
     Raises:
         ValueError: ``reducer`` is not a `ThresholdReducer`.
 
     Attributes:
         version: aggregates applied to ``θ``.
-        pushed: gradients pushed (sent or dropped).
+        pushed: gradients handed over.
         staleness_counts: ``{V - v: gradients sent}``, ``V`` the version when sent, ``v`` the
             one computed on (at most S; a lower bound of the staleness at the switch).
         staleness_dropped: gradients this worker dropped before sending (older than S).
@@ -476,69 +491,96 @@ class ThresholdPipeline:
             raise ValueError("Async iSwitch training needs a ThresholdReducer, got "
                              f"{type(reducer).__name__}")
         self.reducer, self.staleness_bound, self._apply = reducer, reducer.staleness, apply
-        shared = _SHARED.get(reducer)
-        if shared is None:
-            shared = _SHARED[reducer] = _Shared(reducer)
-        self._shared = shared
+        engine = _ENGINES.get(reducer)
+        if engine is None:
+            engine = _ENGINES[reducer] = _Engine(reducer)
+        self._engine, self._cond = engine, engine.cond
         self.region: int | None = None
-        self.version = self.pushed = 0
+        self.version = self.pushed = self._sent = 0
         self.staleness_dropped = 0
         self.staleness_counts: Counter[int] = Counter()
         self._copied = -1
         self._computing: int | None = None
         self._on_version = (0, 0)  # (version, gradients computed on it)
 
+    # ---- the trainer's thread (LGC) ------------------------------------------------------------
+
     def fetch(self, copy: Callable[[], None]) -> int:
-        """Apply the aggregates that came; wait (applying them) while ``S + 1`` gradients were
-        computed on the current ``θ``; then run ``copy()`` (``θ_local ← θ``, skipped when
-        unchanged). Returns the version copied. Blocking.
+        """Wait while ``S + 1`` gradients were computed on the current ``θ``, then run
+        ``copy()`` (``θ_local ← θ``, skipped when unchanged) under the lock. Returns the version
+        copied. Blocking.
 
         Raises:
-            SwitchError: the switch refused this worker, or a result stayed lost."""
-        shared = self._shared
-        shared.poll(0.0)
-        while self._on_version[0] == self.version and self._on_version[1] > self.staleness_bound:
-            shared.poll(0.5)
-        if self._copied != self.version:
-            copy()
-            self._copied = self.version
-        self._computing = self.version
+            RuntimeError: the LWU thread failed (its error chained; `SwitchError` for the
+                switch's)."""
+        with self._cond:
+            while (self._on_version[0] == self.version
+                   and self._on_version[1] > self.staleness_bound
+                   and self._engine.error is None):
+                self._cond.wait()
+            self._raise()
+            if self._copied != self.version:
+                copy()
+                self._copied = self.version
+            self._computing = self.version
         return self._computing
 
     def push(self, grad: torch.Tensor) -> None:
-        """Send the gradient computed since `fetch` (``(P,) float32``, any device; copied), or
-        drop it where it is older than S already. Non-blocking.
+        """Hand over the gradient computed since `fetch` (``(P,) float32``, any device; copied).
+        Non-blocking.
 
         Raises:
-            RuntimeError: no `fetch` since the last push."""
+            RuntimeError: no `fetch` since the last push, or the LWU thread failed."""
         if self._computing is None:
             raise RuntimeError("push without fetch: call fetch before computing each gradient")
         vec = np.empty(grad.numel(), np.float32)
         torch.from_numpy(vec).copy_(grad.reshape(-1))
         v = self._computing
-        if self.region is None:  # the first push: every worker's pipelines in one order
-            self.region = self.reducer.region(vec.size)
-            self._shared.by_region[self.region] = self
-        n = self._on_version[1] + 1 if self._on_version[0] == v else 1
-        self._on_version = (v, n)
-        self.pushed += 1
-        if self.reducer.send(self.region, vec, v):
-            self.staleness_counts[self.version - v] += 1
-        else:
-            self.staleness_dropped += 1
+        with self._cond:
+            self._raise()
+            if self.region is None:  # the first push: every worker's pipelines in one order
+                self.region = self.reducer.region(vec.size)
+                self._engine.by_region[self.region] = self
+            n = self._on_version[1] + 1 if self._on_version[0] == v else 1
+            self._on_version = (v, n)
+            self._engine.pending.append((self, vec, v))
+            self.pushed += 1
+            self._engine.wake()
         self._computing = None
 
     def drain(self, copy: Callable[[], None]) -> None:
-        """Bring every worker to the same last aggregate (`ThresholdReducer.barrier`:
-        collective, so every worker drains as often, as the synchronous path reduces as
-        often); then run ``copy()`` where ``θ`` changed. Blocking.
+        """Wait until every gradient pushed to the reducer (by any of its pipelines) is sent,
+        stop the LWU thread and bring every worker to the same last aggregate
+        (`ThresholdReducer.barrier`: collective, so every worker drains as often, as the
+        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking;
+        the reducer is the caller's until the next `push`.
 
         Raises:
-            SwitchError: the group broke."""
-        self.reducer.barrier(self._shared.deliver)
-        if self._copied != self.version:
-            copy()
-            self._copied = self.version
+            RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
+        engine = self._engine
+        with self._cond:
+            while (any(p._sent < p.pushed for p in engine.by_region.values())
+                   and engine.error is None):
+                self._cond.wait()
+            engine.stop = True
+        engine.join()
+        self._raise()
+        self.reducer.barrier(engine.deliver)
+        with self._cond:
+            if self._copied != self.version:
+                copy()
+                self._copied = self.version
 
     def close(self) -> None:
-        """Nothing runs beside the caller: kept for `StaleSyncPipeline`'s interface."""
+        """Stop the LWU thread now, abandoning gradients not yet sent. Idempotent; the reducer
+        stays open."""
+        with self._cond:
+            self._engine.abandon = True
+        self._engine.join()
+
+    def _raise(self) -> None:
+        error = self._engine.error
+        if error is not None:
+            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
+            raise cls(f"the Async iSwitch pipeline of worker {self.reducer.rank} failed: "
+                      f"{error}") from error
