@@ -411,10 +411,13 @@ class SwitchReducer(GradReducer):
     # ---- send ----------------------------------------------------------------------------------
 
     def _send_segment(self, r: _Round, i: int, flags: int) -> None:
+        self._send_one(r.inp, i, r.base, r.number, flags)
+
+    def _send_one(self, inp: np.ndarray, i: int, base: int, round_: int, flags: int) -> None:
+        """Segment ``i`` of ``inp`` as one datagram, ``seq = base + i``."""
         f = self._seg_floats
-        lo = i * f
-        hdr = P.data_header(r.base + i, r.number, self.rank, 1, flags)
-        P.send_data(self._sock, self._switch, hdr, r.inp[lo:lo + f])
+        P.send_data(self._sock, self._switch, P.data_header(base + i, round_, self.rank, 1, flags),
+                    inp[i * f:(i + 1) * f])
 
     def _send_range(self, r: _Round, a: int, b: int) -> None:
         """First sends of segments ``[a, b)`` of ``r``."""
@@ -432,9 +435,7 @@ class SwitchReducer(GradReducer):
 
         def one_by_one(lo: int) -> None:
             for i in range(lo, b):
-                P.send_data(self._sock, self._switch,
-                            P.data_header(base + i, round_, self.rank, 1, flags),
-                            inp[i * f:(i + 1) * f])
+                self._send_one(inp, i, base, round_, flags)
 
         if not self._gso or per < 2 or b - a < 2:
             one_by_one(a)

@@ -570,18 +570,13 @@ def pack_data_headers(rows: np.ndarray, seqs: np.ndarray, round_: int, member: i
 def unpack_data_headers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(seq, count, flags)`` (each ``(m,)`` int64) of the Seg headers at the start of the rows
     of ``rows`` (``(m, >= 8)`` uint8): `decode_data`'s fields for many packets at once."""
-    out = []
-    for name in ("seq", "count", "flags"):
-        off, size = _LAYOUT[f"{name}_offset"], _LAYOUT[f"{name}_size"]
-        out.append(np.ascontiguousarray(rows[:, off:off + size]).view(f">u{size}")[:, 0]
-                   .astype(np.int64))
-    return out[0], out[1], out[2]
+    return data_field(rows, "seq"), data_field(rows, "count"), data_field(rows, "flags")
 
 
-def data_flags(rows: np.ndarray) -> np.ndarray:
-    """The ``flags`` (``(m,)`` int64) of the Seg headers at the start of the rows of ``rows``
-    (``(m, >= 8)`` uint8)."""
-    off, size = _LAYOUT["flags_offset"], _LAYOUT["flags_size"]
+def data_field(rows: np.ndarray, name: str) -> np.ndarray:
+    """Field ``name`` (``seq``, ``round``, ``member``, ``count`` or ``flags``; ``(m,)`` int64) of
+    the Seg headers at the start of the rows of ``rows`` (``(m, >= 8)`` uint8)."""
+    off, size = _LAYOUT[f"{name}_offset"], _LAYOUT[f"{name}_size"]
     return np.ascontiguousarray(rows[:, off:off + size]).view(f">u{size}")[:, 0].astype(np.int64)
 
 

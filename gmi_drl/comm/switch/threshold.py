@@ -252,7 +252,7 @@ class ThresholdReducer(SwitchReducer):
         if head is None:
             return 0
         seq, m, count, rows = head
-        if not (P.data_flags(rows) & P.FLAG_ASYNC).all():
+        if not (P.data_field(rows, "flags") & P.FLAG_ASYNC).all():
             return 0  # (a barrier's synchronous results: one by one)
         tag, o = P.async_split(seq)
         r, f = self._region_of(o), self._seg_floats
