@@ -182,7 +182,9 @@ def _ppo(addr: str, rank: int, n: int, staleness, q) -> None:
 
 @pytest.mark.distributed
 def test_ppo_stale_sync_zero_is_sync_and_stale_sync_keeps_weights_identical(switches):
-    sw = switches("--mtu", "1500")
+    # (results 5 ms late, so that with S = 3 some step computes on weights that miss an
+    # aggregate however fast the host: without a delay a quick round trip could leave none)
+    sw = switches("--mtu", "1500", "--delay-ms", "5")
     got = {}
     for s in (None, 0, 3):
         got[s] = _run(sw.addr, 2, s, _ppo)
