@@ -209,8 +209,8 @@ struct Offset {
   std::map<uint32_t, std::pair<std::vector<float>, uint32_t>> kept;
 };
 
-// Threshold mode at a child switch (`dataplane._Batch`): gradients of one version and region,
-// summed per offset into one partial each.
+// Threshold mode at a child switch (`dataplane._Batch`): gradients of one region, summed per
+// offset into one partial each, with the oldest one's version.
 struct Part {
   int key;
   uint32_t push, count;
@@ -219,7 +219,8 @@ struct Part {
 };
 
 struct Batch {
-  uint32_t number = 0, key = 0, version = 0;
+  uint32_t number = 0, key = 0;
+  int64_t oldest = 0, newest = 0;  // its gradients' versions (absolute), <= S apart
   int grads = 0;
   uint32_t count = 0;
   bool closed = false, gone = false;
@@ -815,25 +816,29 @@ class NativePlane {
                      uint32_t k, const float* payload) {
     double now = monotonic();
     uint64_t g = (uint64_t(skey) << 32) | push;
-    std::shared_ptr<Batch> b;
     auto it = assigned_.find(g);
     if (it == assigned_.end()) {
-      b = batch_for(o, rnd, count, now);
-      assigned_[g] = b;
+      std::shared_ptr<Batch> nb = batch_for(o, rnd, count, skey >= 256, now);
+      it = assigned_.emplace(g, nb).first;
       assigned_order_.push_back(g);
       if (assigned_order_.size() > 4096) {
         assigned_.erase(assigned_order_.front());
         assigned_order_.pop_front();
       }
-      b->grads += 1;
-      b->count += count;
-      int below = 0;
-      for (const Member& x : members_) {
-        if (x.active) below += std::max(1, x.workers_below);
+      if (nb) {
+        nb->grads += 1;
+        nb->count += count;
+        int below = 0;
+        for (const Member& x : members_) {
+          if (x.active) below += std::max(1, x.workers_below);
+        }
+        if (int(nb->count) >= std::max(1, below)) nb->closed = true;
       }
-      if (int(b->count) >= std::max(1, below)) b->closed = true;
-    } else {
-      b = it->second;
+    }
+    std::shared_ptr<Batch> b = it->second;
+    if (!b) {  // staler than S already (`batch_for`)
+      ++c_[STALENESS_DROPPED];
+      return;
     }
     if (b->gone || b->sent.count(o)) {
       ++c_[STALE_DROPPED];
@@ -857,29 +862,39 @@ class NativePlane {
     if (b->closed) send_complete(*b);
   }
 
-  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, uint32_t count, double now) {
+  // `PyDataPlane._batch_for`: the batch for a gradient of version rnd (a member switch's
+  // partial: up to S newer), or none where it is staler than S already.
+  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, uint32_t count, bool partial,
+                                   double now) {
+    const int64_t s = thr_s_;
+    auto at = offsets_.find(o);
+    int64_t top = at == offsets_.end() ? 0 : int64_t(at->second.number);
+    int64_t lag = int64_t((uint32_t(top) - rnd) & 0xFFu);
+    if (lag > s) return nullptr;
+    int64_t lo = top - lag, hi = partial ? lo + s : lo;
     std::shared_ptr<Batch> found;
     for (auto& b : batches_) {
       if (b->key != o || b->closed) continue;
-      uint32_t d = (rnd - b->version) & 0xFFu;
-      if (d == 0 && b->count + count > uint32_t(L_.max_count)) {
+      if (b->count + count > uint32_t(L_.max_count) || top - b->oldest > s) {
         b->closed = true;
         send_complete(*b);
-      } else if (d == 0) {
+      } else if (std::max(b->newest, hi) - std::min(b->oldest, lo) <= s &&
+                 (!found || b->oldest > found->oldest)) {
         found = b;
-      } else if (d < 128) {
-        b->closed = true;
-        send_complete(*b);
       }
     }
     if (!found) {
       found = std::make_shared<Batch>();
       found->number = batch_number_;
       found->key = o;
-      found->version = rnd & 0xFFu;
+      found->oldest = lo;
+      found->newest = hi;
       found->opened = found->last = now;
       batch_number_ = (batch_number_ + 1) % kTagMod;
       batches_.push_back(found);
+    } else {
+      found->oldest = std::min(found->oldest, lo);
+      found->newest = std::max(found->newest, hi);
     }
     return found;
   }
@@ -904,8 +919,8 @@ class NativePlane {
     b.sent.insert(o);
     parts.clear();
     ++c_[SEGMENTS_COMPLETED];
-    queue(parent_, ((b.number % kTagMod) << 16) | o, b.version, uint32_t(member_id_), n,
-          L_.flag_async, total.data(), uint32_t(total.size()), 0);
+    queue(parent_, ((b.number % kTagMod) << 16) | o, uint32_t(b.oldest) & 0xFFu,
+          uint32_t(member_id_), n, L_.flag_async, total.data(), uint32_t(total.size()), 0);
   }
 
   // Close every batch; send every partial it holds as it is, or (`whole`) only those every

@@ -42,15 +42,24 @@ Threshold mode in a tree (a plane with a ``parent``; iSwitch §3.4's hierarchica
 a child switch sums its members' gradients into per-rack partials and sends each partial up with
 the count of gradients it holds (a member switch's partial adds its count). Gradients are
 assigned whole to a *batch* on the first segment of theirs the child sees: the open batch of
-that segment's offset (the first offset of the sender's region, as segments go out in order)
-and of the gradient's weight version, so every gradient in a batch has the same version and
-the same offsets, and the root checks S per batch exactly as per gradient. A batch closes to
-new gradients once it holds as many gradients as there are workers below the child, once a
-gradient of a newer version opens a batch at its offset, or after ``help_after_s`` (so a slow
-worker holds its rack-mates' gradients of one version back that long at most); a closed
-batch sends each offset's partial, in ascending offset, as soon as every gradient of the batch
-gave its segment there (after ``help_after_s`` without, as it is: a segment lost on the way
-up). A synchronous round (a barrier's) and the flush send the open batches as they are first
+that segment's offset (the first offset of the sender's region, as segments go out in order),
+so every gradient in a batch has the same offsets. A batch carries its oldest gradient's
+version, which the root checks S against, so no gradient in it is staler than S. The child
+knows each offset's aggregates that came down through it, and no worker's version is ahead of
+them (every result reaches a worker through its switch): it reads a gradient's version byte
+against them (a lag, mod 256, as the root does), drops and counts (``staleness_dropped``) one
+staler than S already (the root is at least as far along), and adds the others to the open
+batch, of those with room whose versions would still span at most S, with the newest oldest
+version (a member switch's partial counts as holding versions up to S newer than the one it
+carries). So a stale gradient never takes a fresh one down with it: while the root's open
+aggregate is N, a batch holding a gradient of version N holds none older than N - S, is fresh
+at the root, and the S + 1 gradients each worker may compute on N complete the aggregate, as
+with batches of one version. An open batch already staler than S closes (the root drops it).
+A batch closes to new gradients once it holds as many gradients as there are workers below the
+child, or after ``help_after_s`` (so a slow worker holds its rack-mates' gradients back that
+long at most); a closed batch sends each offset's partial, in ascending offset, as soon as every
+gradient of the batch gave its segment there (after ``help_after_s`` without, as it is: a
+segment lost on the way up). A synchronous round (a barrier's) and the flush send the open batches as they are first
 (every worker stopped sending), so what reached the child before them reaches the parent
 before them; a worker's FBcast of one aggregate sends the whole ones only. The root takes a
 member switch's partial as one *contribution* (a worker's gradient is one too): it keys it (for
@@ -62,11 +71,14 @@ its packets came; with a unit per contribution every offset cuts after the same 
 contributions, so the offsets' aggregate numbers stay in step and a vector's first offset
 (every contribution reaches it first) stays the furthest along, where S is checked, as with
 single gradients; with the counts of partials as weights the cuts would depend on the order.
-Why per-version batches and not a running sum: a partial mixing versions could be checked
-against S only at the child, with its older view of the aggregate numbers, and a partial
-taking segments as they come could split one gradient's segments over partials. A batch, and
-an aggregate, never holds more than `protocol.MAX_COUNT` gradients (the header's count field):
-one that would is closed first. The results come down as before: the child keeps each result
+Why batches of whole gradients and not a running sum per offset: a partial taking segments as
+they come could split one gradient's segments over partials, and mix versions with no one
+version to check S by. Why not one batch per version: the workers compute on different
+versions (with H of the whole tree's gradients to an aggregate, the version moves more than
+once between two gradients of one worker), so per-version partials held about 2 gradients in
+racks of 3 (DDPG, 12 workers: 1.6x the aggregates, each of about 8 gradients where H was 12).
+A batch, and an aggregate, never holds more than `protocol.MAX_COUNT` gradients (the header's
+count field): one that would is closed first. The results come down as before: the child keeps each result
 from its parent (the last `KEPT_AGGREGATES` per offset) as it passes it to every member once.
 """
 
@@ -176,14 +188,15 @@ class _Offset:
 
 
 class _Batch:
-    """Threshold mode at a child switch: gradients of one version and region, summed per
-    offset into one partial each (see the module docstring)."""
+    """Threshold mode at a child switch: gradients of one region, summed per offset into one
+    partial each, with the oldest one's version (see the module docstring)."""
 
-    __slots__ = ("number", "key", "version", "grads", "count", "closed", "parts", "sent",
-                 "length", "opened", "last", "gone")
+    __slots__ = ("number", "key", "oldest", "newest", "grads", "count", "closed", "parts",
+                 "sent", "length", "opened", "last", "gone")
 
-    def __init__(self, number: int, key: int, version: int, now: float) -> None:
-        self.number, self.key, self.version = number, key, version  # key: first offset
+    def __init__(self, number: int, key: int, oldest: int, newest: int, now: float) -> None:
+        self.number, self.key = number, key  # key: first offset
+        self.oldest, self.newest = oldest, newest  # its gradients' versions (absolute), <= S apart
         self.grads = 0               # gradients assigned
         self.count = 0               # the gradients they stand for (partials count theirs)
         self.closed = False
@@ -462,18 +475,23 @@ class PyDataPlane:
 
     def _batch_segment(self, key: int, push: int, o: int, rnd: int, count: int, k: int) -> None:
         """Add a gradient segment (or a member switch's partial) to its batch; send what is
-        complete."""
+        complete. A gradient already staler than S here is dropped and counted."""
         c, now = self._c, time.monotonic()
         g = (key, push)
-        b = self._assigned.get(g)
-        if b is None:
-            b = self._assigned[g] = self._batch_for(o, rnd, count, now)
+        if g not in self._assigned:
+            b = self._assigned[g] = self._batch_for(o, rnd, count, key >= 256, now)
             if len(self._assigned) > 4096:
                 del self._assigned[next(iter(self._assigned))]
-            b.grads += 1
-            b.count += count
-            if b.count >= max(1, sum(max(1, x.workers_below) for x in self._members.values())):
-                b.closed = True
+            if b is not None:
+                b.grads += 1
+                b.count += count
+                if b.count >= max(1, sum(max(1, x.workers_below)
+                                         for x in self._members.values())):
+                    b.closed = True
+        b = self._assigned[g]
+        if b is None:
+            c["staleness_dropped"] += 1
+            return
         if b.gone or o in b.sent:
             c["stale_dropped"] += 1
             return
@@ -489,25 +507,38 @@ class PyDataPlane:
         if b.closed:
             self._send_complete(b)
 
-    def _batch_for(self, o: int, rnd: int, count: int, now: float) -> _Batch:
-        """The open batch at first offset ``o`` of version ``rnd`` with room for ``count``
-        gradients, a new one if none; a newer version closes the older open ones there."""
+    def _batch_for(self, o: int, rnd: int, count: int, partial: bool,
+                   now: float) -> _Batch | None:
+        """The batch at first offset ``o`` for a gradient of version ``rnd`` (``partial``: a
+        member switch's partial, whose gradients may be up to S newer), or ``None`` where it is
+        staler than S already against the aggregates of ``o`` that came down here (the root is
+        at least as far along). Of the open batches with room whose versions would still span
+        at most S, the one of the newest oldest version; a new one if none. An open batch
+        already staler than S here closes (the root drops it)."""
+        s = self._thr[1]
+        a = self._offsets.get(o)
+        top = a.number if a is not None else 0  # o's aggregates that came down here
+        lag = (top - rnd) % 256  # (no version is ahead of them: results reach workers here)
+        if lag > s:
+            return None
+        lo = top - lag
+        hi = lo + s if partial else lo
         found = None
         for b in self._batches:
             if b.key != o or b.closed:
                 continue
-            if b.version == rnd and b.count + count > P.MAX_COUNT:
+            if b.count + count > P.MAX_COUNT or top - b.oldest > s:
                 b.closed = True
                 self._send_complete(b)
-            elif b.version == rnd:
+            elif max(b.newest, hi) - min(b.oldest, lo) <= s \
+                    and (found is None or b.oldest > found.oldest):
                 found = b
-            elif 0 < (rnd - b.version) % 256 < 128:
-                b.closed = True
-                self._send_complete(b)
         if found is None:
-            found = _Batch(self._batch_number, o, rnd, now)
+            found = _Batch(self._batch_number, o, lo, hi, now)
             self._batch_number = (self._batch_number + 1) % P.ASYNC_TAG_MOD
             self._batches.append(found)
+        else:
+            found.oldest, found.newest = min(found.oldest, lo), max(found.newest, hi)
         return found
 
     def _send_complete(self, b: _Batch) -> None:
@@ -526,7 +557,7 @@ class PyDataPlane:
         b.sent.add(o)
         b.parts[o] = []
         self._c["segments_completed"] += 1
-        self._send(self._parent, P.data_header(P.async_seq(b.number, o), b.version,
+        self._send(self._parent, P.data_header(P.async_seq(b.number, o), b.oldest % 256,
                                                self._member_id, n, P.FLAG_ASYNC), total)
 
     def _flush_batches(self, whole: bool = False) -> None:

@@ -30,12 +30,14 @@ applies the same, smaller, sum. A drain's flush is answered with every offset's 
 completed (`protocol.Action.FLUSHED`), so a worker that lost every packet of one learns of it.
 
 A tree of switches (iSwitch §3.4): a worker may join a ToR switch (one started with
-``--parent``); the ToR sums its workers' gradients into per-rack partials, each of gradients of
-one weight version (`dataplane` module docstring), and sends each up with its count, so the
-root counts H gradients of any workers of the whole tree and checks S exactly (per partial, all
-of one version), and each ToR uplink carries about one vector per rack size of gradients; the
-root's results go down through the ToRs, which keep the last `dataplane.KEPT_AGGREGATES` per offset for their workers' Help (one
-they lack they ask the root for); FBcast and the flush go up to the root, its answers down.
+``--parent``); the ToR sums its workers' gradients into per-rack partials (`dataplane` module
+docstring) and sends each up with its count and its oldest gradient's version, so the root
+counts H gradients of any workers of the whole tree and checks S against each partial's
+oldest gradient (none applied is staler than S; the ToR drops the ones it already knows to be
+staler), and each ToR uplink carries about one vector
+per rack size of gradients; the root's results go down through the ToRs, which keep the last
+`dataplane.KEPT_AGGREGATES` per offset for their workers' Help (one they lack they ask the
+root for); FBcast and the flush go up to the root, its answers down.
 Not covered (yet): a switch restarted after the first gradient (the worker raises
 `SwitchError`, or, for a restarted root under ToRs, the root drops the gradients: the aggregate
 numbering is lost; the run resumes from its checkpoint).

@@ -171,8 +171,8 @@ def _tree(switches, *faults: str) -> tuple:
 @pytest.mark.distributed
 def test_threshold_mode_through_a_tree_of_switches(switches):
     """Root + 2 ToRs, 4 workers, the last slow: each ToR sends its workers' gradients up in
-    per-rack partials (batches of one version, counted whole at the root: H counts gradients of
-    any workers across the tree, S is checked there exactly per batch) and the root's results
+    per-rack partials (batches counted whole at the root: H counts gradients of any workers
+    across the tree, S is checked there per batch against its oldest gradient) and the root's results
     down; fast workers fill aggregates, every worker applies the same aggregates and drains to
     the same weights, no applied gradient is staler than S."""
     h, s, n = 2, 2, 4
@@ -537,3 +537,170 @@ def test_an_aggregate_coalesced_by_gro_is_taken_whole_and_exact(switches, monkey
     finally:
         for red in reds.values():
             red.close()
+
+
+@pytest.mark.distributed
+def test_a_rack_partial_sums_gradients_of_several_versions(switches):
+    """A root and one ToR, H = 2 of 2 workers, S = 3: after aggregate 0, worker 0 sends a
+    gradient computed on version 1 and worker 1 one on version 0 (one behind). The ToR sums
+    both into one partial, tagged with the older version (what the root checks S against), so
+    aggregate 1 is their mean; with one partial per version, each would make an aggregate
+    alone."""
+    root = switches("--switch-id", "9")
+    tor = switches("--parent", root.addr, "--member-id", "0", "--switch-id", "1")
+    native = False if PLANE_AT.get(tor.addr) == "python" else None
+    reds = _join_all(tor.addr, 2, 2, 3, native)
+    size = 900
+    vecs = {(r, v): np.arange(size, dtype=np.float32) * (r + 1) + 10 * v for r in (0, 1)
+            for v in (0, 1)}
+    try:
+        for red in reds.values():
+            assert red.region(size) == 0
+        got: dict[int, list] = {0: [], 1: []}
+
+        def take_until(n: int) -> None:
+            end = time.monotonic() + 10
+            while min(len(g) for g in got.values()) < n and time.monotonic() < end:
+                for rank, red in reds.items():
+                    got[rank] += red.take(0.01)
+
+        for rank, red in reds.items():
+            assert red.send(0, vecs[(rank, 0)], 0)
+        take_until(1)
+        assert reds[0].send(0, vecs[(0, 1)], 1)
+        assert reds[1].send(0, vecs[(1, 0)], 0)
+        take_until(2)
+        want = (vecs[(0, 1)] + vecs[(1, 0)]) / np.float32(2)
+        for rank in reds:
+            assert len(got[rank]) == 2, f"worker {rank} took {len(got[rank])} aggregates"
+            np.testing.assert_array_equal(got[rank][1][1], want)
+        assert root.stats()["staleness_dropped"] == 0
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+@pytest.mark.distributed
+def test_a_stale_gradient_never_takes_a_fresh_one_down_with_it(switches):
+    """A root and one ToR, H = 2 of 2 workers, S = 1. Worker 0 alone makes aggregates 0-2
+    (its gradients fill the rack's batches) while worker 1 takes none of them, so it still
+    sends on version 1 when the root is at 3 (stale). Then worker 0 sends one on version 3
+    (fresh). The stale gradient is dropped alone (the ToR knows aggregate 2 came down), and
+    aggregate 3 is worker 0's gradient. With one batch of any spread, both went up as one
+    partial of version 1, the root dropped it, and aggregate 3 never came."""
+    root = switches("--switch-id", "9")
+    tor = switches("--parent", root.addr, "--member-id", "0", "--switch-id", "1")
+    native = False if PLANE_AT.get(tor.addr) == "python" else None
+    reds = _join_all(tor.addr, 2, 2, 1, native)
+    size = 900
+    try:
+        for red in reds.values():
+            assert red.region(size) == 0
+        got: list = []
+
+        def take_until(n: int) -> None:
+            end = time.monotonic() + 10
+            while len(got) < n and time.monotonic() < end:
+                got.extend(reds[0].take(0.01))
+
+        for v in range(3):
+            for _ in range(2):
+                assert reds[0].send(0, np.full(size, v + 1, np.float32), v)
+            take_until(v + 1)
+        assert len(got) == 3
+        assert reds[1].send(0, np.full(size, 100, np.float32), 1)
+        time.sleep(0.05)  # (the stale gradient reaches the ToR first)
+        mine = np.arange(size, dtype=np.float32)
+        assert reds[0].send(0, mine, 3)
+        take_until(4)
+        assert len(got) == 4, "aggregate 3 never came: worker 0's gradient was dropped"
+        np.testing.assert_array_equal(got[3][1], mine)
+        assert root.stats()["staleness_dropped"] + tor.stats()["staleness_dropped"] > 0
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+BATCH_CASES = {
+    # S, the aggregates that came down to the ToR, the gradients (member, version, count) in
+    # arrival order -> the partials it sends up (version, count, which gradients: their indices)
+    "a stale gradient is dropped at the ToR, not batched with fresh ones":
+        (1, 10, [(0, 10, 1), (1, 8, 1), (0, 9, 1)], [(9, 2, (0, 2))]),
+    "a gradient 150 behind is stale with S = 127, though its byte looks newer":
+        (127, 150, [(0, 150, 1), (1, 0, 1)], [(150, 1, (0,))]),
+    "a member switch's partial may hold gradients S newer than its version":
+        (1, 4, [(2, 4, 3), (2, 3, 3)], [(4, 3, (0,)), (3, 3, (1,))]),
+    "versions across 255 -> 0 span 1":
+        (1, 257, [(0, 0, 1), (1, 1, 1)], [(0, 2, (0, 1))]),
+    "S = 0 takes one version only":
+        (0, 3, [(0, 3, 1), (1, 2, 1), (1, 3, 1)], [(3, 2, (0, 2))]),
+}
+
+
+@pytest.mark.parametrize("case", list(BATCH_CASES))
+def test_a_tors_batches_span_at_most_s_and_hold_nothing_stale(data_plane, case):
+    """A ToR (2 workers and a member switch of 3 below) batches gradients of several versions,
+    each batch's spread within S, against the aggregates that came down to it: a gradient
+    already staler than S there is dropped (the root is at least as far along), and a member
+    switch's partial counts as holding versions up to S newer than its own, so no batch sent up
+    holds a gradient staler than S at the root, and a stale one never takes a fresh one down
+    with it. Both data planes, in this process."""
+    from gmi_drl.comm.switch.dataplane import make_data_plane
+
+    s, top, grads, want = BATCH_CASES[case]
+    tor = P.open_socket(("127.0.0.1", 0))
+    tor.setblocking(False)
+    parent = P.open_socket(("127.0.0.1", 0))
+    parent.setblocking(False)
+    members = [P.open_socket(("127.0.0.1", 0)) for _ in range(3)]
+    buf = bytearray(P.RX_BUFFER_BYTES)
+
+    def deliver(n: int) -> None:  # until the plane read ``n`` packets in all
+        end = time.monotonic() + 5
+        while plane.counters()["packets_in"] < n and time.monotonic() < end:
+            plane.drain(64)
+            time.sleep(0.001)
+        assert plane.counters()["packets_in"] == n
+
+    try:
+        plane, _ = make_data_plane(data_plane, tor, seg_floats=4, slots=8, max_members=4,
+                                   switch_id=1, member_id=0, parent=parent.getsockname(),
+                                   drop_rate=0.0, dup_rate=0.0, delay_ms=0.0,
+                                   help_after_s=1000.0, seed=1)
+        for row, (sock, below) in enumerate(zip(members, (1, 1, 3))):
+            kind = P.MemberType.SWITCH if row == 2 else P.MemberType.WORKER
+            plane.set_member(row, row, int(kind), *sock.getsockname(), below)
+        plane.set_state(True, 1)
+        plane.set_threshold_mode(4, s)
+        for number in range(top):  # the root's results, down to this ToR
+            hdr = P.data_header(P.async_seq(number, 0), number % 256, 9, 1,
+                                P.FLAG_RESULT | P.FLAG_ASYNC)
+            P.send_data(parent, tor.getsockname(), hdr, np.zeros(4, np.float32))
+            deliver(number + 1)
+        assert plane.async_numbers() == [(0, top)]
+        pushes: Counter = Counter()
+        for i, (member, version, count) in enumerate(grads):
+            hdr = P.data_header(P.async_seq(pushes[member], 0), version, member, count,
+                                P.FLAG_ASYNC)
+            pushes[member] += 1
+            P.send_data(members[member], tor.getsockname(), hdr, np.full(4, 2.0 ** i,
+                                                                         np.float32))
+            deliver(top + i + 1)
+        plane.tick(time.monotonic() + 5000)  # (closes every batch and sends it up)
+        time.sleep(0.05)
+        sent = []
+        while True:
+            try:
+                nbytes, _tos, _addr = P.recv_packet(parent, buf)
+            except BlockingIOError:
+                break
+            _seq, version, _m, count, _flags, _k = P.decode_data(buf, nbytes, 4)
+            total = np.frombuffer(bytes(buf[P.HEADER_BYTES:nbytes]), "<f4")
+            sent.append((version, count, total[0]))
+        assert sorted(sent) == sorted((v % 256, c, sum(2.0 ** i for i in which))
+                                      for v, c, which in want)
+        dropped = len(grads) - sum(len(which) for _, _, which in want)  # (one segment each)
+        assert plane.counters()["staleness_dropped"] == dropped
+    finally:
+        for sock in (tor, parent, *members):
+            sock.close()
