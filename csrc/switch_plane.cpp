@@ -220,7 +220,9 @@ struct Part {
 
 struct Batch {
   uint32_t number = 0, key = 0;
-  int64_t oldest = 0, newest = 0;  // its gradients' versions (absolute), <= S apart
+  int64_t oldest = 0;  // its gradients' oldest version (absolute)
+  std::unordered_map<uint64_t, std::pair<int64_t, uint32_t>> versions;  // gradient -> (v, count)
+  bool sealed = false;  // its gradients fixed (`seal`)
   int grads = 0;
   uint32_t count = 0;
   bool closed = false, gone = false;
@@ -818,7 +820,7 @@ class NativePlane {
     uint64_t g = (uint64_t(skey) << 32) | push;
     auto it = assigned_.find(g);
     if (it == assigned_.end()) {
-      std::shared_ptr<Batch> nb = batch_for(o, rnd, count, skey >= 256, now);
+      std::shared_ptr<Batch> nb = batch_for(g, o, rnd, count, now);
       it = assigned_.emplace(g, nb).first;
       assigned_order_.push_back(g);
       if (assigned_order_.size() > 4096) {
@@ -836,7 +838,7 @@ class NativePlane {
       }
     }
     std::shared_ptr<Batch> b = it->second;
-    if (!b) {  // staler than S already (`batch_for`)
+    if (!b || !b->versions.count(g)) {  // staler than S already (`batch_for`, `seal`)
       ++c_[STALENESS_DROPPED];
       return;
     }
@@ -862,44 +864,75 @@ class NativePlane {
     if (b->closed) send_complete(*b);
   }
 
-  // `PyDataPlane._batch_for`: the batch for a gradient of version rnd (a member switch's
-  // partial: up to S newer), or none where it is staler than S already.
-  std::shared_ptr<Batch> batch_for(uint32_t o, uint32_t rnd, uint32_t count, bool partial,
+  // `PyDataPlane._batch_for`: the batch for gradient g of version rnd, or none where it is
+  // staler than S already.
+  std::shared_ptr<Batch> batch_for(uint64_t g, uint32_t o, uint32_t rnd, uint32_t count,
                                    double now) {
     const int64_t s = thr_s_;
     auto at = offsets_.find(o);
     int64_t top = at == offsets_.end() ? 0 : int64_t(at->second.number);
     int64_t lag = int64_t((uint32_t(top) - rnd) & 0xFFu);
     if (lag > s) return nullptr;
-    int64_t lo = top - lag, hi = partial ? lo + s : lo;
+    int64_t version = top - lag;
     std::shared_ptr<Batch> found;
     for (auto& b : batches_) {
       if (b->key != o || b->closed) continue;
       if (b->count + count > uint32_t(L_.max_count) || top - b->oldest > s) {
         b->closed = true;
         send_complete(*b);
-      } else if (std::max(b->newest, hi) - std::min(b->oldest, lo) <= s &&
-                 (!found || b->oldest > found->oldest)) {
-        found = b;
+      } else {
+        found = b;  // (the offset's one open batch)
       }
     }
     if (!found) {
       found = std::make_shared<Batch>();
       found->number = batch_number_;
       found->key = o;
-      found->oldest = lo;
-      found->newest = hi;
+      found->oldest = version;
       found->opened = found->last = now;
       batch_number_ = (batch_number_ + 1) % kTagMod;
       batches_.push_back(found);
-    } else {
-      found->oldest = std::min(found->oldest, lo);
-      found->newest = std::max(found->newest, hi);
     }
+    found->oldest = std::min(found->oldest, version);
+    found->versions[g] = {version, count};
     return found;
   }
 
+  // `PyDataPlane._seal`: before a batch's first partial goes up, leave out its gradients that
+  // became staler than S while it waited; the rest, and their oldest version, are fixed.
+  void seal(Batch& b) {
+    b.sealed = true;
+    auto at = offsets_.find(b.key);
+    int64_t top = at == offsets_.end() ? 0 : int64_t(at->second.number);
+    bool any = false;
+    for (auto v = b.versions.begin(); v != b.versions.end();) {
+      if (top - v->second.first > int64_t(thr_s_)) {
+        b.grads -= 1;
+        b.count -= v->second.second;
+        v = b.versions.erase(v);
+        any = true;
+      } else {
+        ++v;
+      }
+    }
+    if (!any) return;
+    for (auto& [o, parts] : b.parts) {
+      size_t before = parts.size();
+      parts.erase(std::remove_if(parts.begin(), parts.end(), [&](const Part& p) {
+                    return !b.versions.count((uint64_t(p.key) << 32) | p.push);
+                  }), parts.end());
+      c_[STALENESS_DROPPED] += before - parts.size();
+    }
+    if (b.versions.empty()) {
+      b.gone = true;
+      return;
+    }
+    b.oldest = std::numeric_limits<int64_t>::max();
+    for (const auto& [g, v] : b.versions) b.oldest = std::min(b.oldest, v.first);
+  }
+
   void send_complete(Batch& b) {
+    if (!b.sealed) seal(b);
     for (auto& [o, parts] : b.parts) {
       if (!b.sent.count(o) && int(parts.size()) == b.grads) send_partial(b, o);
     }
@@ -907,7 +940,9 @@ class NativePlane {
 
   // Batch b's partial at offset o as it is (ascending sender, then push).
   void send_partial(Batch& b, uint32_t o) {
+    if (!b.sealed) seal(b);
     std::vector<Part>& parts = b.parts[o];
+    if (parts.empty()) return;
     std::sort(parts.begin(), parts.end());
     std::vector<float>& total = b.totals[o] = std::move(parts[0].data);
     uint32_t n = parts[0].count;

@@ -28,11 +28,12 @@ Threshold (asynchronous) mode (iSwitch §4.1, Fig. 11): a member's two-byte SetH
 S) switches the job's data plane to it (`dataplane` module docstring). It lasts until the job
 ends; the synchronous rounds' H is untouched. A switch with a parent passes the SetH up and
 acknowledges it once the root did; it then sends its workers' gradients up in per-rack
-partials, each of one weight version and counted whole at the root (`dataplane` module
-docstring), and the root's results down (kept for Help; Help for one it lacks, FBcast and the
+partials, each of versions at most S apart, carrying its oldest and counted whole at the
+root (`dataplane` module docstring), and the root's results down (kept for Help; Help for one it lacks, FBcast and the
 flush go up to the root, after its partials as they are, and it hands the root's
 `Action.FLUSHED` to the members that asked). The root counts contributions (a gradient, or a
-ToR's partial) toward H, scaled by members over workers below, and checks S exactly.
+ToR's partial) toward H, scaled by members over workers below, and checks S against each
+partial's oldest version.
 Both data planes do both roles; a ToR needs no flag of its own (``--parent`` as in a
 synchronous tree; every switch of the tree with the same ``--mtu``).
 """

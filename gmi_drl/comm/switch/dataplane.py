@@ -45,20 +45,24 @@ assigned whole to a *batch* on the first segment of theirs the child sees: the o
 that segment's offset (the first offset of the sender's region, as segments go out in order),
 so every gradient in a batch has the same offsets. A batch carries its oldest gradient's
 version, which the root checks S against, so no gradient in it is staler than S. The child
-knows each offset's aggregates that came down through it, and no worker's version is ahead of
-them (every result reaches a worker through its switch): it reads a gradient's version byte
-against them (a lag, mod 256, as the root does), drops and counts (``staleness_dropped``) one
-staler than S already (the root is at least as far along), and adds the others to the open
-batch, of those with room whose versions would still span at most S, with the newest oldest
-version (a member switch's partial counts as holding versions up to S newer than the one it
-carries). So a stale gradient never takes a fresh one down with it: while the root's open
-aggregate is N, a batch holding a gradient of version N holds none older than N - S, is fresh
-at the root, and the S + 1 gradients each worker may compute on N complete the aggregate, as
-with batches of one version. An open batch already staler than S closes (the root drops it).
-A batch closes to new gradients once it holds as many gradients as there are workers below the
-child, or after ``help_after_s`` (so a slow worker holds its rack-mates' gradients back that
-long at most); a closed batch sends each offset's partial, in ascending offset, as soon as every
-gradient of the batch gave its segment there (after ``help_after_s`` without, as it is: a
+knows each offset's aggregates that came down through it, and no version is ahead of them
+(every result reaches a worker, or a member switch, through it): it reads a gradient's version
+byte against them (a lag, mod 256, as the root does), drops and counts (``staleness_dropped``)
+one staler than S already (the root is at least as far along), closes an open batch whose
+oldest has become staler than S, and adds the others to the offset's open batch (a new one
+where none is open with room); so every version in a batch lies within S of the aggregates
+that came down when it joined. A batch's gradients are fixed when its first partial goes up: one that
+became staler than S while the batch waited (the aggregates moved on) is left out then, with
+its later segments (counted), and the rest keep their oldest version. So a stale gradient
+never takes a fresher one down with it as far as the child can tell (the root, further along,
+may still drop a batch the child sent as fresh, as it drops a gradient); and while the root's
+open aggregate is N, a batch holding a gradient of version N holds none older than N - S, is
+fresh at the root, and the S + 1 gradients each worker may compute on N complete the
+aggregate, as with batches of one version. A batch closes to new gradients once it holds as
+many gradients as there are workers below the child, or after ``help_after_s`` (so a slow
+worker holds its rack-mates' gradients back that long at most); a closed batch sends each
+offset's partial, in ascending offset, as soon as every gradient of the batch gave its segment
+there (after ``help_after_s`` without, as it is: a
 segment lost on the way up). A synchronous round (a barrier's) and the flush send the open batches as they are first
 (every worker stopped sending), so what reached the child before them reaches the parent
 before them; a worker's FBcast of one aggregate sends the whole ones only. The root takes a
@@ -191,12 +195,14 @@ class _Batch:
     """Threshold mode at a child switch: gradients of one region, summed per offset into one
     partial each, with the oldest one's version (see the module docstring)."""
 
-    __slots__ = ("number", "key", "oldest", "newest", "grads", "count", "closed", "parts",
-                 "sent", "length", "opened", "last", "gone")
+    __slots__ = ("number", "key", "oldest", "versions", "sealed", "grads", "count", "closed",
+                 "parts", "sent", "length", "opened", "last", "gone")
 
-    def __init__(self, number: int, key: int, oldest: int, newest: int, now: float) -> None:
+    def __init__(self, number: int, key: int, oldest: int, now: float) -> None:
         self.number, self.key = number, key  # key: first offset
-        self.oldest, self.newest = oldest, newest  # its gradients' versions (absolute), <= S apart
+        self.oldest = oldest         # its gradients' oldest version (absolute)
+        self.versions: dict[tuple[int, int], tuple[int, int]] = {}  # (key, push) -> (version, count)
+        self.sealed = False          # its gradients fixed (`PyDataPlane._seal`)
         self.grads = 0               # gradients assigned
         self.count = 0               # the gradients they stand for (partials count theirs)
         self.closed = False
@@ -479,7 +485,7 @@ class PyDataPlane:
         c, now = self._c, time.monotonic()
         g = (key, push)
         if g not in self._assigned:
-            b = self._assigned[g] = self._batch_for(o, rnd, count, key >= 256, now)
+            b = self._assigned[g] = self._batch_for(g, o, rnd, count, now)
             if len(self._assigned) > 4096:
                 del self._assigned[next(iter(self._assigned))]
             if b is not None:
@@ -490,6 +496,9 @@ class PyDataPlane:
                     b.closed = True
         b = self._assigned[g]
         if b is None:
+            c["staleness_dropped"] += 1
+            return
+        if g not in b.versions:  # (left out when it was sealed)
             c["staleness_dropped"] += 1
             return
         if b.gone or o in b.sent:
@@ -507,22 +516,20 @@ class PyDataPlane:
         if b.closed:
             self._send_complete(b)
 
-    def _batch_for(self, o: int, rnd: int, count: int, partial: bool,
+    def _batch_for(self, g: tuple[int, int], o: int, rnd: int, count: int,
                    now: float) -> _Batch | None:
-        """The batch at first offset ``o`` for a gradient of version ``rnd`` (``partial``: a
-        member switch's partial, whose gradients may be up to S newer), or ``None`` where it is
-        staler than S already against the aggregates of ``o`` that came down here (the root is
-        at least as far along). Of the open batches with room whose versions would still span
-        at most S, the one of the newest oldest version; a new one if none. An open batch
-        already staler than S here closes (the root drops it)."""
+        """The batch at first offset ``o`` for gradient ``g`` (or a member switch's partial) of
+        version ``rnd``, or ``None`` where it is staler than S already against the aggregates
+        of ``o`` that came down here (the root is at least as far along): the offset's open
+        batch, a new one where none is open with room. An open batch whose oldest is staler
+        than S closes first, so the versions of a batch it joins lie within S of each other."""
         s = self._thr[1]
         a = self._offsets.get(o)
         top = a.number if a is not None else 0  # o's aggregates that came down here
         lag = (top - rnd) % 256  # (no version is ahead of them: results reach workers here)
         if lag > s:
             return None
-        lo = top - lag
-        hi = lo + s if partial else lo
+        version = top - lag
         found = None
         for b in self._batches:
             if b.key != o or b.closed:
@@ -530,25 +537,53 @@ class PyDataPlane:
             if b.count + count > P.MAX_COUNT or top - b.oldest > s:
                 b.closed = True
                 self._send_complete(b)
-            elif max(b.newest, hi) - min(b.oldest, lo) <= s \
-                    and (found is None or b.oldest > found.oldest):
-                found = b
+            else:
+                found = b  # (the offset's one open batch)
         if found is None:
-            found = _Batch(self._batch_number, o, lo, hi, now)
+            found = _Batch(self._batch_number, o, version, now)
             self._batch_number = (self._batch_number + 1) % P.ASYNC_TAG_MOD
             self._batches.append(found)
-        else:
-            found.oldest, found.newest = min(found.oldest, lo), max(found.newest, hi)
+        found.oldest = min(found.oldest, version)
+        found.versions[g] = (version, count)
         return found
+
+    def _seal(self, b: _Batch) -> None:
+        """Before batch ``b``'s first partial goes up: leave out its gradients that became
+        staler than S while it waited (the root moved on; counted ``staleness_dropped``, with
+        their later segments), so none takes a fresher one down with it; the rest, and the
+        oldest of their versions, are fixed for every offset."""
+        b.sealed = True
+        a = self._offsets.get(b.key)
+        top, s = (a.number if a is not None else 0), self._thr[1]
+        stale = [g for g, (v, _) in b.versions.items() if top - v > s]
+        if not stale:
+            return
+        for g in stale:
+            b.grads -= 1
+            b.count -= b.versions.pop(g)[1]
+        for o, parts in b.parts.items():
+            keep = [p for p in parts if (p[0], p[1]) in b.versions]
+            self._c["staleness_dropped"] += len(parts) - len(keep)
+            b.parts[o] = keep
+        if b.versions:
+            b.oldest = min(v for v, _ in b.versions.values())
+        else:
+            b.gone = True
 
     def _send_complete(self, b: _Batch) -> None:
         """A closed batch: send each offset's partial that every gradient gave its segment."""
+        if not b.sealed:
+            self._seal(b)
         for o in sorted(b.parts):  # (ascending: a vector's first offset leads at the root)
             if o not in b.sent and len(b.parts[o]) == b.grads:
                 self._send_partial(b, o)
 
     def _send_partial(self, b: _Batch, o: int) -> None:
         """Send batch ``b``'s partial at offset ``o`` as it is (ascending sender, then push)."""
+        if not b.sealed:
+            self._seal(b)
+        if not b.parts[o]:
+            return
         parts = sorted(b.parts[o], key=lambda p: p[:2])
         total = parts[0][3].copy()
         for p in parts[1:]:

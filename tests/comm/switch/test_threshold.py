@@ -615,25 +615,32 @@ def test_a_stale_gradient_never_takes_a_fresh_one_down_with_it(switches):
         take_until(4)
         assert len(got) == 4, "aggregate 3 never came: worker 0's gradient was dropped"
         np.testing.assert_array_equal(got[3][1], mine)
-        assert root.stats()["staleness_dropped"] + tor.stats()["staleness_dropped"] > 0
+        assert tor.stats()["staleness_dropped"] > 0 and root.stats()["staleness_dropped"] == 0
     finally:
         for red in reds.values():
             red.close()
 
 
 BATCH_CASES = {
-    # S, the aggregates that came down to the ToR, the gradients (member, version, count) in
-    # arrival order -> the partials it sends up (version, count, which gradients: their indices)
+    # S, the aggregates that came down to the ToR, then in arrival order the gradients (member,
+    # version, count) and, as an int, more aggregates coming down (that many in all) -> the
+    # partials the ToR sends up (version, count, which gradients: their indices in the list)
     "a stale gradient is dropped at the ToR, not batched with fresh ones":
         (1, 10, [(0, 10, 1), (1, 8, 1), (0, 9, 1)], [(9, 2, (0, 2))]),
     "a gradient 150 behind is stale with S = 127, though its byte looks newer":
         (127, 150, [(0, 150, 1), (1, 0, 1)], [(150, 1, (0,))]),
-    "a member switch's partial may hold gradients S newer than its version":
-        (1, 4, [(2, 4, 3), (2, 3, 3)], [(4, 3, (0,)), (3, 3, (1,))]),
+    "member switches' partials of two versions: one partial, the older's version":
+        (1, 4, [(2, 4, 3), (2, 3, 3)], [(3, 6, (0, 1))]),
+    "a batch whose oldest went stale closes; the stale gradient is left out of it":
+        (1, 4, [(0, 3, 1), (1, 4, 1), 5, (0, 5, 1)], [(4, 1, (1,)), (5, 1, (3,))]),
     "versions across 255 -> 0 span 1":
         (1, 257, [(0, 0, 1), (1, 1, 1)], [(0, 2, (0, 1))]),
     "S = 0 takes one version only":
         (0, 3, [(0, 3, 1), (1, 2, 1), (1, 3, 1)], [(3, 2, (0, 2))]),
+    "a gradient that went stale while its batch waited is left out, the fresher one goes up":
+        (2, 12, [(0, 10, 1), (1, 12, 1), 13, (0, 13, 1)], [(12, 1, (1,)), (13, 1, (3,))]),
+    "gradients of versions within S share the offset's one open batch":
+        (2, 12, [(2, 12, 3), (0, 10, 1), (1, 12, 1)], [(10, 5, (0, 1, 2))]),
 }
 
 
@@ -641,10 +648,12 @@ BATCH_CASES = {
 def test_a_tors_batches_span_at_most_s_and_hold_nothing_stale(data_plane, case):
     """A ToR (2 workers and a member switch of 3 below) batches gradients of several versions,
     each batch's spread within S, against the aggregates that came down to it: a gradient
-    already staler than S there is dropped (the root is at least as far along), and a member
-    switch's partial counts as holding versions up to S newer than its own, so no batch sent up
-    holds a gradient staler than S at the root, and a stale one never takes a fresh one down
-    with it. Both data planes, in this process."""
+    already staler than S there is dropped (the root is at least as far along), one that
+    became so while its batch waited is left out when the batch goes up, and a member switch's
+    partial counts by the version it carries (its oldest; none of its gradients is ahead of the
+    aggregates that came down here); gradients within S share the offset's open batch. So no partial holds a gradient staler than S at the
+    ToR, and a stale one never takes a fresher one down with it. Both data planes, in this
+    process."""
     from gmi_drl.comm.switch.dataplane import make_data_plane
 
     s, top, grads, want = BATCH_CASES[case]
@@ -672,20 +681,32 @@ def test_a_tors_batches_span_at_most_s_and_hold_nothing_stale(data_plane, case):
             plane.set_member(row, row, int(kind), *sock.getsockname(), below)
         plane.set_state(True, 1)
         plane.set_threshold_mode(4, s)
-        for number in range(top):  # the root's results, down to this ToR
-            hdr = P.data_header(P.async_seq(number, 0), number % 256, 9, 1,
-                                P.FLAG_RESULT | P.FLAG_ASYNC)
-            P.send_data(parent, tor.getsockname(), hdr, np.zeros(4, np.float32))
-            deliver(number + 1)
-        assert plane.async_numbers() == [(0, top)]
+        packets = 0
+
+        def come_down(upto: int) -> None:  # the root's results, down to this ToR
+            nonlocal packets
+            for number in range(plane.async_numbers()[0][1] if packets else 0, upto):
+                hdr = P.data_header(P.async_seq(number, 0), number % 256, 9, 1,
+                                    P.FLAG_RESULT | P.FLAG_ASYNC)
+                P.send_data(parent, tor.getsockname(), hdr, np.zeros(4, np.float32))
+                packets += 1
+                deliver(packets)
+            assert plane.async_numbers() == [(0, upto)]
+
+        come_down(top)
         pushes: Counter = Counter()
-        for i, (member, version, count) in enumerate(grads):
+        for i, event in enumerate(grads):
+            if isinstance(event, int):
+                come_down(event)
+                continue
+            member, version, count = event
             hdr = P.data_header(P.async_seq(pushes[member], 0), version, member, count,
                                 P.FLAG_ASYNC)
             pushes[member] += 1
             P.send_data(members[member], tor.getsockname(), hdr, np.full(4, 2.0 ** i,
                                                                          np.float32))
-            deliver(top + i + 1)
+            packets += 1
+            deliver(packets)
         plane.tick(time.monotonic() + 5000)  # (closes every batch and sends it up)
         time.sleep(0.05)
         sent = []
@@ -699,7 +720,8 @@ def test_a_tors_batches_span_at_most_s_and_hold_nothing_stale(data_plane, case):
             sent.append((version, count, total[0]))
         assert sorted(sent) == sorted((v % 256, c, sum(2.0 ** i for i in which))
                                       for v, c, which in want)
-        dropped = len(grads) - sum(len(which) for _, _, which in want)  # (one segment each)
+        dropped = sum(not isinstance(e, int) for e in grads) \
+            - sum(len(which) for _, _, which in want)  # (one segment each)
         assert plane.counters()["staleness_dropped"] == dropped
     finally:
         for sock in (tor, parent, *members):
