@@ -221,7 +221,7 @@ def test_td3_trains_and_evaluates_with_observation_normalisation(tmp_path):
     cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
     cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 400, 200, "serial"
     cfg.norm.obs, cfg.log.tensorboard, cfg.run_dir = True, False, str(tmp_path / "td3")
-    cfg.checkpoint.every = 400
+    cfg.checkpoint.every, cfg.compile = 400, False  # (the compiled step: test_grad_step's)
     result = train(cfg)
     assert result.global_step == 400
     path = tmp_path / "td3" / "checkpoints" / "iteration-0000400.pt"
@@ -252,6 +252,7 @@ def test_learns_pendulum(tmp_path, algo):
     cfg.model.actor_hidden = cfg.model.critic_hidden = "64:64"
     cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 8_000, 1_000, "serial"
     cfg.log.tensorboard, cfg.run_dir = False, str(tmp_path / algo)
+    cfg.compile = False  # (eager: 8,000 steps take less than the compile; test_grad_step's)
     returns = train(cfg).episode_returns
     assert len(returns) == 40 and np.mean(returns[-5:]) > -600, returns
 

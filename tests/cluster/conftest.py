@@ -22,7 +22,9 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
+                      head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False,
+                                      "_system_config": {"enable_worker_prestart": False,
+                                                         "prestart_worker_first_driver": False}})
     try:
         cluster.add_node(num_cpus=NODE_CPUS, resources={"second_node": 1})
         yield cluster
