@@ -149,7 +149,37 @@ class _Engine(LwuEngine):
 _ENGINES: "weakref.WeakKeyDictionary[SwitchReducer, _Engine]" = weakref.WeakKeyDictionary()
 
 
-class StaleSyncPipeline:
+class LwuPipeline:
+    """What the switch pipelines (`StaleSyncPipeline`, `threshold.ThresholdPipeline`) share
+    around their `LwuEngine`: the copy of ``θ`` for LGC, stopping the thread, and its error
+    raised on the trainer's thread. A subclass sets ``_engine``, ``_cond``, ``reducer``,
+    ``version`` and ``_copied`` (``-1`` before the first copy)."""
+
+    KIND = "switch pipeline"
+    """what `_raise` calls it"""
+
+    def _copy(self, copy: Callable[[], None]) -> None:
+        """``copy()`` (``θ_local ← θ``) where ``θ`` changed since the last; the lock held."""
+        if self._copied != self.version:
+            copy()
+            self._copied = self.version
+
+    def close(self) -> None:
+        """Stop the LWU thread now, abandoning gradients still in flight. Idempotent; the
+        reducer stays open (its owner closes it)."""
+        with self._cond:
+            self._engine.abandon = True
+        self._engine.join()
+
+    def _raise(self) -> None:
+        error = self._engine.error
+        if error is not None:
+            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
+            raise cls(f"the {self.KIND} of worker {self.reducer.rank} failed: "
+                      f"{error}") from error
+
+
+class StaleSyncPipeline(LwuPipeline):
     """One worker's LGC/GA/LWU pipeline with staleness bound ``S`` (see the module docstring).
 
     The trainer's thread calls, per gradient: `fetch` (wait for the bound, copy ``θ`` into the
@@ -213,9 +243,7 @@ class StaleSyncPipeline:
             while self.version < need and self._engine.error is None:
                 self._cond.wait()
             self._raise()
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
+            self._copy(copy)
             self._computing = self.version
         return self._computing
 
@@ -257,21 +285,4 @@ class StaleSyncPipeline:
             engine.join()
         self._raise()
         with self._cond:
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
-
-    def close(self) -> None:
-        """Stop the LWU thread now, abandoning gradients still in flight (after an error; a
-        drained pipeline has no thread). Idempotent; the reducer stays open (its owner closes
-        it)."""
-        with self._cond:
-            self._engine.abandon = True
-        self._engine.join()
-
-    def _raise(self) -> None:
-        error = self._engine.error
-        if error is not None:
-            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
-            raise cls(f"the switch pipeline of worker {self.reducer.rank} failed: "
-                      f"{error}") from error
+            self._copy(copy)

@@ -57,7 +57,7 @@ import torch
 from gmi_drl.comm.switch import protocol as P
 from gmi_drl.comm.switch.client import SwitchError, SwitchReducer
 from gmi_drl.comm.switch.dataplane import KEPT_AGGREGATES
-from gmi_drl.comm.switch.pipeline import LwuEngine
+from gmi_drl.comm.switch.pipeline import LwuEngine, LwuPipeline
 from gmi_drl.comm.switch.protocol import Action
 
 
@@ -462,7 +462,7 @@ class _Engine(LwuEngine):
 _ENGINES: "weakref.WeakKeyDictionary[ThresholdReducer, _Engine]" = weakref.WeakKeyDictionary()
 
 
-class ThresholdPipeline:
+class ThresholdPipeline(LwuPipeline):
     """One worker's LGC/GA/LWU pipeline of Async iSwitch (H, S); see the module docstring.
 
     The interface of `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`: per gradient, `fetch`
@@ -487,6 +487,8 @@ class ThresholdPipeline:
             one computed on (at most S; a lower bound of the staleness at the switch).
         staleness_dropped: gradients this worker dropped before sending (older than S).
     """
+
+    KIND = "Async iSwitch pipeline"
 
     def __init__(self, reducer: ThresholdReducer, apply: Callable[[np.ndarray], None]) -> None:
         if not isinstance(reducer, ThresholdReducer):
@@ -521,9 +523,7 @@ class ThresholdPipeline:
                    and self._engine.error is None):
                 self._cond.wait()
             self._raise()
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
+            self._copy(copy)
             self._computing = self.version
         return self._computing
 
@@ -569,20 +569,4 @@ class ThresholdPipeline:
         self._raise()
         self.reducer.barrier(engine.deliver)
         with self._cond:
-            if self._copied != self.version:
-                copy()
-                self._copied = self.version
-
-    def close(self) -> None:
-        """Stop the LWU thread now, abandoning gradients not yet sent. Idempotent; the reducer
-        stays open."""
-        with self._cond:
-            self._engine.abandon = True
-        self._engine.join()
-
-    def _raise(self) -> None:
-        error = self._engine.error
-        if error is not None:
-            cls = SwitchError if isinstance(error, SwitchError) else RuntimeError
-            raise cls(f"the Async iSwitch pipeline of worker {self.reducer.rank} failed: "
-                      f"{error}") from error
+            self._copy(copy)
