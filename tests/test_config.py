@@ -245,6 +245,29 @@ def test_a_run_too_short_to_pass_learning_starts_is_refused():
     validate(cfg)
 
 
+@pytest.mark.parametrize("algo, name", [("td3", "gmi-humanoid"), ("sac", "gmi-ant"),
+                                        ("ddpg", "classic"), ("dqn", "cartpole")])
+def test_a_minibatch_larger_than_the_warm_replay_is_refused_for_every_off_policy_algorithm(
+        algo, name):
+    """The replay holds learning_starts transitions, rounded up to whole iterations, at the
+    first gradient step: a larger minibatch would draw the same few again and again."""
+    cfg = preset(name, algo=algo)
+    a, num_envs = cfg.algo, cfg.env.num_envs
+    assert a.validate(num_envs, 1) == []  # the preset itself holds
+    spi = a.steps_per_iteration(num_envs)
+    a.learning_starts, a.minibatch_size = spi, spi + 1  # one iteration warm: one short
+    assert a.validate(num_envs, 1) == [
+        f"algo.minibatch_size={spi + 1} is more than the {spi} transitions the replay holds at "
+        f"the first gradient step (algo.learning_starts={spi}, in whole iterations of {spi} env "
+        f"steps): raise --algo.learning-starts to {spi + 1} or lower --algo.minibatch-size"]
+    a.learning_starts = spi + 1  # two iterations warm: it holds the minibatch
+    assert a.validate(num_envs, 1) == []
+    if not name.startswith("gmi-"):  # (the GPU presets' devices are refused here)
+        a.learning_starts = spi
+        with pytest.raises(ConfigError, match="transitions the replay holds at the first"):
+            validate(cfg)
+
+
 def test_a_reducer_address_without_its_reduction_is_refused():
     cfg = preset("classic")
     cfg.gmi.num_gmis, cfg.gmi.switch_addr, cfg.gmi.ps_addr = 2, "127.0.0.1:9", "127.0.0.1:8"

@@ -163,6 +163,35 @@ def test_gmis_resumed_with_a_saved_replay_all_refill_in_step(tmp_path):
         t.close()
 
 
+def test_episodes_on_the_device_are_read_where_a_row_or_checkpoint_needs_them(tmp_path):
+    """`GMIShell.record` keeps `DeviceEpisodes` on the device (no host transfer per iteration)
+    and reads them, in order and with their own step and wall time, when host episodes come,
+    a checkpoint is taken or a row is logged (`settle`)."""
+    from gmi_drl.rollout.episodes import DeviceEnds, Episodes
+    from tests.host_sync import host_transfers
+
+    def device_episodes(returns):
+        ends = DeviceEnds(1, len(returns), torch.device("cpu"))
+        ends.record(0, slice(None), {"episode_end": torch.ones(len(returns), dtype=torch.bool),
+                                     "episode_return": torch.tensor(returns),
+                                     "episode_length": torch.ones(len(returns))}, True)
+        return ends.episodes()
+
+    run, gmi = _two_iterations(_quick_cfg(tmp_path, num_steps=16))
+    first = [device_episodes([1.0, 2.0]), device_episodes([3.0])]
+    with host_transfers() as n:
+        for k, ep in enumerate(first):
+            gmi.record(ep, 100 + k, 1.5 + k)
+    assert n[0] == 0 and gmi.episode_returns == []
+    gmi.record(Episodes(np.array([4.0]), np.array([7])), 102, 3.5)  # host: all, in order
+    assert gmi.episode_returns == [1.0, 2.0, 3.0, 4.0]
+    assert gmi.episode_steps == [100, 100, 101, 102] and gmi.episode_wall_s[-2:] == [2.5, 3.5]
+    gmi.record(device_episodes([5.0]), 103, 4.5)
+    state = gmi.state_dict(global_step=103, iteration=3)  # a checkpoint holds every episode
+    assert state["episode_returns"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    gmi.close()
+
+
 def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
     cfg = _quick_cfg(tmp_path, num_steps=16)
     cfg.norm.obs = cfg.norm.reward = True
@@ -389,8 +418,8 @@ def test_every_algorithm_trains_on_cuda(tmp_path, algo, preset_name):
     cfg = preset(preset_name, algo=algo)
     cfg.device, cfg.run_dir, cfg.log.tensorboard = "cuda", str(tmp_path / algo), False
     cfg.total_timesteps = 600
-    if hasattr(cfg.algo, "learning_starts"):
-        cfg.algo.learning_starts = 200
+    if hasattr(cfg.algo, "learning_starts"):  # (at least one minibatch: 256 for DDPG/TD3/SAC)
+        cfg.algo.learning_starts = max(200, cfg.algo.minibatch_size)
     result = train(cfg)
     assert result.global_step >= 600
     assert (tmp_path / algo / "metrics.csv").read_text().count("losses/") > 0

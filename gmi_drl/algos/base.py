@@ -21,7 +21,7 @@ from gmi_drl.envs.spec import EnvSpec
 from gmi_drl.optim.grad_step import GradStep
 from gmi_drl.rollout.acting import Acting
 from gmi_drl.rollout.arrays import Arrays, arrays_for
-from gmi_drl.rollout.episodes import Episodes
+from gmi_drl.rollout.episodes import DeviceEpisodes, Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.telemetry.timer import timer
 
@@ -96,12 +96,14 @@ class Algorithm(Protocol):
     steps_per_iteration: int
     acting: Acting
 
-    def collect(self, pool) -> Episodes:
+    def collect(self, pool) -> Episodes | DeviceEpisodes:
         """Run this algorithm's collection schedule on ``pool`` (blocks); returns the episodes
-        that finished. Opens its own phases through the context's ``phase``."""
+        that finished (on a pool of device tensors still on the device: `DeviceEpisodes`).
+        Opens its own phases through the context's ``phase``."""
 
-    def update(self) -> dict[str, float]:
-        """Learn from what `collect` gathered; returns metrics (``losses/...``, ``comm/...``).
+    def update(self) -> dict[str, float | torch.Tensor]:
+        """Learn from what `collect` gathered; returns metrics (``losses/...``, ``comm/...``):
+        numbers, or 0-d tensors the runner reads to the host only at the iterations it logs.
         The runner wraps it in the ``update`` phase."""
 
     def state_dict(self) -> dict:

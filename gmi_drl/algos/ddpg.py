@@ -37,7 +37,7 @@ from gmi_drl.rollout.acting import mlp_forward
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBatch, ReplayBuffer, make_replay,
-                                   refill_steps, replay_config_errors)
+                                   refill_steps, replay_config_errors, warmup_errors)
 
 
 @dataclass
@@ -50,8 +50,10 @@ class OffPolicyConfig:
     """Adam step size of the actor and the critic"""
     buffer_size: Annotated[int, Ge(1)] = 1_000_000
     """replay capacity of each GMI, transitions"""
-    learning_starts: Annotated[int, Ge(0)] = 100
-    """env steps of a GMI taken with uniform random actions before the first gradient step"""
+    learning_starts: Annotated[int, Ge(0)] = 256
+    """env steps of a GMI taken with uniform random actions before the first gradient step (at
+    least minibatch_size, rounded to whole iterations; Stable-Baselines3's 100 would draw
+    256-transition minibatches from 100, which `validate` refuses)"""
     minibatch_size: Annotated[int, Ge(1)] = 256
     """transitions per gradient step (each GMI samples its own)"""
     tau: Annotated[float, Interval(gt=0, le=1)] = 0.005
@@ -84,11 +86,13 @@ class OffPolicyConfig:
 
     def validate(self, num_envs: int, num_gmis: int) -> list[str]:
         """Every broken rule between these hyper-parameters and pools of ``num_envs`` envs:
-        the replay's (`replay_config_errors`) and a subclass's (`_rules`); each field's own
-        bounds are declared on it."""
-        return self._rules(num_envs) + replay_config_errors(self.buffer_size,
-                                                            self.minibatch_size, self.n_step,
-                                                            num_envs)
+        the replay's (`replay_config_errors`, `warmup_errors`) and a subclass's (`_rules`);
+        each field's own bounds are declared on it."""
+        return (self._rules(num_envs)
+                + replay_config_errors(self.buffer_size, self.minibatch_size, self.n_step,
+                                       num_envs)
+                + warmup_errors(self.learning_starts, self.minibatch_size,
+                                self.steps_per_iteration(num_envs)))
 
     def _rules(self, num_envs: int) -> list[str]:
         """The broken rules between fields that a subclass adds (none here)."""
@@ -98,7 +102,7 @@ class OffPolicyConfig:
 @dataclass
 class DeterministicPGConfig(OffPolicyConfig):
     """What DDPG and TD3 share (defaults: Stable-Baselines3's, but for the exploration noise,
-    which SB3 leaves off and RL-Zoo sets). `DDPGConfig` and
+    which SB3 leaves off and RL-Zoo sets, and `OffPolicyConfig`'s ``learning_starts``). `DDPGConfig` and
     `gmi_drl.algos.td3.TD3Config` each derive from it, neither from the other, so a config
     always names its own algorithm."""
 
@@ -386,7 +390,7 @@ class ReplayActorCritic:
         self._refill_until = 0
         """env steps at which a run resumed without its replay trains again (counted in env
         steps, the same on every GMI, so that all GMIs take their first step together)"""
-        self._actor_means: dict[str, float] = {}  # of the latest iteration with actor steps
+        self._actor_means: dict[str, torch.Tensor] = {}  # of the latest iteration with actor steps
         # replay sampling and the update's noise, drawn on the learner's device: no per-step
         # host-to-device copy of minibatch indices or noise on a GPU
         self.generator = torch.Generator(ctx.device).manual_seed(ctx.seed)
@@ -454,13 +458,14 @@ class ReplayActorCritic:
         device; ``scaled`` / ``to_env`` / ``act`` / ``value``, as `GaussianExploration`)."""
         raise NotImplementedError
 
-    def update(self) -> dict[str, float]:
+    def update(self) -> dict[str, torch.Tensor]:
         """``gradient_steps`` critic steps once ``learning_starts`` env steps were taken (none
         before), each ``policy_delay``-th followed by the actor's steps (the targets follow
         their steps). Returns ``losses/critic_loss``, ``losses/q_values`` (means over the
         critic steps) and the `actor_metrics` (means over the actor steps of the latest
-        iteration that had any: with ``policy_delay`` an iteration may have none); stale-sync
-        steps are not drained here (`drain`)."""
+        iteration that had any: with ``policy_delay`` an iteration may have none), as 0-d
+        tensors on the learner's device (no host sync per iteration); stale-sync steps are not
+        drained here (`drain`)."""
         cfg = self.cfg
         self.iteration += 1
         if self.env_steps < cfg.learning_starts:
@@ -475,11 +480,12 @@ class ReplayActorCritic:
             self.critic_updates += 1
             if self.critic_updates % cfg.policy_delay == 0:
                 actor_aux.append(self._actor_steps(batch))
-        means = torch.stack(critic_aux).mean(0).tolist()
+        # 0-d tensors where the steps ran: read to the host only where a row is logged
+        means = torch.stack(critic_aux).mean(0)
         metrics = {"losses/critic_loss": means[0], "losses/q_values": means[1]}
         if actor_aux:
             self._actor_means = dict(zip(self.actor_metrics,
-                                         torch.stack(actor_aux).mean(0).tolist()))
+                                         torch.stack(actor_aux).mean(0).unbind()))
         metrics.update(self._actor_means)  # (delayed: a logged iteration may have no actor step)
         return metrics
 

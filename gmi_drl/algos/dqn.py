@@ -33,7 +33,7 @@ from gmi_drl.optim.flat import FlatParams, soft_update_
 from gmi_drl.rollout.arrays import Array, Arrays, HostArrays, pool_arrays
 from gmi_drl.rollout.collector import Episodes, ReplayCollector
 from gmi_drl.rollout.replay import (FrameReplayBuffer, ReplayBuffer, make_replay,
-                                   refill_steps, replay_config_errors)
+                                   refill_steps, replay_config_errors, warmup_errors)
 
 
 @dataclass
@@ -93,8 +93,11 @@ class DQNConfig:
         errors = [] if self.end_e <= self.start_e else [
             f"algo.start_e={self.start_e}, algo.end_e={self.end_e}: need 0 <= end_e <= "
             "start_e <= 1"]
-        return errors + replay_config_errors(self.buffer_size, self.minibatch_size, self.n_step,
-                                             num_envs)
+        return (errors
+                + replay_config_errors(self.buffer_size, self.minibatch_size, self.n_step,
+                                       num_envs)
+                + warmup_errors(self.learning_starts, self.minibatch_size,
+                                self.steps_per_iteration(num_envs)))
 
 
 class QNetwork(nn.Module):
@@ -311,7 +314,7 @@ class DQN:
         for _ in range(cfg.gradient_steps):
             loss, q = step(*self.replay.sample(cfg.minibatch_size, self.generator))
             aux.append(torch.stack([loss, q]))
-        means = torch.stack(aux).mean(0).tolist()
+        means = torch.stack(aux).mean(0)  # (0-d tensors: read where a row is logged)
         return {**metrics, "losses/td_loss": means[0], "losses/q_values": means[1],
                 **step.drain()}
 

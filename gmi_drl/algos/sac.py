@@ -46,15 +46,12 @@ from gmi_drl.rollout.replay import ReplayBatch
 
 @dataclass
 class SACConfig(OffPolicyConfig):
-    """SAC hyper-parameters (defaults: Stable-Baselines3's SAC, but ``learning_starts``: SB3's
-    100 would draw 256-transition minibatches from 100, which `validate` refuses)."""
+    """SAC hyper-parameters (defaults: Stable-Baselines3's SAC, but ``learning_starts``:
+    `OffPolicyConfig`'s)."""
 
     learning_rate: Annotated[float, Gt(0)] = 3e-4
     """Adam step size of the critics and the entropy coefficient (and of the actor, unless
     policy_learning_rate is set)"""
-    learning_starts: Annotated[int, Ge(0)] = 256
-    """env steps of a GMI taken with uniform random actions before the first gradient step (at
-    least minibatch_size)"""
     policy_learning_rate: Annotated[float, Gt(0)] | None = None
     """Adam step size of the actor (None: learning_rate; CleanRL: 3e-4 with 1e-3 for the
     critics)"""
@@ -77,23 +74,11 @@ class SACConfig(OffPolicyConfig):
     n_critics = 2  # the twin critics (not a field: SAC always has two)
 
     def _rules(self, num_envs: int) -> list[str]:
-        """The log-std bounds in order, and a minibatch the replay holds at the first
-        gradient step."""
-        spi = self.steps_per_iteration(num_envs)
-        # the replay's size at the first gradient step: learning_starts in whole iterations
-        warm = max(1, math.ceil(self.learning_starts / max(spi, 1))) * spi
-        rules = [
-            (self.log_std_min < self.log_std_max,
-             f"algo.log_std_min={self.log_std_min} must be < algo.log_std_max="
-             f"{self.log_std_max}"),
-            (spi < 1 or self.minibatch_size <= warm,
-             f"algo.minibatch_size={self.minibatch_size} is more than the {warm} transitions "
-             f"the replay holds at the first gradient step (algo.learning_starts="
-             f"{self.learning_starts}, in whole iterations of {spi} env steps): raise "
-             f"--algo.learning-starts to {self.minibatch_size} or lower "
-             "--algo.minibatch-size"),
-        ]
-        return [msg for ok, msg in rules if not ok]
+        """The log-std bounds in order."""
+        if self.log_std_min < self.log_std_max:
+            return []
+        return [f"algo.log_std_min={self.log_std_min} must be < algo.log_std_max="
+                f"{self.log_std_max}"]
 
 
 class SquashedGaussianActor(nn.Module):

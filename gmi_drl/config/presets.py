@@ -238,7 +238,7 @@ def _ddpg_iswitch() -> TrainConfig:
     return cfg
 
 
-# SAC: RL-Zoo's sac.yml (learning_starts at least the minibatch: SACConfig's rule) and CleanRL's
+# SAC: RL-Zoo's sac.yml (learning_starts at least the minibatch: OffPolicyConfig's rule) and CleanRL's
 # sac_continuous_action.py, 256:256 ReLU networks throughout
 def _sac_classic() -> TrainConfig:
     """RL-Zoo's ``sac.yml`` Pendulum-v1 entry (lr 1e-3, 20k steps)."""

@@ -80,16 +80,19 @@ def soft_update_(target: FlatParams, online: FlatParams, tau: float) -> None:
             target.data.lerp_(online.data, tau)
 
 
-def clip_grad_norm_(grad: torch.Tensor, max_norm: float) -> float:
+def clip_grad_norm_(grad: torch.Tensor, max_norm: float) -> None:
     """Scale ``grad (P,)`` in place so its L2 norm is at most ``max_norm`` (the factor of
-    ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``); returns the norm
-    before clipping. The factor is computed on the host: a device sync on a GPU, the cheapest
-    form on a CPU; `clip_factor` is the form for compiled graphs."""
-    value = float(torch.linalg.vector_norm(grad))
-    coef = max_norm / (value + 1e-6)
+    ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``); nothing where
+    ``max_norm`` is infinite. On a CPU the factor is computed on the host (the cheapest form
+    there); on a device it stays a tensor there (`clip_factor`: no host sync per step)."""
+    if math.isinf(max_norm):
+        return
+    if grad.device.type != "cpu":
+        grad.mul_(clip_factor(grad, max_norm))
+        return
+    coef = max_norm / (float(torch.linalg.vector_norm(grad)) + 1e-6)
     if coef < 1.0:
         grad.mul_(coef)
-    return value
 
 
 def clip_factor(grad: torch.Tensor, max_norm: float) -> torch.Tensor:

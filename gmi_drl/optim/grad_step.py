@@ -36,6 +36,7 @@ or ``compiled_step`` (compiled, with clip and optimizer); ``allreduce``; ``optim
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections import Counter
@@ -281,10 +282,13 @@ class GradStep:
         self.params.data.copy_(data)
         self.optimizer.load_state_dict(optimizer)
 
-    def _autocast(self) -> torch.autocast:
-        """The loss's precision: autocast to bfloat16 with ``bf16-mixed``, else a no-op."""
-        return torch.autocast(self.params.data.device.type, torch.bfloat16,
-                              enabled=self.precision == "bf16-mixed")
+    def _autocast(self):
+        """The loss's precision: autocast to bfloat16 with ``bf16-mixed``, else no context at
+        all (a disabled autocast still enters the traced graph, and a graph with it is one
+        torch's AOT autograd cache bypasses: every process would trace the joint graph again)."""
+        if self.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(self.params.data.device.type, torch.bfloat16)
 
     def _loss_at(self, theta: torch.Tensor, *batch):
         names, sizes, shapes = self._layout

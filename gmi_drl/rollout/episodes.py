@@ -3,8 +3,11 @@
 A collection records each step's episode ends through one `EpisodeEnds` interface in two
 variants (`episode_ends` picks): `HostEnds` copies the ended rows' totals to the host at the
 steps where an episode ended (a pool of NumPy arrays); `DeviceEnds` writes every step's totals
-into ``(num_steps, num_envs)`` tensors on the pool's device and reads them to the host once, at
-the end of the collection (a pool of device tensors: no host sync per step).
+into ``(num_steps, num_envs)`` tensors on the pool's device (a pool of device tensors: no host
+sync per step) and returns them as `DeviceEpisodes`, read to the host once, where a field is
+first read: the runner's loop reads them at its logged iterations only, so an off-policy
+iteration of one env step on thousands of worlds (FastTD3's schedule) does not wait for the
+device every step.
 """
 
 from __future__ import annotations
@@ -110,11 +113,42 @@ class DeviceEnds:
                 self.extras[key] = self.returns.new_zeros(self.returns.shape)
             self.extras[key][t, cols] = info[key]
 
-    def episodes(self) -> Episodes:
-        end = self.end.cpu()
-        return Episodes(self.returns.cpu()[end].numpy(), self.lengths.cpu()[end].numpy(),
-                        {k[len("episode_"):]: v.cpu()[end].numpy()
-                         for k, v in self.extras.items()})
+    def episodes(self) -> "DeviceEpisodes":
+        return DeviceEpisodes(self.end, self.returns, self.lengths,
+                              {k[len("episode_"):]: v for k, v in self.extras.items()})
+
+
+class DeviceEpisodes:
+    """`Episodes` whose totals are still on the device: ``end`` ``(num_steps, num_envs) bool``
+    and each total of the same shape, read to the host (one transfer of each) where a field
+    is first read (``returns``, ``lengths``, ``extras``: as `Episodes`'s), then kept."""
+
+    def __init__(self, end: torch.Tensor, returns: torch.Tensor, lengths: torch.Tensor,
+                 extras: dict[str, torch.Tensor]) -> None:
+        self._device = (end, returns, lengths, extras)
+        self._host: Episodes | None = None
+
+    def host(self) -> Episodes:
+        """The episodes on the host (`Episodes`; the device's tensors are let go)."""
+        if self._host is None:
+            end, returns, lengths, extras = self._device
+            end = end.cpu()
+            self._host = Episodes(returns.cpu()[end].numpy(), lengths.cpu()[end].numpy(),
+                                  {k: v.cpu()[end].numpy() for k, v in extras.items()})
+            self._device = None
+        return self._host
+
+    @property
+    def returns(self) -> np.ndarray:
+        return self.host().returns
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.host().lengths
+
+    @property
+    def extras(self) -> Mapping[str, np.ndarray]:
+        return self.host().extras
 
 
 def episode_ends(on_device: bool, num_steps: int, num_envs: int,

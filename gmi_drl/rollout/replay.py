@@ -16,6 +16,7 @@ ended or where no later step is stored yet, and the observation that followed th
 
 from __future__ import annotations
 
+import math
 import logging
 from typing import NamedTuple
 
@@ -69,6 +70,22 @@ def replay_config_errors(buffer_size: int, minibatch_size: int, n_step: int,
         errors.append(f"algo.buffer_size={buffer_size} must be >= env.num_envs={num_envs} with "
                       f"algo.n_step={n_step} (an n-step buffer holds a step of every env)")
     return errors
+
+
+def warmup_errors(learning_starts: int, minibatch_size: int,
+                  steps_per_iteration: int) -> list[str]:
+    """A minibatch larger than the replay holds at the first gradient step (it would draw the
+    same few transitions again and again). The first gradient step comes after the iteration
+    in which ``learning_starts`` env steps were passed, so the replay then holds
+    ``learning_starts`` rounded up to whole iterations of ``steps_per_iteration``."""
+    spi = max(steps_per_iteration, 1)
+    warm = max(1, math.ceil(learning_starts / spi)) * spi
+    if minibatch_size <= warm:
+        return []
+    return [f"algo.minibatch_size={minibatch_size} is more than the {warm} transitions the "
+            f"replay holds at the first gradient step (algo.learning_starts={learning_starts}, "
+            f"in whole iterations of {spi} env steps): raise --algo.learning-starts to "
+            f"{minibatch_size} or lower --algo.minibatch-size"]
 
 
 def _window(exists: np.ndarray | torch.Tensor, done: np.ndarray | torch.Tensor):

@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from gmi_drl.comm.channels import Batcher, ChannelClosed, ChannelPlan, Dispenser, Fabric
 from gmi_drl.comm.weights import WeightStore, WeightStoreHandle
-from gmi_drl.rollout.episodes import Episodes
+from gmi_drl.rollout.episodes import DeviceEpisodes, Episodes
 from gmi_drl.runner.shell import GMIShell, LoopResult
 from gmi_drl.runner.roles import ServingRole, TrainerRole
 from gmi_drl.runner.run import Run
@@ -117,7 +117,7 @@ def task_spec(cfg):
     """The run's `gmi_drl.envs.spec.TaskSpec` (``cfg.env``'s task and engine)."""
     from gmi_drl import envs
 
-    return envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
+    return envs.task_spec(cfg.env.task_id, **cfg.env.pool_kwargs())
 
 
 def channel_plan(cfg, task) -> ChannelPlan:
@@ -203,7 +203,7 @@ class TrainerGMI(GMIShell):
         """Samples one update trains on, over every trainer GMI."""
         return self.cfg.batch_size
 
-    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes | DeviceEpisodes, dict]:
         """One update from the next batch (waited for)."""
         step = self.role.update(True, self.cfg.async_.timeout_s)
         self.lags.append(step.lags)
@@ -360,7 +360,8 @@ class Server:
                                          else max(1, e.num_workers // splits))
         self.pools = [envs.make(e.task_id, per, num_workers=workers,
                                 seed=cfg.seed + index * e.num_envs + s * per,
-                                autoreset="same_step", device=cfg.device, engine=e.engine)
+                                autoreset="same_step", device=cfg.device,
+                                **e.pool_kwargs())
                       for s in range(splits)]
         task = self.pools[0].spec
         # NumPy on the host, or the tensors of a warp pool on its device (nothing per step

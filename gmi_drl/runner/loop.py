@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 from gmi_drl.algos import AlgoContext, build_algorithm
 from gmi_drl.optim.grad_step import make_grad_step
 from gmi_drl.rollout.arrays import arrays_for
-from gmi_drl.rollout.episodes import Episodes
+from gmi_drl.rollout.episodes import DeviceEpisodes, Episodes
 from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 from gmi_drl.runner.run import Run
 from gmi_drl.runner.shell import GMIShell, LoopResult
@@ -86,7 +86,7 @@ class HolisticGMI(GMIShell):
                               num_workers=0 if cfg.placement == "serial" else e.num_workers,
                               seed=cfg.seed + start_step + rank * e.num_envs,
                               autoreset="same_step", device=cfg.device,
-                              engine=e.engine)
+                              **e.pool_kwargs())
         arrays, n = arrays_for(device), cfg.norm
         space = self.pool.observation_space
         self.obs_norm = (ObsNormalizer(space.shape, n.obs_clip, arrays=arrays) if n.obs
@@ -126,7 +126,7 @@ class HolisticGMI(GMIShell):
         """Env steps one iteration adds to global_step (every GMI's)."""
         return self.algo.steps_per_iteration * self.cfg.gmi.num_gmis
 
-    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes | DeviceEpisodes, dict]:
         """Collect (the algorithm opens its phases), then update."""
         episodes = self.algo.collect(self.pool)
         with self.profiler.phase("update"):

@@ -7,7 +7,11 @@ store). Both are a `GMIShell`: the run and its checkpoint to resume from, the GM
 its timing tree and timeline, the metrics writer (GMI 0), the episodes so far; and `iterate`,
 the loop they share: one `run_iteration` per iteration, a metrics row every ``log.log_every``
 iterations and at the last (the weights digested and checked for NaN first), a checkpoint (GMI 0) every
-``checkpoint.every`` iterations and at the last.
+``checkpoint.every`` iterations and at the last. A learner may return its metrics and episodes
+on its device (0-d tensors, `gmi_drl.rollout.episodes.DeviceEpisodes`): the loop reads the
+metrics of the logged iterations only, and the episodes at a row, a checkpoint, or after
+`PENDING_ITERATIONS` iterations, so the iterations between never wait for the device (and its
+phase times there are the host's: the GPU's work shows where the host next waits).
 """
 
 from __future__ import annotations
@@ -21,13 +25,19 @@ import numpy as np
 import torch
 
 from gmi_drl.errors import check_finite
-from gmi_drl.rollout.episodes import Episodes
+from gmi_drl.rollout.episodes import DeviceEpisodes, Episodes
 from gmi_drl.runner.run import Run
 from gmi_drl.telemetry.memory import peak_memory_bytes
 from gmi_drl.telemetry.metrics import MetricsWriter
 from gmi_drl.telemetry.progress import Progress
 from gmi_drl.telemetry.timeline import Timeline
 from gmi_drl.telemetry.timer import SectionStats, TimingTree, set_tree
+
+
+PENDING_ITERATIONS = 256
+"""iterations whose episodes may wait on the device for the next metrics row (`GMIShell.record`):
+a bound on the device memory they hold (each its collection's ``(num_steps, num_envs)`` ends and
+totals)"""
 
 
 class LoopResult(NamedTuple):
@@ -88,6 +98,9 @@ class GMIShell:
         self.episode_wall_s = [0.0] * len(self.episode_steps)
         self.unlogged: list[Episodes] = []
         """the episodes since the last metrics row (the row summarises them all)"""
+        self._pending: list[tuple[Episodes | DeviceEpisodes, int, float]] = []
+        """iterations' episodes not yet read to the host, with their step and wall time
+        (`record`)"""
         self.tree = TimingTree()
         self.writer: MetricsWriter | None = None
 
@@ -110,7 +123,7 @@ class GMIShell:
         """Env steps (async: samples trained on) one iteration adds to global_step."""
         raise NotImplementedError
 
-    def run_iteration(self, k: int) -> tuple[Episodes, dict[str, float]]:
+    def run_iteration(self, k: int) -> tuple[Episodes | DeviceEpisodes, dict]:
         """Iteration ``k``'s work: the episodes that ended in it and the learner's metrics."""
         raise NotImplementedError
 
@@ -131,6 +144,7 @@ class GMIShell:
 
     def shell_state(self, global_step: int, iteration: int) -> dict:
         """The shell's part of a checkpoint: the counts, torch's RNG, the episodes."""
+        self.settle()
         return {"global_step": global_step, "iteration": iteration, "rng": torch.get_rng_state(),
                 "episode_steps": torch.tensor(self.episode_steps, dtype=torch.int64),
                 "episode_returns": torch.tensor(self.episode_returns, dtype=torch.float64)}
@@ -154,13 +168,28 @@ class GMIShell:
         """Called after a loop that ended well (the shell closed); its `LoopResult` fields."""
         return {}
 
-    def record(self, episodes: Episodes, global_step: int, wall_s: float) -> None:
-        n = len(episodes.returns)
-        self.episode_steps += [global_step] * n
-        self.episode_returns += episodes.returns.tolist()
-        self.episode_wall_s += [wall_s] * n
-        if n:
-            self.unlogged.append(episodes)
+    def record(self, episodes: Episodes | DeviceEpisodes, global_step: int,
+               wall_s: float) -> None:
+        """The episodes that ended in an iteration, at ``global_step`` and ``wall_s`` seconds.
+        Episodes still on the device (`DeviceEpisodes`) are read to the host at the next
+        metrics row or checkpoint (`settle`), or after `PENDING_ITERATIONS` iterations, not in
+        every iteration."""
+        self._pending.append((episodes, global_step, wall_s))
+        if isinstance(episodes, Episodes) or len(self._pending) >= PENDING_ITERATIONS:
+            self.settle()
+
+    def settle(self) -> None:
+        """Every recorded iteration's episodes on the host, in order."""
+        for episodes, global_step, wall_s in self._pending:
+            if isinstance(episodes, DeviceEpisodes):
+                episodes = episodes.host()
+            n = len(episodes.returns)
+            self.episode_steps += [global_step] * n
+            self.episode_returns += episodes.returns.tolist()
+            self.episode_wall_s += [wall_s] * n
+            if n:
+                self.unlogged.append(episodes)
+        self._pending.clear()
 
     def close(self) -> None:
         if self.writer is not None:
@@ -194,7 +223,9 @@ class GMIShell:
                         elapsed = time.perf_counter() - t0
                         first_s = elapsed if k == first else first_s
                         self.record(episodes, global_step, elapsed)
-                        if logged:
+                        if logged:  # (the metrics of other iterations are never read)
+                            self.settle()
+                            metrics = {k: float(v) for k, v in metrics.items()}
                             modules = self.trained_modules()
                             _digest(chain, modules)
                             check_finite(modules, global_step, metrics)

@@ -219,7 +219,7 @@ def test_td3_trains_and_evaluates_with_observation_normalisation(tmp_path):
 
     cfg = preset("classic", algo="td3")
     cfg.model.actor_hidden = cfg.model.critic_hidden = "16"
-    cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 400, 200, "serial"
+    cfg.total_timesteps, cfg.algo.learning_starts, cfg.placement = 400, 256, "serial"
     cfg.norm.obs, cfg.log.tensorboard, cfg.run_dir = True, False, str(tmp_path / "td3")
     cfg.checkpoint.every, cfg.compile = 400, False  # (the compiled step: test_grad_step's)
     result = train(cfg)

@@ -285,6 +285,30 @@ def test_the_replay_size_is_known_before_it_is_allocated(obs, act, capacity, num
         capacity, spec, num_envs, "cpu").nbytes
 
 
+def test_a_replay_larger_than_a_gpus_free_memory_is_refused_naming_what_fits(monkeypatch):
+    """``--device cuda``: the replays of the GMIs on a GPU against its free memory (NVML's, read
+    without a CUDA context), here a machine of one GPU with 2 GiB free and 80 GiB in all."""
+    from gmi_drl.config import ConfigError
+    from gmi_drl.gmi import devices
+    from gmi_drl.runner.preflight import check_replay_memory
+
+    gpu = devices.Gpu(0, "NVIDIA H100", "GPU-0", (9, 0), 80 * 2**30, False, (), 2 * 2**30)
+    monkeypatch.setattr(devices, "discover", lambda: devices.Machine((gpu,), (0, 1)))
+    cfg = preset("classic", algo="dqn")
+    cfg.device, cfg.gmi.num_gmis = "cuda", 2
+    spec = envs.task_spec("CartPole-v1")
+    per = replay_nbytes(10**6, spec, 1) / 10**6
+    cfg.algo.buffer_size = int(2**30 / per)  # 1 GiB per GMI: 2 GiB for the two, which fits
+    check_replay_memory(cfg, spec)
+    cfg.algo.buffer_size = int(1.5 * 2**30 / per)
+    with pytest.raises(ConfigError, match=r"GiB for the 2 GMIs of a GPU: more than this GPU's 2.0 "
+                                          r"GiB free; at most ([\d,]+) transitions per GMI fit"
+                       ) as e:
+        check_replay_memory(cfg, spec)
+    fits = int(re.search(r"at most ([\d,]+) transitions", str(e.value))[1].replace(",", ""))
+    assert 2 * replay_nbytes(fits, spec, 1) <= 2 * 2**30 < 2 * replay_nbytes(fits + 100, spec, 1)
+
+
 def test_a_replay_or_network_larger_than_memory_is_refused_before_the_run_starts():
     from gmi_drl.config import ConfigError
     from gmi_drl.runner.preflight import preflight

@@ -39,7 +39,8 @@ def test_flat_adam_with_clipping_equals_torch_adam(traced, weight_decay):
             norm = torch.linalg.vector_norm(flat.grad)
             fopt.step(flat.grad * clip_factor(flat.grad, 0.5))
         else:
-            norm = clip_grad_norm_(flat.grad, 0.5)
+            norm = torch.linalg.vector_norm(flat.grad)  # (before clipping)
+            clip_grad_norm_(flat.grad, 0.5)
             fopt.step()
         clipped += float(ref_norm) > 0.5
         assert float(norm) == pytest.approx(float(ref_norm), rel=1e-5)
@@ -47,6 +48,30 @@ def test_flat_adam_with_clipping_equals_torch_adam(traced, weight_decay):
     for p, q in zip(ref.parameters(), net.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert fopt.steps == 25
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_clipping_scales_to_the_bound_and_skips_an_infinite_one(device):
+    """The host form (CPU) and the device form (no host sync) give torch's factor; an infinite
+    bound leaves the gradient as it is without computing its norm."""
+    from tests.host_sync import host_transfers
+
+    grad = torch.arange(1.0, 101.0, device=device)
+    norm = float(torch.linalg.vector_norm(grad))
+    clipped = grad.clone()
+    with host_transfers() as n:
+        clip_grad_norm_(clipped, 0.5)
+    assert n[0] == (1 if device == "cpu" else 0)  # (the device form: no read to the host)
+    torch.testing.assert_close(clipped, grad * (0.5 / (norm + 1e-6)))
+    same = grad.clone()
+    with host_transfers() as n:
+        clip_grad_norm_(same, float("inf"))
+    assert n[0] == 0 and torch.equal(same, grad)
+    small = grad / 1e4  # (norm about 0.058: under the bound, unchanged)
+    clip_grad_norm_(small, 0.5)
+    torch.testing.assert_close(small, grad / 1e4)
 
 
 def test_parameters_and_grads_are_views_of_the_flat_buffers():

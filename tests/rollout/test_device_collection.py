@@ -88,6 +88,40 @@ def test_replay_actor_critics_train_on_a_warp_pool_of_tensors(algo, gpu_scale):
             assert ((stds >= 0.001) & (stds <= 0.4)).all()
 
 
+@warp
+@pytest.mark.parametrize("algo", [TD3, SAC])
+def test_an_iteration_at_gpu_scale_reads_nothing_to_the_host(algo):
+    """The GPU-scale presets' schedule (one env step of every world per iteration, FastTD3's):
+    a whole iteration past the warm-up, collection and the update's gradient steps, takes
+    nothing to the host; its episodes and metrics wait on the device until they are read (the
+    runner reads them at its logged iterations only)."""
+    cfg = dataclasses.replace(_gpu_scale(algo), train_frequency=1)  # (the presets' 1)
+    with envs.make("Ant-gmi-v0", 4, seed=0, autoreset="same_step", tensors=True) as pool:
+        obs_norm = ObsNormalizer(pool.spec.observation_space.shape,
+                                 arrays=arrays_for("cpu", pool_tensors=True))
+        ctx = AlgoContext(pool.spec, 4, ModelConfig(actor_hidden="32", critic_hidden="32"), 10,
+                          0, functools.partial(make_grad_step, compile=False),
+                          torch.Generator().manual_seed(0), obs_norm=obs_norm)
+        torch.manual_seed(0)
+        learner = algo(cfg, ctx)
+        while learner.env_steps <= cfg.learning_starts + 8:  # past the warm-up
+            learner.collect(pool)
+            learner.update()
+        with host_transfers() as n:
+            for _ in range(3):
+                episodes = learner.collect(pool)
+                metrics = learner.update()
+        assert n[0] == 0
+        assert isinstance(metrics["losses/critic_loss"], torch.Tensor)
+        assert np.isfinite(float(metrics["losses/critic_loss"]))
+        with host_transfers() as n:
+            returns = episodes.returns  # read to the host here
+        assert n[0] > 0
+        with host_transfers() as n:  # then kept
+            assert episodes.returns is returns and len(episodes.lengths) == len(returns)
+        assert n[0] == 0
+
+
 def test_dqn_trains_on_a_discrete_pool_of_tensors():
     """Discrete actions (no warp task has them): `tests.torch_cartpole`, whose steps are
     torch ops where its tensors live; 20-step episodes, so truncations are stored too."""
