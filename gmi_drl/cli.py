@@ -331,9 +331,12 @@ def _train(args: list[str], debug: bool = False) -> int:
 
 def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> int:
     """``gmi-drl train ALGO --seeds S [--sweep FLAG=V1,V2 ...] REST``: every run of the grid
-    and seeds as a GMI (`gmi_drl.sweep`), each config validated before any run starts."""
+    and seeds as a GMI (`gmi_drl.sweep`), each config validated, each grid point's algorithm
+    built once on its task (`preflight`) and the runs' replays checked together against their
+    devices' memory, before any run starts."""
     from gmi_drl.checkpoint import CheckpointError
     from gmi_drl.config import ConfigError
+    from gmi_drl.runner.preflight import preflight
     from gmi_drl.sweep import (PlannedRun, check_runs, grid_points, parse_seeds, parse_sweep,
                                train_runs)
 
@@ -354,6 +357,9 @@ def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> in
     options = tyro.cli(_with_budget(None, "RunsArgs"), args=budget_flags,
                        prog=f"gmi-drl train {algo} --seeds")
     try:
+        if _flag_value(rest, "--resume") is not None:
+            raise ConfigError("--seeds and --sweep start fresh runs: resume one run of a batch "
+                              f"alone, gmi-drl train {algo} --resume PARENT/RUN")
         seed_list, grid = parse_seeds(seeds), parse_sweep(sweeps)
         base, _ = _train_config(algo, rest)
         parent = Path(parent_dir or f"runs/{base.env.task_id.replace('/', '_')}-{algo}-"
@@ -372,6 +378,10 @@ def _train_runs(algo: str, flags: list[str], rest: list[str], debug: bool) -> in
                     raise ConfigError(f"run {run.name}: its flags do not parse (above); no run "
                                       "started") from None
                 planned.append(PlannedRun(point, seed, cfg))
+            try:  # what only the task tells (an action space, a replay's size): once a point
+                preflight(planned[-1].cfg)
+            except ConfigError as e:
+                raise ConfigError(f"run {planned[-1].name}: {e}") from None
         check_runs(planned)
         print(f"{len(planned)} runs as GMIs under {parent}", flush=True)
         with _stop_signals_as_ctrl_c():

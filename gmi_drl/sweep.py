@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -121,6 +122,10 @@ def check_runs(runs: Sequence[PlannedRun]) -> None:
     """
     for r in runs:
         c = r.cfg
+        if (c.device, c.placement) != (runs[0].cfg.device, runs[0].cfg.placement):
+            raise ConfigError(f"run {r.name}: the runs of one batch share one device and "
+                              "placement (the planner packs them onto one backend): sweep "
+                              "--device or --placement in separate commands")
         if c.is_async or c.gmi.num_gmis != 1:
             raise ConfigError(f"run {r.name}: --seeds runs each run as one GMI: give runs of "
                               "one holistic GMI (gmi.num_gmis 1, a sync_training algorithm)")
@@ -131,9 +136,6 @@ def check_runs(runs: Sequence[PlannedRun]) -> None:
             raise ConfigError(f"run {r.name}: --seeds does not restart runs on Ray (a run that "
                               "fails is reported while the others go on): drop "
                               "--ray.max-restarts, and resume a failed run alone")
-        if c.resume is not None:
-            raise ConfigError(f"run {r.name}: resume one run of a sweep alone: gmi-drl train "
-                              f"ALGO --resume {c.run_dir}")
 
 
 def as_gmi(run: PlannedRun) -> PlannedRun:
@@ -200,10 +202,10 @@ def train_runs(runs: Sequence[PlannedRun], parent: Path, budget: Budget = Budget
         ConfigError: a run that cannot run as a GMI (`check_runs`), a layout this machine
             cannot hold or a budget that does not fit it, before any run starts.
     """
-    from gmi_drl.gmi.devices import discover
+    from gmi_drl.gmi.devices import discover, for_device
 
     check_runs(runs)
-    machine = discover()
+    machine = for_device(discover(), runs[0].cfg.device)
     layout = plan_runs(len(runs), machine, Template.SYNC_TRAINING, budget,
                        _backend(runs[0].cfg))
     if (layout.backend is BackendKind.CUDA_MPS and runs[0].cfg.placement == "local"
@@ -211,6 +213,7 @@ def train_runs(runs: Sequence[PlannedRun], parent: Path, budget: Budget = Budget
         raise ConfigError(f"the runs share each GPU through MPS, but {MPSDaemon.BINARY} is not "
                           "on PATH: install the NVIDIA driver utilities, or give --gmi.backend "
                           "cuda_shared (time slicing, no budgets)")
+    check_replays_fit(runs, layout, machine)
     parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     c = runs[0].cfg
@@ -225,6 +228,49 @@ def train_runs(runs: Sequence[PlannedRun], parent: Path, budget: Budget = Budget
         + where))
     plot_curves(runs, outcomes, parent / "learning_curves.png")
     return outcomes, wall
+
+
+def check_replays_fit(runs: Sequence[PlannedRun], layout: Layout, machine) -> None:
+    """Refuse runs whose replay buffers (``algo.buffer_size`` transitions each) together need
+    more than the memory of the device they share: this machine's RAM for runs on the CPU, a
+    GPU's free memory (NVML) for the runs the layout put on it; MIG instances are not checked
+    (a slice's size is the backend's to know), nor runs on Ray (spread over nodes). Each run's
+    own replay was checked against its device alone
+    (`gmi_drl.runner.preflight.check_replay_memory`).
+
+    Raises:
+        ConfigError: naming the device, the runs' sum and what each needs.
+    """
+    from gmi_drl import envs
+    from gmi_drl.rollout.replay import replay_nbytes
+
+    if layout.backend is BackendKind.MIG or runs[0].cfg.placement == "ray":
+        return  # (on Ray the runs spread over nodes whose tasks this process may not build)
+    need: dict[int, list[tuple[str, int]]] = {}
+    for run, spec in zip(runs, layout.specs):
+        c = run.cfg
+        size = getattr(c.algo, "buffer_size", None)
+        if size is None:
+            continue
+        task = envs.task_spec(c.env.task_id, engine=c.env.engine)
+        device = spec.device if layout.backend is not BackendKind.CPU else -1
+        need.setdefault(device, []).append((run.name, replay_nbytes(size, task, c.env.num_envs)))
+    for device, members in need.items():
+        if device < 0:
+            where = "this machine's RAM"
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        else:
+            gpu = machine.gpus[device]
+            total = gpu.memory_free_bytes or gpu.memory_bytes
+            where = f"GPU {gpu.index}'s {'free ' if gpu.memory_free_bytes else ''}memory"
+            if not total:
+                continue
+        if sum(b for _, b in members) > total:
+            each = ", ".join(f"{name} {b / 2**30:,.1f}" for name, b in members)
+            raise ConfigError(f"the replay buffers of the {len(members)} runs on {where} take "
+                              f"{sum(b for _, b in members) / 2**30:,.1f} GiB together, more "
+                              f"than its {total / 2**30:,.1f} GiB (GiB per run: {each}): lower "
+                              "--algo.buffer-size, or run fewer at once")
 
 
 def _backend(cfg: TrainConfig) -> str | None:

@@ -1,3 +1,4 @@
+import csv
 import json
 import re
 import subprocess
@@ -70,7 +71,8 @@ def test_off_policy_and_a2c_through_the_cli_resume_and_eval(tmp_path, capsys, al
     run = tmp_path / algo
     flags = ["--run-dir", str(run), "--log.no-tensorboard", "--no-compile",
              "--model.actor-hidden", "16", "--model.critic-hidden", "16"]
-    extra = {"td3": ["--algo.learning-starts", "100", "--algo.save-replay"],
+    extra = {"td3": ["--algo.learning-starts", "100", "--algo.minibatch-size", "64",
+                     "--algo.save-replay", "--env.max-episode-steps", "50"],
              "sac": ["--algo.learning-starts", "100", "--algo.minibatch-size", "64",
                      "--algo.save-replay"]}.get(algo, [])
     assert main(["train", algo, "--env.task-id", task, "--total-timesteps", "400", *flags,
@@ -85,7 +87,25 @@ def test_off_policy_and_a2c_through_the_cli_resume_and_eval(tmp_path, capsys, al
         assert saved["save_replay"] is True
         assert load_checkpoint(run)["algo"]["replay"]["size"] == 800
     assert main(["eval", str(run), "--episodes", "2"]) == 0
-    assert "over 2 episodes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "over 2 episodes" in out
+    if algo == "td3":  # --env.max-episode-steps: the run's episodes and its evaluation's
+        lengths = {float(r["value"]) for r in csv.DictReader(open(run / "metrics.csv"))
+                   if r["name"] == "env/episodic_length"}
+        assert lengths == {50.0}
+        assert "mean length 50.0)" in out, out
+
+
+def test_a_time_limit_a_task_does_not_have_is_refused_before_the_run_dir(tmp_path, capsys):
+    from gmi_drl.envs.warp.pool import warp_error
+
+    if warp_error() is not None:
+        pytest.skip(str(warp_error()))
+    run = tmp_path / "ant"
+    assert main(["train", "ppo", "--env.task-id", "Ant-gmi-v0", "--env.max-episode-steps", "50",
+                 "--run-dir", str(run)]) == 2
+    assert "max_episode_steps=50: a warp task's episodes are 1000 steps" in capsys.readouterr().err
+    assert not run.exists()
 
 
 def test_resume_through_the_cli(tmp_path, capsys):
@@ -533,8 +553,8 @@ def test_a_checkpoint_copied_from_another_run_is_named(finished, tmp_path, capsy
 
     dqn = tmp_path / "dqn"
     assert main(["train", "dqn", "--preset", "cartpole", "--total-timesteps", "64",
-                 "--algo.learning-starts", "32", "--run-dir", str(dqn), "--log.no-tensorboard",
-                 "--no-compile"]) == 0
+                 "--algo.learning-starts", "32", "--algo.minibatch-size", "32", "--run-dir",
+                 str(dqn), "--log.no-tensorboard", "--no-compile"]) == 0
     run = _copy(finished, tmp_path / "r")
     stray = run / "checkpoints" / "iteration-0000900.pt"
     shutil.copy(sorted((dqn / "checkpoints").glob("*.pt"))[-1], stray)

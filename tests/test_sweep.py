@@ -118,7 +118,36 @@ def test_bad_input_is_refused_before_any_run_starts(tmp_path):
     assert "algo.learning_rate=-1.0 must be > 0" in out.stderr
     out = _cli("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"), cwd=tmp_path)
     assert out.returncode == 2 and "runs each run as one GMI" in out.stderr
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # what only the task tells, found for every grid point before the first run starts
+    out = _cli("sac", "--seeds", "1", "--sweep", "env.task-id=Pendulum-v1,CartPole-v1", *FAST,
+               "--run-dir", str(tmp_path / "e"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "run env.task-id=CartPole-v1/seed-1: " in out.stderr
+    assert "SAC needs a Box action space" in out.stderr
+    out = _cli("ppo", "--seeds", "1-2", "--resume", str(tmp_path / "a"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "resume one run of a batch alone, gmi-drl train ppo --resume PARENT/RUN" in out.stderr
+    for d in "abe":
+        assert not (tmp_path / d).exists()
+
+
+def test_replays_that_fit_alone_but_not_together_are_refused_before_any_run_starts(tmp_path):
+    """Two TD3 runs whose replays each take 0.6 of this machine's RAM (one run would be
+    accepted: `check_replay_memory`), refused together, naming the sum."""
+    from gmi_drl import envs
+    from gmi_drl.rollout.replay import replay_nbytes
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    per = replay_nbytes(1_000_000, envs.task_spec("Pendulum-v1"), 1) / 1_000_000
+    size = int(0.6 * ram / per)
+    out = _cli("td3", "--seeds", "1-2", "--env.task-id", "Pendulum-v1", "--env.num-envs", "1",
+               "--algo.buffer-size", str(size), "--algo.learning-starts", "256", *FAST,
+               "--run-dir", str(tmp_path / "r"),
+               cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "the replay buffers of the 2 runs on this machine's RAM take" in out.stderr
+    assert "GiB per run: seed-1 " in out.stderr and "lower --algo.buffer-size" in out.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_budget_or_placement_runs_cannot_have_is_refused_before_any_run_starts(tmp_path):

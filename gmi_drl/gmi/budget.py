@@ -135,6 +135,10 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
         raise ConfigError("--budget.threads-pct and --budget.mem-mib are MPS budgets of GMIs on "
                           f"a GPU; these GMIs are CPU core sets ({layout.backend_reason}): give "
                           "--budget.cores")
+    if layout.backend is not BackendKind.CPU and budget.cores is not None:
+        raise ConfigError(f"--budget.cores are core sets of GMIs on the CPU; these GMIs run on "
+                          f"GPUs ({layout.backend.value}): drop --budget.cores, or give "
+                          "--device cpu")
     layout = with_budget(layout, machine, budget)
     check_fits(layout, machine)
     return layout

@@ -61,6 +61,15 @@ class Machine:
     no_gpu_reason: str = ""
 
 
+def for_device(machine: Machine, device: str) -> Machine:
+    """``machine`` as a run whose GMIs compute on ``device`` uses it: on ``"cpu"`` without its
+    GPUs, so the planner makes the GMIs CPU core sets (GMI-DRL §3's CPU case) whatever GPUs the
+    host has, and starts no MPS daemon for them."""
+    if device != "cpu" or not machine.gpus:
+        return machine
+    return Machine((), machine.cpu_cores, "the run's device is the CPU (--device cpu)")
+
+
 def discover() -> Machine:
     """GPUs through NVML (``nvidia-ml-py``) and the CPU cores this process may run on.
 

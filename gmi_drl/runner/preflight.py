@@ -29,7 +29,7 @@ def build_on_cpu(cfg: TrainConfig, norms: bool = False):
     from gmi_drl.optim.grad_step import make_grad_step
     from gmi_drl.rollout.normalize import ObsNormalizer, RewardNormalizer
 
-    spec = envs.task_spec(cfg.env.task_id, engine=cfg.env.engine)
+    spec = envs.task_spec(cfg.env.task_id, **cfg.env.pool_kwargs())
     n = cfg.norm
     obs_norm = (ObsNormalizer(spec.observation_space.shape, n.obs_clip) if norms and n.obs
                 else None)

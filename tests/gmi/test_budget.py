@@ -10,7 +10,7 @@ from gmi_drl.config import ConfigError
 from gmi_drl.gmi.backends import BackendKind, process_env
 from gmi_drl.gmi.budget import (Budget, assign_mig, core_sets, describe, even_percentage,
                                 plan_runs)
-from gmi_drl.gmi.devices import Machine, discover, parse_nvidia_smi_list
+from gmi_drl.gmi.devices import Machine, discover, for_device, parse_nvidia_smi_list
 from gmi_drl.gmi.layout import Template
 from tests.gmi.test_devices import A100_MIG
 
@@ -71,6 +71,22 @@ def test_gpu_gmis_share_by_mps_an_even_share_where_mig_is_off():
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20000M"
     serving = plan_runs(2, h100, Template.SERVING)
     assert serving.specs[0].roles == ("simulator", "agent")
+
+
+def test_runs_on_the_cpu_of_a_gpu_machine_are_core_sets_and_cores_need_the_cpu():
+    """``--device cpu`` on a host with GPUs: the GMIs are CPU core sets (no MPS daemon), and
+    ``--budget.cores`` on GMIs that share a GPU is refused rather than dropped."""
+    gpus = _machine(H100, cores=(0, 1, 2, 3))
+    cpu = for_device(gpus, "cpu")
+    assert cpu.gpus == () and cpu.cpu_cores == (0, 1, 2, 3)
+    assert for_device(gpus, "cuda") is gpus
+    lay = plan_runs(2, cpu, budget=Budget(cores=1))
+    assert lay.backend is BackendKind.CPU and [s.cpu_cores for s in lay.specs] == [(0,), (1,)]
+    assert "the run's device is the CPU (--device cpu): GMIs are CPU core sets" \
+        in lay.backend_reason
+    with pytest.raises(ConfigError, match=r"--budget.cores are core sets of GMIs on the CPU; "
+                                          r"these GMIs run on GPUs \(cuda_mps\)"):
+        plan_runs(2, gpus, budget=Budget(cores=1))
 
 
 def test_a_budget_that_does_not_fit_its_gpu_is_refused_naming_it_and_the_sum():
