@@ -109,7 +109,8 @@ def test_a_killed_serving_gmi_stops_the_run_naming_it_and_leaves_nothing(tmp_pat
         proc.kill()
     assert proc.returncode == 1
     assert "gmi-drl train: GMI 2 was killed by signal 9 without a result" in err
-    assert stopped_s < 5.0
+    # promptly: not at the channels' 120-s timeout (5.6 s once under the full suite's load)
+    assert stopped_s < 15.0
     assert not gmi_processes(proc.pid)
     assert not shm_left(shm_before)  # channels, weights, groups unlinked
 

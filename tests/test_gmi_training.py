@@ -196,6 +196,10 @@ def test_threshold_is_validated(tmp_path):
     cfg.gmi.threshold, cfg.gmi.staleness = 2, 200
     with pytest.raises(ConfigError, match="gmi.staleness=200 must be < 128"):
         validate(cfg)
+    cfg.gmi.num_gmis, cfg.gmi.threshold, cfg.gmi.staleness = 300, 256, 2
+    with pytest.raises(ConfigError, match=r"gmi.threshold=256 must be in \[1, 255\] .*a "
+                       "packet's count holds at most 255"):
+        validate(cfg)
 
 
 @pytest.mark.distributed

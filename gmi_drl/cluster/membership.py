@@ -46,8 +46,8 @@ def node_mpl(nodes: Sequence[NodeInfo]) -> tuple[tuple[int, ...], ...]:
 
 def reduction_layout(layout: Layout, nodes: Sequence[NodeInfo]) -> Layout:
     """``layout`` with ``mpl`` grouped by Ray node (the shared-memory domain) and its reduction:
-    MPR when one node holds every GMI (Algorithm 1, line 2), HAR otherwise; a ``switch``
-    reduction stays. Specs are unchanged.
+    MPR when one node holds every GMI (Algorithm 1, line 2), HAR otherwise; a ``switch`` or
+    ``ps`` reduction (a service every GMI reaches) stays. Specs are unchanged.
 
     Raises:
         ValueError: ``nodes`` does not name a node for every GMI of ``layout``.
@@ -55,7 +55,7 @@ def reduction_layout(layout: Layout, nodes: Sequence[NodeInfo]) -> Layout:
     if len(nodes) != layout.num_gmis:
         raise ValueError(f"{len(nodes)} nodes for {layout.num_gmis} GMIs")
     mpl = node_mpl(nodes)
-    if layout.reduction is Reduction.SWITCH:
+    if layout.reduction in (Reduction.SWITCH, Reduction.PS):
         return dataclasses.replace(layout, mpl=mpl)
     if len(mpl) == 1:
         why = "every GMI on one node: shared memory (Algorithm 1, line 2)"

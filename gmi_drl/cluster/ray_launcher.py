@@ -91,13 +91,14 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
            switch_addr: str | None = None, runtime_envs: Sequence[dict] | None = None,
            on_restart: Callable[[GMIError], Any] | None = None,
            rendezvous: bool = False, switch_job: str | None = None,
-           switch_token: str = "", reduction_note: str | None = None) -> RayRun:
+           switch_token: str = "", reduction_note: str | None = None,
+           ps_addr: str | None = None, staleness: int = 0) -> RayRun:
     """Run ``target(ctx)`` in one Ray actor per GMI of ``layout``; blocks until all returned.
 
     Args:
         target: ``"package.module:function"`` taking a `GMIContext`, importable on every node.
         layout: from `gmi_drl.gmi.layout.plan` (backend, GMIs per device); its reduction is
-            ``switch`` or replanned by node (`membership.reduction_layout`).
+            ``switch`` or ``ps``, or replanned by node (`membership.reduction_layout`).
         payload: a picklable argument every GMI receives.
         address: ``"auto"`` or ``HOST:PORT`` of a running cluster; ``None`` starts a local Ray
             instance for this call (with at least one logical CPU per GMI bundle). A process
@@ -110,6 +111,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             or a picklable function that says so, called on GMI 0's node only where GMIs share
             memory (it may build the task, whose dependencies the driver need not have).
         switch_addr: with the ``switch`` reduction, the aggregation switch's ``HOST:PORT``.
+        ps_addr, staleness: with the ``ps`` reduction, the parameter server's ``HOST:PORT`` and
+            the staleness bound S (> 0: Async PS, iSwitch §6.2; 0: the synchronous PS).
         switch_job, switch_token: the run's job id at the switch (``None``: a new one per
             attempt) and the switch's shared secret.
         runtime_envs: per GMI, a Ray ``runtime_env`` merged into the actor's (e.g. a profiler's
@@ -125,12 +128,14 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
     Raises:
         GMIError: a GMI died or raised (its id, node and cause in the message) and no restart was
             left. PlacementError: the cluster cannot hold the bundles within the timeout.
-        ValueError: bad ``runtime_envs`` or ``num_cpus_per_gmi``; a switch address without the
-            ``switch`` reduction, or the reverse.
+        ValueError: bad ``runtime_envs`` or ``num_cpus_per_gmi``; a switch (parameter server)
+            address without the ``switch`` (``ps``) reduction, or the reverse.
     """
-    if (layout.reduction is Reduction.SWITCH) != (switch_addr is not None):
-        raise ValueError(f"switch_addr={switch_addr!r} with reduction "
-                         f"{layout.reduction.value!r}: give an address exactly for 'switch'")
+    for kind, addr in ((Reduction.SWITCH, switch_addr), (Reduction.PS, ps_addr)):
+        if (layout.reduction is kind) != (addr is not None):
+            raise ValueError(f"{kind.value}_addr={addr!r} with reduction "
+                             f"{layout.reduction.value!r}: give an address exactly for "
+                             f"{kind.value!r}")
     if runtime_envs is not None and len(runtime_envs) != layout.num_gmis:
         raise ValueError(f"{len(runtime_envs)} runtime_envs for {layout.num_gmis} GMIs")
     local_cpus = max(os.cpu_count() or 1, math.ceil(layout.num_gmis * num_cpus_per_gmi))
@@ -140,8 +145,8 @@ def launch(target: str, layout: Layout, payload: Any = None, *, address: str | N
             try:
                 results, reduction, nodes = _attempt(
                     target, layout, payload, num_cpus_per_gmi, placement_timeout_s,
-                    reducer_capacity, switch_addr, runtime_envs, rendezvous,
-                    (switch_job, switch_token), reduction_note)
+                    reducer_capacity, switch_addr or ps_addr, runtime_envs, rendezvous,
+                    (switch_job, switch_token), reduction_note, staleness)
                 return RayRun(results, reduction, nodes, restarts)
             except PlacementError:
                 raise
@@ -233,7 +238,8 @@ def _connected(address: str | None, local_cpus: int):
 
 
 def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, reducer_capacity,
-             switch_addr, runtime_envs, rendezvous=False, job=(None, ""), reduction_note=None):
+             service_addr, runtime_envs, rendezvous=False, job=(None, ""), reduction_note=None,
+             staleness=0):
     name = f"gmi-drl-{uuid.uuid4().hex[:8]}"
     mps_dir = (os.path.join(tempfile.gettempdir(), f"{name}-mps")
                if layout.backend is BackendKind.CUDA_MPS else None)
@@ -266,11 +272,12 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         if reduction.reduction is Reduction.HAR or rendezvous:
             port = ray.get(actors[0].free_port.remote(), timeout=placement_timeout_s)
             init_method = f"tcp://{nodes[0].ip}:{port}"
-        addrs = (switch_addr,) * layout.num_gmis if switch_addr else ()
-        if switch_addr:
-            _check_switch_reachable(switch_addr, nodes)
+        addrs = (service_addr,) * layout.num_gmis if service_addr else ()
+        if service_addr:
+            _check_switch_reachable(service_addr, nodes, reduction.reduction.value)
         group = ReductionGroup(tuple(g for g in groups if g is not None), init_method, addrs,
-                               job[0] or name, job[1])
+                               job[0] or name, job[1],
+                               staleness if reduction.reduction is Reduction.PS else 0)
         results = _collect([a.run.remote(target, GMIContext(g, reduction, payload, group))
                             for g, a in enumerate(actors)], nodes)
         return results, reduction, nodes
@@ -278,17 +285,19 @@ def _attempt(target, layout, payload, num_cpus_per_gmi, placement_timeout_s, red
         _teardown(actors, agents, nodes, pg, mps_dir is not None)
 
 
-def _check_switch_reachable(switch_addr: str, nodes: Sequence[NodeInfo]) -> None:
-    """Refuse a loopback switch address for GMIs on several hosts (each would reach its own
-    loopback; several Ray nodes of one host share theirs).
+def _check_switch_reachable(switch_addr: str, nodes: Sequence[NodeInfo],
+                            kind: str = "switch") -> None:
+    """Refuse a loopback switch (``kind`` ps: parameter server) address for GMIs on several
+    hosts (each would reach its own loopback; several Ray nodes of one host share theirs).
 
     Raises:
         PlacementError: the GMIs' nodes have more than one IP and the address is loopback.
     """
     hosts = sorted({n.ip for n in nodes})
     if len(hosts) > 1 and _is_loopback(switch_addr):
-        raise PlacementError(f"gmi.switch_addr={switch_addr} is a loopback address, but Ray "
-                             f"placed the GMIs on {len(hosts)} hosts {hosts}: give the switch's "
+        what = "the switch's" if kind == "switch" else "the parameter server's"
+        raise PlacementError(f"gmi.{kind}_addr={switch_addr} is a loopback address, but Ray "
+                             f"placed the GMIs on {len(hosts)} hosts {hosts}: give {what} "
                              "address on the network the hosts share", "", "")
 
 

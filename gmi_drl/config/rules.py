@@ -239,9 +239,10 @@ def _validate_threshold(cfg: TrainConfig, need: Callable[[bool, str], None]) -> 
          f"gmi.threshold={g.threshold} needs gmi.reduction switch, not {g.reduction!r} (only "
          "the aggregation switch counts gradients up to a threshold; drop --gmi.threshold for "
          "a synchronous reduction)")
-    need(1 <= g.threshold <= n,
-         f"gmi.threshold={g.threshold} must be in [1, {n}] (the trainer GMIs: H gradients per "
-         f"aggregate, from any of them); use --gmi.threshold {n} or fewer")
+    need(1 <= g.threshold <= min(n, 255),
+         f"gmi.threshold={g.threshold} must be in [1, {min(n, 255)}] (the trainer GMIs: H "
+         "gradients per aggregate, from any of them; a packet's count holds at most 255); use "
+         f"--gmi.threshold {min(n, 255)} or fewer")
     need(g.threshold == n or g.staleness >= 1,
          f"gmi.threshold={g.threshold} < {n} GMIs with gmi.staleness=0 is synchronous training "
          "that drops every gradient but the first H of each aggregate: give --gmi.staleness 1 "
@@ -309,9 +310,10 @@ def _validate_placement(cfg: TrainConfig, need: Callable[[bool, str], None]) -> 
              "placement; on Ray the trainer GMIs of an async_training run reduce through a "
              "gloo ring wherever Ray placed them: use gmi.reduction auto")
     else:
-        need(g.reduction in ("auto", "switch"), f"gmi.reduction={g.reduction!r} is for the "
-             "local placement; on Ray the reduction follows the nodes (HAR across nodes, MPR "
-             "within one): use gmi.reduction auto or switch")
+        need(g.reduction in ("auto", "switch", "ps"), f"gmi.reduction={g.reduction!r} is for "
+             "the local placement; on Ray the reduction follows the nodes (HAR across nodes, "
+             "MPR within one): use gmi.reduction auto, or a service every GMI reaches: switch "
+             "or ps")
     need(g.netns is None, "gmi.netns is for the local placement (namespaces of this machine)")
     need(len(set(g.switch_addrs)) <= 1, f"gmi.switch_addr={g.switch_addr!r}: with "
          "placement='ray' give one switch address for all GMIs")

@@ -69,9 +69,9 @@ def make_placement(cfg: TrainConfig, capacity: int | Callable[[], int]) -> Place
         ConfigError: the layout does not fit this machine (a backend it lacks, fewer GMIs than
             devices, a forced reduction the layout cannot run).
     """
-    from gmi_drl.gmi.devices import discover
+    from gmi_drl.gmi.devices import discover, for_device
 
-    machine, g = discover(), cfg.gmi
+    machine, g = for_device(discover(), cfg.device), cfg.gmi
     if cfg.placement == "local" and cfg.device == "cpu":  # a process per GMI, on these cores
         _warn_shared_cores(g.serving_gmis + g.trainer_gmis if cfg.is_async else g.num_gmis,
                            len(machine.cpu_cores))
@@ -285,7 +285,9 @@ class RayPlacement:
         from gmi_drl.cluster.ray_launcher import launch
 
         cfg, r, t = self.cfg, self.cfg.ray, self.template
-        switch = cfg.gmi.switch_addrs[0] if cfg.gmi.reduction == "switch" else None
+        g = cfg.gmi
+        switch = g.switch_addrs[0] if g.reduction == "switch" else None
+        ps = g.ps_addr if g.reduction == "ps" else None
         printing = dataclasses.replace(payload, progress=printed_here(payload.progress))
         with t.shared(printing, "ray") as shared:
             self._run = launch(t.target, t.layout, shared, address=r.address,
@@ -298,7 +300,8 @@ class RayPlacement:
                                rendezvous=cfg.is_async,
                                reduction_note=(t.trainer_reduction() if cfg.is_async
                                                else None),
-                               on_restart=lambda error: _restarted(shared, payload.progress))
+                               on_restart=lambda error: _restarted(shared, payload.progress),
+                               ps_addr=ps, staleness=g.staleness)
         return self._run.results
 
     def describe(self) -> str:

@@ -23,9 +23,10 @@ CPU_ONLY = Machine((), tuple(sorted(os.sched_getaffinity(0))), "no GPU: test")
 def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
     """Three GMIs of one CPU on two nodes of two: two share a node (shared memory), the third
     is alone on the other (gloo between the node leaders). The one-node case (MPR) is covered
-    by the CLI test of test_ray_training.py."""
+    by the CLI test of test_ray_training.py. (Each GMI's runtime env needs a Ray worker of its
+    own, started at nice 15: 58 s for the three under the full suite's load, hence 180 s.)"""
     run = launch("tests.cluster.targets:reduce_and_report", plan(3, CPU_ONLY),
-                 address=ray_cluster.address, num_cpus_per_gmi=1, placement_timeout_s=60,
+                 address=ray_cluster.address, num_cpus_per_gmi=1, placement_timeout_s=180,
                  runtime_envs=[{"env_vars": {"GMI_TAG": f"tag-{g}"}} for g in range(3)])
     assert sorted(len(gmis) for gmis in run.layout.mpl) == [1, 2]
     assert run.layout.reduction.value == "har" and run.restarts == 0
@@ -46,7 +47,7 @@ def test_a_failing_gmi_is_named_with_its_node_and_nothing_is_left(ray_cluster, t
     shm_before = shm_entries()
     with pytest.raises(GMIError) as err:
         launch("tests.cluster.targets:fail_on_one", plan(2, CPU_ONLY), (how, str(tmp_path)),
-               address=ray_cluster.address, num_cpus_per_gmi=2, placement_timeout_s=60)
+               address=ray_cluster.address, num_cpus_per_gmi=2, placement_timeout_s=180)
     text = str(err.value)
     pid = int((tmp_path / "gmi-1.pid").read_text())
     m = re.match(rf"GMI 1 \(Ray actor pid {pid} on node ([0-9a-f]{{12}}) at ([\d.]+)\) "
@@ -92,6 +93,9 @@ def test_a_loopback_switch_for_gmis_on_several_hosts_is_refused():
             _check_switch_reachable(addr, two_hosts)
     _check_switch_reachable("10.0.0.9:9", two_hosts)
     _check_switch_reachable("switch.example:9", two_hosts)  # a name: resolved on each host
+    with pytest.raises(PlacementError, match=r"gmi.ps_addr=127.0.0.1:9 is a loopback address, "
+                       r"but .* give the parameter server's address"):
+        _check_switch_reachable("127.0.0.1:9", two_hosts, "ps")
 
 
 def test_a_cluster_too_small_is_refused_in_time(ray_cluster, caplog):

@@ -322,11 +322,11 @@ def test_a_group_mixing_kinds_or_bounds_is_refused_with_the_reason():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo, placement", [("ddpg", "serial"), ("ppo", "local")])
+@pytest.mark.parametrize("algo, placement", [("sac", "serial"), ("ppo", "local")])
 def test_gmis_train_through_an_async_parameter_server(tmp_path, algo, placement):
-    """`--gmi.reduction ps --gmi.staleness 3`: every optimised module is a stream (DDPG: actor
-    and critic), every GMI's updates reach the server, none applied with staleness > 3, and the
-    metrics and summary say so."""
+    """`--gmi.reduction ps --gmi.staleness 3`: every optimised module is a stream (SAC: actor,
+    critics and entropy coefficient), every GMI's updates reach the server, none applied with
+    staleness > 3, and the metrics and summary say so."""
     import csv
 
     ps = _async_server(2)
@@ -338,7 +338,7 @@ def test_gmis_train_through_an_async_parameter_server(tmp_path, algo, placement)
     finally:
         ps.close()
     assert result.global_step == 6 * cfg.batch_size
-    assert len(ps.streams) == (2 if algo == "ddpg" else 1)
+    assert len(ps.streams) == (3 if algo == "sac" else 1)
     assert all(max(s.staleness_counts) <= 3 for s in ps.streams.values())
     assert ps.applied == sum(s.version for s in ps.streams.values()) > 0
     rows = list(csv.DictReader(open(result.run_dir / "metrics.csv")))

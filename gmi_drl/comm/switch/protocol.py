@@ -45,6 +45,7 @@ from __future__ import annotations
 import enum
 import errno
 import json
+import logging
 import socket
 import struct
 from typing import NamedTuple
@@ -472,8 +473,10 @@ _SEND_ERRORS = (BlockingIOError, ConnectionRefusedError, InterruptedError)
 def open_socket(bind: tuple[str, int], buffer_bytes: int = 8 << 20) -> socket.socket:
     """A UDP socket bound to ``bind`` that reports each packet's ToS and sends data ToS.
 
-    ``buffer_bytes`` sets SO_RCVBUF/SO_SNDBUF (forced past ``net.core.*mem_max`` when root).
-    Control messages override the ToS per packet (`send_control`).
+    ``buffer_bytes`` sets SO_RCVBUF/SO_SNDBUF (forced past ``net.core.*mem_max`` with
+    CAP_NET_ADMIN; otherwise capped there, with a warning once per process: a window's burst
+    may then overflow the buffer and be resent). Control messages override the ToS per packet
+    (`send_control`).
 
     Raises:
         OSError: the address cannot be bound.
@@ -492,7 +495,26 @@ def open_socket(bind: tuple[str, int], buffer_bytes: int = 8 << 20) -> socket.so
     except BaseException:
         s.close()
         raise
+    granted = min(s.getsockopt(socket.SOL_SOCKET, opt) // 2  # (Linux reports it doubled)
+                  for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF))
+    if granted < buffer_bytes:
+        _warn_small_buffers(granted, buffer_bytes)
     return s
+
+
+_WARNED = []
+
+
+def _warn_small_buffers(granted: int, wanted: int) -> None:
+    """Once per process: the socket buffers the kernel capped."""
+    if _WARNED:
+        return
+    _WARNED.append(True)
+    logging.getLogger(__name__).warning(
+        "UDP socket buffers of %d KiB, not the %d KiB asked: net.core.rmem_max/wmem_max cap them "
+        "for a process without CAP_NET_ADMIN; a window's burst may overflow them and be resent "
+        "(run as root with CAP_NET_ADMIN, or raise the caps: sysctl -w net.core.rmem_max=%d "
+        "net.core.wmem_max=%d)", granted >> 10, wanted >> 10, wanted, wanted)
 
 
 def recv_packet(sock: socket.socket, buf, flags: int = 0) -> tuple[int, int, tuple[str, int]]:

@@ -127,6 +127,8 @@ class ThresholdReducer(SwitchReducer):
         self._in_barrier = False
         self._synced: list[np.ndarray] = []  # results of `barrier`'s rounds
         self.staleness_dropped = 0
+        self._short: str | None = None  # why the workers left cannot complete an aggregate
+        self._last_send = 0.0
         super().__init__(switch_addr, worker_id, num_workers, job_id, token,
                          join_timeout_s=join_timeout_s, partial_results=True, **kw)
         try:
@@ -170,6 +172,8 @@ class ThresholdReducer(SwitchReducer):
             return
         was = self._joined
         super()._on_control(action, value)
+        if action == Action.READY and value.ready:
+            self._short = self._shortfall(value.active_workers)
         if action == Action.JOIN_ACK and not was:
             if self._pushes:
                 raise SwitchError(
@@ -179,6 +183,19 @@ class ThresholdReducer(SwitchReducer):
             self._mode_acked = False  # (a switch restarted while joining: ask again)
             self._next_mode = 0.0
             self._send_mode(time.monotonic())
+
+    def _shortfall(self, active: int) -> str | None:
+        """Why the ``active`` workers left in the group (members that left or timed out are
+        dropped from it) can no longer complete an aggregate, or ``None``: each computes at most
+        ``S + 1`` gradients on one version, so fewer than H of them would wait for the next
+        version forever. (A worker that leaves at the end of a run drops out too: `take`
+        raises it only to a worker still waiting for an aggregate of its gradients.)"""
+        if active * (self.staleness + 1) >= self.threshold:
+            return None
+        return (f"worker {self.rank}: {self.world_size - active} worker(s) left the group: the "
+                f"{active} left give at most {active * (self.staleness + 1)} gradients to an "
+                f"aggregate of H={self.threshold} (S={self.staleness}), so none would "
+                "complete; resume the run from its last checkpoint")
 
     # ---- layout and sending ------------------------------------------------------------------
 
@@ -211,6 +228,7 @@ class ThresholdReducer(SwitchReducer):
         # (a region's offsets are consecutive in the low 16 bits of seq: `region`)
         self._send_segments(np.ascontiguousarray(vec, np.float32), 0, r.nseg,
                             P.async_seq(tag, r.base), version, P.FLAG_ASYNC)
+        self._last_send = time.monotonic()
         return True
 
     # ---- receiving ---------------------------------------------------------------------------
@@ -358,15 +376,21 @@ class ThresholdReducer(SwitchReducer):
         region.
 
         Raises:
-            SwitchError: the switch refused this worker, or a result stayed lost."""
+            SwitchError: the switch refused this worker, a result stayed lost, or a gradient
+                sent waits for an aggregate that the workers left cannot complete."""
         now = time.monotonic()
         if self._joined and not self._mode_acked:
             self._send_mode(now)
         if not self._aggregates:
             wait = min(timeout_s, self._rto) if any(r.open for r in self._regions) else timeout_s
             self._synced += self.pump(wait, wake)  # (`barrier`'s rounds)
-        self._ask_again(time.monotonic())
+        now = time.monotonic()
+        self._ask_again(now)
         out, self._aggregates = self._aggregates, []
+        if (self._short is not None and not out and not self._in_barrier
+                and self._last_send > self._last_progress
+                and now - self._last_send > max(4 * self._rto, 1.0)):
+            raise SwitchError(self._short)  # (a gradient of ours waits for an aggregate)
         return out
 
     def barrier(self, deliver: Callable[[list], None], timeout_s: float = 60.0) -> None:

@@ -224,3 +224,54 @@ def test_serve_takes_the_mtu_of_its_bind_address():
         assert f"mtu: {want}" in proc.stderr.read()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _open_as_nobody(conn) -> None:
+    """In a child: drop root (no CAP_NET_ADMIN, so the forced sizes are refused), then open a
+    socket asking for 8 MiB buffers; sends back the sizes granted and the warnings logged."""
+    import logging
+    import os
+    import socket
+
+    os.setgid(65534)
+    os.setuid(65534)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger(P.__name__).addHandler(handler)
+    P._WARNED.clear()  # (the parent's process may have warned: this one is the child)
+    s = P.open_socket(("127.0.0.1", 0), 8 << 20)
+    t = P.open_socket(("127.0.0.1", 0), 4 << 20)  # a second socket: no second warning
+    conn.send((s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2,
+               [r.getMessage() for r in records]))
+    s.close()
+    t.close()
+
+
+def test_buffers_a_process_cannot_have_are_named_in_a_warning():
+    """Not root: the kernel caps SO_RCVBUF at net.core.rmem_max, and the switch's socket says so
+    (once per process) instead of running with small buffers silently."""
+    import multiprocessing
+    import os
+
+    import socket
+
+    cap = int(open("/proc/sys/net/core/rmem_max").read())
+    if os.geteuid() != 0:
+        pytest.skip("drops root in a child: needs root")
+    if cap >= 8 << 20:
+        pytest.skip(f"net.core.rmem_max={cap} already allows 8 MiB")
+    s = P.open_socket(("127.0.0.1", 0), 8 << 20)
+    forced = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2 >= 8 << 20
+    s.close()
+    if not forced:
+        pytest.skip("this root has no CAP_NET_ADMIN (a container's): nothing to compare")
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_open_as_nobody, args=(child,))
+    p.start()
+    assert parent.poll(30), "the child sent nothing"
+    granted, warnings = parent.recv()
+    p.join(10)
+    assert granted <= cap
+    assert len(warnings) == 1 and "not the 8192 KiB asked: net.core.rmem_max" in warnings[0]

@@ -88,8 +88,9 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
 
 
 def _run(addr: str, n: int, expect: int | None = None, addrs: list[str] | None = None,
-         **opts) -> dict:
-    """``n`` workers of `_train`, each at ``addr`` (or at ``addrs[rank]``: a tree's ToRs)."""
+         failures: bool = False, **opts) -> dict:
+    """``n`` workers of `_train`, each at ``addr`` (or at ``addrs[rank]``: a tree's ToRs);
+    a worker that failed is an assertion error, or with ``failures`` its error's repr."""
     c = ctx()
     q = c.Queue()
     opts["native"] = False if PLANE_AT.get(addr) == "python" else None  # (the client path too)
@@ -108,7 +109,7 @@ def _run(addr: str, n: int, expect: int | None = None, addrs: list[str] | None =
         q.close()
         q.join_thread()
     bad = {r: v for r, v in got.items() if isinstance(v, str)}
-    assert not bad, f"workers failed: {bad}"
+    assert failures or not bad, f"workers failed: {bad}"
     return got
 
 
@@ -187,6 +188,21 @@ def test_threshold_mode_through_a_tree_of_switches(switches):
         partials = st["segments_completed"] - 2 * drains  # (less a barrier's 2 rounds)
         assert 0 < partials <= 0.75 * 3 * sent, \
             f"ToR {k}: {partials} partials up for {3 * sent} gradient segments in"
+
+
+@pytest.mark.distributed
+def test_a_worker_that_dies_under_a_tor_leaves_the_others_training(switches):
+    """Membership in a tree: worker 3 (the second ToR's) is killed after 3 gradients; its ToR
+    drops it after --member-timeout and tells the root its count, and the three left go on
+    aggregating H = 2, drain and agree on every weight version."""
+    root, tors, addrs = _tree(switches, "--member-timeout", "1")
+    got = _run(root.addr, 4, addrs=addrs, expect=3, h=2, s=2, steps=12, die_at=3,
+               drain_every=6)
+    assert set(got) == {0, 1, 2}
+    assert len({tuple(v["chain"]) for v in got.values()}) == 1
+    assert len({tuple(v["drained"]) for v in got.values()}) == 1
+    assert all(np.array_equal(got[0]["theta"], v["theta"]) for v in got.values())
+    assert tors[1].stats()["members_dropped"] == 1
 
 
 @pytest.mark.distributed
@@ -366,6 +382,19 @@ def test_a_worker_that_dies_leaves_the_others_training(switches):
     assert got[0]["chain"] == got[1]["chain"] and got[0]["drained"] == got[1]["drained"]
     assert np.array_equal(got[0]["theta"], got[1]["theta"])
     assert sw.stats()["members_dropped"] == 1
+
+
+@pytest.mark.distributed
+def test_workers_too_few_for_h_after_one_died_stop_with_the_reason(switches):
+    """H = 3 of 3 with S = 0: once worker 2 is dropped, the two left give at most 2 gradients
+    to an aggregate, so none would complete; both raise at the group's change instead of
+    waiting forever."""
+    sw = switches("--mtu", "1500", "--member-timeout", "1")
+    got = _run(sw.addr, 3, expect=2, failures=True, h=3, s=0, steps=12, die_at=3)
+    assert set(got) == {0, 1}
+    for err in got.values():
+        assert isinstance(err, str) and "1 worker(s) left the group: the 2 left give at most 2 " \
+            "gradients to an aggregate of H=3 (S=0), so none would complete" in err, err
 
 
 def _ppo(addr: str, rank: int, n: int, threshold, native, q) -> None:
