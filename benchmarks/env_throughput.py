@@ -10,8 +10,9 @@ The raw physics bound (``physics`` column) is the simulator alone on the same nu
 with no env logic: MuJoCo tasks step ``num_envs`` open-loop rollouts from the task's reset states
 in ``mujoco.rollout`` (``mj_step`` ``frame_skip`` times per env step, in C++ on ``threads``
 threads, random controls held for each env step, no observation, reward or reset); Atari steps
-one ``ale_py.ALEInterface`` per thread in a Python loop (``act`` with ``frame_skip=4``, one
-grayscale screen read per env step, a reset at game over). ``vs physics`` is the share of that
+``num_envs`` games in ale_py's C++ vector interface on ``threads`` threads with its
+preprocessing off (ALE's step with ``frame_skip=4`` and one grayscale screen per env step, a
+reset at game over; no resize, frame stack or max-pool). ``vs physics`` is the share of that
 bound the engine reaches.
 
     python benchmarks/env_throughput.py                      # all tasks, both modes
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
-import threading
 import time
 
 import gymnasium as gym
@@ -115,7 +115,7 @@ def run_gym_async(task: str, num_envs: int, batch: int, threads: int, seconds: f
 def run_physics(task: str, num_envs: int, batch: int, threads: int, seconds: float) -> float:
     """Env steps/s of the raw simulator on ``threads`` threads (module docstring)."""
     if task == "Pong-v5":
-        return _ale_bound(threads, seconds)
+        return _ale_bound(threads, num_envs, seconds)
     from gmi_drl.envs import mujoco_locomotion as ml
 
     if task not in ml.TASKS:
@@ -145,43 +145,27 @@ def run_physics(task: str, num_envs: int, batch: int, threads: int, seconds: flo
     return _timed(one, num_envs * env_steps, seconds, warmup=2)
 
 
-def _ale_bound(threads: int, seconds: float) -> float:
+def _ale_bound(threads: int, num_envs: int, seconds: float) -> float:
+    """ALE's step (frame skip 4) and its grayscale screen, ``num_envs`` games on ``threads``
+    C++ threads: ale_py's own vector interface with its preprocessing off (no resize, frame
+    stack, max-pool, no-op starts or reward clipping), a C++ loop without the GIL, so an upper
+    bound on an engine that also preprocesses."""
     import ale_py
     from ale_py import roms
 
-    counts, stop = [0] * threads, threading.Event()
+    vec = ale_py.ALEVectorInterface(
+        roms.get_rom_path("pong"), num_envs, frame_skip=4, stack_num=1, img_height=210,
+        img_width=160, grayscale=True, maxpool=False, noop_max=0, use_fire_reset=False,
+        reward_clipping=False, batch_size=num_envs, num_threads=threads)
+    vec.reset(list(range(num_envs)), list(range(num_envs)))
+    picks = np.random.default_rng(0).integers(0, len(vec.get_action_set()),
+                                              (256, num_envs)).tolist()
+    strength = [1.0] * num_envs
 
-    def loop(t: int) -> None:
-        ale = ale_py.ALEInterface()
-        ale.setLoggerMode(ale_py.LoggerMode.Error)
-        ale.setInt("frame_skip", 4)
-        ale.setInt("random_seed", t)
-        ale.loadROM(roms.get_rom_path("pong"))
-        actions = ale.getMinimalActionSet()
-        screen = np.empty((210, 160), np.uint8)
-        rng = np.random.default_rng(t)
-        picks = rng.integers(0, len(actions), 4096)
-        k = 0
-        while not stop.is_set():
-            for _ in range(64):
-                ale.act(actions[picks[k & 4095]])
-                ale.getScreenGrayscale(screen)
-                if ale.game_over():
-                    ale.reset_game()
-                k += 1
-            counts[t] = k
-
-    workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    time.sleep(0.5)  # warm-up
-    n0, t0 = sum(counts), time.perf_counter()
-    time.sleep(seconds)
-    rate = (sum(counts) - n0) / (time.perf_counter() - t0)
-    stop.set()
-    for w in workers:
-        w.join()
-    return rate
+    def one(k: int) -> None:
+        vec.send(picks[k & 255], strength)
+        vec.recv()
+    return _timed(one, num_envs, seconds)
 
 
 def _timed(one_step, batch: int, seconds: float, warmup: int = 20) -> float:

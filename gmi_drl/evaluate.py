@@ -112,7 +112,10 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     returns: list[list[float]] = [[] for _ in range(n)]
     lengths: list[list[int]] = [[] for _ in range(n)]
-    with envs.make(cfg.env.task_id, n, num_workers=0, seed=seed, autoreset="same_step") as pool:
+    limit = ({} if cfg.env.max_episode_steps is None
+             else {"max_episode_steps": cfg.env.max_episode_steps})  # (the run's time limit)
+    with envs.make(cfg.env.task_id, n, num_workers=0, seed=seed, autoreset="same_step",
+                   **limit) as pool:
         obs, _ = pool.reset()
         while any(len(r) < q for r, q in zip(returns, quota)):
             action = _act(acting, obs_norm, obs, pool.action_space, deterministic)
@@ -122,7 +125,7 @@ def evaluate(path: str | Path, episodes: int = 10, deterministic: bool = True, s
                     returns[i].append(float(info["episode_return"][i]))
                     lengths[i].append(int(info["episode_length"][i]))
     video_path = _record(cfg.env.task_id, acting, obs_norm, deterministic, seed,
-                         _video_dir(resolve_checkpoint(path))) if video else None
+                         _video_dir(resolve_checkpoint(path)), limit) if video else None
     return EvalReport(np.array(sum(returns, [])), np.array(sum(lengths, []), np.int64), video_path)
 
 
@@ -153,7 +156,8 @@ def _act(acting: Acting, obs_norm, obs, space, deterministic) -> np.ndarray:
     return action
 
 
-def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path) -> Path | None:
+def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path,
+            limit: dict | None = None) -> Path | None:
     import gymnasium as gym
 
     if importlib.util.find_spec("imageio") is None:
@@ -167,7 +171,7 @@ def _record(task_id, acting, obs_norm, deterministic, seed, out_dir: Path) -> Pa
         log.warning("video skipped: the warp engine's tasks (%s) do not render", task_id)
         return None
     try:
-        env = gym.make(task_id, render_mode="rgb_array")
+        env = gym.make(task_id, render_mode="rgb_array", **(limit or {}))
         obs, _ = env.reset(seed=seed)
         env.render()
     except Exception as e:  # noqa: BLE001 - a task that cannot render gets no video, only a note

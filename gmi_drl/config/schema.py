@@ -37,6 +37,16 @@ class EnvConfig:
     """the task's engine (auto: its fastest here; gmi_drl.envs.engines(task_id) lists a task's:
     native (C++), warp (the *-gmi-v0 tasks, whose worlds run on --device), numpy, ale (Atari),
     gymnasium (any Gymnasium id, in worker processes)"""
+    max_episode_steps: Annotated[int, Ge(1)] | None = None
+    """time limit of an episode, env steps (Gymnasium's max_episode_steps: an episode cut there
+    is truncated, not terminated); None: the task's own"""
+
+    def pool_kwargs(self) -> dict:
+        """What `gmi_drl.envs.make` takes from these settings besides ``num_envs``: the engine
+        and, where one is set, the time limit."""
+        extra = {} if self.max_episode_steps is None else {
+            "max_episode_steps": self.max_episode_steps}
+        return {"engine": self.engine, **extra}
 
 
 @dataclass

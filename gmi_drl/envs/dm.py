@@ -38,6 +38,9 @@ def _dm_env():
     except ImportError:
         raise ImportError("the dm_env face needs the dm-env package: pip install dm-env (or "
                           "pip install -e '.[dm]' in the checkout)") from None
+    # a virtual subclass: DmEnv is a dm_env.Environment to isinstance, while dm-env stays an
+    # optional import (the class is defined without it)
+    dm_env.Environment.register(DmEnv)
     return dm_env
 
 

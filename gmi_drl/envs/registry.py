@@ -8,6 +8,7 @@ own env in worker processes), so an unregistered id works too.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -16,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from gmi_drl.envs import factories
+from gmi_drl.envs.engine import queue_workers
 from gmi_drl.envs.factories import ENGINE_ORDER, EngineEntry, PoolRequest
 from gmi_drl.envs.pool import EnvPool
 from gmi_drl.envs.spec import AutoresetMode, EnvSpec, env_seeds
@@ -50,14 +52,20 @@ class TaskEntry:
             if reason is not None:
                 raise ValueError(f"engine={engine!r} cannot run {self.task_id}: {reason}")
             return engine, self.engines[engine]
-        reasons = []
+        reasons, passed = [], []
         for name in names:
             reason = self.engines[name].unavailable(task_kwargs)
             if reason is None:
+                if passed:  # an engine passed over for the keywords given: say so
+                    log.info("%s on the %s engine: %s", self.task_id, name, "; ".join(passed))
                 return name, self.engines[name]
             reasons.append(f"{name}: {reason}")
+            if task_kwargs and self.engines[name].unavailable({}) is None:
+                passed.append(f"{name} cannot take these keywords ({reason})")
         raise ValueError(f"no engine of {self.task_id} can run here ({'; '.join(reasons)})")
 
+
+log = logging.getLogger(__name__)
 
 _REGISTRY: dict[str, TaskEntry] = {}
 
@@ -271,7 +279,9 @@ def make(task_id: str, num_envs: int, env_batch_size: int | None = None,
         thread_affinity: pin the engine's worker threads (the native MuJoCo and Atari cores):
             an int ``k`` pins thread ``i`` to core ``k + i`` (EnvPool's
             ``thread_affinity_offset``), a sequence of cores pins thread ``i`` to
-            ``cores[i % len(cores)]``; ``None``: the threads run where the OS puts them.
+            ``cores[i % len(cores)]``; ``None``: the threads run where the OS puts them. A
+            pool of ``num_workers`` threads has ``num_workers - 1`` worker threads (at least
+            one): the caller's thread, which steps envs in ``recv``, keeps its own affinity.
         **task_kwargs: passed to the engine's factory (the task's options, e.g. ``frame_skip``);
             ``max_episode_steps`` sets the time limit in steps, as in ``gymnasium.make``.
 
@@ -329,7 +339,9 @@ def _thread_cores(affinity: int | Sequence[int] | None, workers: Any,
         return ()
     allowed = sorted(os.sched_getaffinity(0))
     if isinstance(affinity, (int, np.integer)) and not isinstance(affinity, bool):
-        n = max(int(workers), 1) if isinstance(workers, (int, np.integer)) else 1
+        # the threads pinned: the queue's workers (the caller, one of the pool's threads, keeps
+        # its own core)
+        n = queue_workers(max(int(workers), 1)) if isinstance(workers, (int, np.integer)) else 1
         cores = tuple(int(affinity) + i for i in range(n))
     elif isinstance(affinity, (list, tuple)) and affinity and all(
             isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in affinity):

@@ -26,7 +26,7 @@ def _threads() -> dict[int, str]:
     return out
 
 
-@pytest.mark.parametrize("affinity, expected", [([1], {"1"}), (0, {"0"})])
+@pytest.mark.parametrize("affinity, expected", [([1], {"1"}), (0, {"0"}), (1, {"1"})])
 def test_worker_threads_run_on_the_cores_asked(affinity, expected):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")

@@ -55,6 +55,7 @@ def test_the_dm_face_steps_as_the_gymnasium_face(task_id, kwargs, steps):
 
 def test_specs_are_one_envs():
     with envs.make_dm("Hopper-v5", 2, seed=0) as dm:
+        assert isinstance(dm, dm_env.Environment)  # what dm_env users check
         obs, act = dm.observation_spec(), dm.action_spec()
         assert obs.shape == (11,) and obs.dtype == np.float64
         assert isinstance(act, dm_env.specs.BoundedArray) and act.shape == (3,)

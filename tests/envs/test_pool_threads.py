@@ -4,6 +4,7 @@ every env's trajectory equals its single-threaded one, and the pool's bookkeepin
 import queue
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -23,10 +24,36 @@ def _actions(space, steps: int) -> np.ndarray:
                        (NUM_ENVS, steps, *space.shape)).astype(space.dtype)
 
 
-def _threaded(task: str, rounds: int, **kwargs):
+def _preempted_in_its_count(pool) -> None:
+    """Make every read of ``pool``'s in-flight count give the GIL away (a sleep), so that a
+    thread is preempted inside each read-modify-write of it: without the pool's lock, a send's
+    ``+=`` and a recv's ``-=`` then lose updates (checked: with the lock a no-op, the count
+    and the refusals go wrong)."""
+    base = type(pool)
+
+    class Preempted(base):
+        @property
+        def _num_in_flight(self):
+            n = self.__dict__["_count"]
+            time.sleep(1e-6)  # (releases the GIL)
+            return n
+
+        @_num_in_flight.setter
+        def _num_in_flight(self, n):
+            self.__dict__["_count"] = n
+
+    count = pool.__dict__.pop("_num_in_flight")
+    pool.__class__ = Preempted
+    pool._num_in_flight = count
+
+
+def _threaded(task: str, rounds: int, preempted: bool = False, **kwargs):
     """Run ``rounds`` recvs in one thread and the sends in another; each env's observations,
-    rewards and episode lengths in its step order, and the actions used."""
+    rewards and episode lengths in its step order, and the actions used (``preempted``: see
+    `_preempted_in_its_count`)."""
     pool = envs.make(task, NUM_ENVS, env_batch_size=BATCH, num_workers=2, seed=7, **kwargs)
+    if preempted:
+        _preempted_in_its_count(pool)
     acts = _actions(pool.action_space, rounds * BATCH + 1)
     sent = np.zeros(NUM_ENVS, int)
     seen = {i: [] for i in range(NUM_ENVS)}
@@ -112,3 +139,15 @@ def test_one_thread_sends_while_another_receives(task, rounds, kwargs):
         for k, (obs, reward, length) in enumerate(steps):
             np.testing.assert_array_equal(obs, want[k][0][i], err_msg=f"env {i} step {k}")
             assert reward == want[k][1][i] and length == want[k][2][i], (i, k)
+
+
+def test_the_bookkeeping_holds_with_a_thread_preempted_inside_it():
+    """The send and the recv each preempted inside the in-flight count's read-modify-write
+    (`_preempted_in_its_count`): the pool's lock keeps every update, so every env's trajectory
+    is its single-threaded one and the count is exact at the end."""
+    seen, acts = _threaded("Pendulum-cpp-v1", 400, preempted=True)
+    assert sum(len(v) for v in seen.values()) == 400 * BATCH
+    want = _reference("Pendulum-cpp-v1", seen, acts)
+    for i, steps in seen.items():
+        for k, (obs, reward, length) in enumerate(steps):
+            np.testing.assert_array_equal(obs, want[k][0][i], err_msg=f"env {i} step {k}")

@@ -49,10 +49,21 @@ def test_auto_skips_an_engine_that_cannot_run_here_and_explicit_choice_names_why
         envs.make("Nowhere-test", 2)
 
 
-def test_an_engine_unavailable_for_some_options_gives_way_to_the_next():
+def test_an_engine_unavailable_for_some_options_gives_way_to_the_next(caplog):
     # ale-py's groups are an option of the ale engine only: auto moves on to it
     with envs.make("Pong-v5", 2, group_size=2) as pool:
         assert type(pool._engine).__name__ == "AtariEngine"
+    # an engine passed over for a keyword is named (CartPole's C++ core has its 500-step limit)
+    if cartpole_native.UNAVAILABLE is None:
+        with caplog.at_level("INFO", logger="gmi_drl.envs.registry"):
+            with envs.make("CartPole-v1", 2, max_episode_steps=100) as pool:
+                assert pool.spec.max_episode_steps == 100
+        assert "CartPole-v1 on the numpy engine: native cannot take these keywords (its core " \
+            "has CartPole-v1's 500-step limit built in" in caplog.text
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gmi_drl.envs.registry"):
+            envs.make("CartPole-v1", 2).close()  # (nothing passed over: nothing said)
+        assert "engine" not in caplog.text
 
 
 def test_new_engine_names_are_tried_after_the_known_ones():

@@ -173,18 +173,30 @@ def test_mujoco_core_scan_equals_python_loop(jax_process):
 
 
 def _case_mujoco_core_scan_equals_python_loop():
-    jax, jnp = _jax()
+    _, jnp = _jax()
     n, steps = 3, 60
     actions = np.sin(np.arange(steps * n * 3, dtype=np.float32).reshape(steps, n, 3) * 0.37)
-    kw = dict(seed=5, engine="native", autoreset="same_step", num_workers=2)
-    with envs.make("Hopper-v5", n, **kw) as pool:
+    got, want = _same_step_scan_and_loop("Hopper-v5", n, actions, seed=5, engine="native",
+                                         num_workers=2)
+    assert got[0].dtype == jnp.float64
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
+def _same_step_scan_and_loop(task: str, n: int, actions: np.ndarray, **kw):
+    """``(got, want)``: (obs, reward, terminated, truncated, final_obs) of ``actions (steps,
+    n, ...)`` on a same_step pool of ``task``, from a jitted ``lax.scan`` over ``pool.xla()``'s
+    step (64-bit on) and from the Python loop on a second pool made alike."""
+    jax, _ = _jax()
+    kw = dict(autoreset="same_step", **kw)
+    with envs.make(task, n, **kw) as pool:
         pool.reset()
         want = []
         for a in actions:
             obs, rew, term, trunc, info = pool.step(a)
             want.append([np.array(x) for x in (obs, rew, term, trunc, info["final_obs"])])
         want = [np.stack(col) for col in zip(*want)]
-    with jax.enable_x64(True), envs.make("Hopper-v5", n, **kw) as pool:
+    with jax.enable_x64(True), envs.make(task, n, **kw) as pool:
         pool.reset()
         handle, _, _, step = pool.xla()
 
@@ -193,9 +205,29 @@ def _case_mujoco_core_scan_equals_python_loop():
             return h, (obs, rew, term, trunc, info["final_obs"])
 
         _, got = jax.jit(lambda h, xs: jax.lax.scan(body, h, xs))(handle, actions)
-        assert got[0].dtype == jnp.float64
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(np.asarray(g), w)
+        return got, want
+
+
+@needs_jax
+@pytest.mark.skipif(importlib.util.find_spec("gmi_drl.envs._cpp_examples") is None,
+                    reason="gmi_drl.envs._cpp_examples (the C++ env template's example) is not "
+                    "built")
+def test_a_cpp_template_env_scan_equals_python_loop(jax_process):
+    """The C++ env template's example (Pendulum-cpp-v1, docs/add-a-cpp-env.md) on the XLA face:
+    50 jitted steps equal the Python loop bit for bit, as its other faces do."""
+    jax_process.submit(_case_cpp_template_env_scan_equals_python_loop).result()
+
+
+def _case_cpp_template_env_scan_equals_python_loop():
+    from gmi_drl.envs.cpp_env import EXAMPLE_TASK
+
+    n, steps = 3, 50
+    actions = np.cos(np.arange(steps * n, dtype=np.float32).reshape(steps, n, 1) * 0.61) * 2
+    got, want = _same_step_scan_and_loop(EXAMPLE_TASK, n, actions, seed=11, num_workers=2,
+                                         max_episode_steps=20)
+    assert np.asarray(got[3]).any()  # (time limits within the loop: autoreset too)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
 
 
 @needs_jax

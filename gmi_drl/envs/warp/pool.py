@@ -23,6 +23,7 @@ horizon).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 from typing import Any
@@ -473,6 +474,17 @@ class WarpTaskFactory:
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
 
+    def time_limit_problem(self, task_kwargs: dict) -> str | None:
+        """Why ``task_kwargs``' ``max_episode_steps`` cannot be (a warp task's episodes are
+        its definition's length), or ``None``."""
+        from gmi_drl.envs.warp import tasks
+
+        steps, fixed = task_kwargs.get("max_episode_steps"), tasks()[self.task_id].max_episode_steps
+        if steps is None or steps == fixed:
+            return None
+        return (f"max_episode_steps={steps}: a warp task's episodes are {fixed} steps (its "
+                "definition; leave it None)")
+
     def spec(self) -> EnvSpec:
         from gmi_drl.envs.warp import tasks
 
@@ -494,10 +506,9 @@ class WarpTaskFactory:
             errors.append("the warp engine resets ended worlds in the same step: make the pool "
                           "with autoreset='same_step'")
         task = tasks()[self.task_id]
-        steps = kwargs.pop("max_episode_steps", None)
-        if steps is not None and steps != task.max_episode_steps:
-            errors.append(f"max_episode_steps={steps}: a warp task's episodes are "
-                          f"{task.max_episode_steps} steps (its definition; leave it None)")
+        if (problem := self.time_limit_problem(kwargs)) is not None:
+            errors.append(problem)
+        kwargs.pop("max_episode_steps", None)
         pool_keywords = {"nconmax", "njmax", "graph", "tensors"}
         unknown = sorted(set(kwargs) - pool_keywords)
         if unknown:
@@ -508,6 +519,12 @@ class WarpTaskFactory:
         return WarpPool(task, request.num_envs, request.seeds, request.device, **kwargs)
 
 
+def _unavailable(factory: WarpTaskFactory, task_kwargs: dict) -> str | None:
+    """Why the warp engine cannot run ``factory``'s task with ``task_kwargs`` here: no Warp, or a
+    time limit the task does not have (found before a pool, or its spec, is built)."""
+    return warp_error() or factory.time_limit_problem(task_kwargs)
+
+
 def engines() -> dict[str, dict[str, EngineEntry]]:
     """The ``warp`` engine of each warp task (`gmi_drl.envs.warp.tasks`): the registry's table,
     task id -> engine name -> `EngineEntry`."""
@@ -516,7 +533,8 @@ def engines() -> dict[str, dict[str, EngineEntry]]:
     table = {}
     for task_id in tasks():
         factory = WarpTaskFactory(task_id)
-        table[task_id] = {"warp": EngineEntry(factory, unavailable=lambda kwargs: warp_error(),
+        table[task_id] = {"warp": EngineEntry(factory, unavailable=functools.partial(
+                                                  _unavailable, factory),
                                               spec=factory.spec,
                                               autoreset_modes=(AutoresetMode.SAME_STEP,))}
     return table
