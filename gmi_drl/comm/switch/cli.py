@@ -16,7 +16,8 @@ import signal
 import sys
 import time
 
-from gmi_drl.comm.switch.daemon import SwitchConfig, SwitchDaemon, parse_addr
+from gmi_drl.comm.switch.daemon import (FALLBACK_MTU, MAX_DEFAULT_MTU, SwitchConfig,
+                                        SwitchDaemon, parse_addr)
 from gmi_drl.comm.switch.dataplane import PLANES
 
 
@@ -46,47 +47,6 @@ def _parent_address(text: str) -> tuple[str, int]:
     return host, port
 
 
-MAX_DEFAULT_MTU = 9000
-"""The largest MTU `serve` picks by itself: on loopback (65536) and in the rack, 9000-byte
-segments aggregated faster than larger ones (docs/benchmarks.md), and far faster than 1500"""
-
-
-def bind_mtu(host: str) -> int:
-    """The MTU of the interface that holds IPv4 address ``host`` (a loopback address: the
-    loopback interface's, 65536 on Linux); for the wildcard address, the smallest MTU of the up
-    interfaces other than loopback (members may come through any), or loopback's where there
-    is none. `SwitchConfig`'s default MTU where no interface holds ``host`` or they cannot be
-    read (not Linux)."""
-    import fcntl
-    import ipaddress
-    import socket
-    import struct
-
-    try:
-        want = ipaddress.ip_address(socket.gethostbyname(host))
-    except OSError:
-        return SwitchConfig.mtu
-    found: dict[str, tuple[ipaddress.IPv4Address, int, int]] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            req = struct.pack("16s16x", name.encode()[:15])
-            try:  # SIOCGIFADDR, SIOCGIFFLAGS, SIOCGIFMTU
-                addr = ipaddress.ip_address(fcntl.ioctl(s, 0x8915, req)[20:24])
-                flags = struct.unpack_from("H", fcntl.ioctl(s, 0x8913, req), 16)[0]
-                mtu = struct.unpack_from("i", fcntl.ioctl(s, 0x8921, req), 16)[0]
-            except OSError:  # no IPv4 address, or gone
-                continue
-            found[name] = (addr, flags, mtu)
-    up, loopback = 0x1, 0x8  # IFF_UP, IFF_LOOPBACK
-    lo = [mtu for addr, flags, mtu in found.values() if flags & loopback]
-    if want.is_unspecified:
-        others = [mtu for _, flags, mtu in found.values() if flags & up and not flags & loopback]
-        return min(others or lo or [SwitchConfig.mtu])
-    if want.is_loopback:
-        return min(lo or [SwitchConfig.mtu])
-    return next((mtu for addr, _, mtu in found.values() if addr == want), SwitchConfig.mtu)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmi-drl switch", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -111,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="path MTU, bytes (segment size); default: the MTU of the interface of "
                         "the --bind address (0.0.0.0: the smallest of the up interfaces other "
                         "than loopback), at most %d (loopback: %d), else %d"
-                        % (MAX_DEFAULT_MTU, MAX_DEFAULT_MTU, d.mtu))
+                        % (MAX_DEFAULT_MTU, MAX_DEFAULT_MTU, FALLBACK_MTU))
     s.add_argument("--slots", type=int, default=d.slots, help="aggregation slots (power of 2)")
     s.add_argument("--window-bytes", type=int, default=d.window_bytes,
                    help="bytes a member may have in flight (the window in segments follows)")
@@ -199,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SwitchConfig(bind=args.bind, parent=args.parent, threshold=args.threshold,
                            drop_rate=args.drop_rate, dup_rate=args.dup_rate,
                            delay_ms=args.delay_ms, slots=args.slots,
-                           mtu=(min(bind_mtu(args.bind[0]), MAX_DEFAULT_MTU) if args.mtu is None
-                                else args.mtu),
+                           mtu=args.mtu,
                            window_bytes=args.window_bytes, max_members=args.max_members,
                            member_timeout_s=args.member_timeout, help_after_s=args.help_after,
                            switch_id=args.switch_id, member_id=args.member_id,

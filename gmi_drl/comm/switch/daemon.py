@@ -68,6 +68,49 @@ def parse_addr(s: str) -> tuple[str, int]:
     return host, int(port)
 
 
+FALLBACK_MTU = 1500
+"""The MTU a switch takes where it cannot read its bind address's interface (Ethernet's)"""
+
+MAX_DEFAULT_MTU = 9000
+"""The largest MTU a switch picks by itself: on loopback (65536) and in the rack, 9000-byte
+segments aggregated faster than larger ones (docs/benchmarks.md), and far faster than 1500"""
+
+
+def bind_mtu(host: str) -> int:
+    """The MTU of the interface that holds IPv4 address ``host`` (a loopback address: the
+    loopback interface's, 65536 on Linux); for the wildcard address, the smallest MTU of the up
+    interfaces other than loopback (members may come through any), or loopback's where there
+    is none. `FALLBACK_MTU` where no interface holds ``host`` or they cannot be read (not
+    Linux)."""
+    import fcntl
+    import ipaddress
+    import struct
+
+    try:
+        want = ipaddress.ip_address(socket.gethostbyname(host))
+    except OSError:
+        return FALLBACK_MTU
+    found: dict[str, tuple[ipaddress.IPv4Address, int, int]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("16s16x", name.encode()[:15])
+            try:  # SIOCGIFADDR, SIOCGIFFLAGS, SIOCGIFMTU
+                addr = ipaddress.ip_address(fcntl.ioctl(s, 0x8915, req)[20:24])
+                flags = struct.unpack_from("H", fcntl.ioctl(s, 0x8913, req), 16)[0]
+                mtu = struct.unpack_from("i", fcntl.ioctl(s, 0x8921, req), 16)[0]
+            except OSError:  # no IPv4 address, or gone
+                continue
+            found[name] = (addr, flags, mtu)
+    up, loopback = 0x1, 0x8  # IFF_UP, IFF_LOOPBACK
+    lo = [mtu for addr, flags, mtu in found.values() if flags & loopback]
+    if want.is_unspecified:
+        others = [mtu for _, flags, mtu in found.values() if flags & up and not flags & loopback]
+        return min(others or lo or [FALLBACK_MTU])
+    if want.is_loopback:
+        return min(lo or [FALLBACK_MTU])
+    return next((mtu for addr, _, mtu in found.values() if addr == want), FALLBACK_MTU)
+
+
 @dataclass(frozen=True)
 class SwitchConfig:
     """Options of one switch daemon (`gmi-drl switch serve`; the iSwitch paper §3.2-3.4).
@@ -88,8 +131,10 @@ class SwitchConfig:
     """Fault injection: probability of handling a received packet twice and of sending twice."""
     delay_ms: float = 0.0
     """Fault injection: delay before each packet leaves, milliseconds."""
-    mtu: int = 1500
-    """Path MTU in bytes; sets the segment size (`protocol.seg_floats_for_mtu`)."""
+    mtu: int | None = None
+    """Path MTU in bytes; sets the segment size (`protocol.seg_floats_for_mtu`). ``None``: the
+    MTU of the bind address's interface (`bind_mtu`), at most `MAX_DEFAULT_MTU`, set at
+    construction (so a config's ``mtu`` is always a number)."""
     slots: int = 256
     """Aggregation slots (a power of two); the member window is at most half of it."""
     window_bytes: int = 2 << 20
@@ -144,6 +189,8 @@ class SwitchConfig:
              "in [0, 2**64) or unset"),
             ("data_plane", self.data_plane in PLANES, f"one of {list(PLANES)}"),
         ]
+        if self.mtu is None:  # (frozen: set once, here)
+            object.__setattr__(self, "mtu", min(bind_mtu(self.bind[0]), MAX_DEFAULT_MTU))
         bad = [f"--{_FLAGS.get(f, f.replace('_', '-'))} {getattr(self, f)} must be {rule}"
                for f, ok, rule in rules if not ok]
         try:
@@ -437,8 +484,20 @@ class SwitchDaemon:
 
     def _threshold_mode(self, v: P.ThresholdValue, addr) -> None:
         """Threshold mode (H, S) for this job; acknowledged to ``addr`` at once on a root, on
-        a child switch once its parent acknowledged it (the member asks again until then)."""
-        if self._plane_mode() != tuple(v):
+        a child switch once its parent acknowledged it (the member asks again until then).
+        Another (H, S) than the one the job already aggregates with is refused
+        (`Action.SETH_NACK`): its workers would apply aggregates of different sizes."""
+        mode = self._plane_mode()
+        if mode is not None and mode != tuple(v):
+            log.warning("%s:%d asked for threshold mode H=%d, S=%d; the job has H=%d, S=%d: "
+                        "refused", *addr, *v, *mode)
+            self._control(addr, Action.SETH_NACK, P.NackValue(
+                P.NackReason.MODE_MISMATCH, f"this job aggregates with H={mode[0]}, S={mode[1]}"
+                f", not H={v.threshold}, S={v.staleness}: every worker of a job gives the same "
+                "--gmi.threshold and --gmi.staleness (the job's threshold mode lasts until its "
+                "last member leaves)"))
+            return
+        if mode != tuple(v):
             log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
                      "S=%d%s", *v, " (relayed to the parent)" if self._parent else "")
             self._plane.set_threshold_mode(*v)
@@ -608,6 +667,10 @@ class SwitchDaemon:
             self._parent_joined = True
         elif action == Action.JOIN_NACK:
             log.error("parent refused us: %s", value.text)
+        elif action == Action.SETH_NACK:  # (every member here asked for this switch's mode)
+            log.error("parent refused the threshold mode: %s", value.text)
+            for m in self._members.values():
+                self._control(m.addr, Action.SETH_NACK, value)
         elif action == Action.READY:
             self._parent_ready = (value.ready, value.active_workers)
             self._membership_changed()

@@ -115,6 +115,8 @@ class Action(enum.IntEnum):
     STATS_REPLY = 14  # Value: UTF-8 JSON object of counters.
     FLUSHED = 15      # Value: FlushedValue. Switch -> member: the answer to FBCAST or HELP of
                       # ASYNC_FLUSH (threshold mode).
+    SETH_NACK = 16    # Value: NackValue. Switch -> member: a threshold mode (H, S) other than
+                      # the one its job already aggregates with, refused.
 
 
 class MemberType(enum.IntEnum):
@@ -127,6 +129,7 @@ class NackReason(enum.IntEnum):
     BAD_TOKEN = 2
     FULL = 3
     GROUP_MISMATCH = 4
+    MODE_MISMATCH = 5
 
 
 class JoinValue(NamedTuple):
@@ -242,7 +245,7 @@ def encode_control(action: Action, value=None) -> bytes:
                 + _short_str(v.job_id, "job_id") + _short_str(v.token, "token"))
     if action == Action.JOIN_ACK:
         return a + _JOIN_ACK.pack(*value)
-    if action == Action.JOIN_NACK:
+    if action in (Action.JOIN_NACK, Action.SETH_NACK):
         return a + _U8.pack(value.reason) + value.text.encode()[:1000]
     if action == Action.SETH and isinstance(value, ThresholdValue):
         if not (1 <= value.threshold <= 255 and 0 <= value.staleness < 128):
@@ -297,9 +300,9 @@ def decode_control(buf) -> tuple[Action, object]:
             if v.seg_floats < 1 or v.window < 1:
                 raise ProtocolError("JoinAck with zero segment size or window")
             return action, v
-        if action == Action.JOIN_NACK:
+        if action in (Action.JOIN_NACK, Action.SETH_NACK):
             if len(body) < 1:
-                raise ProtocolError("JoinNack without a reason")
+                raise ProtocolError(f"{action.name} without a reason")
             return action, NackValue(NackReason(body[0]), bytes(body[1:]).decode())
         if action == Action.SETH and len(body) == _SETH2.size:
             v = ThresholdValue(*_SETH2.unpack(body))

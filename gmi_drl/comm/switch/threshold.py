@@ -161,6 +161,9 @@ class ThresholdReducer(SwitchReducer):
         if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
             self._mode_acked = self._mode_acked or value == Action.SETH
             return
+        if action == Action.SETH_NACK:
+            raise SwitchError(f"switch {self._where} refused worker {self.rank}'s threshold mode "
+                              f"(H={self.threshold}, S={self.staleness}): {value.text}")
         if action == Action.FLUSHED:
             # An answer may be an idle query's sent before the barrier (it cannot tell): taken
             # as that while queries are out. A flush's answer taken so is harmless: the flush

@@ -16,6 +16,7 @@ from gmi_drl.comm.switch.protocol import Action
     (Action.JOIN, P.JoinValue(3, P.MemberType.SWITCH, 12, 3, 1, "job-é", "tok")),
     (Action.JOIN_ACK, P.JoinAckValue(0xDEADBEEF, 366, 128, 7, 3)),
     (Action.JOIN_NACK, P.NackValue(P.NackReason.BAD_TOKEN, "bad token")),
+    (Action.SETH_NACK, P.NackValue(P.NackReason.MODE_MISMATCH, "H=2, S=1")),
     (Action.LEAVE, None), (Action.RESET, None), (Action.HEARTBEAT, None),
     (Action.NOT_MEMBER, None), (Action.STATS, None),
     (Action.SETH, 5), (Action.ACK, int(Action.SETH)),
@@ -28,7 +29,7 @@ def test_control_round_trip(action, value):
     raw = P.encode_control(action, value)
     assert raw[0] == action
     assert P.decode_control(raw) == (action, value)
-    if len(raw) > 1 and action != Action.JOIN_NACK:
+    if len(raw) > 1 and action not in (Action.JOIN_NACK, Action.SETH_NACK):
         with pytest.raises(P.ProtocolError):
             P.decode_control(raw[:-1] if action != Action.STATS_REPLY else raw[:2])
 
@@ -197,23 +198,32 @@ def test_serve_goes_on_when_its_stdout_is_closed_and_refuses_a_parent_it_cannot_
         assert bad.returncode == 2 and "argument --parent" in bad.stderr
 
 
-def test_serve_takes_the_mtu_of_its_bind_address():
-    """`gmi-drl switch serve` without --mtu: the MTU of the --bind address's interface, at most
-    9000 (loopback's is 65536), a wildcard address the smallest of the other interfaces', an
-    address no interface holds the old default; --mtu wins."""
+def test_a_switch_takes_the_mtu_of_its_bind_address():
+    """A switch without an MTU (`gmi-drl switch serve` without --mtu, or `SwitchConfig` from
+    Python without ``mtu``): the MTU of the bind address's interface, at most 9000 (loopback's
+    is 65536), a wildcard address the smallest of the other interfaces', an address no
+    interface holds Ethernet's 1500; a given MTU wins."""
     import socket
     import subprocess
     import sys
 
-    from gmi_drl.comm.switch.cli import bind_mtu
-    from gmi_drl.comm.switch.daemon import SwitchConfig
+    from gmi_drl.comm.switch import SwitchConfig, SwitchDaemon
+    from gmi_drl.comm.switch.daemon import FALLBACK_MTU, bind_mtu
 
     def mtu(name):
         return int(open(f"/sys/class/net/{name}/mtu").read())
 
     assert bind_mtu("127.0.0.1") == bind_mtu("localhost") == mtu("lo")
-    assert bind_mtu("192.0.2.123") == SwitchConfig.mtu == 1500  # no interface holds it
+    assert bind_mtu("192.0.2.123") == FALLBACK_MTU == 1500  # no interface holds it
     assert bind_mtu("0.0.0.0") in {mtu(n) for _, n in socket.if_nameindex()}
+    assert SwitchConfig().mtu == min(mtu("lo"), 9000)
+    assert SwitchConfig(bind=("192.0.2.123", 0)).mtu == 1500
+    assert SwitchConfig(mtu=1500).mtu == 1500
+    d = SwitchDaemon(SwitchConfig())
+    try:
+        assert d.seg_floats == P.seg_floats_for_mtu(min(mtu("lo"), 9000))
+    finally:
+        d.close()
     for flags, want in (([], min(mtu("lo"), 9000)), (["--mtu", "1500"], 1500)):
         proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
                                  "127.0.0.1:0", "--stats-interval", "0", *flags],

@@ -343,6 +343,47 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane
             red.close()
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("tree", [False, True], ids=["one-switch", "tree"])
+def test_a_worker_asking_another_threshold_mode_than_its_jobs_is_refused(switches, tree):
+    """Two workers of one job ask for H=2, S=1 and H=1, S=1: the switch (in a tree, the root,
+    through the refused worker's ToR) takes the first and refuses the second with the job's
+    mode, so no worker applies aggregates of another size than the others."""
+    from gmi_drl.comm.switch.client import SwitchError
+
+    if tree:
+        _, _, addrs = _tree(switches)
+        addrs = [addrs[0], addrs[2]]  # (one worker under each ToR)
+    else:
+        addrs = [switches("--mtu", "1500").addr] * 2
+    modes, got = [(2, 1), (1, 1)], {}
+
+    def join(rank: int) -> None:
+        try:
+            got[rank] = ThresholdReducer(addrs[rank], rank, 2, *modes[rank], rto_s=0.05,
+                                         join_timeout_s=5)
+        except SwitchError as e:
+            got[rank] = e
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        refused = {r: str(v) for r, v in got.items() if isinstance(v, SwitchError)
+                   and "threshold mode" in str(v) and "refused" in str(v)}
+        assert len(refused) == 1, got
+        (rank, text), = refused.items()
+        (h, s), (oh, os_) = modes[rank], modes[1 - rank]
+        assert f"(H={h}, S={s}): this job aggregates with H={oh}, S={os_}" in text, text
+        assert "--gmi.threshold and --gmi.staleness" in text
+    finally:
+        for v in got.values():
+            if isinstance(v, ThresholdReducer):
+                v.close()
+
+
 def test_threshold_reducer_refuses_bad_h_and_s():
     with pytest.raises(ValueError, match="threshold H=3 must be in"):
         ThresholdReducer("127.0.0.1:1", 0, 2, 3, 1)
