@@ -22,6 +22,23 @@ def _cli(*args, cwd, command="train"):
                           capture_output=True, text=True, timeout=240)
 
 
+@pytest.fixture
+def refused(capsys, monkeypatch, tmp_path):
+    """``refused(*args)``: ``gmi-drl train *args`` run in this process from ``tmp_path``, for
+    a command refused before any run starts (no interpreter and torch import of its own, as a
+    subprocess would cost); its exit status and stderr."""
+    from gmi_drl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args):
+        capsys.readouterr()
+        status = main(["train", *args])
+        return status, capsys.readouterr().err
+
+    return run
+
+
 def test_seeds_and_grids_parse_and_refuse_what_is_not_one():
     assert parse_seeds("1-3,7,2") == [1, 2, 3, 7]
     assert parse_seeds("5") == [5]
@@ -110,28 +127,29 @@ def test_a_run_that_fails_is_reported_while_the_others_finish(tmp_path):
         "iteration-*.pt"))
 
 
-def test_bad_input_is_refused_before_any_run_starts(tmp_path):
-    out = _cli("ppo", "--seeds", "1", "--sweep", "algo.learning-rate=1e-3,-1", *FAST,
-               "--run-dir", str(tmp_path / "a"), cwd=tmp_path)
-    assert out.returncode == 2
-    assert "run algo.learning-rate=-1/seed-1: invalid config" in out.stderr
-    assert "algo.learning_rate=-1.0 must be > 0" in out.stderr
-    out = _cli("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"), cwd=tmp_path)
-    assert out.returncode == 2 and "runs each run as one GMI" in out.stderr
+def test_bad_input_is_refused_before_any_run_starts(tmp_path, refused):
+    status, err = refused("ppo", "--seeds", "1", "--sweep", "algo.learning-rate=1e-3,-1", *FAST,
+                          "--run-dir", str(tmp_path / "a"))
+    assert status == 2
+    assert "run algo.learning-rate=-1/seed-1: invalid config" in err
+    assert "algo.learning_rate=-1.0 must be > 0" in err
+    status, err = refused("appo", "--seeds", "1-2", "--run-dir", str(tmp_path / "b"))
+    assert status == 2 and "runs each run as one GMI" in err
     # what only the task tells, found for every grid point before the first run starts
-    out = _cli("sac", "--seeds", "1", "--sweep", "env.task-id=Pendulum-v1,CartPole-v1", *FAST,
-               "--run-dir", str(tmp_path / "e"), cwd=tmp_path)
-    assert out.returncode == 2
-    assert "run env.task-id=CartPole-v1/seed-1: " in out.stderr
-    assert "SAC needs a Box action space" in out.stderr
-    out = _cli("ppo", "--seeds", "1-2", "--resume", str(tmp_path / "a"), cwd=tmp_path)
-    assert out.returncode == 2
-    assert "resume one run of a batch alone, gmi-drl train ppo --resume PARENT/RUN" in out.stderr
+    status, err = refused("sac", "--seeds", "1", "--sweep", "env.task-id=Pendulum-v1,CartPole-v1",
+                          *FAST, "--run-dir", str(tmp_path / "e"))
+    assert status == 2
+    assert "run env.task-id=CartPole-v1/seed-1: " in err
+    assert "SAC needs a Box action space" in err
+    status, err = refused("ppo", "--seeds", "1-2", "--resume", str(tmp_path / "a"))
+    assert status == 2
+    assert "resume one run of a batch alone, gmi-drl train ppo --resume PARENT/RUN" in err
     for d in "abe":
         assert not (tmp_path / d).exists()
 
 
-def test_replays_that_fit_alone_but_not_together_are_refused_before_any_run_starts(tmp_path):
+def test_replays_that_fit_alone_but_not_together_are_refused_before_any_run_starts(tmp_path,
+                                                                                    refused):
     """Two TD3 runs whose replays each take 0.6 of this machine's RAM (one run would be
     accepted: `check_replay_memory`), refused together, naming the sum."""
     from gmi_drl import envs
@@ -140,24 +158,23 @@ def test_replays_that_fit_alone_but_not_together_are_refused_before_any_run_star
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     per = replay_nbytes(1_000_000, envs.task_spec("Pendulum-v1"), 1) / 1_000_000
     size = int(0.6 * ram / per)
-    out = _cli("td3", "--seeds", "1-2", "--env.task-id", "Pendulum-v1", "--env.num-envs", "1",
-               "--algo.buffer-size", str(size), "--algo.learning-starts", "256", *FAST,
-               "--run-dir", str(tmp_path / "r"),
-               cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    assert "the replay buffers of the 2 runs on this machine's RAM take" in out.stderr
-    assert "GiB per run: seed-1 " in out.stderr and "lower --algo.buffer-size" in out.stderr
+    status, err = refused("td3", "--seeds", "1-2", "--env.task-id", "Pendulum-v1",
+                          "--env.num-envs", "1", "--algo.buffer-size", str(size),
+                          "--algo.learning-starts", "256", *FAST, "--run-dir", str(tmp_path / "r"))
+    assert status == 2, err
+    assert "the replay buffers of the 2 runs on this machine's RAM take" in err
+    assert "GiB per run: seed-1 " in err and "lower --algo.buffer-size" in err
     assert not (tmp_path / "r").exists()
 
 
-def test_a_budget_or_placement_runs_cannot_have_is_refused_before_any_run_starts(tmp_path):
+def test_a_budget_or_placement_runs_cannot_have_is_refused_before_any_run_starts(tmp_path,
+                                                                                  refused):
     cores = len(os.sched_getaffinity(0))  # two runs of every core each: more than there are
-    out = _cli("ppo", "--seeds", "1-2", "--budget.cores", str(cores), *FAST,
-               "--run-dir", str(tmp_path / "c"), cwd=tmp_path)
-    assert out.returncode == 2
-    assert (f"budget does not fit the CPU: 2 GMIs x {cores} cores = {2 * cores} cores"
-            in out.stderr)
-    out = _cli("ppo", "--seeds", "1", "--placement", "serial", *FAST,
-               "--run-dir", str(tmp_path / "d"), cwd=tmp_path)
-    assert out.returncode == 2 and "run seed-1: --seeds places its runs" in out.stderr
+    status, err = refused("ppo", "--seeds", "1-2", "--budget.cores", str(cores), *FAST,
+                          "--run-dir", str(tmp_path / "c"))
+    assert status == 2
+    assert f"budget does not fit the CPU: 2 GMIs x {cores} cores = {2 * cores} cores" in err
+    status, err = refused("ppo", "--seeds", "1", "--placement", "serial", *FAST,
+                          "--run-dir", str(tmp_path / "d"))
+    assert status == 2 and "run seed-1: --seeds places its runs" in err
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()

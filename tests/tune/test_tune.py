@@ -382,11 +382,11 @@ def test_config_file_errors_say_what_to_do(tmp_path):
 def test_tune_searches_serving_gmis_of_an_async_run(tmp_path):
     cfg = preset("classic", "CartPole-v1", "appo")
     cfg.compile = False
-    options = TuneOptions(max_gmis=2, envs_min=4, envs_max=8, warmup=1, iterations=2,
+    # (one num_envs: the serving GMIs are this test's subject; the other tests search num_envs)
+    options = TuneOptions(max_gmis=2, envs_min=4, envs_max=4, warmup=1, iterations=2,
                           min_steps=0, out=str(tmp_path))
     report = tune(cfg, options)
-    assert [(p.gmis, p.num_envs) for p in report.search.points] == [(2, 4), (2, 8), (1, 4),
-                                                                     (1, 8)]
+    assert [(p.gmis, p.num_envs) for p in report.search.points] == [(2, 4), (1, 4)]
     assert all(p.runnable and p.top > 0 for p in report.search.points)
     # the trainer's and both serving GMIs' peak memory: the largest
     assert all(p.mem > 100 * 2**20 for p in report.search.points)
