@@ -68,7 +68,7 @@ def test_the_aggregate_is_the_iqm_with_a_bootstrap_interval():
 
 
 @pytest.mark.slow
-def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
+def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path, capsys):
     parent = tmp_path / "sweep"
     out = _cli("ppo", "--seeds", "1-2", "--sweep", "algo.learning-rate=1e-3,3e-4", *FAST,
                "--run-dir", str(parent), cwd=tmp_path)
@@ -86,13 +86,14 @@ def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path):
     assert summary.count("| algo.learning-rate=") == 2 + 4  # the aggregates, then every run
     assert "one GMI per run" in summary and "- budget on the CPU: GMI 0: cores [" in summary
     assert (parent / "learning_curves.png").stat().st_size > 0
-    _the_parent_evaluates_as_serving_gmis(parent, tmp_path)
+    _the_parent_evaluates_as_serving_gmis(parent, tmp_path, capsys)
 
 
-def _the_parent_evaluates_as_serving_gmis(parent, tmp_path):
+def _the_parent_evaluates_as_serving_gmis(parent, tmp_path, capsys):
     """``gmi-drl eval PARENT``: every run's checkpoint in a serving GMI, the same returns as
     ``gmi-drl eval RUN`` alone, one table on stdout and in PARENT/eval.md; a run whose
     checkpoint does not load is reported and the others are evaluated."""
+    from gmi_drl.cli import main
     from gmi_drl.evaluate import evaluate
 
     out = _cli(str(parent), "--episodes", "2", cwd=tmp_path, command="eval")
@@ -104,9 +105,10 @@ def _the_parent_evaluates_as_serving_gmis(parent, tmp_path):
     alone = evaluate(parent / "algo.learning-rate=3e-4" / "seed-2", episodes=2).returns
     assert f"| algo.learning-rate=3e-4/seed-2 | {alone.mean():.1f} | {alone.std():.1f} | 2 |" \
         in table
-    one = _cli(str(parent / "algo.learning-rate=3e-4" / "seed-2"), "--episodes", "2",
-               cwd=tmp_path, command="eval")  # a run directory: as before
-    assert one.returncode == 0 and f"return {alone.mean():.2f} +/- " in one.stdout
+    capsys.readouterr()  # a run directory: as before (in this process: no GMI to start)
+    run = parent / "algo.learning-rate=3e-4" / "seed-2"
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    assert f"return {alone.mean():.2f} +/- " in capsys.readouterr().out
     (parent / "broken" / "seed-1" / "checkpoints").mkdir(parents=True)
     out = _cli(str(parent), "--episodes", "2", cwd=tmp_path, command="eval")
     assert out.returncode == 1

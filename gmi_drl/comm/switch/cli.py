@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     say("listening on {}:{}".format(*daemon.address))
     print(f"data plane: {daemon.data_plane}", file=sys.stderr, flush=True)
-    print(f"mtu: {cfg.mtu}", file=sys.stderr, flush=True)
+    print(f"mtu: {daemon.mtu}", file=sys.stderr, flush=True)
     try:
         daemon.serve_forever()
     finally:

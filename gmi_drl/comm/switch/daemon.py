@@ -56,6 +56,16 @@ from gmi_drl.comm.switch.protocol import Action, MemberType
 log = logging.getLogger(__name__)
 
 
+def _mode_refusal(mode: tuple[int, int], asked: P.ThresholdValue) -> P.NackValue:
+    """`Action.SETH_NACK`'s Value: the job's threshold mode ``mode`` against the one asked."""
+    return P.NackValue(P.NackReason.MODE_MISMATCH, (
+        f"this job aggregates with H={mode[0]}, S={mode[1]}, not H={asked.threshold}, "
+        f"S={asked.staleness}: every worker of a job gives the same --gmi.threshold and "
+        "--gmi.staleness (a job keeps its mode until its last member leaves: a run resumed "
+        "with other values waits for the old members to time out after the switch's "
+        "--member-timeout, or takes another --gmi.switch-job)"))
+
+
 def parse_addr(s: str) -> tuple[str, int]:
     """``"HOST:PORT"`` -> ``(host, port)``.
 
@@ -82,13 +92,14 @@ def bind_mtu(host: str) -> int:
     interfaces other than loopback (members may come through any), or loopback's where there
     is none. `FALLBACK_MTU` where no interface holds ``host`` or they cannot be read (not
     Linux)."""
-    import fcntl
     import ipaddress
     import struct
 
     try:
+        import fcntl
+
         want = ipaddress.ip_address(socket.gethostbyname(host))
-    except OSError:
+    except (ImportError, OSError):  # (no fcntl: not a POSIX system)
         return FALLBACK_MTU
     found: dict[str, tuple[ipaddress.IPv4Address, int, int]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -133,8 +144,9 @@ class SwitchConfig:
     """Fault injection: delay before each packet leaves, milliseconds."""
     mtu: int | None = None
     """Path MTU in bytes; sets the segment size (`protocol.seg_floats_for_mtu`). ``None``: the
-    MTU of the bind address's interface (`bind_mtu`), at most `MAX_DEFAULT_MTU`, set at
-    construction (so a config's ``mtu`` is always a number)."""
+    MTU of the bind address's interface (`bind_mtu`), at most `MAX_DEFAULT_MTU`, taken by the
+    daemon (`SwitchDaemon.mtu`). Every switch of a tree needs the same: give it where their
+    interfaces' MTUs differ."""
     slots: int = 256
     """Aggregation slots (a power of two); the member window is at most half of it."""
     window_bytes: int = 2 << 20
@@ -189,12 +201,11 @@ class SwitchConfig:
              "in [0, 2**64) or unset"),
             ("data_plane", self.data_plane in PLANES, f"one of {list(PLANES)}"),
         ]
-        if self.mtu is None:  # (frozen: set once, here)
-            object.__setattr__(self, "mtu", min(bind_mtu(self.bind[0]), MAX_DEFAULT_MTU))
         bad = [f"--{_FLAGS.get(f, f.replace('_', '-'))} {getattr(self, f)} must be {rule}"
                for f, ok, rule in rules if not ok]
         try:
-            P.seg_floats_for_mtu(self.mtu)
+            if self.mtu is not None:
+                P.seg_floats_for_mtu(self.mtu)
         except ValueError as e:
             bad.append(f"--mtu: {e}")
         if bad:
@@ -279,7 +290,9 @@ class SwitchDaemon:
         try:
             self._sock.setblocking(False)
             self.epoch = int.from_bytes(os.urandom(4), "big")
-            self.seg_floats = P.seg_floats_for_mtu(config.mtu)
+            self.mtu = (config.mtu if config.mtu is not None
+                        else min(bind_mtu(config.bind[0]), MAX_DEFAULT_MTU))
+            self.seg_floats = P.seg_floats_for_mtu(self.mtu)
             self.window = max(1, min(config.slots // 2,
                                      config.window_bytes // (self.seg_floats * P.FLOAT_BYTES)))
             self._parent = None
@@ -485,28 +498,43 @@ class SwitchDaemon:
     def _threshold_mode(self, v: P.ThresholdValue, addr) -> None:
         """Threshold mode (H, S) for this job; acknowledged to ``addr`` at once on a root, on
         a child switch once its parent acknowledged it (the member asks again until then).
-        Another (H, S) than the one the job already aggregates with is refused
-        (`Action.SETH_NACK`): its workers would apply aggregates of different sizes."""
+        Another (H, S) than the one the job aggregates with is refused (`Action.SETH_NACK`):
+        its workers would apply aggregates of different sizes. On a child switch whose own
+        request waits on the parent, another is not answered yet (its member asks again): the
+        root decides which the job takes."""
         mode = self._plane_mode()
+        if self._mode_asked is not None and self._parent_mode is None and mode != tuple(v):
+            return  # (the parent's answer to `_mode_asked` decides)
         if mode is not None and mode != tuple(v):
             log.warning("%s:%d asked for threshold mode H=%d, S=%d; the job has H=%d, S=%d: "
                         "refused", *addr, *v, *mode)
-            self._control(addr, Action.SETH_NACK, P.NackValue(
-                P.NackReason.MODE_MISMATCH, f"this job aggregates with H={mode[0]}, S={mode[1]}"
-                f", not H={v.threshold}, S={v.staleness}: every worker of a job gives the same "
-                "--gmi.threshold and --gmi.staleness (the job's threshold mode lasts until its "
-                "last member leaves)"))
+            self._control(addr, Action.SETH_NACK, _mode_refusal(mode, v))
             return
-        if mode != tuple(v):
+        if self._plane_mode() != tuple(v):
             log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
                      "S=%d%s", *v, " (relayed to the parent)" if self._parent else "")
             self._plane.set_threshold_mode(*v)
         if self._parent is not None:
             if self._parent_mode != tuple(v):
                 self._mode_asked = tuple(v)
+                self._mode_askers.add(addr)
                 self._control(self._parent, Action.SETH, v)
                 return
         self._control(addr, Action.ACK, int(Action.SETH))
+
+    def _mode_refused_above(self, nack: P.NackValue) -> None:
+        """The parent refused the threshold mode this switch asked for: its members that asked
+        are told, and this switch drops the mode (unless the parent took one before), so a
+        member asking for the job's own mode next is not refused here."""
+        log.warning("parent refused this switch's threshold mode: %s", nack.text)
+        for addr in self._mode_askers:
+            if addr in self._by_addr:
+                self._control(addr, Action.SETH_NACK, nack)
+        self._mode_askers.clear()
+        if self._parent_mode is None:
+            self._mode_asked = None
+            if self._plane_mode() is not None:
+                self._plane.set_threshold_mode(0, 0)
 
     def _relays_threshold(self) -> bool:
         """A child switch in threshold mode: it sends its members' gradients up in per-rack
@@ -601,6 +629,7 @@ class SwitchDaemon:
         self._departed: dict = {}
         self._parent_mode: tuple[int, int] | None = None  # threshold mode the parent acked
         self._mode_asked: tuple[int, int] | None = None
+        self._mode_askers: set[tuple[str, int]] = set()  # members waiting on the parent's ACK
         # Members awaiting the root's FLUSHED: after a flush, and after a query (whose answer
         # may tell of the state before a flush: never a flusher's); `_queries_up`: queries
         # passed up whose answer has not come (a lost one costs a flusher one resend).
@@ -667,10 +696,8 @@ class SwitchDaemon:
             self._parent_joined = True
         elif action == Action.JOIN_NACK:
             log.error("parent refused us: %s", value.text)
-        elif action == Action.SETH_NACK:  # (every member here asked for this switch's mode)
-            log.error("parent refused the threshold mode: %s", value.text)
-            for m in self._members.values():
-                self._control(m.addr, Action.SETH_NACK, value)
+        elif action == Action.SETH_NACK:
+            self._mode_refused_above(value)
         elif action == Action.READY:
             self._parent_ready = (value.ready, value.active_workers)
             self._membership_changed()
@@ -688,6 +715,7 @@ class SwitchDaemon:
                 self._help_members(value, rows)
         elif action == Action.ACK and value == Action.SETH:
             self._parent_mode = self._mode_asked
+            self._mode_askers.clear()  # (each asks again: acknowledged here now)
         elif action == Action.FLUSHED:
             waiting = self._askers if self._queries_up else self._flushers
             self._queries_up = max(0, self._queries_up - 1)

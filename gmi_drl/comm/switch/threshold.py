@@ -99,7 +99,8 @@ class ThresholdReducer(SwitchReducer):
     Raises:
         ValueError: H or S out of range (and as `SwitchReducer`).
         SwitchError: as `SwitchReducer`; or the switch (in a tree: the root, through this
-            worker's switch) did not take threshold mode within ``join_timeout_s``.
+            worker's switch) did not take threshold mode within ``join_timeout_s``, or refused
+            it: the job aggregates with another (H, S) (this worker then leaves the group).
 
     Attributes:
         staleness_dropped: gradients this worker dropped before sending (older than S).
@@ -116,6 +117,7 @@ class ThresholdReducer(SwitchReducer):
         self.threshold, self.staleness = threshold, staleness
         self._mode = P.ThresholdValue(threshold, staleness)
         self._mode_acked = False
+        self._refused: str | None = None  # the switch's refusal of this threshold mode
         self._next_mode = 0.0
         self._regions: list[_Region] = []
         self._offsets = 0
@@ -147,6 +149,10 @@ class ThresholdReducer(SwitchReducer):
     def _await_mode(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self._mode_acked:
+            if self._refused is not None:
+                raise SwitchError(f"switch {self._where} refused worker {self.rank}'s threshold "
+                                  f"mode (H={self.threshold}, S={self.staleness}): "
+                                  f"{self._refused}")
             now = time.monotonic()
             if now > deadline:
                 raise SwitchError(
@@ -161,9 +167,10 @@ class ThresholdReducer(SwitchReducer):
         if action == Action.ACK and value in (Action.SETH, Action.FBCAST):
             self._mode_acked = self._mode_acked or value == Action.SETH
             return
-        if action == Action.SETH_NACK:
-            raise SwitchError(f"switch {self._where} refused worker {self.rank}'s threshold mode "
-                              f"(H={self.threshold}, S={self.staleness}): {value.text}")
+        if action == Action.SETH_NACK:  # (raised by `_await_mode`, which leaves the group)
+            if not self._mode_acked:
+                self._refused = value.text
+            return
         if action == Action.FLUSHED:
             # An answer may be an idle query's sent before the barrier (it cannot tell): taken
             # as that while queries are out. A flush's answer taken so is harmless: the flush

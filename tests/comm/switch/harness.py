@@ -39,7 +39,7 @@ path too (`SwitchReducer(native=False)`), so each parametrisation tests one whol
 class Switch:
     """One ``python -m gmi_drl.comm.switch serve`` process on loopback, at MTU 1500 unless
     ``args`` name one (the segment counts the tests check are for it; serve's own default on
-    loopback is 65536)."""
+    loopback is 9000)."""
 
     def __init__(self, *args: str, bind: str = "127.0.0.1:0") -> None:
         args = args if "--mtu" in args else ("--mtu", "1500", *args)

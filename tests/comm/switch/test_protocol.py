@@ -216,14 +216,12 @@ def test_a_switch_takes_the_mtu_of_its_bind_address():
     assert bind_mtu("127.0.0.1") == bind_mtu("localhost") == mtu("lo")
     assert bind_mtu("192.0.2.123") == FALLBACK_MTU == 1500  # no interface holds it
     assert bind_mtu("0.0.0.0") in {mtu(n) for _, n in socket.if_nameindex()}
-    assert SwitchConfig().mtu == min(mtu("lo"), 9000)
-    assert SwitchConfig(bind=("192.0.2.123", 0)).mtu == 1500
-    assert SwitchConfig(mtu=1500).mtu == 1500
-    d = SwitchDaemon(SwitchConfig())
-    try:
-        assert d.seg_floats == P.seg_floats_for_mtu(min(mtu("lo"), 9000))
-    finally:
-        d.close()
+    for cfg, want in ((SwitchConfig(), min(mtu("lo"), 9000)), (SwitchConfig(mtu=1500), 1500)):
+        d = SwitchDaemon(cfg)
+        try:
+            assert d.mtu == want and d.seg_floats == P.seg_floats_for_mtu(want)
+        finally:
+            d.close()
     for flags, want in (([], min(mtu("lo"), 9000)), (["--mtu", "1500"], 1500)):
         proc = subprocess.Popen([sys.executable, "-m", "gmi_drl.comm.switch", "serve", "--bind",
                                  "127.0.0.1:0", "--stats-interval", "0", *flags],

@@ -346,38 +346,47 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane
 @pytest.mark.distributed
 @pytest.mark.parametrize("tree", [False, True], ids=["one-switch", "tree"])
 def test_a_worker_asking_another_threshold_mode_than_its_jobs_is_refused(switches, tree):
-    """Two workers of one job ask for H=2, S=1 and H=1, S=1: the switch (in a tree, the root,
-    through the refused worker's ToR) takes the first and refuses the second with the job's
-    mode, so no worker applies aggregates of another size than the others."""
+    """Three workers of one job ask, in turn, for H=2, S=1, then H=1, S=1, then H=2, S=1
+    again: the switch (in a tree, the root, through the second worker's ToR) takes the first,
+    refuses the second with the job's mode, and takes the third, which in a tree asks through
+    the ToR the root refused (that ToR drops the refused mode); the refused worker leaves."""
     from gmi_drl.comm.switch.client import SwitchError
 
     if tree:
-        _, _, addrs = _tree(switches)
-        addrs = [addrs[0], addrs[2]]  # (one worker under each ToR)
+        root, tors, addrs = _tree(switches)
+        addrs = [addrs[0], addrs[2], addrs[3]]  # (the second and third under one ToR)
     else:
-        addrs = [switches("--mtu", "1500").addr] * 2
-    modes, got = [(2, 1), (1, 1)], {}
+        root = switches("--mtu", "1500")
+        addrs = [root.addr] * 3
+    modes, got = [(2, 1), (1, 1), (2, 1)], {}
 
     def join(rank: int) -> None:
         try:
-            got[rank] = ThresholdReducer(addrs[rank], rank, 2, *modes[rank], rto_s=0.05,
-                                         join_timeout_s=5)
+            got[rank] = ThresholdReducer(addrs[rank], rank, 3, *modes[rank], rto_s=0.05,
+                                         join_timeout_s=20)
         except SwitchError as e:
             got[rank] = e
 
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(3)]
     try:
-        refused = {r: str(v) for r, v in got.items() if isinstance(v, SwitchError)
-                   and "threshold mode" in str(v) and "refused" in str(v)}
-        assert len(refused) == 1, got
-        (rank, text), = refused.items()
-        (h, s), (oh, os_) = modes[rank], modes[1 - rank]
-        assert f"(H={h}, S={s}): this job aggregates with H={oh}, S={os_}" in text, text
+        threads[0].start()  # (its mode is asked at its JoinAck, before the group is complete)
+        deadline = time.monotonic() + 10
+        while root.stats()["async_threshold"] != 2:
+            assert time.monotonic() < deadline, "the first worker's mode never reached the root"
+            time.sleep(0.05)
+        threads[1].start()
+        time.sleep(1.0)  # (its refusal reaches its ToR, which drops the mode)
+        threads[2].start()
+        for t in threads:
+            t.join(40)
+        assert isinstance(got[0], ThresholdReducer) and isinstance(got[2], ThresholdReducer), got
+        assert isinstance(got[1], SwitchError), got
+        text = str(got[1])
+        assert "refused worker 1's threshold mode (H=1, S=1): this job aggregates with H=2, " \
+               "S=1, not H=1, S=1" in text, text
         assert "--gmi.threshold and --gmi.staleness" in text
+        # the refused worker left its switch at once (not after its member timeout)
+        assert (tors[1] if tree else root).stats()["members"] == (1 if tree else 2)
     finally:
         for v in got.values():
             if isinstance(v, ThresholdReducer):
