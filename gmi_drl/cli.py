@@ -172,6 +172,8 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train",
     parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
                       description=TrainConfig.__doc__)
     cfg = TrainConfig(**_fields(parsed))
+    if resume is None and config is None:  # (the preset's own name: gmi-humanoid-sac's is
+        cfg.preset = default.preset        # gmi-humanoid)
     if validated:
         try:
             validate(cfg)

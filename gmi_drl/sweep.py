@@ -67,12 +67,23 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+_SET_PER_RUN = {
+    "seed": "the seeds are --seeds (for example --seeds 1-5); each run's seed is its own",
+    "run-dir": "each run's directory is PARENT/POINT/seed-K: name the parent with --run-dir",
+    "resume": "a batch starts fresh runs: resume one run alone, gmi-drl train ALGO --resume "
+              "PARENT/RUN",
+}
+"""flags a sweep sets for each run itself, which a grid must not name (its value would be
+overridden without a word), with what to give instead"""
+
+
 def parse_sweep(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
     """``["algo.learning-rate=1e-4,3e-4", ...]`` -> ``[("algo.learning-rate", ["1e-4",
     "3e-4"]), ...]``: each flag with its values (the grid is their product).
 
     Raises:
-        ConfigError: an item without ``=`` or values, or a flag given twice.
+        ConfigError: an item without ``=`` or values, a flag given twice, or a flag the sweep
+            sets for each run (``seed``, ``run-dir``, ``resume``).
     """
     grid: list[tuple[str, list[str]]] = []
     for text in texts:
@@ -84,6 +95,8 @@ def parse_sweep(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
                               "algo.learning-rate=1e-4,3e-4)")
         if any(name == n for n, _ in grid):
             raise ConfigError(f"--sweep names {name} twice: give its values in one item")
+        if name in _SET_PER_RUN:
+            raise ConfigError(f"--sweep {name}: {_SET_PER_RUN[name]}")
         grid.append((name, vals))
     return grid
 

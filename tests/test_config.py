@@ -326,6 +326,26 @@ def test_the_auto_preset_of_a_warp_task_is_its_own():
     assert preset("auto", "Hopper-v5").preset == "mujoco"
 
 
+def test_a_preset_may_carry_its_algorithms_name():
+    """``gmi-humanoid-sac`` (as the preset is named where no command names the algorithm) is
+    SAC's ``gmi-humanoid``, through the CLI too; another algorithm's name is refused."""
+    from gmi_drl.cli import _train_config
+
+    for algo in ("sac", "td3"):
+        for task in ("humanoid", "ant"):
+            cfg = preset(f"gmi-{task}-{algo}", algo=algo)
+            assert cfg.preset == f"gmi-{task}" and cfg.algo_name == algo
+            assert cfg == preset(f"gmi-{task}", algo=algo)
+    cfg, _ = _train_config("sac", ["--preset", "gmi-humanoid-sac"])
+    assert cfg.preset == "gmi-humanoid" and cfg.env.task_id == "Humanoid-gmi-v0"
+    with pytest.raises(ConfigError, match="preset='gmi-ant-td3' is td3's: gmi-drl train td3 "
+                                          "--preset gmi-ant-td3"):
+        preset("gmi-ant-td3", algo="sac")
+    assert preset("gmi-ant-ppo", algo="ppo").preset == "gmi-ant"  # (every algorithm's)
+    with pytest.raises(ConfigError, match="preset='gmi-ant-sac-sac' must be one of"):
+        preset("gmi-ant-sac-sac", algo="sac")  # (one suffix)
+
+
 def test_an_algorithm_without_a_preset_for_the_tasks_family_says_so(caplog):
     with caplog.at_level("WARNING", logger="gmi_drl.config"):
         cfg = preset("auto", "Hopper-v5", "a2c")

@@ -360,6 +360,23 @@ PRESETS: dict[str, dict[str, Callable[[], TrainConfig]]] = {
 defaults of each task family (``--preset auto``)"""
 
 
+def _without_algo_suffix(name: str, algo: str) -> str:
+    """``NAME-ALGO`` (``gmi-humanoid-sac``, as the preset is often named outside a command that
+    names its algorithm) -> ``NAME``.
+
+    Raises:
+        ConfigError: ``name`` ends in another algorithm's name and is that algorithm's preset.
+    """
+    for other in PRESETS:
+        base = name.removesuffix(f"-{other}")
+        if base != name and base in PRESETS[other]:
+            if other != algo:
+                raise ConfigError(f"preset={name!r} is {other}'s: gmi-drl train {other} "
+                                  f"--preset {name}")
+            return base
+    return name
+
+
 def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainConfig:
     """A fresh `TrainConfig` of preset ``name`` of algorithm ``algo`` (``"auto"``: a warp task's
     own ``gmi-*`` preset where ``algo`` has one, else the family of ``task_id``, or
@@ -367,8 +384,10 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
 
     ``task_id``, when given, replaces the preset's task.
 
+    ``name`` may end in ``-ALGO`` (``gmi-humanoid-sac`` is SAC's ``gmi-humanoid``).
+
     Raises:
-        ConfigError: unknown algorithm or preset name.
+        ConfigError: unknown algorithm or preset name, or another algorithm's preset.
     """
     if algo not in PRESETS:
         raise ConfigError(f"algo={algo!r} must be one of {list(PRESETS)}")
@@ -385,6 +404,7 @@ def preset(name: str, task_id: str | None = None, algo: str = "ppo") -> TrainCon
                 "for %s); give flags or another --preset for what it needs", algo,
                 task_id if own else f"{family} tasks", task_id, made_for)
             name = "classic"
+    name = _without_algo_suffix(name, algo)
     if name not in PRESETS[algo]:
         raise ConfigError(f"preset={name!r} must be one of {['auto', *PRESETS[algo]]} "
                           f"for {algo}")

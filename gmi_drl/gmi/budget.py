@@ -98,14 +98,15 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
               budget: Budget = Budget(), backend: str | None = None) -> Layout:
     """The layout of ``n`` independent GMIs (runs, or their serving GMIs) with their budgets:
     on GPUs that all have MIG enabled with instances, one instance each (`assign_mig`);
-    otherwise MPS (the plan says which GPUs have MIG off), the GMIs spread evenly over the GPUs
+    otherwise, where no GPU has MIG on, MPS, the GMIs spread evenly over the GPUs
     (at most one GPU per GMI); on the CPU, core sets (`core_sets`). ``backend`` forces a
     `BackendKind` value (``"cpu"``: core sets on a machine with GPUs too).
 
     Raises:
         ConfigError: a budget that does not fit its device (`check_fits`), more GMIs than MIG
             instances, a budget the backend does not take (MPS budgets on MIG, time slicing
-            or the CPU), or a backend this machine lacks.
+            or the CPU), a backend this machine lacks, or MPS on a machine where some GPUs
+            have MIG on (their whole GPU runs no CUDA work).
     """
     gpus = machine.gpus
     use_mig = (backend == BackendKind.MIG.value or
@@ -119,6 +120,8 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
     else:
         if backend is None and gpus:
             backend = BackendKind.CUDA_MPS.value
+        if backend == BackendKind.CUDA_MPS.value:
+            _refuse_whole_gpus_with_mig_on(gpus)
         try:
             on_gpu = gpus and backend != BackendKind.CPU.value
             layout = plan(n, machine, template, num_devices=min(n, len(gpus)) if on_gpu else 1,
@@ -142,6 +145,25 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
     layout = with_budget(layout, machine, budget)
     check_fits(layout, machine)
     return layout
+
+
+def _refuse_whole_gpus_with_mig_on(gpus: tuple[Gpu, ...]) -> None:
+    """A GPU with MIG on runs CUDA work on its instances only, so MPS GMIs on the whole GPU
+    would fail where they start: refused, with what to do.
+
+    Raises:
+        ConfigError: a GPU of ``gpus`` has MIG on.
+    """
+    on = [g for g in gpus if g.mig_enabled]
+    if not on:
+        return
+    named = ", ".join(f"GPU {g.index} ({len(g.mig_instances)} instances)" for g in on)
+    fix = ("--gmi.backend mig places the GMIs on the existing instances"
+           if any(g.mig_instances for g in on) else
+           "its administrator creates MIG instances (nvidia-smi mig -cgi ... -C)")
+    raise ConfigError(f"MIG is on on {named}: a GPU with MIG on runs CUDA work on its "
+                      f"instances only, not MPS GMIs on the whole GPU; {fix}, or its "
+                      "administrator turns MIG off (nvidia-smi -i N -mig 0)")
 
 
 def _mps_reason(gpus: tuple[Gpu, ...]) -> str:
@@ -200,6 +222,10 @@ def check_fits(layout: Layout, machine: Machine) -> None:
         pcts = [round(s.compute_share * 100) for s in specs]
         if not all(1 <= p <= 100 for p in pcts):
             raise ConfigError(f"--budget.threads-pct {pcts[0]}: give a percentage in 1-100")
+        mibs = [s.memory_limit_bytes // 2**20 for s in specs if s.memory_limit_bytes is not None]
+        if not all(m >= 1 for m in mibs):
+            raise ConfigError(f"--budget.mem-mib {mibs[0]}: give a limit of at least 1 MiB (or "
+                              "leave it out: an even share of the GPU's memory)")
         if sum(pcts) > 100:
             raise ConfigError(f"budget does not fit GPU {gpu.index} ({gpu.name}): {len(specs)} "
                               f"GMIs' active-thread percentages sum to {sum(pcts)}% > 100%")

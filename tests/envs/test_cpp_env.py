@@ -185,3 +185,19 @@ def test_worker_threads_take_the_affinity_asked():
         pool.step(np.zeros((2, 1), np.float32))
     with pytest.raises(ValueError, match=r"names core\(s\) \[4096\]"):
         envs.make(TASK, 2, thread_affinity=[4096])
+
+
+def test_a_cpp_env_registered_in_the_script_trains_in_gmi_processes(tmp_path):
+    """docs/add-a-cpp-env.md: a task registered with `register_cpp` where the run starts trains
+    through `train`, in GMI processes too (the registration travels with the run)."""
+    from gmi_drl.config import preset
+    from gmi_drl.train import train
+
+    envs.register_cpp("Pendulum-cpp-test", "gmi_drl.envs._cpp_examples:pendulum")
+    cfg = preset("classic", "Pendulum-cpp-test", "ppo")
+    cfg.gmi.num_gmis, cfg.env.num_envs, cfg.algo.num_steps = 2, 4, 16
+    cfg.total_timesteps = 2 * cfg.batch_size
+    cfg.compile, cfg.log.tensorboard, cfg.run_dir = False, False, str(tmp_path / "run")
+    result = train(cfg)
+    assert result.global_step == 2 * cfg.batch_size
+    assert len(result.weight_digests) == 2 and len(set(result.weight_digests)) == 1

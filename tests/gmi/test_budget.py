@@ -99,6 +99,10 @@ def test_a_budget_that_does_not_fit_its_gpu_is_refused_naming_it_and_the_sum():
         plan_runs(3, h100, budget=Budget(mem_mib=30_000))
     with pytest.raises(ConfigError, match="percentage in 1-100"):
         plan_runs(1, h100, budget=Budget(threads_pct=0))
+    for mib in (0, -5):  # (no limit of its own would be a wrong MPS variable: "0=-5M")
+        with pytest.raises(ConfigError, match=rf"--budget.mem-mib {mib}: give a limit of at "
+                                              "least 1 MiB"):
+            plan_runs(2, h100, budget=Budget(mem_mib=mib))
     two = _machine(H100 + H100.replace("GPU 0", "GPU 1").replace("3b8a", "4c9b"))
     lay = plan_runs(4, two, budget=Budget(threads_pct=50))  # 2 GMIs on each GPU: fits
     assert lay.mpl == ((0, 1), (2, 3))
@@ -121,11 +125,14 @@ def test_mig_gmis_go_on_existing_instances_in_turn_over_the_gpus():
         plan_runs(6, mig)
     with pytest.raises(ConfigError, match="on MIG each GMI's instance is its budget"):
         plan_runs(2, mig, budget=Budget(mem_mib=1000))
-    half = _machine(A100_MIG, 40)  # GPU 1 has MIG off: MPS, and the plan says where it is off
-    lay = plan_runs(2, half)
-    assert lay.backend is BackendKind.CUDA_MPS
-    assert "on GPU 1 (NVIDIA A100-SXM4-40GB)" in lay.backend_reason
-    assert "GPU 0 (" not in lay.backend_reason
+    # GPU 0 has MIG on, GPU 1 off: MPS on GPU 0's whole GPU would fail where a GMI starts
+    half = _machine(A100_MIG, 40)
+    with pytest.raises(ConfigError, match=r"MIG is on on GPU 0 \(3 instances\): .* "
+                                          "--gmi.backend mig places the GMIs on the existing "
+                                          "instances"):
+        plan_runs(2, half)
+    lay = plan_runs(2, half, backend="mig")
+    assert lay.backend is BackendKind.MIG and lay.mpl == ((0, 1),)
 
 
 def test_this_machines_gpus_are_planned_from_nvml():
