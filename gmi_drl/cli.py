@@ -123,6 +123,13 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
+_BATCHES = """
+
+Runs as GMIs: --seeds 1-5 [--sweep FLAG=V1,V2 ...] [--budget.threads-pct P] [--budget.mem-mib M]
+[--budget.cores K] start every run of the grid and seeds as an independent GMI under one parent
+directory (docs/usage.md, `--seeds`); every flag below applies to each run."""
+
+
 def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train",
                   validated: bool = True):
     """The `TrainConfig` of ``gmi-drl train ALGO REST``: defaults from ``--resume``'s run,
@@ -170,7 +177,8 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train",
                          _flag_value(rest, "--env.task-id"), algo)
     one = _one_algorithm(ALGORITHMS[algo][0], algo)
     parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
-                      description=TrainConfig.__doc__)
+                      description=TrainConfig.__doc__ + (_BATCHES if prog == "gmi-drl train"
+                                                         else ""))
     cfg = TrainConfig(**_fields(parsed))
     if resume is None and config is None:  # (the preset's own name: gmi-humanoid-sac's is
         cfg.preset = default.preset        # gmi-humanoid)
@@ -302,6 +310,12 @@ def _train(args: list[str], debug: bool = False) -> int:
     runs, rest = _split_flags(args[1:], {"--seeds", "--sweep"})
     if runs:
         return _train_runs(args[0], runs, rest, debug)
+    budget = next((a for a in rest if a.startswith("--budget.")), None)
+    if budget is not None:
+        print(f"gmi-drl train: {budget.split('=')[0]} is a budget of each run of a batch: give "
+              "--seeds (and --sweep) with it; one run's GMIs are planned by --gmi.*",
+              file=sys.stderr)
+        return 2
     try:
         cfg, resume = _train_config(args[0], args[1:], validated=False)
     except (ConfigError, CheckpointError, OSError) as e:

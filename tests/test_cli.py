@@ -717,3 +717,10 @@ def test_train_help_lists_the_algorithms_presets(capsys):
         main(["train", "ddpg", "--help"])
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "preset the defaults came from: " + ", ".join(["auto", *PRESETS["ddpg"]]) in text
+    assert "Runs as GMIs: --seeds 1-5 [--sweep FLAG=V1,V2 ...] [--budget.threads-pct P]" in text
+
+
+def test_a_budget_without_seeds_says_it_is_a_batchs(capsys):
+    assert main(["train", "ppo", "--budget.cores", "1"]) == 2
+    assert ("--budget.cores is a budget of each run of a batch: give --seeds (and --sweep) with "
+            "it" in capsys.readouterr().err)

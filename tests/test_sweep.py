@@ -3,8 +3,10 @@ a grid and its seeds in its own run directory, a run that fails reported while t
 on, the aggregate over seeds, refusals before any run starts (a flag value, a budget), and the
 sweep's parent evaluated as serving GMIs (`gmi_drl.serving`, ``gmi-drl eval PARENT``)."""
 
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -91,12 +93,30 @@ def test_a_grid_of_seeds_runs_as_gmis_each_in_its_own_run_dir(tmp_path, capsys):
     assert "one GMI per run" in summary and "- budget on the CPU: GMI 0: cores [" in summary
     assert (parent / "learning_curves.png").stat().st_size > 0
     _the_parent_evaluates_as_serving_gmis(parent, tmp_path, capsys)
+    _one_run_of_the_parent_resumes_alone(parent)
+
+
+def _one_run_of_the_parent_resumes_alone(parent):
+    """``gmi-drl train ALGO --resume PARENT/RUN`` (docs/usage.md): that run goes on from its
+    checkpoint with its own seed and grid value; the other runs are untouched."""
+    from gmi_drl.cli import main
+
+    run, other = parent / "algo.learning-rate=1e-3" / "seed-2", parent / "algo.learning-rate=3e-4"
+    before = sorted((other / "seed-1" / "checkpoints").iterdir())
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "4096"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["seed"] == 2 and cfg["algo"]["ppo"]["learning_rate"] == 1e-3
+    assert cfg["total_timesteps"] == 4096
+    steps = [int(r["global_step"]) for r in csv.DictReader(open(run / "metrics.csv"))]
+    assert max(steps) == 4096 and min(steps) <= 2048  # the first run's rows, then the resumed
+    assert sorted((other / "seed-1" / "checkpoints").iterdir()) == before
 
 
 def _the_parent_evaluates_as_serving_gmis(parent, tmp_path, capsys):
     """``gmi-drl eval PARENT``: every run's checkpoint in a serving GMI, the same returns as
-    ``gmi-drl eval RUN`` alone, one table on stdout and in PARENT/eval.md; a run whose
-    checkpoint does not load is reported and the others are evaluated."""
+    ``gmi-drl eval RUN`` alone, one table on stdout and in PARENT/eval.md; what a parent cannot
+    take (a video, a bad count or seed, a budget its GMIs cannot have) refused before any GMI
+    starts; a run whose checkpoint does not load is reported and the others are evaluated."""
     from gmi_drl.cli import main
     from gmi_drl.evaluate import evaluate
 
@@ -113,6 +133,17 @@ def _the_parent_evaluates_as_serving_gmis(parent, tmp_path, capsys):
     run = parent / "algo.learning-rate=3e-4" / "seed-2"
     assert main(["eval", str(run), "--episodes", "2"]) == 0
     assert f"return {alone.mean():.2f} +/- " in capsys.readouterr().out
+    for flags, why in ((["--video"], "--video records one run's episode: give that run's "
+                        "directory"),
+                       (["--episodes", "0"], "--episodes 0 and --num-envs 4 must be >= 1"),
+                       (["--seed", "-1"], r"--seed -1 in \[0, 2\*\*31\)"),
+                       (["--budget.threads-pct", "50"], "are MPS budgets of GMIs on a GPU; these GMIs are CPU "
+                        "core sets"),
+                       (["--budget.cores", str(os.cpu_count() + 1)], "budget does not fit the "
+                        "CPU")):
+        capsys.readouterr()
+        assert main(["eval", str(parent), *flags]) == 2, flags  # (nothing evaluated)
+        assert re.search(f"gmi-drl eval: .*{why}", capsys.readouterr().err), flags
     (parent / "broken" / "seed-1" / "checkpoints").mkdir(parents=True)
     out = _cli(str(parent), "--episodes", "2", cwd=tmp_path, command="eval")
     assert out.returncode == 1
