@@ -177,8 +177,8 @@ def _train_config(algo: str, rest: list[str], prog: str = "gmi-drl train",
                          _flag_value(rest, "--env.task-id"), algo)
     one = _one_algorithm(ALGORITHMS[algo][0], algo)
     parsed = tyro.cli(one, args=rest, default=one(**_fields(default)), prog=f"{prog} {algo}",
-                      description=TrainConfig.__doc__ + (_BATCHES if prog == "gmi-drl train"
-                                                         else ""))
+                      description=(TrainConfig.__doc__ or "") + (
+                          _BATCHES if prog == "gmi-drl train" else ""))
     cfg = TrainConfig(**_fields(parsed))
     if resume is None and config is None:  # (the preset's own name: gmi-humanoid-sac's is
         cfg.preset = default.preset        # gmi-humanoid)

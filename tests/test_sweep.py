@@ -58,7 +58,8 @@ def test_seeds_and_grids_parse_and_refuse_what_is_not_one():
     with pytest.raises(ConfigError, match="give FLAG=V1,V2"):
         parse_sweep(["algo.learning-rate"])
     for flag, why in (("seed", "the seeds are --seeds"), ("--run-dir", "each run's directory "
-                      "is PARENT/POINT/seed-K"), ("resume", "a batch starts fresh runs")):
+                      "is PARENT/POINT/seed-K"), ("run_dir", "each run's directory"),
+                      ("resume", "a batch starts fresh runs")):
         with pytest.raises(ConfigError, match=f"--sweep {flag.removeprefix('--')}: {why}"):
             parse_sweep([f"{flag}=1,2"])
     with pytest.raises(ConfigError, match="names algo.gamma twice"):

@@ -367,6 +367,8 @@ def _without_algo_suffix(name: str, algo: str) -> str:
     Raises:
         ConfigError: ``name`` ends in another algorithm's name and is that algorithm's preset.
     """
+    if name in PRESETS[algo]:
+        return name
     for other in PRESETS:
         base = name.removesuffix(f"-{other}")
         if base != name and base in PRESETS[other]:

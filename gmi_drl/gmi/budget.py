@@ -105,8 +105,8 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
     Raises:
         ConfigError: a budget that does not fit its device (`check_fits`), more GMIs than MIG
             instances, a budget the backend does not take (MPS budgets on MIG, time slicing
-            or the CPU), a backend this machine lacks, or MPS on a machine where some GPUs
-            have MIG on (their whole GPU runs no CUDA work).
+            or the CPU), a backend this machine lacks, or GMIs on whole GPUs (MPS, time
+            slicing) where one of those GPUs has MIG on (it runs no CUDA work).
     """
     gpus = machine.gpus
     use_mig = (backend == BackendKind.MIG.value or
@@ -120,14 +120,14 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
     else:
         if backend is None and gpus:
             backend = BackendKind.CUDA_MPS.value
-        if backend == BackendKind.CUDA_MPS.value:
-            _refuse_whole_gpus_with_mig_on(gpus)
         try:
             on_gpu = gpus and backend != BackendKind.CPU.value
             layout = plan(n, machine, template, num_devices=min(n, len(gpus)) if on_gpu else 1,
                           backend=backend)
         except ValueError as e:
             raise ConfigError(f"invalid config:\n  gmi: {e}") from None
+        if layout.backend in (BackendKind.CUDA_MPS, BackendKind.CUDA_SHARED):
+            _refuse_whole_gpus_with_mig_on(gpus[:len(layout.mpl)])  # (the GPUs it uses)
         if backend == BackendKind.CUDA_MPS.value and layout.backend_reason.startswith("forced"):
             layout = dataclasses.replace(layout, backend_reason=_mps_reason(gpus))
     mps_budget = budget.threads_pct is not None or budget.mem_mib is not None
@@ -148,8 +148,8 @@ def plan_runs(n: int, machine: Machine, template: Template = Template.SYNC_TRAIN
 
 
 def _refuse_whole_gpus_with_mig_on(gpus: tuple[Gpu, ...]) -> None:
-    """A GPU with MIG on runs CUDA work on its instances only, so MPS GMIs on the whole GPU
-    would fail where they start: refused, with what to do.
+    """A GPU with MIG on runs CUDA work on its instances only, so GMIs on the whole GPU (MPS
+    or time slicing) would fail where they start: refused, with what to do.
 
     Raises:
         ConfigError: a GPU of ``gpus`` has MIG on.
@@ -162,7 +162,7 @@ def _refuse_whole_gpus_with_mig_on(gpus: tuple[Gpu, ...]) -> None:
            if any(g.mig_instances for g in on) else
            "its administrator creates MIG instances (nvidia-smi mig -cgi ... -C)")
     raise ConfigError(f"MIG is on on {named}: a GPU with MIG on runs CUDA work on its "
-                      f"instances only, not MPS GMIs on the whole GPU; {fix}, or its "
+                      f"instances only, not GMIs on the whole GPU; {fix}, or its "
                       "administrator turns MIG off (nvidia-smi -i N -mig 0)")
 
 

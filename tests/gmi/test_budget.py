@@ -131,6 +131,8 @@ def test_mig_gmis_go_on_existing_instances_in_turn_over_the_gpus():
                                           "--gmi.backend mig places the GMIs on the existing "
                                           "instances"):
         plan_runs(2, half)
+    with pytest.raises(ConfigError, match=r"MIG is on on GPU 0 .*not GMIs on the whole GPU"):
+        plan_runs(2, half, backend="cuda_shared")  # (time slicing: the same whole GPU)
     lay = plan_runs(2, half, backend="mig")
     assert lay.backend is BackendKind.MIG and lay.mpl == ((0, 1),)
 

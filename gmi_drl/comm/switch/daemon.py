@@ -56,9 +56,9 @@ from gmi_drl.comm.switch.protocol import Action, MemberType
 log = logging.getLogger(__name__)
 
 
-def _mode_refusal(mode: tuple[int, int], asked: P.ThresholdValue) -> P.NackValue:
+def _mode_refusal(mode: tuple[int, int], asked: P.ThresholdValue) -> P.ModeNackValue:
     """`Action.SETH_NACK`'s Value: the job's threshold mode ``mode`` against the one asked."""
-    return P.NackValue(P.NackReason.MODE_MISMATCH, (
+    return P.ModeNackValue(asked.threshold, asked.staleness, (
         f"this job aggregates with H={mode[0]}, S={mode[1]}, not H={asked.threshold}, "
         f"S={asked.staleness}: every worker of a job gives the same --gmi.threshold and "
         "--gmi.staleness (a job keeps its mode until its last member leaves: a run resumed "
@@ -522,19 +522,22 @@ class SwitchDaemon:
                 return
         self._control(addr, Action.ACK, int(Action.SETH))
 
-    def _mode_refused_above(self, nack: P.NackValue) -> None:
+    def _mode_refused_above(self, nack: P.ModeNackValue) -> None:
         """The parent refused the threshold mode this switch asked for: its members that asked
         are told, and this switch drops the mode (unless the parent took one before), so a
-        member asking for the job's own mode next is not refused here."""
+        member asking for the job's own mode next is not refused here. A refusal of another
+        mode than the one asked now (a late answer to an earlier request) is ignored."""
+        if self._parent_mode is not None or self._mode_asked != (nack.threshold,
+                                                                 nack.staleness):
+            return
         log.warning("parent refused this switch's threshold mode: %s", nack.text)
         for addr in self._mode_askers:
             if addr in self._by_addr:
                 self._control(addr, Action.SETH_NACK, nack)
         self._mode_askers.clear()
-        if self._parent_mode is None:
-            self._mode_asked = None
-            if self._plane_mode() is not None:
-                self._plane.set_threshold_mode(0, 0)
+        self._mode_asked = None
+        if self._plane_mode() is not None:
+            self._plane.set_threshold_mode(0, 0)
 
     def _relays_threshold(self) -> bool:
         """A child switch in threshold mode: it sends its members' gradients up in per-rack

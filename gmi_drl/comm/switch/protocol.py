@@ -115,8 +115,8 @@ class Action(enum.IntEnum):
     STATS_REPLY = 14  # Value: UTF-8 JSON object of counters.
     FLUSHED = 15      # Value: FlushedValue. Switch -> member: the answer to FBCAST or HELP of
                       # ASYNC_FLUSH (threshold mode).
-    SETH_NACK = 16    # Value: NackValue. Switch -> member: a threshold mode (H, S) other than
-                      # the one its job already aggregates with, refused.
+    SETH_NACK = 16    # Value: ModeNackValue. Switch -> member: a threshold mode (H, S) other
+                      # than the one its job already aggregates with, refused.
 
 
 class MemberType(enum.IntEnum):
@@ -129,7 +129,6 @@ class NackReason(enum.IntEnum):
     BAD_TOKEN = 2
     FULL = 3
     GROUP_MISMATCH = 4
-    MODE_MISMATCH = 5
 
 
 class JoinValue(NamedTuple):
@@ -164,6 +163,15 @@ class JoinAckValue(NamedTuple):
 
 class NackValue(NamedTuple):
     reason: NackReason
+    text: str
+
+
+class ModeNackValue(NamedTuple):
+    """Value of `Action.SETH_NACK`: the threshold mode refused (so a late answer to an earlier
+    request is told from one to the latest) and why."""
+
+    threshold: int
+    staleness: int
     text: str
 
 
@@ -245,8 +253,10 @@ def encode_control(action: Action, value=None) -> bytes:
                 + _short_str(v.job_id, "job_id") + _short_str(v.token, "token"))
     if action == Action.JOIN_ACK:
         return a + _JOIN_ACK.pack(*value)
-    if action in (Action.JOIN_NACK, Action.SETH_NACK):
+    if action == Action.JOIN_NACK:
         return a + _U8.pack(value.reason) + value.text.encode()[:1000]
+    if action == Action.SETH_NACK:
+        return a + _SETH2.pack(value.threshold, value.staleness) + value.text.encode()[:1000]
     if action == Action.SETH and isinstance(value, ThresholdValue):
         if not (1 <= value.threshold <= 255 and 0 <= value.staleness < 128):
             raise ValueError(f"{value} out of range (H in [1, 255], S in [0, 127])")
@@ -300,10 +310,15 @@ def decode_control(buf) -> tuple[Action, object]:
             if v.seg_floats < 1 or v.window < 1:
                 raise ProtocolError("JoinAck with zero segment size or window")
             return action, v
-        if action in (Action.JOIN_NACK, Action.SETH_NACK):
+        if action == Action.JOIN_NACK:
             if len(body) < 1:
-                raise ProtocolError(f"{action.name} without a reason")
+                raise ProtocolError("JoinNack without a reason")
             return action, NackValue(NackReason(body[0]), bytes(body[1:]).decode())
+        if action == Action.SETH_NACK:
+            if len(body) < _SETH2.size:
+                raise ProtocolError("SethNack without the refused mode")
+            h, st = _SETH2.unpack_from(body)
+            return action, ModeNackValue(h, st, bytes(body[_SETH2.size:]).decode())
         if action == Action.SETH and len(body) == _SETH2.size:
             v = ThresholdValue(*_SETH2.unpack(body))
             if v.threshold < 1 or v.staleness >= 128:

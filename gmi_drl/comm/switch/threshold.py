@@ -168,7 +168,7 @@ class ThresholdReducer(SwitchReducer):
             self._mode_acked = self._mode_acked or value == Action.SETH
             return
         if action == Action.SETH_NACK:  # (raised by `_await_mode`, which leaves the group)
-            if not self._mode_acked:
+            if not self._mode_acked and (value.threshold, value.staleness) == self._mode:
                 self._refused = value.text
             return
         if action == Action.FLUSHED:

@@ -16,7 +16,7 @@ from gmi_drl.comm.switch.protocol import Action
     (Action.JOIN, P.JoinValue(3, P.MemberType.SWITCH, 12, 3, 1, "job-é", "tok")),
     (Action.JOIN_ACK, P.JoinAckValue(0xDEADBEEF, 366, 128, 7, 3)),
     (Action.JOIN_NACK, P.NackValue(P.NackReason.BAD_TOKEN, "bad token")),
-    (Action.SETH_NACK, P.NackValue(P.NackReason.MODE_MISMATCH, "H=2, S=1")),
+    (Action.SETH_NACK, P.ModeNackValue(1, 1, "this job aggregates with H=2, S=1")),
     (Action.LEAVE, None), (Action.RESET, None), (Action.HEARTBEAT, None),
     (Action.NOT_MEMBER, None), (Action.STATS, None),
     (Action.SETH, 5), (Action.ACK, int(Action.SETH)),
