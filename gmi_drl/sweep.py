@@ -95,8 +95,9 @@ def parse_sweep(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
                               "algo.learning-rate=1e-4,3e-4)")
         if any(name == n for n, _ in grid):
             raise ConfigError(f"--sweep names {name} twice: give its values in one item")
-        if name.replace("_", "-") in _SET_PER_RUN:  # (tyro takes --run_dir too)
-            raise ConfigError(f"--sweep {name}: {_SET_PER_RUN[name.replace('_', '-')]}")
+        why = _SET_PER_RUN.get(name.replace("_", "-"))  # (tyro takes --run_dir too)
+        if why is not None:
+            raise ConfigError(f"--sweep {name}: {why}")
         grid.append((name, vals))
     return grid
 

@@ -510,7 +510,7 @@ class SwitchDaemon:
                         "refused", *addr, *v, *mode)
             self._control(addr, Action.SETH_NACK, _mode_refusal(mode, v))
             return
-        if self._plane_mode() != tuple(v):
+        if mode != tuple(v):
             log.info("threshold mode: H=%d gradient vectors per aggregate, staleness bound "
                      "S=%d%s", *v, " (relayed to the parent)" if self._parent else "")
             self._plane.set_threshold_mode(*v)
