@@ -64,6 +64,9 @@ from gmi_drl.gmi.layout import Layout
 log = logging.getLogger(__name__)
 
 TEARDOWN_TIMEOUT_S = 30.0
+LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
+"""Ray's system config of the local instance a run starts for itself: Ray starts its workers at
+nice 15, but there the GMIs are the work, so they run at the priority of the command."""
 """bound of each teardown step (MPS control, actor deaths, agent clean-up)"""
 
 
@@ -228,7 +231,8 @@ def _connected(address: str | None, local_cpus: int):
             # ignored (which stays so across their exec), they outlive one, and the controller
             # stops the run and shuts them down as after Ctrl-C (which they block already)
             with signals_ignored(signal.SIGHUP):
-                ray.init(address="local", num_cpus=local_cpus, include_dashboard=False)
+                ray.init(address="local", num_cpus=local_cpus, include_dashboard=False,
+                         _system_config=LOCAL_SYSTEM_CONFIG)
         else:
             _join(address)
     try:

@@ -21,10 +21,14 @@ def ray_cluster():
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    from gmi_drl.cluster.ray_launcher import LOCAL_SYSTEM_CONFIG
+
+    # the settings of the local instance a run starts (its GMIs at nice 0), no prestarted workers
+    config = {**LOCAL_SYSTEM_CONFIG, "enable_worker_prestart": False,
+              "prestart_worker_first_driver": False}
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False,
-                                      "_system_config": {"enable_worker_prestart": False,
-                                                         "prestart_worker_first_driver": False}})
+                                      "_system_config": config})
     try:
         cluster.add_node(num_cpus=NODE_CPUS, resources={"second_node": 1})
         yield cluster

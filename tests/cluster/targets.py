@@ -11,13 +11,14 @@ import gmi_drl.envs
 
 
 def reduce_and_report(ctx):
-    """Allreduce the GMI id; report the mean, the actor's environment and its gmi_drl."""
+    """Allreduce the GMI id; report the mean, the actor's environment, its gmi_drl and its
+    niceness."""
     red = ctx.make_reducer()
     t = torch.full((5,), float(ctx.gmi_id))
     red.allreduce_([t])
     env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "GMI_TAG",
                                           "GMI_NUM_CPUS")}
-    return t.tolist(), env, gmi_drl.__file__, ctx.layout.reduction.value
+    return t.tolist(), env, gmi_drl.__file__, ctx.layout.reduction.value, os.nice(0)
 
 
 def fail_on_one(ctx):

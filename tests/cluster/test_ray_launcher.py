@@ -24,20 +24,22 @@ def test_gmis_reduce_to_the_mean_with_their_backend_env(ray_cluster):
     """Three GMIs of one CPU on two nodes of two: two share a node (shared memory), the third
     is alone on the other (gloo between the node leaders). The one-node case (MPR) is covered
     by the CLI test of test_ray_training.py. (Each GMI's runtime env needs a Ray worker of its
-    own, started at nice 15: 58 s for the three under the full suite's load, hence 180 s.)"""
+    own: 58 s for the three under the full suite's load when they ran at Ray's nice 15, hence
+    180 s.)"""
     run = launch("tests.cluster.targets:reduce_and_report", plan(3, CPU_ONLY),
                  address=ray_cluster.address, num_cpus_per_gmi=1, placement_timeout_s=180,
                  runtime_envs=[{"env_vars": {"GMI_TAG": f"tag-{g}"}} for g in range(3)])
     assert sorted(len(gmis) for gmis in run.layout.mpl) == [1, 2]
     assert run.layout.reduction.value == "har" and run.restarts == 0
     assert len({n.node_id for n in run.nodes}) == 2
-    for g, (values, env, module, used) in enumerate(run.results):
+    for g, (values, env, module, used, nice) in enumerate(run.results):
         assert values == pytest.approx([1.0] * 5, abs=1e-6)  # mean of 0, 1, 2
         # the backend's variables and the extra per-actor runtime_env reached the actor
         assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "GMI_TAG": f"tag-{g}",
                        "GMI_NUM_CPUS": "1"}
         assert module == gmi_drl.__file__  # the workers run this checkout's code
         assert used == "har"
+        assert nice == 0  # LOCAL_SYSTEM_CONFIG, which the cluster of these tests starts with
     assert_nothing_left(ray_cluster)
 
 
