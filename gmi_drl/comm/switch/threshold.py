@@ -16,17 +16,24 @@ gradients into one aggregate; a slow one contributes less and never holds the ot
   `gmi_drl.comm.switch.pipeline.StaleSyncPipeline`.
 
 Staleness (Algorithm 1): a gradient computed on version ``v`` that would join aggregate ``a``
-has staleness ``a - v``. The worker checks it before it sends (its version ``V`` is a lower
-bound of ``a``: ``V - v > S`` is dropped and counted, ``staleness_dropped``) and the switch
-checks it exactly per segment (its ``staleness_dropped`` counter), so no applied gradient is
-staler than S. LGC computes at most ``S + 1`` gradients on one version: a further one could only
-join a later aggregate, which the bound would refuse sooner or later.
+has staleness ``a - v``. The worker checks it before it sends, after reading the results that
+have come (the newest aggregate it knows of is a lower bound ``V`` of ``a``: ``V - v > S`` is
+dropped and counted, ``staleness_dropped``), and the switch checks it when the gradient's first
+segment arrives, for all its segments (its ``staleness_dropped`` counter; the header carries
+``v`` mod 256, so the worker's check is the one that holds for gradients 256 or more behind).
+A segment that comes after its offset's aggregate was broadcast short (FBcast, below) joins the
+next one, one version staler. LGC computes at most ``S + 1`` gradients on one version: a
+further one could only join a later aggregate, which the bound would refuse sooner or later.
 
 Loss recovery: a result lost on the way down is asked for again (Help; the switch keeps the last
-`dataplane.KEPT_AGGREGATES` per segment); a worker's gradient segment lost on the way up is not
-resent: where it leaves an aggregate short of H while later ones came, the worker asks the
-switch to broadcast it as it is (FBcast; a zero sum where nothing came), and every worker
-applies the same, smaller, sum. A drain's flush is answered with every offset's aggregates
+`dataplane.KEPT_AGGREGATES` per segment). A worker's gradient segment lost on the way up: where
+it leaves an aggregate short of H while later ones came, the worker asks the switch to
+broadcast it as it is (FBcast; a zero sum where nothing came), and every worker applies the
+same, smaller, sum; where no result came at all since the worker's last gradient (every worker
+may be waiting for that aggregate: H = N with S = 0), the worker resends its last gradient of
+each region, after 4 retransmit timeouts and then at doubling intervals (the switch drops the
+segments it holds already as duplicates), and raises `SwitchError` once ``timeout_s`` passed
+without an aggregate. A drain's flush is answered with every offset's aggregates
 completed (`protocol.Action.FLUSHED`), so a worker that lost every packet of one learns of it.
 
 A tree of switches (iSwitch §3.4): a worker may join a ToR switch (one started with
@@ -40,7 +47,10 @@ per rack size of gradients; the root's results go down through the ToRs, which k
 root for); FBcast and the flush go up to the root, its answers down.
 Not covered (yet): a switch restarted after the first gradient (the worker raises
 `SwitchError`, or, for a restarted root under ToRs, the root drops the gradients: the aggregate
-numbering is lost; the run resumes from its checkpoint).
+numbering is lost; the run resumes from its checkpoint); flow control: between a drain and its
+next push a worker reads nothing, so where the others make more than
+`dataplane.KEPT_AGGREGATES` aggregates meanwhile and the socket's receive buffer overflows, the
+worker raises `SwitchError` (aggregate ... lost for good) instead of catching up.
 """
 
 from __future__ import annotations
@@ -86,6 +96,13 @@ class _Region:
     limit: int | None = None
     """in a barrier, once the flush is answered: the version the region stops at"""
     helped: float = 0.0
+    last: tuple | None = None
+    """``(tag, vector, version)`` of the last gradient sent, for a resend"""
+
+    def known(self) -> int:
+        """The newest aggregate number known to exist here, plus one: a lower bound of the
+        aggregate a gradient sent now would join."""
+        return max(self.next, max(self.open, default=-1) + 1)
 
 
 class ThresholdReducer(SwitchReducer):
@@ -131,6 +148,7 @@ class ThresholdReducer(SwitchReducer):
         self.staleness_dropped = 0
         self._short: str | None = None  # why the workers left cannot complete an aggregate
         self._last_send = 0.0
+        self._resend_at, self._resend_every, self._resent = 0.0, 0.0, 0
         super().__init__(switch_addr, worker_id, num_workers, job_id, token,
                          join_timeout_s=join_timeout_s, partial_results=True, **kw)
         try:
@@ -227,19 +245,29 @@ class ThresholdReducer(SwitchReducer):
 
     def send(self, region: int, vec: np.ndarray, version: int) -> bool:
         """Send gradient ``vec`` (``(size,) float32`` of region ``region``) computed on weight
-        version ``version``. Returns False, sending nothing, where it is older than S already
-        (counted in ``staleness_dropped``). Non-blocking; the vector is not kept."""
+        version ``version``, after reading the results that have come (they are `take`'s).
+        Returns False, sending nothing, where it is older than S already against the newest
+        aggregate known (counted in ``staleness_dropped``). Non-blocking; ``vec`` is kept,
+        unchanged by the caller, until the region's next result (a resend: module docstring)."""
+        if self._joined:
+            self._synced += self.pump(0.0)  # (the newest aggregates first: the bound's check)
         r = self._regions[region]
-        if r.next - version > self.staleness:
+        if r.known() - version > self.staleness:
             self.staleness_dropped += 1
             return False
         tag = self._pushes
         self._pushes += 1
-        # (a region's offsets are consecutive in the low 16 bits of seq: `region`)
-        self._send_segments(np.ascontiguousarray(vec, np.float32), 0, r.nseg,
-                            P.async_seq(tag, r.base), version, P.FLAG_ASYNC)
-        self._last_send = time.monotonic()
+        vec = np.ascontiguousarray(vec, np.float32)
+        self._send_seg(r, tag, vec, version)
+        now = self._last_send = time.monotonic()
+        r.last = (tag, vec, version)
+        self._resend_every = 4 * self._rto
+        self._resend_at = now + self._resend_every
         return True
+
+    def _send_seg(self, r: _Region, tag: int, vec: np.ndarray, version: int) -> None:
+        # (a region's offsets are consecutive in the low 16 bits of seq: `region`)
+        self._send_segments(vec, 0, r.nseg, P.async_seq(tag, r.base), version, P.FLAG_ASYNC)
 
     # ---- receiving ---------------------------------------------------------------------------
 
@@ -270,6 +298,7 @@ class ThresholdReducer(SwitchReducer):
         a.got[i] = True
         a.n += 1
         self._last_progress = time.monotonic()
+        r.last = None
         self._advance(r)
 
     def _on_results(self, nbytes: int, seg: int) -> int:
@@ -299,6 +328,7 @@ class ThresholdReducer(SwitchReducer):
         a.got[i:i + m] = True
         a.n += m
         self._last_progress = time.monotonic()
+        r.last = None
         self._advance(r)
         return m * seg
 
@@ -352,12 +382,15 @@ class ThresholdReducer(SwitchReducer):
         broadcasts what it holds). Where nothing is open and no result came for a while, ask
         the switch which aggregates it completed (Help of `protocol.ASYNC_FLUSH`, answered
         `Action.FLUSHED` without a flush): every result of the last ones may have come before
-        this worker reserved its regions, or been lost."""
-        if self._pushes and not self._in_barrier and not any(r.open for r in self._regions) \
-                and now - max(self._last_progress, self._asked_where) > 4 * self._rto:
+        this worker reserved its regions, or been lost; and where none came since this worker's
+        last gradient, resend it (`_resend_unanswered`)."""
+        idle = self._pushes and not self._in_barrier and not any(r.open for r in self._regions)
+        if idle and now - max(self._last_progress, self._asked_where) > 4 * self._rto:
             self._asked_where = now  # (results may have come before this worker's regions)
             self._queries_out += 1
             P.send_control(self._sock, self._switch, Action.HELP, P.ASYNC_FLUSH)
+        if idle and self._last_send > self._last_progress:
+            self._resend_unanswered(now)
         for r in self._regions:
             if not r.open or now - r.helped < self._rto:
                 continue
@@ -379,6 +412,28 @@ class ThresholdReducer(SwitchReducer):
                     f"{self.timeout_s} s while later ones came: its result is lost for good "
                     f"(the switch keeps the last {KEPT_AGGREGATES} per segment)")
 
+    def _resend_unanswered(self, now: float) -> None:
+        """No result came since this worker's last gradient: resend each region's last one, at
+        doubling intervals (the switch drops the segments it holds as duplicates: a worker's
+        pushes are taken in order, so a lost one is taken only while none after it came).
+
+        Raises:
+            SwitchError: no aggregate for ``timeout_s`` since the last gradient."""
+        if now - self._last_send > self.timeout_s:
+            raise SwitchError(
+                f"worker {self.rank}: no aggregate from switch {self._where} for "
+                f"{self.timeout_s} s since this worker's last gradient (resent {self._resent} "
+                "times): the other workers stopped sending, or the switch lost the gradients; "
+                "resume the run from its last checkpoint")
+        if now < self._resend_at:
+            return
+        for r in self._regions:
+            if r.last is not None:
+                self._send_seg(r, *r.last)
+                self._resent += 1
+        self._resend_every *= 2
+        self._resend_at = now + self._resend_every
+
     def take(self, timeout_s: float, wake=None) -> list[tuple[int, np.ndarray]]:
         """Wait up to ``timeout_s`` for results (at once if ``wake`` becomes readable), recover
         lost ones; returns the aggregates completed since the last call as ``(region, mean)``
@@ -386,8 +441,9 @@ class ThresholdReducer(SwitchReducer):
         region.
 
         Raises:
-            SwitchError: the switch refused this worker, a result stayed lost, or a gradient
-                sent waits for an aggregate that the workers left cannot complete."""
+            SwitchError: the switch refused this worker, a result stayed lost, a gradient sent
+                waits for an aggregate that the workers left cannot complete, or none came for
+                ``timeout_s`` since this worker's last gradient."""
         now = time.monotonic()
         if self._joined and not self._mode_acked:
             self._send_mode(now)
@@ -424,6 +480,8 @@ class ThresholdReducer(SwitchReducer):
             SwitchError: the group broke, or not settled within ``timeout_s``."""
         end = time.monotonic() + timeout_s
         self._in_barrier = True  # (no query from here on: a FLUSHED now is the flush's)
+        for r in self._regions:  # (a resend after the flush would join the next phase)
+            r.last = None
         self._round_trip(deliver)
         self._flush_acked = False
         while not self._flush_acked:

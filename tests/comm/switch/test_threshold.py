@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from gmi_drl.comm.switch import protocol as P
+from gmi_drl.comm.switch.client import SwitchError
 from gmi_drl.comm.switch.threshold import ThresholdPipeline, ThresholdReducer
 from tests.comm.switch.harness import PLANE_AT, ctx
 
@@ -299,9 +300,10 @@ def test_threshold_n_with_zero_staleness_is_the_synchronous_reducer(switches):
 @pytest.mark.distributed
 def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane):
     """H = 1, S = 1: worker 0's gradients on version 0 make aggregates 0 and 1; its third, and
-    worker 1's (both computed on version 0, sent without having seen an aggregate) are 2 behind:
-    the switch drops each segment and counts it, and nobody applies them."""
-    sw = switches("--mtu", "1500")
+    worker 1's (both computed on version 0, sent before any result reached them: the switch's
+    packets leave 1 s late) are 2 behind: the switch drops each segment and counts it, and
+    nobody applies them."""
+    sw = switches("--mtu", "1500", "--delay-ms", "1000")
     native = False if PLANE_AT.get(sw.addr) == "python" else None
     reds: dict[int, ThresholdReducer] = {}
 
@@ -324,7 +326,7 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane
         time.sleep(0.2)
         assert reds[1].send(0, vecs[3], 0)  # (it has seen no aggregate: it cannot tell)
         got: list = []
-        end = time.monotonic() + 5
+        end = time.monotonic() + 8
         while len(got) < 2 and time.monotonic() < end:
             got += reds[1].take(0.05)
         time.sleep(0.3)
@@ -343,6 +345,104 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane
             red.close()
 
 
+def _pair(sw, h: int, s: int, **kw) -> dict[int, ThresholdReducer]:
+    """Workers 0 and 1 of a threshold-mode job on switch ``sw``, joined together."""
+    native = False if PLANE_AT.get(sw.addr) == "python" else None
+    reds: dict[int, ThresholdReducer] = {}
+
+    def join(rank: int) -> None:
+        reds[rank] = ThresholdReducer(sw.addr, rank, 2, h, s, rto_s=0.05, native=native,
+                                      join_timeout_s=10, **kw)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(reds) == {0, 1}
+    return reds
+
+
+@pytest.mark.distributed
+def test_a_lost_gradient_that_every_worker_waits_for_is_resent(switches):
+    """H = N = 2, S = 0: each worker sends one gradient and waits for the aggregate; worker 1's
+    one packet is lost on the way up, so no result comes to anyone. Worker 1 resends it; both
+    take the one aggregate, the exact mean of both gradients (not a short one)."""
+    sw = switches("--mtu", "1500")
+    reds = _pair(sw, 2, 0)
+    try:
+        for red in reds.values():
+            assert red.region(10) == 0
+        assert reds[0].send(0, np.full(10, 1.0, np.float32), 0)
+        real = reds[1]._send_segments
+        reds[1]._send_segments = lambda *a, **k: None  # (the first send is lost)
+        assert reds[1].send(0, np.full(10, 4.0, np.float32), 0)
+        reds[1]._send_segments = real
+        got: dict[int, list] = {0: [], 1: []}
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not all(got.values()):
+            for rank, red in reds.items():
+                got[rank] += red.take(0.02)
+        for rank in (0, 1):
+            assert len(got[rank]) == 1, f"worker {rank} took {len(got[rank])} aggregates"
+            assert np.array_equal(got[rank][0][1], np.full(10, 2.5, np.float32))
+        assert reds[1]._resent >= 1
+        assert sw.stats()["aggregates_completed"] == 1
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+@pytest.mark.distributed
+def test_no_aggregate_for_timeout_s_after_a_gradient_raises(switches):
+    """H = N = 2: worker 1 never sends, so worker 0's gradient waits for ever; worker 0 raises
+    once ``timeout_s`` passed without an aggregate, naming the cause."""
+    sw = switches("--mtu", "1500")
+    reds = _pair(sw, 2, 0, timeout_s=1.0)
+    try:
+        for red in reds.values():
+            assert red.region(10) == 0
+        assert reds[0].send(0, np.ones(10, np.float32), 0)
+        end = time.monotonic() + 5
+        with pytest.raises(SwitchError, match="no aggregate from switch .* for 1.0 s"):
+            while time.monotonic() < end:
+                reds[0].take(0.05)
+        assert reds[0]._resent >= 1
+    finally:
+        for red in reds.values():
+            red.close()
+
+
+@pytest.mark.distributed
+def test_a_gradient_256_or_more_aggregates_behind_is_never_sent(switches):
+    """H = 1, S = 4: worker 0 makes 260 aggregates while worker 1 reads nothing; worker 1's
+    gradient on version 0 is 260 behind, which the header's version (mod 256) would show the
+    switch as 4: worker 1 reads the results that came before it sends, and drops it."""
+    sw = switches("--mtu", "1500")
+    reds = _pair(sw, 1, 4)
+    try:
+        for red in reds.values():
+            assert red.region(10) == 0
+        vec = np.ones(10, np.float32)
+        version = 0
+        while version < 260:
+            assert reds[0].send(0, vec, version)
+            end = time.monotonic() + 5
+            got: list = []
+            while not got and time.monotonic() < end:
+                got = reds[0].take(0.05)
+            assert got, f"no aggregate after version {version}"
+            version += len(got)
+        time.sleep(0.2)
+        assert not reds[1].send(0, vec, 0)
+        assert reds[1].staleness_dropped == 1
+        time.sleep(0.2)
+        assert sw.stats()["aggregates_completed"] == 260
+    finally:
+        for red in reds.values():
+            red.close()
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("tree", [False, True], ids=["one-switch", "tree"])
 def test_a_worker_asking_another_threshold_mode_than_its_jobs_is_refused(switches, tree):
@@ -350,7 +450,6 @@ def test_a_worker_asking_another_threshold_mode_than_its_jobs_is_refused(switche
     again: the switch (in a tree, the root, through the second worker's ToR) takes the first,
     refuses the second with the job's mode, and takes the third, which in a tree asks through
     the ToR the root refused (that ToR drops the refused mode); the refused worker leaves."""
-    from gmi_drl.comm.switch.client import SwitchError
 
     if tree:
         root, tors, addrs = _tree(switches)
@@ -687,6 +786,7 @@ def test_a_stale_gradient_never_takes_a_fresh_one_down_with_it(switches):
                 assert reds[0].send(0, np.full(size, v + 1, np.float32), v)
             take_until(v + 1)
         assert len(got) == 3
+        reds[1].pump = lambda *a, **k: []  # (its results still on the way: it cannot tell)
         assert reds[1].send(0, np.full(size, 100, np.float32), 1)
         time.sleep(0.05)  # (the stale gradient reaches the ToR first)
         mine = np.arange(size, dtype=np.float32)
