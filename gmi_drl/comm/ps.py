@@ -128,8 +128,10 @@ class ParameterServer:
     Args:
         bind: ``(host, port)``; port 0 picks a free one (`address` tells which).
         num_workers: the group size every worker must announce.
-        member_timeout_s: a worker silent this long inside a round (or before its hello) ends
-            the group, seconds; in an asynchronous group, also the longest ``FINISH`` wait.
+        member_timeout_s: a worker silent this long ends the group, seconds: inside a round,
+            before its hello, and between its rounds or updates too (raise it where a run
+            pauses longer between reductions, e.g. a long evaluation); in an asynchronous
+            group, also the longest ``FINISH`` wait.
 
     Attributes:
         rounds, groups, bytes_in: synchronous rounds, groups served, bytes received in rounds.
@@ -590,7 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bind", required=True, type=parse_addr, help="HOST:PORT to listen on")
     p.add_argument("--workers", required=True, type=int, help="workers per group")
     p.add_argument("--member-timeout", type=float, default=600.0,
-                   help="end a group whose worker is silent this long inside a round, seconds")
+                   help="end a group whose worker is silent this long (in a round or between "
+                        "its rounds or updates), seconds")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     server = ParameterServer(a.bind, a.workers, a.member_timeout)
