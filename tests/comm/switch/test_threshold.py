@@ -905,3 +905,61 @@ def test_a_tors_batches_span_at_most_s_and_hold_nothing_stale(data_plane, case):
     finally:
         for sock in (tor, parent, *members):
             sock.close()
+
+
+@pytest.mark.distributed
+def test_a_worker_between_drains_keeps_reading_and_catches_up(switches):
+    """H = 1, S = 3: after a drain worker 1 computes nothing (a long rollout) while worker 0
+    makes 100 aggregates; worker 1's receive buffer holds a few results only, so a worker that
+    read nothing until its next push would find most of them lost for good (the switch keeps
+    the last 64). Its LWU thread reads on and keeps them, unapplied (its weights stay as the
+    drain left them); its next fetch applies them, and the next drain leaves both workers with
+    the same weights."""
+    sw = switches("--mtu", "1500")
+    reds = _pair(sw, 1, 3)
+    reds[1]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    size = 300
+    theta = {r: np.zeros(size, np.float32) for r in reds}
+
+    def apply(rank):
+        def add(mean):
+            theta[rank] += mean
+        return add
+
+    pipes = {r: ThresholdPipeline(reds[r], apply(r)) for r in reds}
+
+    def step(rank: int, value: float) -> None:
+        pipes[rank].fetch(lambda: None)
+        pipes[rank].push(torch.full((size,), value))
+
+    def drain_both() -> None:
+        threads = [threading.Thread(target=pipes[r].drain, args=(lambda: None,)) for r in reds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a drain did not finish"
+
+    try:
+        step(0, 1.0)
+        step(1, 2.0)
+        drain_both()
+        assert np.array_equal(theta[0], theta[1]) and pipes[1].version == 2
+        for i in range(100):
+            step(0, float(i % 7))
+            end = time.monotonic() + 5
+            while pipes[0].version < 3 + i and time.monotonic() < end:
+                time.sleep(0.001)
+            assert pipes[0].version == 3 + i, f"no aggregate of worker 0's gradient {i}"
+        time.sleep(0.3)
+        assert pipes[1].version == 2, "worker 1 applied aggregates before its next fetch"
+        assert pipes[1].fetch(lambda: None) == 102  # (the kept aggregates, applied in order)
+        pipes[1].push(torch.full((size,), 3.0))
+        drain_both()
+        assert pipes[0].version == pipes[1].version == 103
+        assert np.array_equal(theta[0], theta[1])
+    finally:
+        for pipe in pipes.values():
+            pipe.close()
+        for red in reds.values():
+            red.close()
