@@ -219,12 +219,14 @@ def test_lost_packets_through_a_tree_leave_every_worker_with_the_same_weights(sw
     assert sum(sw.stats()["injected_drops"] for sw in (root, *tors)) > 0
 
 
-def _join_all(addr: str, n: int, h: int, s: int, native) -> dict[int, ThresholdReducer]:
+def _join_all(addr: str, n: int, h: int, s: int, native, **kw) -> dict[int, ThresholdReducer]:
+    """Workers ``0..n-1`` of a threshold-mode job (H, S) on the switch at ``addr``, joined
+    together; ``kw`` goes to each `ThresholdReducer`."""
     reds: dict[int, ThresholdReducer] = {}
 
     def join(rank: int) -> None:
         reds[rank] = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native,
-                                      join_timeout_s=10)
+                                      join_timeout_s=10, **kw)
 
     threads = [threading.Thread(target=join, args=(r,)) for r in range(n)]
     for t in threads:
@@ -346,21 +348,9 @@ def test_the_switch_drops_and_counts_gradients_older_than_s(switches, data_plane
 
 
 def _pair(sw, h: int, s: int, **kw) -> dict[int, ThresholdReducer]:
-    """Workers 0 and 1 of a threshold-mode job on switch ``sw``, joined together."""
-    native = False if PLANE_AT.get(sw.addr) == "python" else None
-    reds: dict[int, ThresholdReducer] = {}
-
-    def join(rank: int) -> None:
-        reds[rank] = ThresholdReducer(sw.addr, rank, 2, h, s, rto_s=0.05, native=native,
-                                      join_timeout_s=10, **kw)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert set(reds) == {0, 1}
-    return reds
+    """Workers 0 and 1 of a threshold-mode job on switch ``sw`` (its data plane's client)."""
+    return _join_all(sw.addr, 2, h, s, False if PLANE_AT.get(sw.addr) == "python" else None,
+                     **kw)
 
 
 @pytest.mark.distributed
