@@ -38,11 +38,13 @@ completed (`protocol.Action.FLUSHED`), so a worker that lost every packet of one
 
 A tree of switches (iSwitch §3.4): a worker may join a ToR switch (one started with
 ``--parent``); the ToR sums its workers' gradients into per-rack partials (`dataplane` module
-docstring) and sends each up with its count and its oldest gradient's version, so the root
-counts H gradients of any workers of the whole tree and checks S against each partial's
-oldest gradient (none applied is staler than S; the ToR drops the ones it already knows to be
-staler), and each ToR uplink carries about one vector
-per rack size of gradients; the root's results go down through the ToRs, which keep the last
+docstring) and sends each up with its count and its oldest gradient's version. The root
+completes an aggregate at ``ceil(H * members / workers below)`` contributions (a ToR's partial
+or a worker's gradient is one), which is H gradients where the racks' partials are full and
+fewer where a rack's batch went up without a slow worker's gradient (after the ToR's
+``help_after_s``): through a tree, H = N with S = 0 is not the exact synchronous mode. It
+checks S against each partial's oldest gradient (the ToR drops the ones it already knows to be
+staler), and each ToR uplink carries about one vector per rack size of gradients; the root's results go down through the ToRs, which keep the last
 `dataplane.KEPT_AGGREGATES` per offset for their workers' Help (one they lack they ask the
 root for); FBcast and the flush go up to the root, its answers down.
 Not covered (yet): a switch restarted after the first gradient (the worker raises
