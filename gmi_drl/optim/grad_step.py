@@ -407,7 +407,8 @@ class StaleSyncGradStep(GradStep):
             shadow.data.copy_(target.data)
 
     def close(self) -> None:
-        """Stop the pipeline's thread, if one still runs (after an error). Idempotent."""
+        """Stop the pipeline's thread, if one still runs (after an error; Async iSwitch's reads
+        on after each drain). Idempotent."""
         self.pipeline.close()
 
     def _pull(self) -> None:
