@@ -49,9 +49,10 @@ staler), and each ToR uplink carries about one vector per rack size of gradients
 root for); FBcast and the flush go up to the root, its answers down.
 Not covered (yet): a switch restarted after the first gradient (the worker raises
 `SwitchError`, or, for a restarted root under ToRs, the root drops the gradients: the aggregate
-numbering is lost; the run resumes from its checkpoint); flow control: a worker keeps every
-aggregate the others make between its drain and its next fetch (`_Engine`), in memory, however
-far they run ahead.
+numbering is lost; the run resumes from its checkpoint); flow control: between a drain and its
+next push a worker reads nothing, so where the others make more than
+`dataplane.KEPT_AGGREGATES` aggregates meanwhile and the socket's receive buffer overflows, the
+worker raises `SwitchError` (aggregate ... lost for good) instead of catching up.
 """
 
 from __future__ import annotations
@@ -501,7 +502,6 @@ class ThresholdReducer(SwitchReducer):
         for r in self._regions:  # (what the others made since: the next take's)
             r.limit = None
             self._advance(r)
-        self._last_send = 0.0  # (every gradient sent before is settled)
         self._in_barrier = False
 
     def _round_trip(self, deliver: Callable[[list], None]) -> None:
@@ -515,37 +515,19 @@ class ThresholdReducer(SwitchReducer):
 class _Engine(LwuEngine):
     """The LWU thread of one `ThresholdReducer`, shared by its pipelines (one per optimised
     module): sends the gradients LGC hands over (``pending``: ``(pipeline, vector, version)``),
-    applies each region's aggregates in order. Between a drain and the next push (``hold``) it
-    goes on reading the aggregates the other workers make, and keeps them (``held``) for the
-    next `ThresholdPipeline.fetch` or push to apply: the weights and the optimizer's state stay
-    as the drain left them (a checkpoint, a rollout), and no result waits in the socket's
-    buffer, which a long rollout would overflow."""
+    applies each region's aggregates in order."""
 
     def __init__(self, reducer: ThresholdReducer) -> None:
         super().__init__(reducer, "switch-async-lwu")
         self.by_region: dict[int, ThresholdPipeline] = {}
-        self.hold = False
-        self.held: list[tuple[int, np.ndarray]] = []
 
     def deliver(self, results) -> None:
         for region, mean in results:
             with self.cond:
-                if self.hold:
-                    self.held.append((region, mean))
-                    continue
-                self._apply(region, mean)
-
-    def apply_held(self) -> None:
-        """Apply the aggregates kept while holding, in order; the lock held."""
-        held, self.held = self.held, []
-        for region, mean in held:
-            self._apply(region, mean)
-
-    def _apply(self, region: int, mean: np.ndarray) -> None:
-        pipe = self.by_region[region]
-        pipe._apply(mean)
-        pipe.version += 1
-        self.cond.notify_all()
+                pipe = self.by_region[region]
+                pipe._apply(mean)
+                pipe.version += 1
+                self.cond.notify_all()
 
     def _run(self) -> None:
         red = self.reducer
@@ -553,12 +535,7 @@ class _Engine(LwuEngine):
             self._woken()
             with self.cond:
                 new, self.pending = self.pending, deque()
-                if self.abandon:
-                    return
-                stop = self.stop and not new
-                if new or stop:
-                    self.hold = False
-                    self.apply_held()
+                stop = self.abandon or (self.stop and not new)
             if stop:
                 return
             for pipe, vec, version in new:
@@ -589,11 +566,10 @@ class ThresholdPipeline(LwuPipeline):
     last aggregate, so ``θ`` is the same everywhere after it.
 
     Args:
-        reducer: the `ThresholdReducer`; the LWU thread owns it from the first `push` until
-            `close` (the caller's thread only during a `drain`).
+        reducer: the `ThresholdReducer`; the LWU thread owns it between the first `push` and
+            the last `drain`.
         apply: the local weight update ``apply(mean)``, ``mean`` ``(P,) float32`` (valid during
-            the call), called in the switch's order holding the lock: on the LWU thread, or in
-            `fetch` for the aggregates kept since the last drain.
+            the call), called on the LWU thread in the switch's order, holding the lock.
 
     Raises:
         ValueError: ``reducer`` is not a `ThresholdReducer`.
@@ -628,15 +604,14 @@ class ThresholdPipeline(LwuPipeline):
     # ---- the trainer's thread (LGC) ------------------------------------------------------------
 
     def fetch(self, copy: Callable[[], None]) -> int:
-        """Apply the aggregates kept since the last drain, wait while ``S + 1`` gradients were
-        computed on the current ``θ``, then run ``copy()`` (``θ_local ← θ``, skipped when
-        unchanged) under the lock. Returns the version copied. Blocking.
+        """Wait while ``S + 1`` gradients were computed on the current ``θ``, then run
+        ``copy()`` (``θ_local ← θ``, skipped when unchanged) under the lock. Returns the version
+        copied. Blocking.
 
         Raises:
             RuntimeError: the LWU thread failed (its error chained; `SwitchError` for the
                 switch's)."""
         with self._cond:
-            self._engine.apply_held()  # (what the others made since the last drain)
             while (self._on_version[0] == self.version
                    and self._on_version[1] > self.staleness_bound
                    and self._engine.error is None):
@@ -673,9 +648,8 @@ class ThresholdPipeline(LwuPipeline):
         """Wait until every gradient pushed to the reducer (by any of its pipelines) is sent,
         stop the LWU thread and bring every worker to the same last aggregate
         (`ThresholdReducer.barrier`: collective, so every worker drains as often, as the
-        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking.
-        The LWU thread then reads on, keeping the aggregates the others make until the next
-        `fetch` or `push` applies them (`_Engine`).
+        synchronous path reduces as often); then run ``copy()`` where ``θ`` changed. Blocking;
+        the reducer is the caller's until the next `push`.
 
         Raises:
             RuntimeError: the LWU thread failed; `SwitchError`: the group broke."""
@@ -690,5 +664,3 @@ class ThresholdPipeline(LwuPipeline):
         self.reducer.barrier(engine.deliver)
         with self._cond:
             self._copy(copy)
-            engine.hold = True  # (reading on until the next push: `_Engine`)
-        engine.wake()
