@@ -407,8 +407,7 @@ class StaleSyncGradStep(GradStep):
             shadow.data.copy_(target.data)
 
     def close(self) -> None:
-        """Stop the pipeline's thread, if one still runs (after an error; Async iSwitch's reads
-        on after each drain). Idempotent."""
+        """Stop the pipeline's thread, if one still runs (after an error). Idempotent."""
         self.pipeline.close()
 
     def _pull(self) -> None:
