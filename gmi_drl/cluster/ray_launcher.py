@@ -64,10 +64,10 @@ from gmi_drl.gmi.layout import Layout
 log = logging.getLogger(__name__)
 
 TEARDOWN_TIMEOUT_S = 30.0
+"""bound of each teardown step (MPS control, actor deaths, agent clean-up)"""
 LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
 """Ray's system config of the local instance a run starts for itself: Ray starts its workers at
 nice 15, but there the GMIs are the work, so they run at the priority of the command."""
-"""bound of each teardown step (MPS control, actor deaths, agent clean-up)"""
 
 
 class PlacementError(GMIError):
