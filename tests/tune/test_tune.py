@@ -347,7 +347,9 @@ def test_tune_on_real_probes_resumes_from_its_cache_and_trains_with_tuned_json(t
     report = tune(cfg, options)  # the command's points, from the cache: nothing runs
     assert time.perf_counter() - t0 < 5
     assert all(p.cached for p in report.search.points)
-    assert [(p.gmis, p.num_envs) for p in report.search.points][:3] == [(1, 2), (1, 4), (1, 8)]
+    # (1, 8) is looked at only where 4 envs ran enough faster than 2 (Sat >= alpha, Algorithm 2
+    # lines 15-21): measured throughput, which a loaded host can flatten
+    assert [(p.gmis, p.num_envs) for p in report.search.points][:2] == [(1, 2), (1, 4)]
     assert all(p.runnable and p.top > 0 and p.mem > 100 * 2**20 for p in report.search.points)
     assert report.chosen is not None and report.plot_path.exists()
     first = report.search.points[0].terms

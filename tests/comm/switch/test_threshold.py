@@ -26,6 +26,7 @@ from tests.comm.switch.harness import PLANE_AT, ctx
 P_FLOATS = 1000  # 3 segments at MTU 1500
 VERSIONS = 64    # one-hot slots of the version a gradient was computed on
 HOT = 16         # entries [HOT, HOT + VERSIONS) hold that one-hot
+HEARTBEAT_S = 0.25  # (a live worker stays well inside the tests' --member-timeout 1 under load)
 
 
 def _gradient(w: np.ndarray, rank: int, t: int, n: int) -> np.ndarray:
@@ -58,14 +59,16 @@ def _train(addr: str, rank: int, n: int, opts: dict, q) -> None:
             means.append(mean[:HOT + VERSIONS].copy())
 
         if h is None:
-            red = SwitchReducer(addr, rank, n, rto_s=0.05, native=native)
+            red = SwitchReducer(addr, rank, n, rto_s=0.05, native=native,
+                                heartbeat_s=HEARTBEAT_S)
             for t in range(steps):
                 g = torch.from_numpy(_gradient(theta, rank, t, n))
                 red.allreduce_([g])
                 apply(g.numpy())
             out = dict(dropped=0)
         else:
-            red = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native)
+            red = ThresholdReducer(addr, rank, n, h, s, rto_s=0.05, native=native,
+                                   heartbeat_s=HEARTBEAT_S)
             local = np.zeros(P_FLOATS, np.float32)
             pipe = ThresholdPipeline(red, apply)
             copy = lambda: np.copyto(local, theta)  # noqa: E731
